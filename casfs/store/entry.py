@@ -1,0 +1,21 @@
+"""A manifest entry: one published file of a namespace."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """A regular file in a generation.
+
+    ``path`` is relative and normalised (see casfs.util.paths); ``digest`` is the
+    blake3-256 hex digest of the uncompressed content; ``mode`` holds permission
+    bits only (``st_mode & 0o7777``); ``mtime_ns`` is the file's mtime at promotion.
+    """
+
+    path: str
+    digest: str
+    size: int
+    mode: int
+    mtime_ns: int

@@ -1,0 +1,122 @@
+"""The one durable-write helper every persistent write goes through.
+
+Durability policy (written once, here): a durable file is written to a unique
+temporary name in the directory it will live in (or a staging directory on
+the same filesystem), fsynced, then moved into place with ``rename`` (replace)
+or ``link`` (create-exclusive: fails with EEXIST if the name exists, which is
+atomic on NFS and Lustre where O_EXCL historically was not), and the target
+directory is fsynced so the new name itself survives a crash. The temporary
+file is removed on every failure path. Nothing is ever modified in place.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import BinaryIO
+
+
+def fsync_dir(path: str | os.PathLike[str]) -> None:
+    """fsync a directory so renames/links into it are durable."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    except OSError as e:  # some network filesystems refuse fsync on dirs
+        if e.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EBADF):
+            raise
+    finally:
+        os.close(fd)
+
+
+def temp_name(directory: str | os.PathLike[str], hint: str = "") -> Path:
+    """A unique temporary name inside ``directory`` (same filesystem as the target)."""
+    return Path(directory) / f".tmp-{hint}{os.getpid()}-{uuid.uuid4().hex}"
+
+
+@contextlib.contextmanager
+def staged_file(
+    staging_dir: str | os.PathLike[str], hint: str = "", mode: int = 0o644
+) -> Iterator[tuple[BinaryIO, Path]]:
+    """Yield (file, temp path) in ``staging_dir``; fsynced and closed on exit.
+
+    The caller moves the temp path into place (see ``publish_file``) inside the
+    ``with`` block or after it; on an exception the temp file is removed.
+    """
+    tmp = temp_name(staging_dir, hint)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
+    f = os.fdopen(fd, "wb")
+    try:
+        yield f, tmp
+        f.flush()
+        os.fsync(f.fileno())
+        f.close()
+    except BaseException:
+        f.close()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def link_exclusive(tmp: Path, target: Path, *, sync: bool = True) -> bool:
+    """Hard-link ``tmp`` to ``target`` unless ``target`` exists; always unlink ``tmp``.
+
+    Returns True if this call created ``target``, False if it already existed.
+    Falls back to O_EXCL-style rename-noreplace semantics where hard links are
+    not supported.
+    """
+    try:
+        try:
+            os.link(tmp, target)
+        except FileExistsError:
+            return False
+        except OSError as e:
+            if e.errno not in (errno.EPERM, errno.ENOTSUP, errno.EMLINK, errno.EXDEV):
+                raise
+            # No hard links here: create the name exclusively, then copy.
+            try:
+                fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o444)
+            except FileExistsError:
+                return False
+            with os.fdopen(fd, "wb") as out, open(tmp, "rb") as src:
+                while chunk := src.read(1 << 20):
+                    out.write(chunk)
+                out.flush()
+                os.fsync(out.fileno())
+        if sync:
+            fsync_dir(target.parent)
+        return True
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+
+
+def replace_file(tmp: Path, target: Path, *, sync: bool = True) -> None:
+    """Atomically replace ``target`` with ``tmp`` and make the rename durable."""
+    try:
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    if sync:
+        fsync_dir(target.parent)
+
+
+def write_atomic(target: str | os.PathLike[str], data: bytes, *, mode: int = 0o644) -> None:
+    """Durably replace ``target`` with ``data``."""
+    target = Path(target)
+    with staged_file(target.parent, "w-", mode) as (f, tmp):
+        f.write(data)
+    replace_file(tmp, target)
+
+
+def create_exclusive(target: str | os.PathLike[str], data: bytes, staging_dir: Path) -> bool:
+    """Durably create ``target`` holding ``data``; False if it already exists."""
+    target = Path(target)
+    with staged_file(staging_dir, "x-", 0o444) as (f, tmp):
+        f.write(data)
+    return link_exclusive(tmp, target)

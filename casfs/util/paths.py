@@ -1,0 +1,51 @@
+"""Validation of the relative paths stored in manifests.
+
+Every path that comes out of the shared root is hostile until checked: a
+manifest is written by other nodes, other versions, or damaged storage. A
+valid path is relative, already normalised (no '.', '..' or empty parts, no
+leading or trailing '/', no '//'), free of NUL and control characters, and
+within the usual Linux name and path length limits.
+"""
+
+from __future__ import annotations
+
+from casfs.errors import HostileManifestError
+
+NAME_MAX = 255
+PATH_MAX = 4095
+
+
+def check_relpath(path: object) -> str:
+    """Return ``path`` if it is a safe, normalised relative path; raise otherwise."""
+    if not isinstance(path, str):
+        raise HostileManifestError(f"path is not a string: {path!r:.80}")
+    if not path:
+        raise HostileManifestError("empty path")
+    if len(path.encode("utf-8", "surrogateescape")) > PATH_MAX:
+        raise HostileManifestError(f"path too long: {path[:80]!r}...")
+    if "\0" in path:
+        raise HostileManifestError(f"path contains NUL: {path!r:.80}")
+    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in path):
+        raise HostileManifestError(f"path contains a control character: {path!r:.80}")
+    if path.startswith("/"):
+        raise HostileManifestError(f"absolute path: {path!r:.80}")
+    for part in path.split("/"):
+        if part in ("", ".", ".."):
+            raise HostileManifestError(f"path is not normalised or escapes the tree: {path!r:.80}")
+        if len(part.encode("utf-8", "surrogateescape")) > NAME_MAX:
+            raise HostileManifestError(f"path component too long: {part[:80]!r}...")
+    return path
+
+
+def is_valid_relpath(path: object) -> bool:
+    try:
+        check_relpath(path)
+    except HostileManifestError:
+        return False
+    return True
+
+
+def parent_dirs(path: str) -> list[str]:
+    """All ancestor directories of a relative path, shortest first ('a/b/c' -> ['a', 'a/b'])."""
+    parts = path.split("/")
+    return ["/".join(parts[:i]) for i in range(1, len(parts))]
