@@ -70,7 +70,13 @@ def link_exclusive(tmp: Path, target: Path, *, sync: bool = True) -> bool:
     """
     try:
         try:
-            os.link(tmp, target)
+            try:
+                os.link(tmp, target)
+            except FileNotFoundError:
+                if not os.path.exists(tmp):
+                    raise
+                os.makedirs(target.parent, exist_ok=True)  # first object of its fan-out dir
+                os.link(tmp, target)
         except FileExistsError:
             return False
         except OSError as e:

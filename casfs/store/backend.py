@@ -1,0 +1,137 @@
+"""The storage backend interface under the object store, and its POSIX implementation.
+
+The object and generation layers speak only these few verbs, over keys that
+are '/'-separated relative names (``objects/ab/cd...``,
+``namespaces/ns/generations/000000000001``). A later object-storage backend
+implements the same verbs (put-if-absent = conditional PUT, create-exclusive =
+If-None-Match) and passes the same conformance suite
+(tests/store/test_backend_conformance.py).
+
+``LocalBackend`` is for a POSIX directory seen by every node (local disk,
+NFS, Lustre, CephFS, WEKA). It never rewrites or modifies a name in place: new
+content is staged in ``<root>/tmp``, fsynced, and linked into place
+(casfs.util.atomic holds the durability policy).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO, Protocol
+
+from casfs.util import atomic
+
+
+@dataclass(frozen=True, slots=True)
+class KeyInfo:
+    size: int
+    mtime: float
+
+
+class Backend(Protocol):
+    """The verbs the store needs from shared storage."""
+
+    staging_dir: Path
+    """A node-visible directory where complete files are staged before put_if_absent."""
+
+    def put_if_absent(self, key: str, staged: Path) -> bool:
+        """Store the complete file ``staged`` as ``key`` unless ``key`` exists.
+
+        Returns True if this call created it. ``staged`` is consumed either way.
+        """
+        ...
+
+    def create_exclusive(self, key: str, data: bytes) -> bool:
+        """Create ``key`` holding ``data`` atomically; False if it already exists."""
+        ...
+
+    def open(self, key: str) -> BinaryIO:
+        """Open ``key`` for reading; FileNotFoundError if absent."""
+        ...
+
+    def info(self, key: str) -> KeyInfo | None:
+        """Size and mtime of ``key``, None if absent."""
+        ...
+
+    def touch(self, key: str) -> None:
+        """Refresh ``key``'s mtime (protects a re-used object from a concurrent GC)."""
+        ...
+
+    def list(self, prefix: str) -> Iterator[str]:
+        """Names directly under the directory-like ``prefix`` (no trailing '/')."""
+        ...
+
+    def delete(self, key: str) -> None:
+        """Remove ``key``; absent is not an error."""
+        ...
+
+
+class LocalBackend:
+    """A Backend over a POSIX directory."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.staging_dir = root / "tmp"
+
+    def _path(self, key: str) -> Path:
+        # Keys are built by casfs itself from validated parts; assert anyway.
+        assert not key.startswith("/") and ".." not in key.split("/"), key
+        return self.root / key
+
+    def put_if_absent(self, key: str, staged: Path) -> bool:
+        return atomic.link_exclusive(staged, self._path(key))
+
+    def create_exclusive(self, key: str, data: bytes) -> bool:
+        target = self._path(key)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        return atomic.create_exclusive(target, data, self.staging_dir)
+
+    def open(self, key: str) -> BinaryIO:
+        return open(self._path(key), "rb")
+
+    def info(self, key: str) -> KeyInfo | None:
+        try:
+            st = os.stat(self._path(key))
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        return KeyInfo(st.st_size, st.st_mtime)
+
+    def touch(self, key: str) -> None:
+        with contextlib.suppress(OSError):  # best effort: read-only roots still serve
+            os.utime(self._path(key))
+
+    def list(self, prefix: str) -> Iterator[str]:
+        try:
+            with os.scandir(self._path(prefix) if prefix else self.root) as it:
+                names = [e.name for e in it]
+        except (FileNotFoundError, NotADirectoryError):
+            return iter(())
+        return iter(sorted(names))
+
+    def delete(self, key: str) -> None:
+        try:
+            os.unlink(self._path(key))
+        except FileNotFoundError:
+            pass
+        except IsADirectoryError:
+            with contextlib.suppress(OSError):
+                os.rmdir(self._path(key))
+        except OSError as e:
+            if e.errno != errno.ENOENT:
+                raise
+
+    def staging_entries(self) -> Iterator[tuple[str, float]]:
+        """(name, age in seconds) of each file in the staging directory."""
+        now = time.time()
+        try:
+            with os.scandir(self.staging_dir) as it:
+                for e in it:
+                    with contextlib.suppress(FileNotFoundError):
+                        yield e.name, now - e.stat(follow_symlinks=False).st_mtime
+        except FileNotFoundError:
+            return

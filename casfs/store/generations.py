@@ -1,0 +1,457 @@
+"""Generations: immutable, numbered snapshots of a namespace, published lock-free.
+
+A generation record is a small JSON file ``namespaces/<ns>/generations/<seq>``
+(seq zero-padded to 12 digits) naming the manifest objects that make up the
+snapshot:
+
+    {"casfs_generation": 1, "namespace": ns, "seq": N, "parent": N-1 | null,
+     "base": {"digest", "size", "entries"} | null,
+     "deltas": [{"digest", "size", "entries"}, ...],
+     "entries": total files, "bytes": total logical bytes,
+     "created": unix time, "node": node id, "casfs_version": "...",
+     "fingerprint": {...} | null}
+
+The snapshot is the union of ``base`` and every delta. Because publication is
+first-writer-wins, a path once published never changes, so a delta only ever
+adds paths and the union needs no precedence rules. Publishing 10 files on
+top of 100,000 writes one 10-entry delta object and one record; every
+``COMPACT_DELTAS`` deltas (or when deltas grow past a quarter of the base) the
+publisher writes a new full base instead, so readers never chase long chains.
+
+Publication (DESIGN.md "Publication protocol"): objects are uploaded first;
+then the newest record N is read, the additions merged, the delta stored, and
+record N+1 created with link() (atomic, EEXIST if another node won). On EEXIST
+the publisher re-reads, re-merges and retries with jitter, a bounded number of
+times. A record only ever names objects that already exist.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import re
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from casfs import __version__
+from casfs.errors import (
+    CasfsError,
+    HostileManifestError,
+    NotFoundError,
+    PublishError,
+    QuotaExceededError,
+    UsageError,
+)
+from casfs.store import manifest
+from casfs.store.entry import Entry
+from casfs.store.objects import DIGEST_RE
+from casfs.util.paths import parent_dirs
+
+if TYPE_CHECKING:
+    from casfs.store.root import SharedRoot
+
+log = logging.getLogger(__name__)
+
+RECORD_VERSION = 1
+SEQ_WIDTH = 12
+MAX_RECORD_BYTES = 1 << 20
+COMPACT_DELTAS = 32
+NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,127}$")
+
+
+def check_name(name: str, what: str = "namespace") -> str:
+    if not isinstance(name, str) or not NAME_RE.match(name):
+        raise UsageError(f"invalid {what} name {name!r:.80}: use 1-128 of [A-Za-z0-9._-]")
+    return name
+
+
+def seq_name(seq: int) -> str:
+    return f"{seq:0{SEQ_WIDTH}d}"
+
+
+@dataclass(frozen=True, slots=True)
+class Part:
+    """One manifest object of a generation."""
+
+    digest: str
+    size: int
+    entries: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"digest": self.digest, "size": self.size, "entries": self.entries}
+
+
+@dataclass(frozen=True)
+class Record:
+    namespace: str
+    seq: int
+    parent: int | None
+    base: Part | None
+    deltas: tuple[Part, ...]
+    entries: int
+    logical_bytes: int
+    created: float
+    node: str
+    casfs_version: str
+    fingerprint: dict[str, Any] | None = None
+
+    @property
+    def parts(self) -> list[Part]:
+        return ([self.base] if self.base else []) + list(self.deltas)
+
+    def to_json(self) -> bytes:
+        doc = {
+            "casfs_generation": RECORD_VERSION,
+            "namespace": self.namespace,
+            "seq": self.seq,
+            "parent": self.parent,
+            "base": self.base.to_json() if self.base else None,
+            "deltas": [d.to_json() for d in self.deltas],
+            "entries": self.entries,
+            "bytes": self.logical_bytes,
+            "created": self.created,
+            "node": self.node,
+            "casfs_version": self.casfs_version,
+            "fingerprint": self.fingerprint,
+        }
+        return json.dumps(doc, indent=1, sort_keys=True).encode() + b"\n"
+
+
+def _int(doc: dict[str, Any], key: str, *, nullable: bool = False) -> Any:
+    v = doc.get(key)
+    if v is None and nullable:
+        return None
+    if type(v) is not int or v < 0:
+        raise HostileManifestError(f"generation record: bad {key!r}")
+    return v
+
+
+def _part(obj: object) -> Part:
+    if not isinstance(obj, dict):
+        raise HostileManifestError("generation record: malformed manifest reference")
+    digest = obj.get("digest")
+    if not isinstance(digest, str) or not DIGEST_RE.match(digest):
+        raise HostileManifestError("generation record: bad manifest digest")
+    return Part(digest, _int(obj, "size"), _int(obj, "entries"))
+
+
+def parse_record(data: bytes, namespace: str, seq: int) -> Record:
+    """Validate a record; its namespace and seq must match where it was found."""
+    try:
+        doc = json.loads(data)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise HostileManifestError(f"generation {namespace}@{seq}: not valid JSON ({e})") from None
+    if not isinstance(doc, dict) or doc.get("casfs_generation") != RECORD_VERSION:
+        raise HostileManifestError(f"generation {namespace}@{seq}: not a casfs generation record")
+    if doc.get("namespace") != namespace or doc.get("seq") != seq:
+        raise HostileManifestError(f"generation {namespace}@{seq}: record names another generation")
+    deltas = doc.get("deltas")
+    if not isinstance(deltas, list):
+        raise HostileManifestError(f"generation {namespace}@{seq}: deltas is not a list")
+    created = doc.get("created")
+    if not isinstance(created, int | float):
+        raise HostileManifestError(f"generation {namespace}@{seq}: bad created time")
+    fp = doc.get("fingerprint")
+    return Record(
+        namespace=namespace,
+        seq=seq,
+        parent=_int(doc, "parent", nullable=True),
+        base=_part(doc["base"]) if doc.get("base") is not None else None,
+        deltas=tuple(_part(d) for d in deltas),
+        entries=_int(doc, "entries"),
+        logical_bytes=_int(doc, "bytes"),
+        created=float(created),
+        node=str(doc.get("node", ""))[:128],
+        casfs_version=str(doc.get("casfs_version", ""))[:64],
+        fingerprint=fp if isinstance(fp, dict) else None,
+    )
+
+
+@dataclass
+class PublishResult:
+    namespace: str
+    seq: int | None  # the generation now holding the additions (None: nothing published yet)
+    added: int = 0
+    already: int = 0  # same path, same bytes: already published
+    conflicts: int = 0  # same path, other bytes: the published entry stays
+    attempts: int = 0
+    added_bytes: int = 0
+    conflict_paths: list[str] = field(default_factory=list)
+
+
+class Snapshot:
+    """The merged entries of one generation (path -> Entry) and its directories."""
+
+    def __init__(self, record: Record | None, entries: dict[str, Entry]) -> None:
+        self.record = record
+        self.entries = entries
+        self._dirs: set[str] | None = None
+
+    @property
+    def dirs(self) -> set[str]:
+        if self._dirs is None:
+            self._dirs = {d for p in self.entries for d in parent_dirs(p)}
+        return self._dirs
+
+
+class GenerationStore:
+    """Read, publish, pin and enumerate generations in a shared root."""
+
+    def __init__(self, root: SharedRoot) -> None:
+        self.root = root
+        self.backend = root.backend
+        self.objects = root.objects
+        # Parsed manifest parts by digest: immutable, so safe to keep; saves
+        # re-reading the base on every publish.
+        self._parts: dict[str, list[Entry]] = {}
+
+    # --- enumeration ------------------------------------------------------
+    def namespaces(self) -> list[str]:
+        return [n for n in self.backend.list("namespaces") if NAME_RE.match(n)]
+
+    def seqs(self, ns: str) -> list[int]:
+        check_name(ns)
+        out = []
+        for name in self.backend.list(f"namespaces/{ns}/generations"):
+            if len(name) == SEQ_WIDTH and name.isdigit():
+                out.append(int(name))
+        return sorted(out)
+
+    def latest_seq(self, ns: str, hint: int | None = None) -> int | None:
+        """Newest seq. With ``hint`` (a seq known to exist) probe forward instead of listing."""
+        if hint is not None and self.backend.info(self._key(ns, hint)) is not None:
+            seq = hint
+            while self.backend.info(self._key(ns, seq + 1)) is not None:
+                seq += 1
+            return seq
+        seqs = self.seqs(ns)
+        return seqs[-1] if seqs else None
+
+    def _key(self, ns: str, seq: int) -> str:
+        return f"namespaces/{ns}/generations/{seq_name(seq)}"
+
+    # --- reading ----------------------------------------------------------
+    def record(self, ns: str, seq: int) -> Record:
+        check_name(ns)
+        try:
+            with self.backend.open(self._key(ns, seq)) as f:
+                data = f.read(MAX_RECORD_BYTES + 1)
+        except (FileNotFoundError, NotADirectoryError):
+            raise NotFoundError(f"no generation {ns}@{seq}") from None
+        if len(data) > MAX_RECORD_BYTES:
+            raise HostileManifestError(f"generation {ns}@{seq}: record too large")
+        return parse_record(data, ns, seq)
+
+    def latest(self, ns: str, hint: int | None = None) -> Record | None:
+        seq = self.latest_seq(ns, hint)
+        return None if seq is None else self.record(ns, seq)
+
+    def resolve(self, ns: str, seq: int | None) -> Record:
+        """The record for ``ns@seq``, or the newest one when ``seq`` is None."""
+        if seq is None:
+            rec = self.latest(ns)
+            if rec is None:
+                raise NotFoundError(f"namespace {ns!r} has no generations")
+            return rec
+        return self.record(ns, seq)
+
+    def part_entries(self, part: Part) -> list[Entry]:
+        cached = self._parts.get(part.digest)
+        if cached is None:
+            _, cached = manifest.load(self.objects, part.digest, part.size)
+            if len(cached) != part.entries:
+                raise HostileManifestError(
+                    f"manifest {part.digest}: {len(cached)} entries, record says {part.entries}"
+                )
+            self._parts[part.digest] = cached
+        return cached
+
+    def snapshot(self, record: Record | None) -> Snapshot:
+        """Load every part of ``record`` and merge them (validated as a whole)."""
+        if record is None:
+            return Snapshot(None, {})
+        merged: dict[str, Entry] = {}
+        for part in record.parts:
+            for e in self.part_entries(part):
+                if merged.setdefault(e.path, e) is not e:
+                    raise HostileManifestError(
+                        f"generation {record.namespace}@{record.seq}: {e.path!r} appears twice"
+                    )
+        if len(merged) != record.entries:
+            raise HostileManifestError(
+                f"generation {record.namespace}@{record.seq}: {len(merged)} entries,"
+                f" record says {record.entries}"
+            )
+        snap = Snapshot(record, merged)
+        for d in snap.dirs:
+            if d in merged:
+                raise HostileManifestError(
+                    f"generation {record.namespace}@{record.seq}: {d!r} is a file and a directory"
+                )
+        return snap
+
+    def entries(self, ns: str, seq: int | None = None) -> Snapshot:
+        return self.snapshot(self.resolve(ns, seq))
+
+    # --- publishing -------------------------------------------------------
+    def publish(
+        self,
+        ns: str,
+        additions: Iterable[Entry],
+        *,
+        node: str,
+        fingerprint: dict[str, Any] | None = None,
+        max_bytes: int | None = None,
+        max_attempts: int = 20,
+        compact_deltas: int = COMPACT_DELTAS,
+    ) -> PublishResult:
+        """Publish ``additions`` (whose objects must already be stored) as a new generation."""
+        check_name(ns)
+        wanted = {e.path: e for e in additions}
+        result = PublishResult(ns, None)
+        hint: int | None = None
+        for attempt in range(1, max_attempts + 1):
+            result = PublishResult(ns, None, attempts=attempt)
+            current = self.latest(ns, hint)
+            snap = self.snapshot(current)
+            new = self._merge(snap, wanted, result)
+            result.seq = current.seq if current else None
+            if not new:
+                return result
+            total_bytes = (current.logical_bytes if current else 0) + result.added_bytes
+            if max_bytes is not None and total_bytes > max_bytes:
+                raise QuotaExceededError(
+                    f"namespace {ns}: publishing {result.added_bytes} bytes would exceed"
+                    f" its bound of {max_bytes} bytes; nothing was published"
+                )
+            record = self._next_record(ns, current, snap, new, node, fingerprint, compact_deltas)
+            if self.backend.create_exclusive(self._key(ns, record.seq), record.to_json()):
+                result.seq = record.seq
+                log.info(
+                    "published %s@%d: +%d files (%d bytes), %d conflicts, attempt %d",
+                    ns, record.seq, result.added, result.added_bytes, result.conflicts, attempt,
+                )
+                return result
+            hint = record.seq  # another node won this seq: re-read from there and retry
+            time.sleep(random.uniform(0.005, 0.05) * min(attempt, 8))
+        raise PublishError(f"namespace {ns}: lost the publication race {max_attempts} times")
+
+    def _merge(
+        self, snap: Snapshot, wanted: dict[str, Entry], result: PublishResult
+    ) -> list[Entry]:
+        new: list[Entry] = []
+        new_paths = set(wanted)
+        for path, e in sorted(wanted.items()):
+            have = snap.entries.get(path)
+            if have is not None:
+                if have.digest == e.digest:
+                    result.already += 1
+                else:
+                    result.conflicts += 1
+                    result.conflict_paths.append(path)
+                continue
+            # A new file where the snapshot (or this batch) has a directory, or
+            # under a path that is a file, cannot be merged: count it a conflict.
+            if path in snap.dirs or any(
+                d in snap.entries or d in new_paths for d in parent_dirs(path)
+            ):
+                result.conflicts += 1
+                result.conflict_paths.append(path)
+                continue
+            new.append(e)
+            result.added += 1
+            result.added_bytes += e.size
+        return new
+
+    def _next_record(
+        self,
+        ns: str,
+        current: Record | None,
+        snap: Snapshot,
+        new: list[Entry],
+        node: str,
+        fingerprint: dict[str, Any] | None,
+        compact_deltas: int,
+    ) -> Record:
+        deltas: tuple[Part, ...]
+        base: Part | None
+        base_entries = current.base.entries if current and current.base else 0
+        delta_entries = sum(d.entries for d in current.deltas) if current else 0
+        compact = (
+            current is None
+            or current.base is None
+            or len(current.deltas) + 1 >= compact_deltas
+            or delta_entries + len(new) > max(1024, base_entries // 4)
+        )
+        if compact:
+            full = list(snap.entries.values()) + new
+            base = self._store_part(full, "full")
+            deltas = ()
+        else:
+            assert current is not None
+            base = current.base
+            deltas = (*current.deltas, self._store_part(new, "delta"))
+        return Record(
+            namespace=ns,
+            seq=(current.seq + 1) if current else 1,
+            parent=current.seq if current else None,
+            base=base,
+            deltas=deltas,
+            entries=len(snap.entries) + len(new),
+            logical_bytes=(current.logical_bytes if current else 0) + sum(e.size for e in new),
+            created=time.time(),
+            node=node,
+            casfs_version=__version__,
+            fingerprint=fingerprint,
+        )
+
+    def _store_part(self, entries: list[Entry], kind: str) -> Part:
+        data = manifest.encode(entries, kind)
+        res = self.objects.put_bytes(data)
+        return Part(res.digest, res.size, len(entries))
+
+    # --- pins -------------------------------------------------------------
+    def pin(self, ns: str, seq: int, name: str) -> None:
+        check_name(name, "pin")
+        self.record(ns, seq)  # must exist
+        doc = json.dumps({"seq": seq, "created": time.time()}).encode() + b"\n"
+        key = f"namespaces/{ns}/pins/{name}"
+        if not self.backend.create_exclusive(key, doc):
+            have = self.pins(ns).get(name)
+            if have != seq:
+                raise UsageError(f"pin {ns}/{name} already exists (on generation {have})")
+
+    def unpin(self, ns: str, name: str) -> None:
+        check_name(name, "pin")
+        if name not in self.pins(ns):
+            raise NotFoundError(f"no pin {ns}/{name}")
+        self.backend.delete(f"namespaces/{ns}/pins/{name}")
+
+    def pins(self, ns: str) -> dict[str, int]:
+        """name -> seq; unreadable pins are logged and reported as -1 (kept by gc: unknown)."""
+        check_name(ns)
+        out: dict[str, int] = {}
+        for name in self.backend.list(f"namespaces/{ns}/pins"):
+            if not NAME_RE.match(name):
+                continue
+            try:
+                with self.backend.open(f"namespaces/{ns}/pins/{name}") as f:
+                    seq = json.loads(f.read(4096))["seq"]
+                if type(seq) is not int:
+                    raise ValueError("seq is not an integer")
+                out[name] = seq
+            except (OSError, ValueError, KeyError, TypeError) as e:
+                log.warning("unreadable pin %s/%s: %s", ns, name, e)
+                out[name] = -1
+        return out
+
+    def records(self, ns: str) -> Iterator[Record | CasfsError]:
+        """Every record of ``ns``, oldest first; a damaged one yields its error."""
+        for seq in self.seqs(ns):
+            try:
+                yield self.record(ns, seq)
+            except CasfsError as e:
+                yield e

@@ -1,0 +1,274 @@
+"""Content-addressed objects in the shared root.
+
+An object is named by the blake3-256 hex digest of its *uncompressed* bytes
+(compression comes after hashing, so codecs can change without renaming), and
+stored at ``objects/<2 hex>/<62 hex>`` as a 16-byte header plus payload:
+
+    offset size  field
+    0      4     magic b"CASF"
+    4      1     format version (1)
+    5      1     codec (0 raw, 1 zstd)
+    6      2     reserved, 0
+    8      8     uncompressed size, u64 little-endian
+
+Reading never trusts the file: the header is checked, decompression output is
+bounded by the header's size *and* the size the caller expects (a zstd frame
+can lie), and the result is hashed and compared with the name. Any mismatch is
+a rejection: logged, counted, raised as CorruptObjectError for the caller to
+turn into a miss.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import re
+import struct
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+import blake3
+import zstandard
+
+from casfs.errors import CorruptObjectError, ObjectMissingError
+from casfs.store.backend import Backend
+from casfs.util import atomic
+from casfs.util.counters import Counters
+
+log = logging.getLogger(__name__)
+
+MAGIC = b"CASF"
+VERSION = 1
+CODEC_RAW = 0
+CODEC_ZSTD = 1
+HEADER = struct.Struct("<4sBBHQ")
+HEADER_SIZE = HEADER.size  # 16
+DIGEST_RE = re.compile(r"^[0-9a-f]{64}$")
+ZSTD_LEVEL = 3
+# Compression must save at least this fraction, else the object is stored raw
+# (already-compressed cubins and .so sections gain nothing; raw reads are cheaper).
+MIN_SAVING = 0.05
+# Files up to this size are compressed in memory; larger ones stream through a
+# temp file so memory stays bounded whatever the cache holds.
+IN_MEMORY_LIMIT = 16 << 20
+CHUNK = 1 << 20
+
+
+def digest_bytes(data: bytes) -> str:
+    # blake3's own threading only pays for multi-MB inputs; compiler artefacts
+    # are mostly a few KB, so hash single-threaded.
+    return blake3.blake3(data).hexdigest()
+
+
+def object_key(digest: str) -> str:
+    return f"objects/{digest[:2]}/{digest[2:]}"
+
+
+def check_digest(digest: object) -> str:
+    if not isinstance(digest, str) or not DIGEST_RE.match(digest):
+        raise CorruptObjectError(f"not a blake3 hex digest: {digest!r:.80}")
+    return digest
+
+
+@dataclass(frozen=True, slots=True)
+class PutResult:
+    digest: str
+    size: int
+    created: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Header:
+    codec: int
+    size: int
+
+
+def parse_header(raw: bytes, digest: str) -> Header:
+    if len(raw) < HEADER_SIZE:
+        raise CorruptObjectError(f"object {digest}: truncated header")
+    magic, version, codec, reserved, size = HEADER.unpack(raw[:HEADER_SIZE])
+    if magic != MAGIC:
+        raise CorruptObjectError(f"object {digest}: bad magic")
+    if version != VERSION:
+        raise CorruptObjectError(f"object {digest}: unknown object format version {version}")
+    if codec not in (CODEC_RAW, CODEC_ZSTD):
+        raise CorruptObjectError(f"object {digest}: unknown codec {codec}")
+    if reserved != 0:
+        raise CorruptObjectError(f"object {digest}: reserved header bits set")
+    return Header(codec, size)
+
+
+class ObjectStore:
+    """Put, get and verify objects through a Backend."""
+
+    def __init__(
+        self, backend: Backend, counters: Counters | None = None, level: int = ZSTD_LEVEL
+    ) -> None:
+        self.backend = backend
+        self.counters = counters or Counters()
+        self._level = level
+
+    # --- writing ----------------------------------------------------------
+    def has(self, digest: str) -> bool:
+        return self.backend.info(object_key(digest)) is not None
+
+    def put_bytes(self, data: bytes) -> PutResult:
+        digest = digest_bytes(data)
+        return self._put_known(digest, data)
+
+    def _put_known(self, digest: str, data: bytes) -> PutResult:
+        key = object_key(digest)
+        if self.backend.info(key) is not None:
+            self.backend.touch(key)  # keeps a re-used object clear of a concurrent gc
+            return PutResult(digest, len(data), False)
+        payload = zstandard.ZstdCompressor(level=self._level).compress(data)
+        codec = CODEC_ZSTD
+        if len(payload) > len(data) * (1 - MIN_SAVING):
+            payload, codec = data, CODEC_RAW
+        self.backend.staging_dir.mkdir(parents=True, exist_ok=True)
+        with atomic.staged_file(self.backend.staging_dir, "obj-", 0o444) as (f, tmp):
+            f.write(HEADER.pack(MAGIC, VERSION, codec, 0, len(data)))
+            f.write(payload)
+        created = self.backend.put_if_absent(key, tmp)
+        return PutResult(digest, len(data), created)
+
+    def put_file(self, path: str | os.PathLike[str]) -> PutResult:
+        """Store a local file's content. The caller checks the file did not change meanwhile."""
+        size = os.path.getsize(path)
+        if size <= IN_MEMORY_LIMIT:
+            with open(path, "rb") as f:
+                data = f.read()
+            return self._put_known(digest_bytes(data), data)
+        return self._put_large(Path(path))
+
+    def _put_large(self, path: Path) -> PutResult:
+        h = blake3.blake3(max_threads=blake3.blake3.AUTO)  # multi-MB: threads pay here
+        with open(path, "rb") as f:
+            while chunk := f.read(CHUNK):
+                h.update(chunk)
+        digest = h.hexdigest()
+        key = object_key(digest)
+        if self.backend.info(key) is not None:
+            self.backend.touch(key)
+            return PutResult(digest, path.stat().st_size, False)
+        self.backend.staging_dir.mkdir(parents=True, exist_ok=True)
+        size = 0
+        with atomic.staged_file(self.backend.staging_dir, "obj-", 0o444) as (out, tmp):
+            out.write(b"\0" * HEADER_SIZE)
+            cctx = zstandard.ZstdCompressor(level=self._level)
+            with open(path, "rb") as f, cctx.stream_writer(out, closefd=False) as zw:
+                while chunk := f.read(CHUNK):
+                    size += len(chunk)
+                    zw.write(chunk)
+            codec = CODEC_ZSTD
+            if out.tell() - HEADER_SIZE > size * (1 - MIN_SAVING):
+                codec = CODEC_RAW
+                out.seek(HEADER_SIZE)
+                out.truncate()
+                with open(path, "rb") as f:
+                    while chunk := f.read(CHUNK):
+                        out.write(chunk)
+            out.seek(0)
+            out.write(HEADER.pack(MAGIC, VERSION, codec, 0, size))
+        created = self.backend.put_if_absent(key, tmp)
+        return PutResult(digest, size, created)
+
+    # --- reading ----------------------------------------------------------
+    def header(self, digest: str) -> Header:
+        check_digest(digest)
+        try:
+            with self.backend.open(object_key(digest)) as f:
+                return parse_header(f.read(HEADER_SIZE), digest)
+        except (FileNotFoundError, NotADirectoryError):
+            raise ObjectMissingError(f"object {digest} is missing") from None
+
+    def get_into(self, digest: str, expected_size: int | None, out: BinaryIO) -> int:
+        """Stream the verified content of ``digest`` into ``out``; return its size.
+
+        ``out`` may hold a prefix of unverified bytes when this raises: callers
+        write to a temp file and discard it on error.
+        """
+        try:
+            return self._get_into(digest, expected_size, out)
+        except CorruptObjectError as e:
+            self.counters.inc("rejections")
+            log.warning("rejected object: %s", e)
+            raise
+
+    def _get_into(self, digest: str, expected_size: int | None, out: BinaryIO) -> int:
+        check_digest(digest)
+        try:
+            f = self.backend.open(object_key(digest))
+        except (FileNotFoundError, NotADirectoryError):
+            self.counters.inc("objects_missing")
+            raise ObjectMissingError(f"object {digest} is missing") from None
+        with f:
+            hdr = parse_header(f.read(HEADER_SIZE), digest)
+            if expected_size is not None and hdr.size != expected_size:
+                raise CorruptObjectError(
+                    f"object {digest}: header says {hdr.size} bytes, manifest says {expected_size}"
+                )
+            h = blake3.blake3()
+            n = 0
+            if hdr.codec == CODEC_RAW:
+                reader: BinaryIO = f
+            else:
+                reader = zstandard.ZstdDecompressor().stream_reader(f, read_across_frames=True)
+            try:
+                while True:
+                    # Never read past the declared size + 1 byte: a lying frame
+                    # cannot make us allocate more than one chunk.
+                    chunk = reader.read(min(CHUNK, hdr.size - n + 1))
+                    if not chunk:
+                        break
+                    n += len(chunk)
+                    if n > hdr.size:
+                        raise CorruptObjectError(f"object {digest}: longer than its header says")
+                    h.update(chunk)
+                    out.write(chunk)
+            except zstandard.ZstdError as e:
+                raise CorruptObjectError(f"object {digest}: bad zstd data ({e})") from None
+        if n != hdr.size:
+            raise CorruptObjectError(f"object {digest}: {n} bytes, header says {hdr.size}")
+        if h.hexdigest() != digest:
+            raise CorruptObjectError(f"object {digest}: content does not match its name")
+        return n
+
+    def get_bytes(self, digest: str, expected_size: int | None = None) -> bytes:
+        import io
+
+        buf = io.BytesIO()
+        self.get_into(digest, expected_size, buf)
+        return buf.getvalue()
+
+    def verify(self, digest: str) -> int:
+        """Re-hash one object; raise CorruptObjectError/ObjectMissingError on a problem."""
+
+        class _Null:
+            def write(self, b: bytes) -> int:
+                return len(b)
+
+        return self.get_into(digest, None, _Null())  # type: ignore[arg-type]
+
+    # --- enumeration (gc, verify, du) -------------------------------------
+    def iter_digests(self) -> Iterator[str]:
+        """Every well-named object in the store; stray names are skipped."""
+        for fan in self.backend.list("objects"):
+            if len(fan) != 2:
+                continue
+            for rest in self.backend.list(f"objects/{fan}"):
+                d = fan + rest
+                if DIGEST_RE.match(d):
+                    yield d
+
+    def stored_size(self, digest: str) -> int:
+        info = self.backend.info(object_key(digest))
+        return info.size if info else 0
+
+    def delete(self, digest: str) -> None:
+        """Remove an object (gc only: objects are otherwise never removed)."""
+        with contextlib.suppress(FileNotFoundError):
+            self.backend.delete(object_key(check_digest(digest)))
