@@ -1,0 +1,116 @@
+"""Scratch rules on real client paths, and Triton group files."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from casfs.errors import UsageError
+from casfs.scratch import ScratchRules, group_children, is_group_file
+
+KEY = "7NKZN2IV7ZBONWLCSFOQYCSFLUEILF3Z7JGCKATQOW63BQKAVLRQ"
+UUID = "0b5c7e1e-2a43-4c4f-9d0b-3f1f7c1e9a11"
+
+# (relative path, scratch?) as Triton 3.7.1 and Inductor 2.13 write them.
+REAL_PATHS = [
+    (f"{KEY}/k.cubin", False),
+    (f"{KEY}/k.json", False),
+    (f"{KEY}/__grp__k.json", False),
+    (f"{KEY}/k.source", False),
+    (f"{KEY}/tmp.pid_12345_{UUID}", True),
+    (f"{KEY}/tmp.pid_12345_{UUID}/k.cubin", True),
+    (f"{KEY}/k.cubin.tmp.pid_12345_{UUID}", True),
+    ("cuda_utils.so", False),
+    ("ab/cabcdef0123456789.py", False),
+    ("ab/cabcdef0123456789.cpp", False),
+    ("ab/cabcdef0123456789.so", False),
+    ("ab/.4242.139871234567.tmp", True),
+    ("fxgraph/bc/fabcdef/0a1b2c3d4e5f", False),
+    ("fxgraph/bc/fabcdef/.4242.139871234567.tmp", True),
+    ("aotautograd/aabcdef/entry", False),
+    ("locks", True),
+    ("locks/cabcdef0123.lock", True),
+    ("precompiled_headers/locks/h123.lock", True),
+    ("g++.lock", True),
+    ("ab/cabcdef_CxxBuild", True),
+    ("ab/cabcdef_CxxBuild/cabcdef.o", True),
+    (f"triton/0/tmp.{UUID}/k.cubin", True),
+    (f"triton/0/{KEY}/k.cubin", False),
+    ("tmp.not-a-uuid", False),
+    ("ab/.wh.cabcdef.so", True),
+    (".wh..wh..opq", True),
+    ("ab/clock.py", False),
+    ("ab/unlocks.py", False),
+    ("ab/c.tmp", False),
+]
+
+
+@pytest.mark.parametrize("family", ["triton", "inductor", "generic"])
+@pytest.mark.parametrize(("relpath", "scratch"), REAL_PATHS)
+def test_builtin_rules(family: str, relpath: str, scratch: bool) -> None:
+    assert ScratchRules(family).is_scratch(relpath) is scratch
+
+
+def test_user_patterns_match_path_and_components() -> None:
+    rules = ScratchRules("generic", ["*.partial", "cache/old/*"])
+    assert rules.is_scratch("a/b/c.partial")
+    assert rules.is_scratch("x.partial/inner")
+    assert rules.is_scratch("cache/old/f")
+    assert not rules.is_scratch("cache/new/f")
+    assert not rules.is_scratch("a/b/c.partially")
+    assert not ScratchRules("generic").is_scratch("a/b/c.partial")
+
+
+def test_unknown_family() -> None:
+    with pytest.raises(UsageError):
+        ScratchRules("nope")
+
+
+def test_is_group_file() -> None:
+    assert is_group_file(f"{KEY}/__grp__k.json")
+    assert is_group_file("__grp__add_kernel.json")
+    assert not is_group_file(f"{KEY}/k.json")
+    assert not is_group_file(f"{KEY}/__grp__k.json.tmp")
+
+
+def _real_group(root: str) -> bytes:
+    # Exactly what FileCacheManager.put_group writes (json.dumps, absolute paths).
+    names = ["k.source", "k.ttir", "k.ttgir", "k.llir", "k.ptx", "k.cubin", "k.json"]
+    return json.dumps({"child_paths": {n: f"{root}/{KEY}/{n}" for n in names}}).encode()
+
+
+def test_group_children_maps_absolute_paths_by_basename() -> None:
+    data = _real_group("/tmp/tw/c1")
+    children = group_children(f"{KEY}/__grp__k.json", data)
+    assert children == sorted(
+        f"{KEY}/k.{ext}" for ext in ("source", "ttir", "ttgir", "llir", "ptx", "cubin", "json")
+    )
+    # A node mounting elsewhere maps to the same relative paths.
+    assert group_children(f"{KEY}/__grp__k.json", _real_group("/other/mnt")) == children
+    # Nested under Inductor's triton/<dev>/.
+    nested = group_children(f"triton/0/{KEY}/__grp__k.json", data)
+    assert nested is not None and nested[0].startswith(f"triton/0/{KEY}/")
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"",
+        b"{not json",
+        b'{"child_paths": {"k.cubin": "/x/K/k.cub',  # half-written
+        b"[1, 2]",
+        b'{"other": {}}',
+        b'{"child_paths": ["k.cubin"]}',
+        b'{"child_paths": {"k.cubin": 3}}',
+        b'{"child_paths": {"k": "/x/K/.."}}',
+        b'{"child_paths": {"k": "/x/K/"}}',
+        b"\xff\xfe",
+    ],
+)
+def test_group_children_unusable(data: bytes) -> None:
+    assert group_children(f"{KEY}/__grp__k.json", data) is None
+
+
+def test_group_children_empty_group() -> None:
+    assert group_children(f"{KEY}/__grp__k.json", b'{"child_paths": {}}') == []
