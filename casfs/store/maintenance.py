@@ -1,0 +1,212 @@
+"""Whole-store maintenance: garbage collection, verification and usage accounting.
+
+GC is mark-and-sweep. Marking reads every kept generation (the newest ``keep``
+of each namespace plus every pinned one) and collects the manifest objects and
+entry objects they name. If anything needed for marking cannot be read, GC
+deletes nothing: a damaged record must never turn into deleted objects.
+Sweeping removes unmarked objects, unkept records and staging files, each
+only when older than ``grace`` seconds: a publisher on another node may have
+just uploaded an object (or refreshed a re-used one, see ObjectStore.put) and
+not yet written the record naming it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from casfs.errors import CasfsError
+from casfs.store.generations import GenerationStore, Record, seq_name
+from casfs.store.objects import object_key
+from casfs.store.root import SharedRoot
+
+log = logging.getLogger(__name__)
+
+Progress = Callable[[int], None]  # advance by n
+
+
+@dataclass
+class GcReport:
+    dry_run: bool
+    kept_generations: int = 0
+    removed_generations: list[str] = field(default_factory=list)
+    live_objects: int = 0
+    removed_objects: int = 0
+    removed_bytes: int = 0
+    young_unreferenced: int = 0
+    removed_tmp: int = 0
+
+
+def _kept(gens: GenerationStore, ns: str, keep: int) -> tuple[list[int], list[int]]:
+    seqs = gens.seqs(ns)
+    pinned = {s for s in gens.pins(ns).values() if s >= 0}
+    kept = sorted(set(seqs[-keep:] if keep > 0 else []) | (pinned & set(seqs)))
+    return kept, [s for s in seqs if s not in kept]
+
+
+def mark(gens: GenerationStore, keep: int) -> tuple[set[str], dict[str, list[int]]]:
+    """Digests reachable from kept generations; raises if any kept generation is unreadable."""
+    live: set[str] = set()
+    drop: dict[str, list[int]] = {}
+    for ns in gens.namespaces():
+        kept, drop[ns] = _kept(gens, ns, keep)
+        for seq in kept:
+            rec = gens.record(ns, seq)
+            live.update(p.digest for p in rec.parts)
+            live.update(e.digest for e in gens.snapshot(rec).entries.values())
+    return live, drop
+
+
+def gc(
+    root: SharedRoot,
+    *,
+    keep: int = 16,
+    grace: float = 24 * 3600,
+    dry_run: bool = False,
+    progress: Progress | None = None,
+) -> GcReport:
+    gens = root.generations()
+    report = GcReport(dry_run)
+    try:
+        live, drop = mark(gens, keep)
+    except CasfsError as e:
+        raise CasfsError(f"gc aborted, nothing deleted: cannot read a kept generation: {e}") from e
+    report.live_objects = len(live)
+    now = time.time()
+    for ns, seqs in drop.items():
+        for seq in seqs:
+            key = f"namespaces/{ns}/generations/{seq_name(seq)}"
+            info = root.backend.info(key)
+            if info and now - info.mtime >= grace:
+                report.removed_generations.append(f"{ns}@{seq}")
+                if not dry_run:
+                    root.backend.delete(key)
+    report.kept_generations = sum(len(gens.seqs(ns)) for ns in gens.namespaces())
+    for digest in root.objects.iter_digests():
+        if progress:
+            progress(1)
+        if digest in live:
+            continue
+        info = root.backend.info(object_key(digest))
+        if info is None:
+            continue
+        if now - info.mtime < grace:
+            report.young_unreferenced += 1
+            continue
+        report.removed_objects += 1
+        report.removed_bytes += info.size
+        if not dry_run:
+            root.objects.delete(digest)
+    for name, age in root.backend.staging_entries():
+        if age >= grace:
+            report.removed_tmp += 1
+            if not dry_run:
+                root.backend.delete(f"tmp/{name}")
+    log.info("gc%s: %s", " (dry run)" if dry_run else "", report)
+    return report
+
+
+@dataclass
+class VerifyReport:
+    objects: int = 0
+    generations: int = 0
+    problems: list[str] = field(default_factory=list)
+
+
+def verify(root: SharedRoot, *, progress: Progress | None = None) -> VerifyReport:
+    """Re-hash every object; parse every record and manifest; check every reference."""
+    report = VerifyReport()
+    present: dict[str, bool] = {}  # digest -> verified ok
+    for digest in root.objects.iter_digests():
+        report.objects += 1
+        try:
+            root.objects.verify(digest)
+            present[digest] = True
+        except CasfsError as e:
+            present[digest] = False
+            report.problems.append(f"object {digest}: {e}")
+        if progress:
+            progress(1)
+    gens = root.generations()
+    for ns in gens.namespaces():
+        for item in gens.records(ns):
+            if isinstance(item, CasfsError):
+                report.problems.append(str(item))
+                continue
+            report.generations += 1
+            _verify_record(gens, item, present, report)
+    return report
+
+
+def _verify_record(
+    gens: GenerationStore, rec: Record, present: dict[str, bool], report: VerifyReport
+) -> None:
+    where = f"{rec.namespace}@{rec.seq}"
+    try:
+        snap = gens.snapshot(rec)
+    except CasfsError as e:
+        report.problems.append(f"generation {where}: {e}")
+        return
+    for ent in snap.entries.values():
+        ok = present.get(ent.digest)
+        if ok is None:
+            report.problems.append(f"generation {where}: {ent.path}: object {ent.digest} is missing")
+        elif not ok:
+            report.problems.append(f"generation {where}: {ent.path}: object {ent.digest} is corrupt")
+        elif gens.objects.header(ent.digest).size != ent.size:
+            report.problems.append(f"generation {where}: {ent.path}: size differs from manifest")
+
+
+@dataclass
+class Usage:
+    namespaces: int = 0
+    files: int = 0
+    logical_bytes: int = 0  # bytes of every file of the newest generation(s)
+    unique_bytes: int = 0  # uncompressed bytes of the distinct objects those files use
+    file_stored_bytes: int = 0  # on-disk bytes of those distinct objects
+    stored_bytes: int = 0  # on-disk bytes of every object counted (manifests too)
+    objects: int = 0
+
+    def to_json(self) -> dict[str, float | int]:
+        return {
+            "namespaces": self.namespaces,
+            "files": self.files,
+            "objects": self.objects,
+            "logical_bytes": self.logical_bytes,
+            "unique_bytes": self.unique_bytes,
+            "stored_bytes": self.stored_bytes,
+            "dedup_ratio": round(self.logical_bytes / self.unique_bytes, 4)
+            if self.unique_bytes else 1.0,
+            "compression_ratio": round(self.unique_bytes / self.file_stored_bytes, 4)
+            if self.file_stored_bytes else 1.0,
+        }
+
+
+def usage(root: SharedRoot, namespace: str | None = None) -> Usage:
+    """Usage of one namespace's newest generation, or of the whole root (every object)."""
+    gens = root.generations()
+    u = Usage()
+    files: dict[str, int] = {}
+    manifests: set[str] = set()
+    for ns in [namespace] if namespace else gens.namespaces():
+        rec = gens.latest(ns)
+        if rec is None:
+            continue
+        u.namespaces += 1
+        for e in gens.snapshot(rec).entries.values():
+            u.files += 1
+            u.logical_bytes += e.size
+            files[e.digest] = e.size
+        manifests.update(p.digest for p in rec.parts)
+    u.unique_bytes = sum(files.values())
+    u.file_stored_bytes = sum(root.objects.stored_size(d) for d in files)
+    if namespace:
+        u.objects = len(files) + len(manifests)
+        u.stored_bytes = u.file_stored_bytes + sum(root.objects.stored_size(d) for d in manifests)
+    else:
+        for d in root.objects.iter_digests():
+            u.objects += 1
+            u.stored_bytes += root.objects.stored_size(d)
+    return u
