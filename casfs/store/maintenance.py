@@ -144,6 +144,7 @@ def _verify_record(
     gens: GenerationStore, rec: Record, present: dict[str, bool], report: VerifyReport
 ) -> None:
     where = f"{rec.namespace}@{rec.seq}"
+    bad = "generation {}: {}: object {} is {}"
     try:
         snap = gens.snapshot(rec)
     except CasfsError as e:
@@ -152,9 +153,9 @@ def _verify_record(
     for ent in snap.entries.values():
         ok = present.get(ent.digest)
         if ok is None:
-            report.problems.append(f"generation {where}: {ent.path}: object {ent.digest} is missing")
+            report.problems.append(bad.format(where, ent.path, ent.digest, "missing"))
         elif not ok:
-            report.problems.append(f"generation {where}: {ent.path}: object {ent.digest} is corrupt")
+            report.problems.append(bad.format(where, ent.path, ent.digest, "corrupt"))
         elif gens.objects.header(ent.digest).size != ent.size:
             report.problems.append(f"generation {where}: {ent.path}: size differs from manifest")
 
