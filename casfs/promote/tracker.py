@@ -48,13 +48,11 @@ class WriteTracker:
         """``old`` (file or directory) is now ``new``; descendants move with it."""
         now = time.monotonic()
         with self._lock:
-            prefix = old + "/"
-            for table in (self._dirty, self._writers):
-                moved = {p: v for p, v in table.items() if p == old or p.startswith(prefix)}
-                for p in moved:
-                    del table[p]
-                for p, v in moved.items():
-                    table[new + p[len(old):]] = now if table is self._dirty else v
+            self._dirty = {_moved(p, old, new): t for p, t in self._dirty.items()}
+            self._writers = {_moved(p, old, new): n for p, n in self._writers.items()}
+            for p in list(self._dirty):
+                if p == new or p.startswith(new + "/"):
+                    self._dirty[p] = now
             self._dirty[new] = now
 
     # --- queries from the promoter --------------------------------------
@@ -80,3 +78,11 @@ class WriteTracker:
     def pending(self) -> int:
         with self._lock:
             return len(self._dirty)
+
+
+def _moved(path: str, old: str, new: str) -> str:
+    if path == old:
+        return new
+    if path.startswith(old + "/"):
+        return new + path[len(old):]
+    return path

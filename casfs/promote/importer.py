@@ -1,0 +1,119 @@
+"""Import a plain cache directory as one new generation (``casfs import``).
+
+The same rules as promotion apply: scratch names are skipped, empty
+directories are not published, and a Triton group file is published only
+together with every child it names (a group whose children are missing would
+be a wrong hit, so it is skipped instead).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import stat
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from casfs.errors import UsageError
+from casfs.scratch import ScratchRules, group_children, is_group_file
+from casfs.store.entry import Entry
+from casfs.store.generations import PublishResult
+from casfs.store.root import SharedRoot
+from casfs.util.paths import is_valid_relpath
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ImportReport:
+    files: int = 0
+    bytes: int = 0
+    new_objects: int = 0
+    skipped_scratch: int = 0
+    skipped_other: list[str] = field(default_factory=list)
+    publish: PublishResult | None = None
+
+
+def scan_tree(src: Path, rules: ScratchRules, report: ImportReport) -> list[tuple[str, Path]]:
+    """(relpath, path) of every regular, non-scratch file under ``src``."""
+    out: list[tuple[str, Path]] = []
+    for dirpath, dirnames, filenames in os.walk(src):
+        rel_dir = os.path.relpath(dirpath, src)
+        rel_dir = "" if rel_dir == "." else rel_dir
+        for name in list(dirnames):
+            rel = f"{rel_dir}/{name}" if rel_dir else name
+            if rules.is_scratch(rel):
+                dirnames.remove(name)
+                report.skipped_scratch += 1
+        for name in filenames:
+            rel = f"{rel_dir}/{name}" if rel_dir else name
+            full = Path(dirpath) / name
+            if rules.is_scratch(rel):
+                report.skipped_scratch += 1
+            elif not is_valid_relpath(rel) or not stat.S_ISREG(os.lstat(full).st_mode):
+                report.skipped_other.append(rel)
+            else:
+                out.append((rel, full))
+    return sorted(out)
+
+
+def complete_groups(
+    files: dict[str, Entry], read: Callable[[str], bytes], report: ImportReport
+) -> dict[str, Entry]:
+    """Drop Triton group files whose children are not all present."""
+    for rel in [r for r in files if is_group_file(r)]:
+        children = group_children(rel, read(rel))
+        if children is None or any(c not in files for c in children):
+            del files[rel]
+            report.skipped_other.append(rel)
+            log.warning("skipping incomplete Triton group %s", rel)
+    return files
+
+
+def import_tree(
+    root: SharedRoot,
+    src: Path,
+    namespace: str,
+    *,
+    rules: ScratchRules,
+    node: str,
+    fingerprint: dict[str, Any] | None = None,
+    max_bytes: int | None = None,
+    progress: Callable[[int], None] | None = None,
+    on_total: Callable[[int], None] | None = None,
+    threads: int = 4,
+) -> ImportReport:
+    if not src.is_dir():
+        raise UsageError(f"{src} is not a directory")
+    report = ImportReport()
+    found = scan_tree(src, rules, report)
+    if on_total:
+        on_total(len(found))
+
+    def put(item: tuple[str, Path]) -> tuple[Entry | None, bool]:
+        rel, path = item
+        st = os.stat(path)
+        res = root.objects.put_file(path)
+        if os.stat(path).st_mtime_ns != st.st_mtime_ns or res.size != st.st_size:
+            report.skipped_other.append(rel)  # changed while being read: not stable
+            return None, False
+        return Entry(rel, res.digest, res.size, st.st_mode & 0o7777, st.st_mtime_ns), res.created
+
+    entries: dict[str, Entry] = {}
+    with ThreadPoolExecutor(threads) as pool:  # blake3 and zstd release the GIL
+        for entry, created in pool.map(put, found):
+            if entry is not None:
+                entries[entry.path] = entry
+                report.new_objects += created
+            if progress:
+                progress(1)
+    complete_groups(entries, lambda rel: (src / rel).read_bytes(), report)
+    report.files = len(entries)
+    report.bytes = sum(e.size for e in entries.values())
+    report.publish = root.generations().publish(
+        namespace, entries.values(), node=node, fingerprint=fingerprint, max_bytes=max_bytes
+    )
+    return report

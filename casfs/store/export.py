@@ -1,0 +1,76 @@
+"""Materialise a generation as a plain directory (``casfs export``).
+
+Every path was validated when the manifest was read; the destination must be
+new or empty, so casfs creates every directory itself and no symlink planted
+in the destination can redirect a write outside it. Each file is written to a
+temp name beside its target, verified while streaming, then renamed: a
+corrupt object leaves no file behind and is reported.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from casfs.errors import CasfsError, UsageError
+from casfs.store.entry import Entry
+from casfs.store.generations import Record
+from casfs.store.root import SharedRoot
+from casfs.util.atomic import temp_name
+from casfs.util.paths import parent_dirs
+
+
+@dataclass
+class ExportReport:
+    files: int = 0
+    bytes: int = 0
+    failed: list[str] = field(default_factory=list)
+
+
+def export_tree(
+    root: SharedRoot,
+    record: Record,
+    dest: Path,
+    *,
+    progress: Callable[[int], None] | None = None,
+    threads: int = 4,
+) -> ExportReport:
+    dest = dest.absolute()
+    if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
+        raise UsageError(f"export destination {dest} exists and is not an empty directory")
+    snap = root.generations().snapshot(record)
+    dest.mkdir(parents=True, exist_ok=True)
+    dirs = sorted({d for p in snap.entries for d in parent_dirs(p)})
+    for d in dirs:
+        (dest / d).mkdir(exist_ok=True)
+    report = ExportReport()
+
+    def one(e: Entry) -> tuple[Entry, str | None]:
+        target = dest / e.path
+        tmp = temp_name(target.parent, "exp-")
+        try:
+            with open(tmp, "xb") as f:
+                root.objects.get_into(e.digest, e.size, f)
+            os.chmod(tmp, e.mode)
+            os.utime(tmp, ns=(e.mtime_ns, e.mtime_ns))
+            os.rename(tmp, target)
+            return e, None
+        except (CasfsError, OSError) as err:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            return e, f"{e.path}: {err}"
+
+    with ThreadPoolExecutor(threads) as pool:
+        for e, err in pool.map(one, snap.entries.values()):
+            if err:
+                report.failed.append(err)
+            else:
+                report.files += 1
+                report.bytes += e.size
+            if progress:
+                progress(1)
+    return report
