@@ -1,0 +1,66 @@
+"""The ``casfs`` command line: store queries and control.
+
+Errors that are the user's or the environment's (CasfsError) print one line
+and exit with the error's code; anything else is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from collections.abc import Sequence
+
+from casfs import __version__
+from casfs.cli import mount_cmds, store_cmds
+from casfs.errors import CasfsError
+
+log = logging.getLogger("casfs")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="casfs",
+        description="Keep JIT compiler caches alive across jobs and nodes.",
+    )
+    p.add_argument("--version", action="version", version=f"casfs {__version__}")
+    p.add_argument("--root", help="shared root (default: $CASFS_ROOT or the user data dir)")
+    p.add_argument(
+        "--state-dir", help="node state dir (default: $CASFS_STATE_DIR or the user state dir)"
+    )
+    p.add_argument("-v", "--verbose", action="count", default=0, help="more logging")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    store_cmds.register(sub)
+    mount_cmds.register(sub)
+    return p
+
+
+def setup_logging(verbose: int) -> None:
+    level = logging.WARNING if verbose == 0 else logging.INFO if verbose == 1 else logging.DEBUG
+    logging.basicConfig(level=level, format="casfs: %(levelname)s %(name)s: %(message)s")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    setup_logging(args.verbose)
+    if args.root:
+        os.environ["CASFS_ROOT"] = args.root
+    if args.state_dir:
+        os.environ["CASFS_STATE_DIR"] = args.state_dir
+    try:
+        rc = args.func(args)
+        return int(rc or 0)
+    except CasfsError as e:
+        print(f"casfs: error: {e.message}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        print("casfs: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,361 @@
+"""Store commands: init, import, export and the read-only queries over the shared root."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from casfs.cli.output import emit_json, human_bytes, progress, table
+from casfs.errors import NotFoundError, UsageError
+from casfs.store import maintenance
+from casfs.store.entry import Entry
+from casfs.store.export import export_tree
+from casfs.store.generations import Record, check_name
+from casfs.store.root import SharedRoot
+from casfs.util.defaults import default_root, default_state_dir
+
+
+def open_root(create: bool = False) -> SharedRoot:
+    return SharedRoot.open(default_root(), create=create)
+
+
+def node_id() -> str:
+    from casfs.index.node_index import NodeIndex
+
+    with NodeIndex.open(default_state_dir()) as idx:
+        return idx.node_id
+
+
+def parse_ref(ref: str) -> tuple[str, int | None]:
+    """'ns' or 'ns@seq' -> (ns, seq or None)."""
+    ns, _, seq = ref.partition("@")
+    check_name(ns)
+    if not seq:
+        return ns, None
+    if not seq.isdigit():
+        raise UsageError(f"bad generation {ref!r}: expected NAMESPACE@SEQ")
+    return ns, int(seq)
+
+
+def record_json(r: Record) -> dict[str, Any]:
+    return {
+        "namespace": r.namespace,
+        "seq": r.seq,
+        "parent": r.parent,
+        "entries": r.entries,
+        "bytes": r.logical_bytes,
+        "created": r.created,
+        "node": r.node,
+        "casfs_version": r.casfs_version,
+        "manifest_parts": len(r.parts),
+    }
+
+
+def entry_json(e: Entry) -> dict[str, Any]:
+    return {"path": e.path, "digest": e.digest, "size": e.size, "mode": oct(e.mode),
+            "mtime_ns": e.mtime_ns}
+
+
+# --- commands -------------------------------------------------------------
+def cmd_init(args: argparse.Namespace) -> int:
+    root = open_root(create=True)
+    print(f"casfs shared root ready at {root.path}")
+    return 0
+
+
+def cmd_import(args: argparse.Namespace) -> int:
+    from casfs.fingerprint import fingerprint
+    from casfs.promote.importer import import_tree
+    from casfs.scratch import ScratchRules
+
+    root = open_root(create=True)
+    rules = ScratchRules(args.family, args.exclude or ())
+    ns = args.namespace or fingerprint(args.family).namespace
+    check_name(ns)
+    with progress("import", enabled=not args.json) as bar:
+        rep = import_tree(
+            root, Path(args.src), ns, rules=rules, node=node_id(),
+            progress=bar.advance, on_total=bar.set_total,
+        )
+    pub = rep.publish
+    assert pub is not None
+    out = {
+        "namespace": ns, "seq": pub.seq, "files": rep.files, "bytes": rep.bytes,
+        "new_objects": rep.new_objects, "added": pub.added, "already_published": pub.already,
+        "conflicts": pub.conflicts, "skipped_scratch": rep.skipped_scratch,
+        "skipped": rep.skipped_other,
+    }
+    if args.json:
+        emit_json(out)
+    else:
+        print(f"{ns}@{pub.seq}: {rep.files} files ({human_bytes(rep.bytes)}), {pub.added} new,"
+              f" {pub.already} already published, {pub.conflicts} conflicts,"
+              f" {rep.new_objects} new objects, {rep.skipped_scratch} scratch skipped")
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    root = open_root()
+    ns, seq = parse_ref(args.ref)
+    rec = root.generations().resolve(ns, seq)
+    with progress("export", total=rec.entries, enabled=not args.json) as bar:
+        rep = export_tree(root, rec, Path(args.dest), progress=bar.advance)
+    if args.json:
+        emit_json({"namespace": ns, "seq": rec.seq, "files": rep.files, "bytes": rep.bytes,
+                   "failed": rep.failed})
+    else:
+        print(f"{ns}@{rec.seq} -> {args.dest}: {rep.files} files ({human_bytes(rep.bytes)})")
+        for f in rep.failed:
+            print(f"failed: {f}", file=sys.stderr)
+    return 1 if rep.failed else 0
+
+
+def cmd_namespaces(args: argparse.Namespace) -> int:
+    gens = open_root().generations()
+    rows: list[dict[str, Any]] = []
+    for ns in gens.namespaces():
+        rec = gens.latest(ns)
+        rows.append({"namespace": ns, "latest": rec.seq if rec else None,
+                     "entries": rec.entries if rec else 0,
+                     "bytes": rec.logical_bytes if rec else 0,
+                     "generations": len(gens.seqs(ns))})
+    if args.json:
+        emit_json(rows)
+    else:
+        table([[r["namespace"], r["latest"], r["generations"], r["entries"],
+                human_bytes(r["bytes"])] for r in rows],
+              ["NAMESPACE", "LATEST", "GENERATIONS", "FILES", "SIZE"])
+    return 0
+
+
+def cmd_generations(args: argparse.Namespace) -> int:
+    gens = open_root().generations()
+    check_name(args.namespace)
+    pins = gens.pins(args.namespace)
+    rows = []
+    for item in gens.records(args.namespace):
+        if isinstance(item, Exception):
+            print(f"casfs: warning: {item}", file=sys.stderr)
+            continue
+        d = record_json(item)
+        d["pins"] = sorted(n for n, s in pins.items() if s == item.seq)
+        rows.append(d)
+    if not rows and not gens.seqs(args.namespace):
+        raise NotFoundError(f"namespace {args.namespace!r} has no generations")
+    if args.json:
+        emit_json(rows)
+    else:
+        import time
+
+        table([[r["seq"], time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r["created"])),
+                r["entries"], human_bytes(r["bytes"]), r["node"], ",".join(r["pins"])]
+               for r in rows], ["SEQ", "CREATED", "FILES", "SIZE", "NODE", "PINS"])
+    return 0
+
+
+def cmd_ls(args: argparse.Namespace) -> int:
+    ns, seq = parse_ref(args.ref)
+    snap = open_root().generations().entries(ns, seq)
+    prefix = args.path.strip("/")
+    if prefix and prefix not in snap.dirs and prefix not in snap.entries:
+        raise NotFoundError(f"no {prefix!r} in {ns}@{snap.record.seq if snap.record else '-'}")
+    rows: dict[str, Any] = {}
+    if prefix in snap.entries:
+        rows[prefix] = entry_json(snap.entries[prefix])
+    else:
+        base = prefix + "/" if prefix else ""
+        for p, e in snap.entries.items():
+            if not p.startswith(base):
+                continue
+            rest = p[len(base):]
+            if args.recursive or "/" not in rest:
+                rows[p] = entry_json(e)
+            else:
+                d = base + rest.split("/", 1)[0]
+                rows.setdefault(d + "/", {"path": d + "/", "type": "dir"})
+    items = [rows[k] for k in sorted(rows)]
+    if args.json:
+        emit_json(items)
+    else:
+        for it in items:
+            print(it["path"] if it.get("type") == "dir" else
+                  f"{it['mode'][2:]:>4} {it['size']:>12}  {it['path']}")
+    return 0
+
+
+def _entry(args: argparse.Namespace) -> Entry:
+    ns, seq = parse_ref(args.ref)
+    snap = open_root().generations().entries(ns, seq)
+    e = snap.entries.get(args.path.strip("/"))
+    if e is None:
+        raise NotFoundError(f"no file {args.path!r} in {args.ref}")
+    return e
+
+
+def cmd_stat(args: argparse.Namespace) -> int:
+    e = _entry(args)
+    d = entry_json(e)
+    root = open_root()
+    d["stored_bytes"] = root.objects.stored_size(e.digest)
+    d["codec"] = {0: "raw", 1: "zstd"}.get(root.objects.header(e.digest).codec, "?")
+    if args.json:
+        emit_json(d)
+    else:
+        for k, v in d.items():
+            print(f"{k:>13}: {v}")
+    return 0
+
+
+def cmd_cat(args: argparse.Namespace) -> int:
+    e = _entry(args)
+    open_root().objects.get_into(e.digest, e.size, sys.stdout.buffer)
+    sys.stdout.buffer.flush()
+    return 0
+
+
+def cmd_diff(args: argparse.Namespace) -> int:
+    gens = open_root().generations()
+    a = gens.entries(*parse_ref(args.a)).entries
+    b = gens.entries(*parse_ref(args.b)).entries
+    out = {
+        "added": sorted(set(b) - set(a)),
+        "removed": sorted(set(a) - set(b)),
+        "changed": sorted(p for p in set(a) & set(b) if a[p].digest != b[p].digest),
+    }
+    if args.json:
+        emit_json(out)
+    else:
+        for kind, sign in (("added", "+"), ("removed", "-"), ("changed", "~")):
+            for p in out[kind]:
+                print(f"{sign} {p}")
+    return 0
+
+
+def cmd_du(args: argparse.Namespace) -> int:
+    root = open_root()
+    if args.namespace:
+        check_name(args.namespace)
+    u = maintenance.usage(root, args.namespace).to_json()
+    if args.json:
+        emit_json(u)
+    else:
+        print(f"files {u['files']}, logical {human_bytes(u['logical_bytes'])},"
+              f" unique {human_bytes(u['unique_bytes'])}, stored {human_bytes(u['stored_bytes'])};"
+              f" dedup x{u['dedup_ratio']}, compression x{u['compression_ratio']}")
+    return 0
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    root = open_root()
+    with progress("verify", enabled=not args.json) as bar:
+        rep = maintenance.verify(root, progress=bar.advance)
+    if args.json:
+        emit_json({"objects": rep.objects, "generations": rep.generations,
+                   "problems": rep.problems, "ok": not rep.problems})
+    else:
+        for p in rep.problems:
+            print(f"problem: {p}")
+        print(f"verified {rep.objects} objects, {rep.generations} generations:"
+              f" {len(rep.problems)} problems")
+    return 1 if rep.problems else 0
+
+
+def cmd_gc(args: argparse.Namespace) -> int:
+    root = open_root()
+    with progress("gc", enabled=not args.json) as bar:
+        rep = maintenance.gc(root, keep=args.keep, grace=args.grace, dry_run=args.dry_run,
+                             progress=bar.advance)
+    d = rep.__dict__
+    if args.json:
+        emit_json(d)
+    else:
+        verb = "would remove" if args.dry_run else "removed"
+        print(f"{verb} {rep.removed_objects} objects ({human_bytes(rep.removed_bytes)}),"
+              f" {len(rep.removed_generations)} generations, {rep.removed_tmp} temp files;"
+              f" {rep.live_objects} live objects, {rep.young_unreferenced} unreferenced"
+              " within the grace period")
+    return 0
+
+
+def cmd_pin(args: argparse.Namespace) -> int:
+    ns, seq = parse_ref(args.ref)
+    if seq is None:
+        raise UsageError("pin needs NAMESPACE@SEQ")
+    open_root().generations().pin(ns, seq, args.name)
+    print(f"pinned {ns}@{seq} as {args.name}")
+    return 0
+
+
+def cmd_unpin(args: argparse.Namespace) -> int:
+    open_root().generations().unpin(args.namespace, args.name)
+    print(f"unpinned {args.namespace}/{args.name}")
+    return 0
+
+
+def cmd_key(args: argparse.Namespace) -> int:
+    from casfs.fingerprint import fingerprint
+
+    fams = args.family.split(",")
+    fps = [fingerprint(f) for f in fams]
+    if args.json:
+        out = [{"family": fp.family, "namespace": fp.namespace, "ingredients": fp.ingredients}
+               for fp in fps]
+        emit_json(out[0] if len(out) == 1 else out)
+    else:
+        for fp in fps:
+            print(f"{fp.namespace}")
+            for k, v in sorted(fp.ingredients.items()):
+                print(f"  {k}: {v}")
+    return 0
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    def add(name: str, fn: Any, help: str, json: bool = True) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help, description=help)
+        p.set_defaults(func=fn)
+        if json:
+            p.add_argument("--json", action="store_true", help="machine-readable output")
+        return p
+
+    add("init", cmd_init, "create the shared root", json=False)
+    p = add("import", cmd_import, "publish a plain cache directory as a new generation")
+    p.add_argument("src")
+    p.add_argument("--namespace", "-n")
+    p.add_argument("--family", default="generic", help="triton, inductor or generic")
+    p.add_argument("--exclude", action="append", help="extra scratch glob (repeatable)")
+    p = add("export", cmd_export, "materialise a generation as a plain directory")
+    p.add_argument("ref", metavar="NS[@SEQ]")
+    p.add_argument("dest")
+    add("namespaces", cmd_namespaces, "list namespaces")
+    p = add("generations", cmd_generations, "list the generations of a namespace")
+    p.add_argument("namespace")
+    p = add("ls", cmd_ls, "list a generation's files")
+    p.add_argument("ref", metavar="NS[@SEQ]")
+    p.add_argument("path", nargs="?", default="")
+    p.add_argument("-r", "--recursive", action="store_true")
+    p = add("stat", cmd_stat, "show one file's entry")
+    p.add_argument("ref", metavar="NS[@SEQ]")
+    p.add_argument("path")
+    p = add("cat", cmd_cat, "write one file's verified bytes to stdout", json=False)
+    p.add_argument("ref", metavar="NS[@SEQ]")
+    p.add_argument("path")
+    p = add("diff", cmd_diff, "compare two generations")
+    p.add_argument("a", metavar="NS@A")
+    p.add_argument("b", metavar="NS@B")
+    p = add("du", cmd_du, "logical vs stored bytes, dedup and compression ratios")
+    p.add_argument("namespace", nargs="?")
+    add("verify", cmd_verify, "re-hash every object and check every generation")
+    p = add("gc", cmd_gc, "delete what no kept generation references")
+    p.add_argument("--dry-run", action="store_true")
+    p.add_argument("--keep", type=int, default=16, help="newest generations kept per namespace")
+    p.add_argument("--grace", type=float, default=24 * 3600, help="seconds (default 86400)")
+    p = add("pin", cmd_pin, "keep a generation from gc", json=False)
+    p.add_argument("ref", metavar="NS@SEQ")
+    p.add_argument("name")
+    p = add("unpin", cmd_unpin, "remove a pin", json=False)
+    p.add_argument("namespace")
+    p.add_argument("name")
+    p = add("key", cmd_key, "print the ingredients of the auto namespace")
+    p.add_argument("--family", default="generic", help="triton, inductor, generic (comma list)")

@@ -1,0 +1,44 @@
+"""Zero-config defaults: where the shared root, node state and mounts live.
+
+With no configuration one machine works out of the box: the shared root is a
+directory under the user's data dir and node state under the user's state
+dir (XDG). Mount points are fixed per family and the same on every machine,
+because Triton 3.x group files hold absolute paths (docs/design-notes.md).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import platformdirs
+
+
+def default_root() -> Path:
+    env = os.environ.get("CASFS_ROOT")
+    if env:
+        return Path(env).expanduser()
+    return Path(platformdirs.user_data_dir("casfs")) / "root"
+
+
+def default_state_dir() -> Path:
+    env = os.environ.get("CASFS_STATE_DIR")
+    if env:
+        return Path(env).expanduser()
+    return Path(platformdirs.user_state_dir("casfs"))
+
+
+def default_mount_base() -> Path:
+    """Fixed per user: /run/casfs for root, /tmp/casfs-<user> otherwise."""
+    env = os.environ.get("CASFS_MOUNT_BASE")
+    if env:
+        return Path(env)
+    if os.geteuid() == 0:
+        return Path("/run/casfs")
+    import getpass
+
+    return Path("/tmp") / f"casfs-{getpass.getuser()}"
+
+
+def default_mountpoint(family: str) -> Path:
+    return default_mount_base() / family
