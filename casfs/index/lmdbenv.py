@@ -1,0 +1,285 @@
+"""The LMDB environment of the node index: opening, transactions, map growth.
+
+Rules this module enforces (from LMDB's documentation):
+
+* One environment per process and path: opening the same environment twice
+  in one process breaks LMDB's locking (closing one handle drops the other's
+  POSIX locks). ``IndexEnv.open`` therefore shares one handle per path,
+  reference counted.
+* Never across fork: a child must open the index again. Using a handle
+  inherited through fork raises IndexError_.
+* Not on network or FUSE filesystems (checked before opening).
+* Readers left behind by crashed processes are cleared at open
+  (``reader_check``), otherwise they pin old pages forever.
+* The map grows instead of failing: a write that hits MapFullError is
+  aborted, the map size doubled, and the write function run again. Changing
+  the map size invalidates every transaction of the process, so every
+  transaction holds a shared lock and resizing takes it exclusively. When
+  another process grew the map, a transaction begin raises MapResizedError
+  and the new size is adopted the same way.
+
+Transactions are functions (``read(fn)``, ``write(fn)``) so they can be rerun
+after a resize: ``fn`` must have no effects outside the transaction. Read
+transactions are short (one per call): with py-lmdb they cost about a
+microsecond, they always see the latest commit, and they never pin old pages
+the way a long-lived per-thread transaction would.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import lmdb
+
+from casfs.errors import IndexError_
+from casfs.index import keyspace as ks
+from casfs.util.fsinfo import check_local_fs
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+DEFAULT_MAP_SIZE = 1 << 30  # address space only: the file grows as pages are used
+MAX_READERS = 1024  # FUSE worker threads + CLI readers, each holding a slot briefly
+_MAX_GROWTHS = 16
+
+
+class _SharedLock:
+    """Many holders of the shared side, or one of the exclusive side.
+
+    No writer preference: a thread already holding the shared side may take it
+    again (nested reads) without deadlocking against a waiting resizer.
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition(threading.Lock())
+        self._shared = 0
+        self._exclusive = False
+
+    def acquire_shared(self) -> None:
+        with self._cond:
+            while self._exclusive:
+                self._cond.wait()
+            self._shared += 1
+
+    def release_shared(self) -> None:
+        with self._cond:
+            self._shared -= 1
+            if not self._shared:
+                self._cond.notify_all()
+
+    def acquire_exclusive(self) -> None:
+        with self._cond:
+            while self._exclusive or self._shared:
+                self._cond.wait()
+            self._exclusive = True
+
+    def release_exclusive(self) -> None:
+        with self._cond:
+            self._exclusive = False
+            self._cond.notify_all()
+
+
+_registry_lock = threading.Lock()
+_registry: dict[str, IndexEnv] = {}
+
+
+class IndexEnv:
+    """One open LMDB environment with its named databases."""
+
+    def __init__(self, env: lmdb.Environment, path: Path, readonly: bool) -> None:
+        self.env = env
+        self.path = path
+        self.readonly = readonly
+        self.dbs: dict[bytes, Any] = {}
+        self.node_id = ""
+        self._pid = os.getpid()
+        self._lock = _SharedLock()
+        self._write_lock = threading.Lock()
+        self._refs = 1
+
+    @classmethod
+    def open(cls, state_dir: Path, *, map_size: int, readonly: bool) -> IndexEnv:
+        """The process's handle on ``<state_dir>/index`` (shared if already open)."""
+        path = Path(state_dir) / "index"
+        key = os.path.realpath(path)
+        with _registry_lock:
+            existing = _registry.get(key)
+            if existing is not None and existing._pid == os.getpid():
+                if existing.readonly and not readonly:
+                    raise IndexError_(
+                        f"node index {path} is already open read-only in this process"
+                    )
+                existing._refs += 1
+                return existing
+            check_local_fs(state_dir, "node state dir")
+            opened = cls._open_new(path, map_size, readonly)
+            _registry[key] = opened
+            return opened
+
+    @classmethod
+    def _open_new(cls, path: Path, map_size: int, readonly: bool) -> IndexEnv:
+        if readonly and not (path / "data.mdb").exists():
+            raise IndexError_(f"no node index at {path} (no daemon or 'casfs run' has used it yet)")
+        if not readonly:
+            path.mkdir(parents=True, exist_ok=True)
+        try:
+            env = lmdb.open(
+                str(path),
+                map_size=map_size,
+                max_dbs=len(ks.ALL_DBS) + 4,
+                max_readers=MAX_READERS,
+                readonly=readonly,
+                create=not readonly,
+                metasync=False,  # a system crash may undo the last commit, never corrupt
+                readahead=False,  # random access: readahead only evicts useful pages
+                max_spare_txns=16,
+            )
+        except lmdb.Error as e:
+            raise IndexError_(f"cannot open node index {path}: {e}") from e
+        self = cls(env, path, readonly)
+        try:
+            stale = env.reader_check()
+            if stale:
+                log.info("cleared %d stale LMDB reader slot(s) in %s", stale, path)
+            self._init_dbs()
+        except BaseException:
+            env.close()
+            raise
+        return self
+
+    def _init_dbs(self) -> None:
+        if self.readonly:
+            with self.env.begin() as txn:
+                try:
+                    for name in ks.ALL_DBS:
+                        self.dbs[name] = self.env.open_db(name, txn=txn, create=False)
+                except (lmdb.NotFoundError, KeyError) as e:
+                    raise IndexError_(f"node index {self.path} is incomplete: {e}") from e
+                self._check_format(txn.get(ks.META_FORMAT_VERSION, db=self.dbs[ks.DB_META]))
+                node_id = txn.get(ks.META_NODE_ID, db=self.dbs[ks.DB_META])
+                self.node_id = bytes(node_id or b"").decode()
+            return
+        with self.env.begin(write=True) as txn:
+            meta = self.env.open_db(ks.DB_META, txn=txn)
+            version = txn.get(ks.META_FORMAT_VERSION, db=meta)
+            if version is None and txn.stat(meta)["entries"] == 0:
+                version = str(ks.FORMAT_VERSION).encode()
+                txn.put(ks.META_FORMAT_VERSION, version, db=meta)
+            self._check_format(version)  # raising aborts: nothing is written
+            for name in ks.ALL_DBS:
+                self.dbs[name] = self.env.open_db(name, txn=txn)
+            node_id = txn.get(ks.META_NODE_ID, db=meta)
+            if node_id is None:
+                node_id = uuid.uuid4().hex.encode()
+                txn.put(ks.META_NODE_ID, node_id, db=meta)
+            self.node_id = bytes(node_id).decode()
+
+    def _check_format(self, version: bytes | None) -> None:
+        try:
+            v = int(bytes(version)) if version is not None else None
+        except ValueError:
+            v = None
+        if v != ks.FORMAT_VERSION:
+            shown = "none" if version is None else bytes(version)[:20].decode(errors="replace")
+            raise IndexError_(
+                f"node index {self.path} has format version {shown}; this casfs reads only "
+                f"version {ks.FORMAT_VERSION} (use a matching casfs, or move the index aside "
+                "to rebuild it)"
+            )
+
+    # --- lifecycle ----------------------------------------------------------
+
+    def close(self) -> None:
+        """Drop one reference; the environment closes with the last one."""
+        with _registry_lock:
+            self._refs -= 1
+            if self._refs > 0:
+                return
+            key = os.path.realpath(self.path)
+            if _registry.get(key) is self:
+                del _registry[key]
+        if self._pid == os.getpid():  # a forked child must not close the parent's locks
+            self.env.close()
+
+    def _check_pid(self) -> None:
+        if self._pid != os.getpid():
+            raise IndexError_("node index handle used across fork(); open it again in the child")
+
+    # --- transactions -------------------------------------------------------
+
+    def read(self, fn: Callable[[lmdb.Transaction], T]) -> T:
+        """Run ``fn`` in a short read transaction (rerun if the map was resized)."""
+        self._check_pid()
+        while True:
+            self._lock.acquire_shared()
+            try:
+                with self.env.begin(buffers=False) as txn:
+                    return fn(txn)
+            except lmdb.MapResizedError:
+                pass
+            finally:
+                self._lock.release_shared()
+            self._resize(0)
+
+    def write(self, fn: Callable[[lmdb.Transaction], T]) -> T:
+        """Run ``fn`` in a write transaction; grow the map and rerun it if it fills."""
+        self._check_pid()
+        if self.readonly:
+            raise IndexError_(f"node index {self.path} is open read-only")
+        for _ in range(_MAX_GROWTHS):
+            grow = 0
+            with self._write_lock:
+                self._lock.acquire_shared()
+                try:
+                    with self.env.begin(write=True) as txn:
+                        return fn(txn)
+                except lmdb.MapFullError:
+                    grow = self.env.info()["map_size"] * 2
+                except lmdb.MapResizedError:
+                    grow = 0
+                finally:
+                    self._lock.release_shared()
+                self._resize(grow)
+        raise IndexError_(f"node index {self.path}: map still full after {_MAX_GROWTHS} growths")
+
+    def _resize(self, new_size: int) -> None:
+        """Set the map size (0 adopts the size another process set)."""
+        self._lock.acquire_exclusive()
+        try:
+            self.env.set_mapsize(new_size)
+            if new_size:
+                log.info("node index %s: map size grown to %d MiB", self.path, new_size >> 20)
+        finally:
+            self._lock.release_exclusive()
+
+
+# --- typed helpers (the stubs say bytes | memoryview; with buffers=False it is bytes) ---
+
+
+def txn_get(txn: lmdb.Transaction, key: bytes, db: Any) -> bytes | None:
+    value = txn.get(key, db=db)
+    return None if value is None else bytes(value)
+
+
+def scan_prefix(
+    txn: lmdb.Transaction, db: Any, prefix: bytes, after: bytes | None = None, limit: int = 1024
+) -> list[tuple[bytes, bytes]]:
+    """Up to ``limit`` (key, value) with ``prefix``, in key order, starting after key ``after``."""
+    cur = txn.cursor(db=db)
+    if not cur.set_range(after or prefix):
+        return []
+    if after is not None and cur.key() == after and not cur.next():
+        return []
+    out: list[tuple[bytes, bytes]] = []
+    for key, value in cur:
+        if len(out) >= limit or not bytes(key).startswith(prefix):
+            break
+        out.append((bytes(key), bytes(value)))
+    return out

@@ -1,0 +1,182 @@
+"""Lower entries of each namespace in LMDB, and the LowerTree the view reads.
+
+Ingesting a generation writes its entries once (``add_entries``); serving it
+afterwards costs one get per lookup and one prefix scan per directory
+listing, so mount-ready time does not depend on the number of files. Keys and
+invariants are documented in casfs.index.keyspace.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import lmdb
+
+from casfs.index import keyspace as ks
+from casfs.index.lmdbenv import IndexEnv, scan_prefix, txn_get
+from casfs.store.entry import Entry
+from casfs.util.paths import is_valid_relpath, parent_dirs
+from casfs.view.lower import DIR, LowerNode
+
+log = logging.getLogger(__name__)
+
+_SCAN_BATCH = 512  # children per read transaction: bounded txn length and memory
+
+
+@dataclass(frozen=True, slots=True)
+class AddResult:
+    """What ``add_entries`` did: new files, paths already present, entries refused."""
+
+    added: int = 0
+    kept: int = 0
+    conflicts: int = 0  # a different file already held the path, or blocked a directory
+    invalid: int = 0
+
+
+def add_entries(env: IndexEnv, ns: str, seq: int, entries: Iterable[Entry]) -> AddResult:
+    """Add the files of generation ``seq`` (idempotent; first writer wins)."""
+    nsb = ks.check_name(ns, "namespace")
+    todo = list(entries)  # the transaction may be rerun after a map resize
+    lower = env.dbs[ks.DB_LOWER]
+
+    def txn_fn(txn: lmdb.Transaction) -> AddResult:
+        added = kept = conflicts = invalid = 0
+        dirs_ok: set[str] = set()  # directories known to exist with seq_added <= seq
+        for e in todo:
+            if not is_valid_relpath(e.path):
+                invalid += 1
+                continue
+            if not _ensure_dirs(txn, lower, nsb, seq, parent_dirs(e.path), dirs_ok):
+                conflicts += 1
+                continue
+            key = ks.lower_key(nsb, e.path)
+            old = txn_get(txn, key, lower)
+            raw = ks.digest_to_raw(e.digest)
+            if old is None:
+                txn.put(key, ks.pack_lower(ks.KIND_FILE, raw, e.size, e.mode, e.mtime_ns, seq),
+                        db=lower)  # fmt: skip
+                added += 1
+                continue
+            kind, odigest, osize, omode, omtime, oseq = ks.unpack_lower(old)
+            if kind == ks.KIND_FILE and odigest == raw:
+                kept += 1
+                if seq < oseq:  # ingested out of order: visible from the earlier seq
+                    txn.put(key, ks.pack_lower(kind, odigest, osize, omode, omtime, seq),
+                            db=lower)  # fmt: skip
+            else:
+                conflicts += 1
+        return AddResult(added, kept, conflicts, invalid)
+
+    result = env.write(txn_fn)
+    if result.conflicts or result.invalid:
+        log.debug("namespace %s seq %d: %s", ns, seq, result)
+    return result
+
+
+def _ensure_dirs(
+    txn: lmdb.Transaction, lower: Any, nsb: bytes, seq: int, dirs: list[str], ok: set[str]
+) -> bool:
+    """Create the missing ancestor directories; False if a file stands in the way."""
+    changes: list[tuple[bytes, bytes]] = []
+    for d in dirs:
+        if d in ok:
+            continue
+        key = ks.lower_key(nsb, d)
+        old = txn_get(txn, key, lower)
+        if old is None:
+            changes.append((key, ks.pack_lower(ks.KIND_DIR, ks.ZERO_DIGEST, 0, 0o755, 0, seq)))
+            continue
+        kind, _, _, _, _, oseq = ks.unpack_lower(old)
+        if kind != ks.KIND_DIR:
+            return False
+        if seq < oseq:
+            changes.append((key, ks.pack_lower(ks.KIND_DIR, ks.ZERO_DIGEST, 0, 0o755, 0, seq)))
+    for key, value in changes:  # only once the whole chain is known to be free
+        txn.put(key, value, db=lower)
+    ok.update(dirs)
+    return True
+
+
+def drop_namespace(env: IndexEnv, ns: str) -> int:
+    """Remove every lower entry of ``ns`` (e.g. before re-ingesting it). Returns the count."""
+    prefix = ks.check_name(ns, "namespace") + b"\0"
+    lower = env.dbs[ks.DB_LOWER]
+    total = 0
+
+    def txn_fn(txn: lmdb.Transaction) -> int:
+        n = 0
+        cur = txn.cursor(db=lower)
+        if not cur.set_range(prefix):
+            return 0
+        while n < 10_000 and bytes(cur.key()).startswith(prefix):
+            if not cur.delete():  # delete moves to the next key
+                break
+            n += 1
+        return n
+
+    while n := env.write(txn_fn):  # bounded transactions: readers are never held up long
+        total += n
+    return total
+
+
+class LmdbLowerTree:
+    """The lower tree of one namespace up to ``max_seq``; satisfies view.lower.LowerTree.
+
+    Every call uses a fresh short read transaction, so entries added after
+    the tree was created become visible as soon as their seq is <= max_seq.
+    """
+
+    def __init__(self, env: IndexEnv, ns: str, max_seq: int) -> None:
+        self._env = env
+        self._ns = ks.check_name(ns, "namespace")
+        self._lower = env.dbs[ks.DB_LOWER]
+        self.namespace = ns
+        self.max_seq = max_seq
+
+    def _node(self, path: str, value: bytes | None) -> LowerNode | None:
+        if value is None:
+            return None
+        kind, raw, size, mode, mtime_ns, seq = ks.unpack_lower(value)
+        if seq > self.max_seq:
+            return None
+        if kind == ks.KIND_DIR:
+            return DIR
+        return Entry(path, raw.hex(), size, mode, mtime_ns)
+
+    def lookup(self, path: str) -> LowerNode | None:
+        if path == "":
+            return DIR
+        key = ks.lower_key(self._ns, path)
+        lower = self._lower
+        return self._node(path, self._env.read(lambda txn: txn_get(txn, key, lower)))
+
+    def children(self, dirpath: str) -> Iterator[tuple[str, LowerNode]]:
+        prefix = ks.lower_dir_prefix(self._ns, dirpath)
+        base = f"{dirpath}/" if dirpath else ""
+        start: bytes | None = None
+        while True:
+            batch = self._read_batch(prefix, start)
+            for key, value in batch:
+                name = ks.dec(key[len(prefix) :])
+                node = self._node(base + name, value)
+                if node is not None:
+                    yield name, node
+            if len(batch) < _SCAN_BATCH:
+                return
+            start = batch[-1][0]
+
+    def _read_batch(self, prefix: bytes, after: bytes | None) -> list[tuple[bytes, bytes]]:
+        db = self._lower
+        return self._env.read(lambda txn: scan_prefix(txn, db, prefix, after, _SCAN_BATCH))
+
+    def walk(self, dirpath: str = "") -> Iterator[Entry]:
+        """Every file under ``dirpath``, depth first, in name order."""
+        for name, node in self.children(dirpath):
+            path = f"{dirpath}/{name}" if dirpath else name
+            if node is DIR:
+                yield from self.walk(path)
+            elif isinstance(node, Entry):
+                yield node

@@ -1,0 +1,123 @@
+"""Promotion state of upper files, per mount (keys in casfs.index.keyspace).
+
+A promoted file is recorded ``pending`` with the digest it was promoted as;
+publication marks it ``published`` with the generation seq that contains it.
+Promoting the same path again (its content changed) makes it pending again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Literal
+
+import lmdb
+
+from casfs.index import keyspace as ks
+from casfs.index.lmdbenv import IndexEnv, scan_prefix, txn_get
+from casfs.store.entry import Entry
+
+_BATCH = 1024
+
+PromotionState = Literal["pending", "published"]
+
+
+@dataclass(frozen=True, slots=True)
+class PromotedRecord:
+    entry: Entry
+    state: PromotionState
+    published_seq: int | None  # None while pending
+
+
+def _record(value: bytes) -> PromotedRecord:
+    state, raw, size, mode, mtime_ns, seq, path = ks.unpack_promoted(value)
+    published = state == ks.STATE_PUBLISHED
+    return PromotedRecord(
+        Entry(path, raw.hex(), size, mode, mtime_ns),
+        "published" if published else "pending",
+        seq if published else None,
+    )
+
+
+def add_promoted(env: IndexEnv, mount: str, entry: Entry) -> None:
+    """Record ``entry`` as promoted and pending (replacing any earlier record of its path)."""
+    key = ks.promoted_key(ks.check_name(mount, "mount"), entry.path)
+    value = ks.pack_promoted(
+        ks.STATE_PENDING, ks.digest_to_raw(entry.digest), entry.size, entry.mode,
+        entry.mtime_ns, 0, entry.path,
+    )  # fmt: skip
+    db = env.dbs[ks.DB_PROMOTED]
+    env.write(lambda txn: txn.put(key, value, db=db))
+
+
+def get_promoted(env: IndexEnv, mount: str, path: str) -> PromotedRecord | None:
+    key = ks.promoted_key(ks.check_name(mount, "mount"), path)
+    db = env.dbs[ks.DB_PROMOTED]
+    value = env.read(lambda txn: txn_get(txn, key, db))
+    if value is None:
+        return None
+    rec = _record(value)
+    return rec if rec.entry.path == path else None  # a long path's key is a hash
+
+
+def forget_promoted(env: IndexEnv, mount: str, path: str) -> bool:
+    key = ks.promoted_key(ks.check_name(mount, "mount"), path)
+    db = env.dbs[ks.DB_PROMOTED]
+    return bool(env.write(lambda txn: txn.delete(key, db=db)))
+
+
+def iter_promoted(env: IndexEnv, mount: str) -> Iterator[PromotedRecord]:
+    """All records of ``mount`` in key order, read in short batches."""
+    prefix = ks.promoted_prefix(ks.check_name(mount, "mount"))
+    db = env.dbs[ks.DB_PROMOTED]
+
+    def read_batch(after: bytes | None) -> list[tuple[bytes, bytes]]:
+        return env.read(lambda txn: scan_prefix(txn, db, prefix, after, _BATCH))
+
+    after: bytes | None = None
+    while True:
+        batch = read_batch(after)
+        for _, value in batch:
+            yield _record(value)
+        if len(batch) < _BATCH:
+            return
+        after = batch[-1][0]
+
+
+def pending(env: IndexEnv, mount: str) -> Iterator[Entry]:
+    """The entries of ``mount`` promoted but not yet published."""
+    for rec in iter_promoted(env, mount):
+        if rec.state == "pending":
+            yield rec.entry
+
+
+def mark_published(env: IndexEnv, mount: str, items: Iterable[str | Entry], seq: int) -> int:
+    """Mark pending records published in generation ``seq``; returns how many changed.
+
+    Given an Entry, the record changes only if it still holds that digest: a
+    file re-promoted with new content while a publication ran stays pending.
+    Given a bare path, the record changes whatever its digest.
+    """
+    mountb = ks.check_name(mount, "mount")
+    todo = list(items)
+    db = env.dbs[ks.DB_PROMOTED]
+
+    def txn_fn(txn: lmdb.Transaction) -> int:
+        n = 0
+        for item in todo:
+            path = item if isinstance(item, str) else item.path
+            key = ks.promoted_key(mountb, path)
+            value = txn_get(txn, key, db)
+            if value is None:
+                continue
+            state, raw, size, mode, mtime_ns, _, rpath = ks.unpack_promoted(value)
+            if state != ks.STATE_PENDING or rpath != path:
+                continue
+            if isinstance(item, Entry) and raw != ks.digest_to_raw(item.digest):
+                continue
+            new = ks.pack_promoted(ks.STATE_PUBLISHED, raw, size, mode, mtime_ns, seq, rpath)
+            txn.put(key, new, db=db)
+            n += 1
+        return n
+
+    return env.write(txn_fn)
