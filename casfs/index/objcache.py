@@ -1,0 +1,313 @@
+"""The local object cache: verified, decompressed, read-only files named by digest.
+
+A FUSE read of a lower file is a ``pread`` on one of these files, and the
+overlay/dir view modes hard-link them. Layout: ``<dir>/<ab>/<62 more hex>``,
+mode 0444, plus ``.tmp-*`` files while filling.
+
+* Fill: the source streams verified bytes into a temp file in the target's
+  directory; the size is checked and the file renamed into place. No fsync:
+  after a crash a torn file has the wrong size, which is treated as absent
+  and refetched.
+* Concurrency: fills of one digest in this process are coalesced (one fill,
+  the others wait and share its result or error; an error is not remembered,
+  the next call tries again). Across processes the rename makes a race
+  harmless: both fill, the last rename wins, both files hold the same bytes.
+* Pins: ``fetch`` pins the digest until ``unpin``; eviction never removes a
+  file pinned in this process. Pins are checked and files unlinked under one
+  lock, so a fetch never returns a path eviction is about to remove.
+* LRU: sizes and last-access times live in the node index (shared with other
+  processes). Hits are batched in memory and written every few seconds (one
+  LMDB commit per hit would cost an fsync on the FUSE open path); fills are
+  recorded at once. After a fill that leaves the cache over its cap, eviction
+  removes least-recently-used unpinned objects down to ``LOW_WATER`` of the cap
+  so that it does not run after every fill.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import os
+import re
+import shutil
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+from typing import BinaryIO, Protocol
+
+from casfs.errors import CasfsError, CorruptObjectError, ObjectMissingError
+from casfs.index import cachedb
+from casfs.index.node_index import NodeIndex
+from casfs.store.entry import Entry
+from casfs.util.atomic import temp_name
+
+log = logging.getLogger(__name__)
+
+LOW_WATER = 0.9
+TOUCH_FLUSH_INTERVAL = 5.0  # seconds between LRU writes for cache hits
+TOUCH_FLUSH_MAX = 256  # ... or this many distinct hits, whichever comes first
+_DIGEST = re.compile(r"[0-9a-f]{64}")
+
+
+class ObjectSource(Protocol):
+    """Where objects come from (casfs.store.objects.ObjectStore satisfies it)."""
+
+    def get_into(self, digest: str, expected_size: int | None, out: BinaryIO) -> int:
+        """Write the verified, decompressed bytes of ``digest`` to ``out``; return the count.
+
+        Raises CorruptObjectError or ObjectMissingError.
+        """
+        ...
+
+
+class _Fill:
+    """One in-flight fill; waiters block on ``done`` and then read ``error``."""
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.error: BaseException | None = None
+
+
+def _rewrap(error: BaseException) -> BaseException:
+    """A fresh exception for a waiter (one object must not be raised in many threads)."""
+    if isinstance(error, CasfsError):
+        new: BaseException = type(error)(error.message)
+    else:
+        new = CasfsError(f"filling the local object cache failed: {error}")
+    new.__cause__ = error
+    return new
+
+
+class LocalObjectCache:
+    """Satisfies casfs.view.lower.ObjectFetcher."""
+
+    def __init__(
+        self, directory: Path, index: NodeIndex, source: ObjectSource, cap_bytes: int
+    ) -> None:
+        self.directory = Path(directory)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.cap_bytes = cap_bytes
+        self._index = index
+        self._source = source
+        self._lock = threading.Lock()  # guards pins, fills, touches; held for eviction unlinks
+        self._evict_lock = threading.Lock()
+        self._pins: Counter[str] = Counter()
+        self._fills: dict[str, _Fill] = {}
+        self._touches: dict[str, tuple[int, int]] = {}
+        self._last_flush = time.monotonic()
+
+    def path_of(self, digest: str) -> Path:
+        return self.directory / digest[:2] / digest[2:]
+
+    # --- ObjectFetcher ------------------------------------------------------
+
+    def fetch(self, entry: Entry) -> str:
+        """Path of a local file holding the entry's bytes, pinned until ``unpin``."""
+        return self.ensure_file(entry.digest, entry.size)
+
+    def unpin(self, digest: str) -> None:
+        with self._lock:
+            if self._pins[digest] <= 1:
+                self._pins.pop(digest, None)
+            else:
+                self._pins[digest] -= 1
+
+    # --- other callers -------------------------------------------------------
+
+    def ensure_file(self, digest: str, size: int) -> str:
+        """Like ``fetch`` for a bare digest and size: a pinned local path (call ``unpin``).
+
+        Raises CasfsError (CorruptObjectError, ObjectMissingError, ...) when the
+        object cannot be provided: callers treat it as a miss.
+        """
+        if not _DIGEST.fullmatch(digest):
+            raise CorruptObjectError(f"not a blake3-256 hex digest: {digest!r:.80}")
+        path = self.path_of(digest)
+        with self._lock:
+            self._pins[digest] += 1  # before looking, so eviction cannot race the check
+        try:
+            if not self._present(path, size):
+                self._fill_coalesced(digest, size, path)
+            self._touch(digest, size)
+        except BaseException:
+            self.unpin(digest)
+            raise
+        return str(path)
+
+    def pinned(self, digest: str) -> int:
+        with self._lock:
+            return self._pins[digest]
+
+    def hardlink_or_copy(self, digest: str, dest: str | os.PathLike[str]) -> bool:
+        """Put the cached file of ``digest`` at ``dest``: a hard link if possible, else a copy.
+
+        Returns True for a link. A link shares the cache's inode (mode 0444):
+        callers that need other permission bits must copy. The object must be
+        in the cache (``ensure_file`` first).
+        """
+        src = self.path_of(digest)
+        try:
+            os.link(src, dest)
+            return True
+        except FileNotFoundError as e:
+            if not src.exists():
+                raise ObjectMissingError(f"object {digest} is not in the local cache") from e
+            raise
+        except OSError as e:
+            if e.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP):
+                raise
+        shutil.copyfile(src, dest)
+        return False
+
+    # --- filling ---------------------------------------------------------------
+
+    def _present(self, path: Path, size: int) -> bool:
+        try:
+            actual = path.stat().st_size
+        except FileNotFoundError:
+            return False
+        if actual != size:
+            # A torn or damaged local copy: the fill's rename replaces it.
+            log.warning(
+                "cached object %s has %d bytes, expected %d: refetching", path, actual, size
+            )
+            return False
+        return True
+
+    def _fill_coalesced(self, digest: str, size: int, path: Path) -> None:
+        with self._lock:
+            fill = self._fills.get(digest)
+            owner = fill is None
+            if fill is None:
+                fill = self._fills[digest] = _Fill()
+        if not owner:
+            fill.done.wait()
+            if fill.error is not None:
+                raise _rewrap(fill.error)
+            if not self._present(path, size):  # the filler was asked for another size
+                raise CorruptObjectError(f"object {digest} does not have the expected {size} bytes")
+            return
+        try:
+            self._fill(digest, size, path)
+        except BaseException as e:
+            fill.error = e
+            raise
+        finally:
+            with self._lock:
+                del self._fills[digest]
+            fill.done.set()
+        self._after_fill()
+
+    def _fill(self, digest: str, size: int, path: Path) -> None:
+        try:
+            path.parent.mkdir(exist_ok=True)
+            tmp = temp_name(path.parent, "fill-")
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        except OSError as e:
+            raise CasfsError(f"local object cache {self.directory}: {e}") from e
+        try:
+            with os.fdopen(fd, "wb") as f:
+                n = self._source.get_into(digest, size, f)
+                f.flush()
+                actual = os.fstat(f.fileno()).st_size
+            if n != size or actual != size:
+                raise CorruptObjectError(
+                    f"object {digest}: got {n} bytes ({actual} written), expected {size}"
+                )
+            os.chmod(tmp, 0o444)
+            os.rename(tmp, path)
+        except OSError as e:
+            raise CasfsError(f"local object cache {self.directory}: {e}") from e
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+        log.debug("filled %s (%d bytes)", digest, size)
+        if not self._index.readonly:
+            with self._lock:
+                self._touches.pop(digest, None)
+            cachedb.record(self._index.env, {digest: (size, time.time_ns())})
+
+    def _after_fill(self) -> None:
+        if self._index.readonly or self._index.cache_bytes() <= self.cap_bytes:
+            return
+        if self._evict_lock.acquire(blocking=False):  # one evictor at a time is enough
+            try:
+                self._evict_locked(int(self.cap_bytes * LOW_WATER))
+            finally:
+                self._evict_lock.release()
+
+    # --- LRU accounting and eviction -------------------------------------------
+
+    def _touch(self, digest: str, size: int) -> None:
+        if self._index.readonly:
+            return
+        with self._lock:
+            self._touches[digest] = (size, time.time_ns())
+            due = (
+                len(self._touches) >= TOUCH_FLUSH_MAX
+                or time.monotonic() - self._last_flush >= TOUCH_FLUSH_INTERVAL
+            )
+        if due:
+            self.flush_touches()
+
+    def flush_touches(self) -> None:
+        """Write batched cache hits to the index (also called by eviction and close)."""
+        if self._index.readonly:
+            return
+        with self._lock:
+            touches, self._touches = self._touches, {}
+            self._last_flush = time.monotonic()
+        cachedb.record(self._index.env, touches)
+
+    def evict(self, target_bytes: int) -> int:
+        """Remove least-recently-used unpinned objects until at most ``target_bytes`` remain.
+
+        Returns the bytes freed.
+        """
+        with self._evict_lock:
+            return self._evict_locked(target_bytes)
+
+    def _evict_locked(self, target_bytes: int) -> int:
+        self.flush_touches()
+        env = self._index.env
+        total = cachedb.total_bytes(env)
+        freed = 0
+        after: bytes | None = None
+        while total > target_bytes:
+            batch = cachedb.oldest(env, 256, after)
+            if not batch:
+                break
+            for _key, digest, ts in batch:
+                if total <= target_bytes:
+                    break
+                if not self._unlink_unpinned(digest):
+                    continue
+                size = cachedb.remove(env, digest, if_last_access=ts)
+                if size is not None:
+                    total -= size
+                    freed += size
+            after = batch[-1][0]
+        if total > target_bytes:
+            log.info("object cache still %d bytes over target: the rest is pinned", total)
+        else:
+            log.debug("evicted %d bytes from the object cache", freed)
+        return freed
+
+    def _unlink_unpinned(self, digest: str) -> bool:
+        """Unlink the file of ``digest`` unless this process uses it; True if gone."""
+        with self._lock:
+            if self._pins[digest] or digest in self._fills:
+                return False
+            try:
+                os.unlink(self.path_of(digest))
+            except FileNotFoundError:
+                pass
+            except OSError as e:
+                log.warning("cannot evict %s: %s", self.path_of(digest), e)
+                return False
+        return True
+
+    def close(self) -> None:
+        self.flush_touches()
