@@ -32,7 +32,7 @@ import logging
 import random
 import re
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -307,8 +307,13 @@ class GenerationStore:
         max_bytes: int | None = None,
         max_attempts: int = 20,
         compact_deltas: int = COMPACT_DELTAS,
+        select: Callable[[Snapshot, list[Entry]], list[Entry]] | None = None,
     ) -> PublishResult:
-        """Publish ``additions`` (whose objects must already be stored) as a new generation."""
+        """Publish ``additions`` (whose objects must already be stored) as a new generation.
+
+        ``select`` may drop merged additions against the snapshot they are merged
+        into (re-run on every retry); dropped ones count as conflicts.
+        """
         check_name(ns)
         wanted = {e.path: e for e in additions}
         result = PublishResult(ns, None)
@@ -318,6 +323,14 @@ class GenerationStore:
             current = self.latest(ns, hint)
             snap = self.snapshot(current)
             new = self._merge(snap, wanted, result)
+            if select is not None and new:
+                kept = select(snap, new)
+                dropped = {e.path for e in new} - {e.path for e in kept}
+                result.conflicts += len(dropped)
+                result.conflict_paths.extend(sorted(dropped))
+                result.added -= len(dropped)
+                result.added_bytes -= sum(e.size for e in new if e.path in dropped)
+                new = kept
             result.seq = current.seq if current else None
             if not new:
                 return result

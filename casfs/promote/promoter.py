@@ -1,0 +1,163 @@
+"""Promotion: turn stable upper files into objects, recorded as pending publication.
+
+A file is promoted when it is stable: no open writer, no change for
+``stable_after`` seconds (both from the WriteTracker the view feeds), and
+its size and mtime unchanged across hashing. Scratch names are never promoted
+(casfs.scratch). A Triton group file (``__grp__*.json``, the commit record of
+a kernel) is promoted only once every child it names is promoted or already
+in the lower layer with the same bytes, so no generation can hold a group
+without its children.
+
+Runs in a worker thread; a slow or failing shared root only delays promotion
+(the path stays dirty and is retried), it never reaches the job.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import stat
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from casfs.index.node_index import NodeIndex
+from casfs.promote.tracker import WriteTracker
+from casfs.scratch import ScratchRules, group_children, is_group_file
+from casfs.store.entry import Entry
+from casfs.store.objects import ObjectStore
+from casfs.util.counters import Counters
+from casfs.util.paths import is_valid_relpath
+from casfs.view.lower import LowerTree
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class RoundResult:
+    promoted: int = 0
+    bytes: int = 0
+    deferred: int = 0
+    errors: int = 0
+
+
+class Promoter:
+    def __init__(
+        self,
+        *,
+        upper: Path,
+        objects: ObjectStore,
+        index: NodeIndex,
+        key: str,
+        rules: ScratchRules,
+        tracker: WriteTracker,
+        counters: Counters,
+        lower: LowerTree,
+        stable_after: float,
+    ) -> None:
+        self.upper = upper
+        self.objects = objects
+        self.index = index
+        self.key = key  # promotion state is kept per namespace (one upper per namespace)
+        self.rules = rules
+        self.tracker = tracker
+        self.counters = counters
+        self.lower = lower
+        self.stable_after = stable_after
+
+    def scan_all(self) -> int:
+        """Mark every upper file not yet promoted as dirty (start-up, crash recovery)."""
+        n = 0
+        for dirpath, dirnames, filenames in os.walk(self.upper):
+            rel_dir = os.path.relpath(dirpath, self.upper)
+            rel_dir = "" if rel_dir == "." else rel_dir
+            dirnames[:] = [d for d in dirnames
+                           if not self.rules.is_scratch(f"{rel_dir}/{d}" if rel_dir else d)]
+            for name in filenames:
+                rel = f"{rel_dir}/{name}" if rel_dir else name
+                if self.rules.is_scratch(rel):
+                    continue
+                try:
+                    st = os.lstat(os.path.join(dirpath, name))
+                except FileNotFoundError:
+                    continue
+                rec = self.index.get_promoted(self.key, rel)
+                if rec and rec.entry.size == st.st_size and rec.entry.mtime_ns == st.st_mtime_ns:
+                    continue
+                self.tracker.modified(rel)
+                n += 1
+        return n
+
+    def run_once(self, *, final: bool = False) -> RoundResult:
+        """Promote every quiet dirty path; ``final`` ignores the quiet period (shutdown)."""
+        res = RoundResult()
+        paths = self.tracker.quiet(0.0 if final else self.stable_after)
+        # Commit records last, so a group and its children can go in one round.
+        paths.sort(key=lambda p: (is_group_file(p), p))
+        for rel in paths:
+            seen_at = time.monotonic()
+            try:
+                self._one(rel, seen_at, res)
+            except OSError as e:
+                res.errors += 1
+                self.counters.inc("promote_errors")
+                log.warning("promotion of %s failed (will retry): %s", rel, e)
+        if res.promoted:
+            self.counters.inc("promoted_files", res.promoted)
+            self.counters.inc("promoted_bytes", res.bytes)
+        return res
+
+    def _one(self, rel: str, seen_at: float, res: RoundResult) -> None:
+        full = self.upper / rel
+        try:
+            st = os.lstat(full)
+        except (FileNotFoundError, NotADirectoryError):
+            self.tracker.forget(rel, seen_at)
+            return
+        if stat.S_ISDIR(st.st_mode):
+            # A directory renamed into place (Inductor's TritonBundler): promote its files.
+            self.tracker.forget(rel, seen_at)
+            if not self.rules.is_scratch(rel):
+                for dirpath, _, files in os.walk(full):
+                    for f in files:
+                        self.tracker.modified(os.path.relpath(os.path.join(dirpath, f), self.upper))
+            return
+        if (not stat.S_ISREG(st.st_mode) or self.rules.is_scratch(rel)
+                or not is_valid_relpath(rel)):
+            self.tracker.forget(rel, seen_at)
+            return
+        rec = self.index.get_promoted(self.key, rel)
+        if rec and rec.entry.size == st.st_size and rec.entry.mtime_ns == st.st_mtime_ns:
+            self.tracker.forget(rel, seen_at)
+            return
+        if is_group_file(rel) and not self._group_ready(rel, full):
+            res.deferred += 1
+            return
+        put = self.objects.put_file(full)
+        after = os.lstat(full)
+        if (after.st_size, after.st_mtime_ns) != (st.st_size, st.st_mtime_ns) or (
+            put.size != st.st_size or self.tracker.has_writers(rel)
+        ):
+            res.deferred += 1  # changed while hashing: not stable yet
+            return
+        self.index.add_promoted(
+            self.key, Entry(rel, put.digest, put.size, st.st_mode & 0o7777, st.st_mtime_ns)
+        )
+        self.tracker.forget(rel, seen_at)
+        res.promoted += 1
+        res.bytes += put.size
+
+    def _group_ready(self, rel: str, full: Path) -> bool:
+        try:
+            children = group_children(rel, full.read_bytes())
+        except OSError:
+            return False
+        if children is None:
+            return False
+        for child in children:
+            if self.index.get_promoted(self.key, child) is not None:
+                continue
+            if not (self.upper / child).exists() and isinstance(self.lower.lookup(child), Entry):
+                continue  # the child is served from lower, unchanged
+            return False
+        return True

@@ -1,0 +1,127 @@
+"""Publication: push the pending promoted entries of one namespace as a new generation.
+
+Runs in a worker thread, every ``publish_interval`` when something is
+pending and once more at shutdown. Failures are logged, counted and retried
+next round; they never reach the mount.
+
+Group consistency: a Triton group file is published only if every child it
+names ends up in the generation with *our* bytes (published by us now or
+earlier). If another node already published different bytes for a child,
+our group is dropped as a conflict, so a published group never mixes the
+files of two writers.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from casfs.errors import CasfsError, QuotaExceededError
+from casfs.index.node_index import NodeIndex
+from casfs.scratch import group_children, is_group_file
+from casfs.store.entry import Entry
+from casfs.store.generations import GenerationStore, PublishResult, Snapshot
+from casfs.util.counters import Counters
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class PublishOutcome:
+    ok: bool
+    message: str
+    result: PublishResult | None = None
+
+
+class Publisher:
+    def __init__(
+        self,
+        *,
+        generations: GenerationStore,
+        index: NodeIndex,
+        key: str,
+        namespace: str,
+        counters: Counters,
+        fingerprint: dict[str, Any] | None,
+        max_bytes: int | None,
+    ) -> None:
+        self.gens = generations
+        self.index = index
+        self.key = key
+        self.namespace = namespace
+        self.counters = counters
+        self.fingerprint = fingerprint
+        self.max_bytes = max_bytes
+        self.last: PublishOutcome | None = None
+
+    def pending(self) -> list[Entry]:
+        return list(self.index.pending(self.key))
+
+    def publish(self) -> PublishOutcome:
+        pending = self.pending()
+        if not pending:
+            return PublishOutcome(True, "nothing to publish")
+        try:
+            res = self.gens.publish(
+                self.namespace,
+                pending,
+                node=self.index.node_id,
+                fingerprint=self.fingerprint,
+                max_bytes=self.max_bytes,
+                select=self._consistent_groups,
+            )
+        except QuotaExceededError as e:
+            self.counters.inc("publish_refused_quota")
+            log.error("%s", e)
+            out = PublishOutcome(False, str(e))
+        except (CasfsError, OSError) as e:
+            self.counters.inc("publish_errors")
+            log.warning("publication of %s failed (will retry): %s", self.namespace, e)
+            out = PublishOutcome(False, f"failed: {e}")
+        else:
+            if res.seq is not None:
+                # Conflicting paths are settled too: the published entry stays.
+                self.index.mark_published(self.key, [e.path for e in pending], res.seq)
+            if res.added:
+                self.counters.inc("generations_published")
+                self.counters.inc("files_published", res.added)
+            self.counters.inc("publish_conflicts", res.conflicts)
+            out = PublishOutcome(
+                True,
+                f"{self.namespace}@{res.seq}: +{res.added} files, {res.already} already"
+                f" published, {res.conflicts} conflicts",
+                res,
+            )
+        self.last = out
+        return out
+
+    def _consistent_groups(self, snap: Snapshot, new: list[Entry]) -> list[Entry]:
+        """Drop group files whose children would not all be this writer's bytes."""
+        ours = {r.entry.path: r.entry.digest for r in self.index.iter_promoted(self.key)}
+        adding = {e.path: e.digest for e in new}
+        keep: list[Entry] = []
+        for e in new:
+            if is_group_file(e.path) and not self._group_ok(e, snap, ours, adding):
+                self.counters.inc("groups_dropped")
+                log.info("not publishing group %s: its children are not all ours", e.path)
+                continue
+            keep.append(e)
+        return keep
+
+    def _group_ok(
+        self, group: Entry, snap: Snapshot, ours: dict[str, str], adding: dict[str, str]
+    ) -> bool:
+        try:
+            data = self.gens.objects.get_bytes(group.digest, group.size)
+        except CasfsError:
+            return False
+        children = group_children(group.path, data)
+        if children is None:
+            return False
+        for c in children:
+            final = snap.entries[c].digest if c in snap.entries else adding.get(c)
+            mine = ours.get(c)  # None: the child came unchanged from the lower layer
+            if final is None or (mine is not None and final != mine):
+                return False
+        return True
