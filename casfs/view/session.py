@@ -1,0 +1,147 @@
+"""Running one FUSE mount: init, trio main loop, signals, and guaranteed unmount.
+
+pyfuse3 allows one session per process. ``serve`` blocks until the mount ends
+(SIGTERM/SIGINT, an external unmount, or a failing background task), and
+always unmounts on the way out so no dead mount is left behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import os
+import shutil
+import signal
+import subprocess
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import pyfuse3
+import trio
+
+from casfs.errors import FuseUnavailableError
+
+log = logging.getLogger(__name__)
+
+
+def mount_options(fsname: str, *, allow_other: bool, debug: bool) -> set[str]:
+    opts = {"default_permissions", f"fsname={fsname}", "subtype=casfs"}
+    if allow_other:
+        opts.add("allow_other")
+    if debug:
+        opts.add("debug")
+    return opts
+
+
+def serve(
+    ops: pyfuse3.Operations,
+    mountpoint: Path,
+    *,
+    fsname: str = "casfs",
+    allow_other: bool = False,
+    debug: bool = False,
+    on_ready: Callable[[], None] | None = None,
+    background: Callable[[trio.Nursery], Awaitable[None]] | None = None,
+    on_shutdown: Callable[[], Awaitable[None]] | None = None,
+) -> None:
+    """Mount ``ops`` at ``mountpoint`` and serve until told to stop.
+
+    ``on_ready`` runs once the mount is up (e.g. sd_notify READY=1).
+    ``background(nursery)`` may start long-running tasks (publication, refresh)
+    in the mount's nursery. On SIGTERM/SIGINT, ``on_shutdown`` is awaited first
+    (e.g. a final publication) while the mount still serves, then the FUSE loop
+    ends and background tasks are cancelled.
+    """
+    if not os.path.exists("/dev/fuse"):
+        raise FuseUnavailableError("/dev/fuse is missing: FUSE is not available here")
+    mountpoint = Path(mountpoint)
+    clear_stale_mount(mountpoint)
+    try:
+        pyfuse3.init(ops, str(mountpoint), mount_options(fsname, allow_other=allow_other,
+                                                         debug=debug))
+    except RuntimeError as e:
+        raise FuseUnavailableError(f"cannot mount {mountpoint}: {e}") from e
+    unmounted = False
+    try:
+        trio.run(_main, on_ready, background, on_shutdown)
+    except BaseException:
+        log.exception("FUSE main loop failed")
+        raise
+    finally:
+        try:
+            pyfuse3.close(unmount=True)
+            unmounted = True
+        finally:
+            if not unmounted:
+                clear_stale_mount(mountpoint)
+    log.info("unmounted %s", mountpoint)
+
+
+async def _main(
+    on_ready: Callable[[], None] | None,
+    background: Callable[[trio.Nursery], Awaitable[None]] | None,
+    on_shutdown: Callable[[], Awaitable[None]] | None,
+) -> None:
+    async with trio.open_nursery() as nursery:
+
+        async def fuse_loop() -> None:
+            await pyfuse3.main()
+            nursery.cancel_scope.cancel()  # unmounted from outside: stop background work
+
+        async def watch_signals() -> None:
+            with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+                async for signum in signals:
+                    log.info("signal %d: shutting down", signum)
+                    if on_shutdown is not None:
+                        try:
+                            await on_shutdown()
+                        except Exception:
+                            log.exception("shutdown hook failed")
+                    pyfuse3.terminate()
+                    return
+
+        nursery.start_soon(fuse_loop)
+        nursery.start_soon(watch_signals)
+        if background is not None:
+            await background(nursery)
+        if on_ready is not None:
+            on_ready()
+
+
+def is_mountpoint(path: Path) -> bool:
+    """True if ``path`` is a mount point (including a dead FUSE mount)."""
+    try:
+        st = os.lstat(path)
+    except OSError as e:
+        return e.errno == errno.ENOTCONN  # a dead FUSE mount
+    try:
+        pst = os.lstat(os.path.join(path, ".."))
+    except OSError:
+        return False
+    return st.st_dev != pst.st_dev or st.st_ino == pst.st_ino
+
+
+def clear_stale_mount(path: Path) -> bool:
+    """Lazy-unmount a dead FUSE mount (stat says ENOTCONN) at ``path``; True if one was found."""
+    try:
+        os.stat(path)
+        return False
+    except OSError as e:
+        if e.errno != errno.ENOTCONN:
+            return False
+    log.warning("clearing a dead mount at %s", path)
+    lazy_unmount(path)
+    return True
+
+
+def lazy_unmount(path: Path) -> None:
+    """Detach the mount at ``path`` now; the kernel finishes when it is no longer busy."""
+    for cmd in (["fusermount3", "-u", "-z"], ["fusermount", "-u", "-z"], ["umount", "-l"]):
+        if shutil.which(cmd[0]) is None:
+            continue
+        with contextlib.suppress(OSError, subprocess.SubprocessError):
+            r = subprocess.run([*cmd, str(path)], capture_output=True, timeout=30, check=False)
+            if r.returncode == 0:
+                return
+    log.error("could not unmount %s", path)
