@@ -156,15 +156,18 @@ class IndexEnv:
 
     def _init_dbs(self) -> None:
         if self.readonly:
-            with self.env.begin() as txn:
-                try:
-                    for name in ks.ALL_DBS:
-                        self.dbs[name] = self.env.open_db(name, txn=txn, create=False)
-                except (lmdb.NotFoundError, KeyError) as e:
-                    raise IndexError_(f"node index {self.path} is incomplete: {e}") from e
-                self._check_format(txn.get(ks.META_FORMAT_VERSION, db=self.dbs[ks.DB_META]))
-                node_id = txn.get(ks.META_NODE_ID, db=self.dbs[ks.DB_META])
-                self.node_id = bytes(node_id or b"").decode()
+            # open_db without a transaction: py-lmdb loses handles opened in a
+            # caller's read transaction. The version is checked first, so a
+            # newer layout is reported as such rather than as missing tables.
+            try:
+                meta = self.env.open_db(ks.DB_META, create=False)
+                with self.env.begin() as txn:
+                    self._check_format(txn.get(ks.META_FORMAT_VERSION, db=meta))
+                    self.node_id = bytes(txn.get(ks.META_NODE_ID, db=meta) or b"").decode()
+                for name in ks.ALL_DBS:
+                    self.dbs[name] = self.env.open_db(name, create=False)
+            except (lmdb.NotFoundError, KeyError) as e:
+                raise IndexError_(f"node index {self.path} is incomplete: {e}") from e
             return
         with self.env.begin(write=True) as txn:
             meta = self.env.open_db(ks.DB_META, txn=txn)

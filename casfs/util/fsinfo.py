@@ -50,14 +50,6 @@ def parse_mountinfo(text: str) -> list[tuple[str, str]]:
     return mounts
 
 
-def _existing_realpath(path: str | os.PathLike[str]) -> str:
-    """realpath of ``path`` or, if it does not exist yet, of its nearest existing ancestor."""
-    p = os.path.realpath(os.path.abspath(path))
-    while not os.path.exists(p) and p != "/":
-        p = os.path.dirname(p)
-    return p
-
-
 def _contains(mountpoint: str, path: str) -> bool:
     return mountpoint == "/" or path == mountpoint or path.startswith(mountpoint + "/")
 
@@ -70,7 +62,7 @@ def fs_type(path: str | os.PathLike[str], mountinfo: str = MOUNTINFO) -> str:
     except OSError as e:
         log.debug("cannot read %s: %s", mountinfo, e)
         return "unknown"
-    target = _existing_realpath(path)
+    target = os.path.realpath(os.path.abspath(path))  # symlinks resolved; may not exist yet
     best, best_len = "unknown", -1
     for mountpoint, fstype in mounts:
         # >= so a later mount stacked on the same point wins

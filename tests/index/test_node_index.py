@@ -1,0 +1,232 @@
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import lmdb
+import pytest
+
+from casfs.errors import IndexError_
+from casfs.index import keyspace as ks
+from casfs.index.node_index import NodeIndex
+from casfs.store.entry import Entry
+
+D1 = "11" * 32
+D2 = "22" * 32
+
+
+@pytest.fixture
+def index(tmp_path: Path) -> Iterator[NodeIndex]:
+    ix = NodeIndex.open(tmp_path / "state")
+    yield ix
+    ix.close()
+
+
+def test_node_id_is_created_once_and_kept(tmp_path: Path) -> None:
+    with NodeIndex.open(tmp_path) as ix:
+        node_id = ix.node_id
+    assert len(node_id) == 32
+    with NodeIndex.open(tmp_path) as ix:
+        assert ix.node_id == node_id
+
+
+def test_open_twice_in_one_process_shares_the_environment(tmp_path: Path) -> None:
+    a = NodeIndex.open(tmp_path)
+    b = NodeIndex.open(tmp_path)
+    assert a.env is b.env
+    a.close()
+    b.set_mount("m", {"pid": 1})  # still open: closing one reference keeps the other
+    assert b.get_mount("m") == {"pid": 1}
+    b.close()
+
+
+def _set_version(tmp_path: Path, value: bytes) -> None:
+    env = lmdb.open(str(tmp_path / "index"), max_dbs=16)
+    meta = env.open_db(ks.DB_META)
+    with env.begin(write=True) as txn:
+        txn.put(ks.META_FORMAT_VERSION, value, db=meta)
+    env.close()
+
+
+@pytest.mark.parametrize("version", [b"2", b"99", b"garbage"])
+def test_newer_or_unknown_format_version_refused(tmp_path: Path, version: bytes) -> None:
+    NodeIndex.open(tmp_path).close()
+    _set_version(tmp_path, version)
+    with pytest.raises(IndexError_, match="format version"):
+        NodeIndex.open(tmp_path)
+    with pytest.raises(IndexError_, match="format version"):
+        NodeIndex.open(tmp_path, readonly=True)
+
+
+def test_readonly_open_of_missing_index_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(IndexError_, match="no node index"):
+        NodeIndex.open(tmp_path / "nowhere", readonly=True)
+
+
+def test_readonly_refuses_writes(tmp_path: Path) -> None:
+    NodeIndex.open(tmp_path).close()
+    with (
+        NodeIndex.open(tmp_path, readonly=True) as ro,
+        pytest.raises(IndexError_, match="read-only"),
+    ):
+        ro.set_mount("m", {})
+
+
+def test_map_grows_instead_of_failing(tmp_path: Path) -> None:
+    with NodeIndex.open(tmp_path, map_size=64 * 1024) as ix:
+        entries = [Entry(f"d{i % 50}/file-{i:06d}.bin", D1, i, 0o644, i) for i in range(20_000)]
+        result = ix.add_entries("ns", 1, entries)
+        assert result.added == 20_000
+        assert ix.env.env.info()["map_size"] > 64 * 1024
+        tree = ix.lower_tree("ns", 1)
+        assert tree.lookup("d7/file-000007.bin") == entries[7]
+        assert sum(1 for _ in tree.walk()) == 20_000
+
+
+def test_handle_refuses_use_after_fork(index: NodeIndex) -> None:
+    pid = os.fork()
+    if pid == 0:  # child: must not touch the parent's environment
+        try:
+            index.get_mount("m")
+        except IndexError_:
+            os._exit(0)
+        except BaseException:
+            os._exit(2)
+        os._exit(1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    index.set_mount("m", {"ok": True})  # the parent's handle still works
+    assert index.get_mount("m") == {"ok": True}
+
+
+READER = textwrap.dedent(
+    """
+    import sys
+    from casfs.index.node_index import NodeIndex
+    ix = NodeIndex.open(sys.argv[1], readonly=True)
+    tree = ix.lower_tree("ns", 10**9)
+    print("ready", flush=True)
+    for line in sys.stdin:
+        node = tree.lookup(line.strip())
+        print("missing" if node is None else getattr(node, "digest", "dir"), flush=True)
+    """
+)
+
+
+def test_readonly_reader_in_another_process_sees_later_commits(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    with NodeIndex.open(state, map_size=64 * 1024) as ix:
+        ix.add_entries("ns", 1, [Entry("a/x", D1, 1, 0o644, 0)])
+        proc = subprocess.Popen(
+            [sys.executable, "-c", READER, str(state)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        assert proc.stdin is not None and proc.stdout is not None
+        try:
+            assert proc.stdout.readline().strip() == "ready"
+
+            def ask(path: str) -> str:
+                assert proc.stdin is not None and proc.stdout is not None
+                proc.stdin.write(path + "\n")
+                proc.stdin.flush()
+                return proc.stdout.readline().strip()
+
+            assert ask("a/x") == D1
+            assert ask("b/y") == "missing"
+            # commit more while the reader runs, growing the map past its size
+            ix.add_entries("ns", 2, [Entry(f"b/{i}", D2, 1, 0o644, 0) for i in range(5000)])
+            assert ix.env.env.info()["map_size"] > 64 * 1024
+            assert ask("b/17") == D2
+            assert ask("b") == "dir"
+        finally:
+            proc.stdin.close()
+            assert proc.wait() == 0
+
+
+def test_mounts(index: NodeIndex) -> None:
+    assert index.get_mount("m1") is None
+    index.set_mount("m1", {"namespace": "ns", "seq": 3, "mountpoint": "/c", "pid": 10})
+    index.set_mount("m2", {"namespace": "other", "seq": 1})
+    assert index.get_mount("m1") == {"namespace": "ns", "seq": 3, "mountpoint": "/c", "pid": 10}
+    assert set(index.mounts()) == {"m1", "m2"}
+    assert index.remove_mount("m2") is True
+    assert set(index.mounts()) == {"m1"}
+
+
+def test_ns_state(index: NodeIndex) -> None:
+    assert index.ns_state("ns") is None
+    index.set_ns_state("ns", {"seq": 4, "manifests": [D1, D2], "entries": 10})
+    assert index.ns_state("ns") == {"seq": 4, "manifests": [D1, D2], "entries": 10}
+    assert index.namespaces() == {"ns": {"seq": 4, "manifests": [D1, D2], "entries": 10}}
+
+
+def test_counters_accumulate_per_mount(index: NodeIndex) -> None:
+    index.add_counters("m1", {"hits": 2, "misses": 1})
+    index.add_counters("m1", {"hits": 3, "rejections": 0})
+    index.add_counters("m10", {"hits": 100})  # "m1" must not see "m10"'s keys
+    assert index.counters("m1") == {"hits": 5, "misses": 1}
+    assert index.counters("m10") == {"hits": 100}
+    assert index.counters("none") == {}
+
+
+COUNTER_WORKER = textwrap.dedent(
+    """
+    import sys
+    from casfs.index.node_index import NodeIndex
+    ix = NodeIndex.open(sys.argv[1])
+    for _ in range(200):
+        ix.add_counters("m", {"n": 1})
+    ix.close()
+    """
+)
+
+
+def test_counters_are_atomic_across_processes(tmp_path: Path) -> None:
+    NodeIndex.open(tmp_path).close()
+    procs = [subprocess.Popen([sys.executable, "-c", COUNTER_WORKER, str(tmp_path)])
+             for _ in range(4)]  # fmt: skip
+    assert [p.wait() for p in procs] == [0] * 4
+    with NodeIndex.open(tmp_path, readonly=True) as ix:
+        assert ix.counters("m") == {"n": 800}
+
+
+def test_promotion_state(index: NodeIndex) -> None:
+    a = Entry("k/a.so", D1, 10, 0o755, 1)
+    b = Entry("k/b.json", D2, 20, 0o644, 2)
+    long_path = "/".join(["x" * 200] * 5) + "/c"
+    c = Entry(long_path, D1, 1, 0o644, 3)
+    for e in (a, b, c):
+        index.add_promoted("m", e)
+    assert sorted(e.path for e in index.pending("m")) == sorted([a.path, b.path, c.path])
+    assert list(index.pending("other")) == []
+
+    assert index.mark_published("m", [a, "k/b.json", long_path, "k/none"], 7) == 3
+    assert list(index.pending("m")) == []
+    rec = index.get_promoted("m", "k/a.so")
+    assert rec is not None and rec.state == "published" and rec.published_seq == 7
+    assert rec.entry == a
+    assert index.get_promoted("m", long_path) is not None
+
+    # re-promoted with new content: pending again
+    a2 = Entry("k/a.so", D2, 11, 0o755, 5)
+    index.add_promoted("m", a2)
+    pending = index.get_promoted("m", "k/a.so")
+    assert pending is not None and pending.state == "pending" and pending.published_seq is None
+    # a publication of the old content must not mark the new content published
+    assert index.mark_published("m", [a], 8) == 0
+    assert list(index.pending("m")) == [a2]
+
+    assert index.forget_promoted("m", "k/a.so") is True
+    assert index.forget_promoted("m", "k/a.so") is False
+    assert index.get_promoted("m", "k/a.so") is None
+
+
+def test_many_promoted_records_iterate_across_batches(index: NodeIndex) -> None:
+    entries = [Entry(f"f{i:05d}", D1, i, 0o644, i) for i in range(2500)]
+    for e in entries:
+        index.add_promoted("m", e)
+    assert list(index.pending("m")) == entries
