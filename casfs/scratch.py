@@ -124,3 +124,24 @@ def group_children(relpath: str, data: bytes) -> list[str] | None:
             return None
         children.add(child)
     return sorted(children)
+
+
+def group_written_root(relpath: str, data: bytes) -> str | None:
+    """The absolute cache root a Triton group file was written under, if consistent.
+
+    Triton 3.x resolves the children by these absolute paths, so a group
+    written under one root only hits when served at that same root: a caller
+    compares the result with its mount point and warns when they differ.
+    """
+    children = group_children(relpath, data)
+    if not children:
+        return None
+    child_paths = json.loads(data)["child_paths"]
+    directory = posixpath.dirname(relpath)
+    roots = set()
+    for path in child_paths.values():
+        suffix = "/" + posixpath.join(directory, posixpath.basename(path)).lstrip("/")
+        if not path.startswith("/") or not path.endswith(suffix):
+            return None
+        roots.add(path[: -len(suffix)] or "/")
+    return roots.pop() if len(roots) == 1 else None

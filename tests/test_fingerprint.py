@@ -48,8 +48,18 @@ def test_build_key_changes_namespace(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_family_ingredients() -> None:
     full = fingerprint("triton").ingredients
-    for key in ("python", "platform", "arch", "libc", "torch", "triton", "cuda",
-                "nvidia_driver", "gpu", "build_key"):
+    for key in (
+        "python",
+        "platform",
+        "arch",
+        "libc",
+        "torch",
+        "triton",
+        "cuda",
+        "nvidia_driver",
+        "gpu",
+        "build_key",
+    ):
         assert key in full
     assert set(fingerprint("generic").ingredients) == {"python", "platform", "arch", "build_key"}
     assert fingerprint("triton").namespace.startswith("triton-")
@@ -70,9 +80,7 @@ def test_explicit_namespace_overrides() -> None:
     assert resolve_namespace("triton", "auto") == fingerprint("triton").namespace
 
 
-@pytest.mark.parametrize(
-    "bad", ["", ".hidden", "a/b", "..", "a b", "x" * 129, "ns\n", "é", "a\0b"]
-)
+@pytest.mark.parametrize("bad", ["", ".hidden", "a/b", "..", "a b", "x" * 129, "ns\n", "é", "a\0b"])
 def test_bad_namespaces_rejected(bad: str) -> None:
     with pytest.raises(UsageError) as info:
         check_namespace(bad)

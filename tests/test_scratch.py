@@ -7,7 +7,7 @@ import json
 import pytest
 
 from casfs.errors import UsageError
-from casfs.scratch import ScratchRules, group_children, is_group_file
+from casfs.scratch import ScratchRules, group_children, group_written_root, is_group_file
 
 KEY = "7NKZN2IV7ZBONWLCSFOQYCSFLUEILF3Z7JGCKATQOW63BQKAVLRQ"
 UUID = "0b5c7e1e-2a43-4c4f-9d0b-3f1f7c1e9a11"
@@ -114,3 +114,16 @@ def test_group_children_unusable(data: bytes) -> None:
 
 def test_group_children_empty_group() -> None:
     assert group_children(f"{KEY}/__grp__k.json", b'{"child_paths": {}}') == []
+
+
+def test_group_written_root() -> None:
+    assert group_written_root(f"{KEY}/__grp__k.json", _real_group("/tmp/tw/c1")) == "/tmp/tw/c1"
+    nested = f"triton/0/{KEY}/__grp__k.json"
+    data = _real_group("/cache/triton/0")
+    assert group_written_root(nested, data) == "/cache"
+    # Children under another key directory, mixed roots, or garbage: unknown.
+    assert group_written_root(nested, _real_group("/cache/triton/1")) is None
+    mixed = json.dumps({"child_paths": {"a": f"/r1/{KEY}/a", "b": f"/r2/{KEY}/b"}}).encode()
+    assert group_written_root(f"{KEY}/__grp__k.json", mixed) is None
+    assert group_written_root(f"{KEY}/__grp__k.json", b"{") is None
+    assert group_written_root(f"{KEY}/__grp__k.json", b'{"child_paths": {}}') is None

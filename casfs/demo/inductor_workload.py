@@ -100,9 +100,7 @@ def run() -> dict[str, Any]:
         "graphs": GRAPHS,
         "import_seconds": round(t_imported - t_start, 3),
         "compile_seconds": round(t1 - t0, 3),
-        "counters": {
-            name: int(counters[group][key]) for name, (group, key) in COUNTERS.items()
-        },
+        "counters": {name: int(counters[group][key]) for name, (group, key) in COUNTERS.items()},
         "checksum": _sha256(out),
         "max_abs_err_vs_eager": float((out - expected).abs().max()),
         "stable": bool(torch.equal(out, again)),
@@ -116,8 +114,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="print one JSON line")
     args = parser.parse_args(argv)
     if not os.environ.get("TORCHINDUCTOR_CACHE_DIR"):
-        print("error: TORCHINDUCTOR_CACHE_DIR must be set to the cache directory to probe",
-              file=sys.stderr)
+        print(
+            "error: TORCHINDUCTOR_CACHE_DIR must be set to the cache directory to probe",
+            file=sys.stderr,
+        )
         return 2
     if "torch" in sys.modules:
         # The env pins below are read at import; too late to apply them.

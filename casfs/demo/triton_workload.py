@@ -54,10 +54,21 @@ def _sources(count: int) -> list[Any]:
     from triton.compiler import ASTSource
 
     scale_kernel, axpy_kernel = _kernels()
-    scale_sig = {"x_ptr": "*fp32", "y_ptr": "*fp32", "n": "i32",
-                 "BLOCK": "constexpr", "SCALE": "constexpr"}
-    axpy_sig = {"x_ptr": "*fp32", "y_ptr": "*fp32", "out_ptr": "*fp32", "n": "i32",
-                "BLOCK": "constexpr", "ALPHA": "constexpr"}
+    scale_sig = {
+        "x_ptr": "*fp32",
+        "y_ptr": "*fp32",
+        "n": "i32",
+        "BLOCK": "constexpr",
+        "SCALE": "constexpr",
+    }
+    axpy_sig = {
+        "x_ptr": "*fp32",
+        "y_ptr": "*fp32",
+        "out_ptr": "*fp32",
+        "n": "i32",
+        "BLOCK": "constexpr",
+        "ALPHA": "constexpr",
+    }
     sources = []
     for i in range(count):
         block = _BLOCKS[i % len(_BLOCKS)]
@@ -99,14 +110,16 @@ def run(count: int) -> dict[str, Any]:
             compiled = triton.compile(src, target=target)
             listener_hit = len(events) > n_events and events[-1]
             wrote = len(puts) - n_puts
-            per_kernel.append({
-                "name": src.name,
-                "hash": compiled.hash,
-                # A hit must also have written nothing: otherwise it was not served whole.
-                "hit": bool(listener_hit and wrote == 0),
-                "files_written": wrote,
-                "cubin_sha256": hashlib.sha256(compiled.asm["cubin"]).hexdigest(),
-            })
+            per_kernel.append(
+                {
+                    "name": src.name,
+                    "hash": compiled.hash,
+                    # A hit must also have written nothing: otherwise it was not served whole.
+                    "hit": bool(listener_hit and wrote == 0),
+                    "files_written": wrote,
+                    "cubin_sha256": hashlib.sha256(compiled.asm["cubin"]).hexdigest(),
+                }
+            )
     finally:
         FileCacheManager.put = original_put
         knobs.compilation.listener = None
@@ -133,8 +146,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.kernels < 1:
         parser.error("--kernels must be at least 1")
     if not os.environ.get("TRITON_CACHE_DIR"):
-        print("error: TRITON_CACHE_DIR must be set to the cache directory to probe",
-              file=sys.stderr)
+        print(
+            "error: TRITON_CACHE_DIR must be set to the cache directory to probe", file=sys.stderr
+        )
         return 2
     t0 = time.perf_counter()
     result = run(args.kernels)
@@ -143,8 +157,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps(result, sort_keys=True))
     else:
-        print(f"triton: {result['kernels']} kernels, {result['hits']} hits, "
-              f"{result['misses']} misses, {result['seconds']}s")
+        print(
+            f"triton: {result['kernels']} kernels, {result['hits']} hits, "
+            f"{result['misses']} misses, {result['seconds']}s"
+        )
     return 0
 
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from casfs.scratch import ScratchRules, group_children, is_group_file
+from casfs.scratch import ScratchRules, group_children, group_written_root, is_group_file
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -30,7 +30,12 @@ def _run(module: str, env_var: str, cache: Path, *args: str) -> dict[str, Any]:
     env[env_var] = str(cache)
     proc = subprocess.run(
         [sys.executable, "-m", module, "--json", *args],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=540, check=False,
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=540,
+        check=False,
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -48,8 +53,12 @@ def test_inductor_workload_cold_then_warm(tmp_path: Path) -> None:
     graphs = cold["graphs"]
     assert graphs >= 2
     assert cold["counters"] == {
-        "fxgraph_cache_hit": 0, "fxgraph_cache_miss": graphs, "fxgraph_cache_bypass": 0,
-        "autograd_cache_hit": 0, "autograd_cache_miss": graphs, "autograd_cache_bypass": 0,
+        "fxgraph_cache_hit": 0,
+        "fxgraph_cache_miss": graphs,
+        "fxgraph_cache_bypass": 0,
+        "autograd_cache_hit": 0,
+        "autograd_cache_miss": graphs,
+        "autograd_cache_bypass": 0,
     }
     assert cold["max_abs_err_vs_eager"] < 1e-4
     assert cold["stable"]
@@ -62,8 +71,12 @@ def test_inductor_workload_cold_then_warm(tmp_path: Path) -> None:
 
     warm = _run("casfs.demo.inductor_workload", "TORCHINDUCTOR_CACHE_DIR", cache)
     assert warm["counters"] == {
-        "fxgraph_cache_hit": graphs, "fxgraph_cache_miss": 0, "fxgraph_cache_bypass": 0,
-        "autograd_cache_hit": graphs, "autograd_cache_miss": 0, "autograd_cache_bypass": 0,
+        "fxgraph_cache_hit": graphs,
+        "fxgraph_cache_miss": 0,
+        "fxgraph_cache_bypass": 0,
+        "autograd_cache_hit": graphs,
+        "autograd_cache_miss": 0,
+        "autograd_cache_bypass": 0,
     }
     assert warm["checksum"] == cold["checksum"]
 
@@ -72,7 +85,12 @@ def test_inductor_workload_requires_cache_dir() -> None:
     env = {k: v for k, v in os.environ.items() if k != "TORCHINDUCTOR_CACHE_DIR"}
     proc = subprocess.run(
         [sys.executable, "-m", "casfs.demo.inductor_workload", "--json"],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=120, check=False,
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
     )
     assert proc.returncode == 2
     assert proc.stdout == ""
@@ -93,12 +111,15 @@ def test_triton_workload_cold_then_warm(tmp_path: Path) -> None:
     groups = [f for f in files if is_group_file(f)]
     assert len(groups) == n
     for group in groups:
-        children = group_children(group, (cache / group).read_bytes())
+        data = (cache / group).read_bytes()
+        children = group_children(group, data)
         assert children is not None
+        # Triton 3.x records absolute paths under the root it wrote to.
+        assert group_written_root(group, data) == str(cache)
         key_dir = group.rsplit("/", 1)[0]
         siblings = [f for f in files if f.startswith(key_dir + "/") and f != group]
         assert children == sorted(siblings)
-        assert f"{key_dir}/{Path(group).name[len('__grp__'):]}" in children
+        assert f"{key_dir}/{Path(group).name[len('__grp__') :]}" in children
     assert not any(rules.is_scratch(f) for f in files)
 
     warm = _run("casfs.demo.triton_workload", "TRITON_CACHE_DIR", cache, "--kernels", str(n))
