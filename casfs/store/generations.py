@@ -59,7 +59,7 @@ RECORD_VERSION = 1
 SEQ_WIDTH = 12
 MAX_RECORD_BYTES = 1 << 20
 COMPACT_DELTAS = 32
-NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,127}$")
+NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,127}\Z")  # \Z: "$" lets "x\n" through
 
 
 def check_name(name: str, what: str = "namespace") -> str:

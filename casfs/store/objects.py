@@ -46,7 +46,7 @@ CODEC_RAW = 0
 CODEC_ZSTD = 1
 HEADER = struct.Struct("<4sBBHQ")
 HEADER_SIZE = HEADER.size  # 16
-DIGEST_RE = re.compile(r"^[0-9a-f]{64}$")
+DIGEST_RE = re.compile(r"^[0-9a-f]{64}\Z")  # \Z: "$" lets a trailing "\n" through
 ZSTD_LEVEL = 3
 # Compression must save at least this fraction, else the object is stored raw
 # (already-compressed cubins and .so sections gain nothing; raw reads are cheaper).
