@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -16,3 +21,40 @@ def casfs_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[
     monkeypatch.setenv("CASFS_ROOT", str(root))
     monkeypatch.setenv("CASFS_STATE_DIR", str(state))
     yield {"root": root, "state": state}
+
+
+class CliResult:
+    def __init__(self, proc: subprocess.CompletedProcess[str]) -> None:
+        self.rc = proc.returncode
+        self.out = proc.stdout
+        self.err = proc.stderr
+
+    def json(self) -> Any:
+        return json.loads(self.out)
+
+    def assert_clean_error(self) -> str:
+        """Non-zero exit, one 'casfs: error:' line on stderr, no traceback; returns the line."""
+        assert self.rc != 0, (self.out, self.err)
+        assert "Traceback" not in self.err, self.err
+        lines = [ln for ln in self.err.splitlines() if ln.strip()]
+        assert len(lines) == 1, self.err
+        assert lines[0].startswith("casfs: error:"), self.err
+        return lines[0]
+
+
+@pytest.fixture
+def cli(casfs_env: dict[str, Path]) -> Callable[..., CliResult]:
+    """Run the casfs CLI in a fresh process against the test's root and state dir."""
+
+    def run(*args: str | Path, check: bool = False, timeout: float = 300) -> CliResult:
+        proc = subprocess.run(
+            [sys.executable, "-m", "casfs.cli.main", *map(str, args)],
+            capture_output=True, text=True, timeout=timeout, env=dict(os.environ),
+        )
+        res = CliResult(proc)
+        if check:
+            assert res.rc == 0, (args, res.out, res.err)
+            assert "Traceback" not in res.err, res.err
+        return res
+
+    return run

@@ -1,0 +1,282 @@
+"""Generations: publication, merge rule, dedup on import, delta cost, compaction, quota."""
+
+from __future__ import annotations
+
+import os
+import random
+from pathlib import Path
+
+import pytest
+
+from casfs.errors import PublishError, QuotaExceededError
+from casfs.promote.importer import import_tree
+from casfs.scratch import ScratchRules
+from casfs.store.entry import Entry
+from casfs.store.generations import COMPACT_DELTAS, GenerationStore, check_name
+from casfs.store.root import SharedRoot
+
+
+def store_files(root: SharedRoot, files: dict[str, bytes], mode: int = 0o644) -> list[Entry]:
+    out = []
+    for path, data in sorted(files.items()):
+        res = root.objects.put_bytes(data)
+        out.append(Entry(path, res.digest, res.size, mode, 1_700_000_000_000_000_000))
+    return out
+
+
+def all_files(root: SharedRoot) -> dict[str, int]:
+    """relpath -> size of every file under the shared root."""
+    out = {}
+    for dirpath, _, names in os.walk(root.path):
+        for n in names:
+            p = Path(dirpath) / n
+            out[str(p.relative_to(root.path))] = p.stat().st_size
+    return out
+
+
+def make_tree(base: Path, n: int = 50, seed: int = 0) -> Path:
+    rng = random.Random(seed)
+    for i in range(n):
+        p = base / f"d{i % 7}" / f"k{i}.py"
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(f"def kernel_{i}():\n    return {i}\n".encode() * (1 + i % 20))
+        if i % 5 == 0:
+            (base / f"d{i % 7}" / f"k{i}.so").write_bytes(rng.randbytes(2000 + i))
+    return base
+
+
+def test_first_publish_and_read_back(root: SharedRoot) -> None:
+    gens = root.generations()
+    entries = store_files(root, {"a/x": b"x", "a/y": b"yy", "b": b"bbb"})
+    res = gens.publish("ns", entries, node="n1")
+    assert res.seq == 1 and res.added == 3 and res.added_bytes == 6
+    rec = gens.resolve("ns", None)
+    assert rec.seq == 1 and rec.parent is None and rec.entries == 3 and rec.logical_bytes == 6
+    assert rec.node == "n1"
+    snap = gens.entries("ns")
+    assert snap.entries == {e.path: e for e in entries}
+    assert snap.dirs == {"a"}
+    # The record file sits where DESIGN.md says, zero-padded.
+    assert (root.path / "namespaces/ns/generations/000000000001").is_file()
+
+
+def test_publish_nothing_new_writes_nothing(root: SharedRoot) -> None:
+    gens = root.generations()
+    entries = store_files(root, {"a": b"1"})
+    gens.publish("ns", entries, node="n")
+    before = all_files(root)
+    res = gens.publish("ns", entries, node="n")
+    assert res.seq == 1 and res.added == 0 and res.already == 1
+    assert all_files(root) == before
+
+
+def test_first_writer_wins_and_conflicts_are_counted(root: SharedRoot) -> None:
+    gens = root.generations()
+    gens.publish("ns", store_files(root, {"k/a": b"first", "k/b": b"b"}), node="n1")
+    res = gens.publish("ns", store_files(root, {"k/a": b"second", "k/c": b"c"}), node="n2")
+    assert res.conflicts == 1 and res.conflict_paths == ["k/a"] and res.added == 1
+    snap = gens.entries("ns")
+    assert root.objects.get_bytes(snap.entries["k/a"].digest) == b"first"
+    assert set(snap.entries) == {"k/a", "k/b", "k/c"}
+
+
+def test_file_directory_clash_is_a_conflict_not_a_bad_generation(root: SharedRoot) -> None:
+    gens = root.generations()
+    gens.publish("ns", store_files(root, {"a/b": b"1"}), node="n")
+    res = gens.publish("ns", store_files(root, {"a": b"file", "a/b/c": b"deeper", "z": b"z"}),
+                       node="n")
+    assert res.conflicts == 2 and res.added == 1
+    assert set(gens.entries("ns").entries) == {"a/b", "z"}
+
+
+def test_local_deletions_are_not_published(root: SharedRoot) -> None:
+    gens = root.generations()
+    gens.publish("ns", store_files(root, {"a": b"1", "b": b"2"}), node="n")
+    gens.publish("ns", store_files(root, {"c": b"3"}), node="n")  # a and b "deleted" locally
+    assert set(gens.entries("ns").entries) == {"a", "b", "c"}
+    assert set(gens.entries("ns", 1).entries) == {"a", "b"}  # old generations stay readable
+
+
+@pytest.mark.parametrize("name", ["", "a/b", "..", ".hidden", "a b", "x" * 129, "ns\n"])
+def test_bad_namespace_names(name: str) -> None:
+    with pytest.raises(Exception) as ei:
+        check_name(name)
+    assert "invalid namespace name" in str(ei.value)
+
+
+# --- import dedup ---------------------------------------------------------------
+def test_second_import_of_same_tree_adds_nothing(root: SharedRoot, tmp_path: Path) -> None:
+    src = make_tree(tmp_path / "src")
+    rules = ScratchRules("generic")
+    first = import_tree(root, src, "ns", rules=rules, node="n")
+    assert first.publish is not None and first.publish.seq == 1
+    assert first.new_objects == first.files > 0
+    before = all_files(root)
+    second = import_tree(root, src, "ns", rules=rules, node="n")
+    assert second.new_objects == 0
+    assert second.publish is not None
+    assert second.publish.added == 0 and second.publish.already == first.files
+    assert second.publish.seq == 1
+    assert all_files(root) == before  # no new object, manifest or record
+
+
+def test_identical_trees_under_two_namespaces_share_file_objects(
+    root: SharedRoot, tmp_path: Path
+) -> None:
+    src = make_tree(tmp_path / "src")
+    rules = ScratchRules("generic")
+    import_tree(root, src, "one", rules=rules, node="n")
+    objects_before = set(root.objects.iter_digests())
+    rep = import_tree(root, src, "two", rules=rules, node="n")
+    new = set(root.objects.iter_digests()) - objects_before
+    assert rep.new_objects == 0
+    # Even the manifest is the same object (content-addressed): nothing new at all.
+    assert len(new) <= 1
+    assert len(list((root.path / "namespaces/two/generations").iterdir())) == 1
+
+
+def test_import_skips_scratch_and_keeps_modes(root: SharedRoot, tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    (src / "ab").mkdir(parents=True)
+    (src / "ab" / "c.py").write_text("x = 1\n")
+    (src / "ab" / "c.so").write_bytes(b"\x7fELF" + bytes(100))
+    os.chmod(src / "ab" / "c.so", 0o755)
+    (src / "ab" / ".123.456.tmp").write_text("partial")
+    (src / "locks").mkdir()
+    (src / "locks" / "x.lock").write_text("")
+    (src / "empty").mkdir()
+    rep = import_tree(root, src, "ns", rules=ScratchRules("inductor"), node="n")
+    snap = root.generations().entries("ns")
+    assert set(snap.entries) == {"ab/c.py", "ab/c.so"}
+    assert snap.entries["ab/c.so"].mode == 0o755
+    assert rep.skipped_scratch >= 2
+
+
+# --- delta publication cost and compaction ---------------------------------------------
+BIG = 100_000
+
+
+@pytest.fixture(scope="module")
+def big_base(tmp_path_factory: pytest.TempPathFactory) -> tuple[SharedRoot, list[Entry]]:
+    """A namespace with 100,000 entries (sharing a few objects: cost is in the manifest)."""
+    root = SharedRoot.open(tmp_path_factory.mktemp("big") / "root", create=True)
+    blobs = [root.objects.put_bytes(f"blob {i}".encode() * 40) for i in range(16)]
+    entries = [
+        Entry(f"fxgraph/{i % 256:02x}/f{i:06d}/entry", blobs[i % 16].digest, blobs[i % 16].size,
+              0o644, 1_700_000_000_000_000_000 + i)
+        for i in range(BIG)
+    ]
+    res = root.generations().publish("big", entries, node="n")
+    assert res.seq == 1 and res.added == BIG
+    return root, entries
+
+
+def test_publishing_10_files_on_100k_writes_a_small_delta(
+    big_base: tuple[SharedRoot, list[Entry]],
+) -> None:
+    root, base_entries = big_base
+    gens = root.generations()
+    latest = gens.resolve("big", None)
+    files_before = all_files(root)
+    new = store_files(root, {f"new/{latest.seq}/f{i}.py": f"new {latest.seq} {i}".encode()
+                             for i in range(10)})
+    after_objects = all_files(root)
+    res = gens.publish("big", new, node="n")
+    assert res.added == 10
+    rec = gens.resolve("big", None)
+    assert rec.seq == latest.seq + 1
+    written = {k: v for k, v in all_files(root).items() if k not in after_objects}
+    manifest_keys = [k for k in written if k.startswith("objects/")]
+    record_keys = [k for k in written if k.startswith("namespaces/")]
+    assert len(record_keys) == 1 and len(manifest_keys) == 1, written
+    assert sum(written[k] for k in manifest_keys) < 10_000, written
+    assert sum(written.values()) < 20_000, written
+    assert rec.base == latest.base  # the 100k base was not rewritten
+    assert len(rec.deltas) == len(latest.deltas) + 1
+    assert len(files_before) < len(after_objects)
+    snap = root.generations().entries("big")  # fresh store: no cached parts
+    assert len(snap.entries) == rec.entries == len(base_entries) + 10 * (rec.seq - 1)
+
+
+@pytest.mark.slow
+def test_compaction_after_compact_deltas_publications(
+    big_base: tuple[SharedRoot, list[Entry]],
+) -> None:
+    root, _ = big_base
+    gens = root.generations()
+    start = gens.resolve("big", None)
+    expected = dict(gens.snapshot(start).entries)
+    compacted_at = None
+    for i in range(COMPACT_DELTAS + 1):
+        rec_before = gens.resolve("big", None)
+        new = store_files(root, {f"c/{i}/f{j}": f"c {i} {j}".encode() for j in range(3)})
+        gens.publish("big", new, node="n")
+        expected.update({e.path: e for e in new})
+        rec = gens.resolve("big", None)
+        assert len(rec.deltas) < COMPACT_DELTAS
+        if rec.base != rec_before.base:
+            compacted_at = i
+            assert rec.deltas == ()
+            assert rec.base is not None and rec.base.entries == rec.entries
+            break
+    assert compacted_at is not None, "no compaction within COMPACT_DELTAS publications"
+    fresh = SharedRoot.open(root.path).generations()
+    assert fresh.entries("big").entries == expected
+
+
+def test_large_delta_triggers_compaction(root: SharedRoot) -> None:
+    gens = root.generations()
+    gens.publish("ns", store_files(root, {f"a{i}": b"x" for i in range(10)}), node="n")
+    res = gens.publish("ns", [Entry(f"b{i}", e.digest, e.size, 0o644, 0)
+                              for i, e in enumerate(store_files(root, {"x": b"y"}) * 2000)],
+                       node="n")
+    assert res.added == 2000
+    rec = gens.resolve("ns", None)
+    assert rec.deltas == () and rec.base is not None and rec.base.entries == 2010
+
+
+# --- byte bound --------------------------------------------------------------------
+def test_quota_stops_publication_and_publishes_nothing(root: SharedRoot) -> None:
+    gens = root.generations()
+    gens.publish("ns", store_files(root, {"a": bytes(600)}), node="n", max_bytes=1000)
+    objects_before = set(root.objects.iter_digests())
+    new = store_files(root, {"b": b"b" * 600})
+    objects_with_new = set(root.objects.iter_digests())
+    with pytest.raises(QuotaExceededError) as ei:
+        gens.publish("ns", new, node="n", max_bytes=1000)
+    assert isinstance(ei.value, PublishError)
+    assert "nothing was published" in str(ei.value)
+    assert gens.seqs("ns") == [1]
+    assert set(gens.entries("ns").entries) == {"a"}
+    # No manifest part was stored for the refused publication.
+    assert set(root.objects.iter_digests()) == objects_with_new
+    assert len(objects_with_new - objects_before) == 1
+    # Another namespace is not affected by this one's bound.
+    assert gens.publish("other", new, node="n", max_bytes=1000).seq == 1
+
+
+def test_quota_applies_to_import(root: SharedRoot, tmp_path: Path) -> None:
+    src = make_tree(tmp_path / "src")
+    with pytest.raises(QuotaExceededError):
+        import_tree(root, src, "ns", rules=ScratchRules("generic"), node="n", max_bytes=100)
+    assert root.generations().seqs("ns") == []
+
+
+def test_publish_gives_up_after_bounded_attempts(
+    root: SharedRoot, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    gens = root.generations()
+    monkeypatch.setattr(gens.backend, "create_exclusive", lambda key, data: False)
+    monkeypatch.setattr("casfs.store.generations.time.sleep", lambda s: None)
+    with pytest.raises(PublishError, match="lost the publication race 3 times"):
+        gens.publish("ns", store_files(root, {"a": b"1"}), node="n", max_attempts=3)
+
+
+def test_generation_store_sees_other_writers(root: SharedRoot) -> None:
+    a = root.generations()
+    b = GenerationStore(SharedRoot.open(root.path))
+    a.publish("ns", store_files(root, {"a": b"1"}), node="a")
+    b.publish("ns", store_files(root, {"b": b"2"}), node="b")
+    res = a.publish("ns", store_files(root, {"c": b"3"}), node="a")
+    assert res.seq == 3
+    assert set(a.entries("ns").entries) == {"a", "b", "c"}
