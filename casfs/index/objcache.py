@@ -68,6 +68,7 @@ class _Fill:
     def __init__(self) -> None:
         self.done = threading.Event()
         self.error: BaseException | None = None
+        self.waiters = 0
 
 
 def _rewrap(error: BaseException) -> BaseException:
@@ -182,6 +183,8 @@ class LocalObjectCache:
             owner = fill is None
             if fill is None:
                 fill = self._fills[digest] = _Fill()
+            else:
+                fill.waiters += 1
         if not owner:
             fill.done.wait()
             if fill.error is not None:

@@ -1,0 +1,262 @@
+from __future__ import annotations
+
+import itertools
+import os
+import stat
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import BinaryIO
+
+import pytest
+from blake3 import blake3
+
+from casfs.errors import CasfsError, CorruptObjectError, ObjectMissingError
+from casfs.index.node_index import NodeIndex
+from casfs.index.objcache import LocalObjectCache
+from casfs.store.entry import Entry
+
+
+class FakeSource:
+    """Serves bytes by digest; can block until released, or fail."""
+
+    def __init__(self) -> None:
+        self.objects: dict[str, bytes] = {}
+        self.calls: list[str] = []
+        self.gate: threading.Event | None = None
+        self.error: Exception | None = None
+        self.short = False
+
+    def add(self, data: bytes) -> Entry:
+        digest = blake3(data).hexdigest()
+        self.objects[digest] = data
+        return Entry(f"f/{digest[:8]}", digest, len(data), 0o644, 0)
+
+    def get_into(self, digest: str, expected_size: int | None, out: BinaryIO) -> int:
+        self.calls.append(digest)
+        if self.gate is not None:
+            assert self.gate.wait(60), "test never released the source"
+        if self.error is not None:
+            out.write(b"partial")
+            raise self.error
+        if digest not in self.objects:
+            raise ObjectMissingError(f"object {digest} is missing")
+        data = self.objects[digest][:-1] if self.short else self.objects[digest]
+        out.write(data)
+        return len(data)
+
+
+@pytest.fixture
+def index(tmp_path: Path) -> Iterator[NodeIndex]:
+    ix = NodeIndex.open(tmp_path / "state")
+    yield ix
+    ix.close()
+
+
+@pytest.fixture
+def source() -> FakeSource:
+    return FakeSource()
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A strictly increasing time_ns, so LRU order never depends on clock resolution."""
+    ticks = itertools.count(1_000_000)
+    monkeypatch.setattr(time, "time_ns", lambda: next(ticks))
+
+
+def make_cache(
+    tmp_path: Path, index: NodeIndex, source: FakeSource, cap: int = 1 << 30
+) -> LocalObjectCache:
+    return LocalObjectCache(tmp_path / "state" / "objects", index, source, cap)
+
+
+def wait_until(cond: object, what: str) -> None:
+    """Poll a condition (no timing assertion: the deadline only stops a hung test)."""
+    deadline = time.monotonic() + 60
+    while not cond():  # type: ignore[operator]
+        assert time.monotonic() < deadline, f"never happened: {what}"
+        time.sleep(0.001)
+
+
+def no_temp_files(cache: LocalObjectCache) -> bool:
+    return not [p for p in cache.directory.rglob(".tmp-*")]
+
+
+def _waiters(cache: LocalObjectCache, digest: str) -> int:
+    fill = cache._fills.get(digest)
+    return fill.waiters if fill is not None else -1
+
+
+def test_fill_then_hit(tmp_path: Path, index: NodeIndex, source: FakeSource) -> None:
+    cache = make_cache(tmp_path, index, source)
+    entry = source.add(b"kernel bytes" * 100)
+    path = cache.fetch(entry)
+    assert Path(path).read_bytes() == source.objects[entry.digest]
+    assert Path(path) == cache.directory / entry.digest[:2] / entry.digest[2:]
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o444
+    assert cache.pinned(entry.digest) == 1
+    assert cache.fetch(entry) == path
+    assert source.calls == [entry.digest]  # the second fetch was a hit
+    assert cache.pinned(entry.digest) == 2
+    cache.unpin(entry.digest)
+    cache.unpin(entry.digest)
+    assert cache.pinned(entry.digest) == 0
+    assert index.cache_bytes() == entry.size
+    assert index.cache_get(entry.digest) is not None
+    assert no_temp_files(cache)
+
+
+def test_concurrent_fetches_coalesce_into_one_fill(
+    tmp_path: Path, index: NodeIndex, source: FakeSource
+) -> None:
+    cache = make_cache(tmp_path, index, source)
+    entry = source.add(b"x" * 100_000)
+    source.gate = threading.Event()
+    results: list[str] = []
+    threads = [
+        threading.Thread(target=lambda: results.append(cache.fetch(entry))) for _ in range(8)
+    ]
+    for t in threads:
+        t.start()
+    wait_until(lambda: cache.pinned(entry.digest) == 8 and source.calls, "8 fetchers waiting")
+    source.gate.set()
+    for t in threads:
+        t.join()
+    assert source.calls == [entry.digest]
+    assert len(results) == 8 and len(set(results)) == 1
+    assert Path(results[0]).read_bytes() == source.objects[entry.digest]
+
+
+def test_fill_error_reaches_every_waiter_and_is_not_cached(
+    tmp_path: Path, index: NodeIndex, source: FakeSource
+) -> None:
+    cache = make_cache(tmp_path, index, source)
+    entry = source.add(b"y" * 1000)
+    source.gate = threading.Event()
+    source.error = CorruptObjectError("bad frame")
+    errors: list[BaseException] = []
+
+    def fetch() -> None:
+        try:
+            cache.fetch(entry)
+        except CasfsError as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=fetch) for _ in range(5)]
+    for t in threads:
+        t.start()
+    # every fetcher must be waiting on the one fill before it fails
+    wait_until(lambda: _waiters(cache, entry.digest) == 4, "4 fetchers waiting on 1 fill")
+    source.gate.set()
+    for t in threads:
+        t.join()
+    assert len(errors) == 5 and all(isinstance(e, CorruptObjectError) for e in errors)
+    assert len(source.calls) == 1
+    assert cache.pinned(entry.digest) == 0
+    assert not cache.path_of(entry.digest).exists() and no_temp_files(cache)
+
+    source.error = None  # the failure was not remembered: the next fetch fills
+    source.gate = None
+    assert Path(cache.fetch(entry)).read_bytes() == source.objects[entry.digest]
+    assert len(source.calls) == 2
+
+
+def test_missing_and_short_objects_are_errors(
+    tmp_path: Path, index: NodeIndex, source: FakeSource
+) -> None:
+    cache = make_cache(tmp_path, index, source)
+    with pytest.raises(ObjectMissingError):
+        cache.ensure_file("ab" * 32, 3)
+    entry = source.add(b"z" * 50)
+    source.short = True
+    with pytest.raises(CorruptObjectError):
+        cache.fetch(entry)
+    assert not cache.path_of(entry.digest).exists() and no_temp_files(cache)
+    with pytest.raises(CorruptObjectError):
+        cache.ensure_file("../../etc/passwd", 1)
+    assert index.cache_bytes() == 0
+
+
+def test_wrong_size_local_file_is_refetched(
+    tmp_path: Path, index: NodeIndex, source: FakeSource
+) -> None:
+    cache = make_cache(tmp_path, index, source)
+    entry = source.add(b"good content" * 10)
+    path = Path(cache.fetch(entry))
+    cache.unpin(entry.digest)
+    os.chmod(path, 0o644)
+    path.write_bytes(b"torn")  # e.g. a crash after rename without fsync
+    assert Path(cache.fetch(entry)).read_bytes() == source.objects[entry.digest]
+    assert len(source.calls) == 2
+
+
+@pytest.mark.usefixtures("clock")
+def test_eviction_is_lru_and_never_removes_pinned(
+    tmp_path: Path, index: NodeIndex, source: FakeSource
+) -> None:
+    cache = make_cache(tmp_path, index, source, cap=10_000)
+    a, b, c = (source.add(bytes([i]) * 3000) for i in range(3))
+    for x in (a, b, c):
+        cache.fetch(x)
+        cache.unpin(x.digest)
+    cache.fetch(a)  # a becomes most recently used
+    cache.unpin(a.digest)
+    assert index.cache_bytes() == 9000
+
+    freed = cache.evict(6000)
+    assert freed == 3000
+    assert not cache.path_of(b.digest).exists()  # b was least recently used
+    assert cache.path_of(a.digest).exists() and cache.path_of(c.digest).exists()
+    assert index.cache_bytes() == 6000
+
+    cache.fetch(c)  # pinned: must survive even an eviction to zero
+    assert cache.evict(0) == 3000
+    assert not cache.path_of(a.digest).exists()
+    assert cache.path_of(c.digest).exists()
+    assert index.cache_bytes() == 3000
+    cache.unpin(c.digest)
+    assert cache.evict(0) == 3000
+    assert index.cache_bytes() == 0
+
+
+@pytest.mark.usefixtures("clock")
+def test_fill_over_cap_evicts_to_low_water(
+    tmp_path: Path, index: NodeIndex, source: FakeSource
+) -> None:
+    cache = make_cache(tmp_path, index, source, cap=10_000)
+    entries = [source.add(bytes([i]) * 3000) for i in range(4)]
+    for x in entries[:3]:
+        cache.fetch(x)
+        cache.unpin(x.digest)
+    held = cache.fetch(entries[3])  # 12,000 > cap: the oldest goes, the new one is pinned
+    assert index.cache_bytes() <= 10_000
+    assert not cache.path_of(entries[0].digest).exists()
+    assert Path(held).exists()
+
+
+def test_hardlink_or_copy(tmp_path: Path, index: NodeIndex, source: FakeSource) -> None:
+    cache = make_cache(tmp_path, index, source)
+    entry = source.add(b"shared object")
+    src = cache.ensure_file(entry.digest, entry.size)
+    dest = tmp_path / "lower" / "x.so"
+    dest.parent.mkdir()
+    assert cache.hardlink_or_copy(entry.digest, dest) is True
+    assert os.stat(dest).st_ino == os.stat(src).st_ino
+    with pytest.raises(ObjectMissingError):
+        cache.hardlink_or_copy("cd" * 32, tmp_path / "lower" / "y")
+
+
+def test_readonly_index_serves_without_accounting(
+    tmp_path: Path, index: NodeIndex, source: FakeSource
+) -> None:
+    entry = source.add(b"data")
+    with NodeIndex.open(tmp_path / "state", readonly=True) as ro:
+        assert ro.env is index.env  # one environment per process: shared, read-write
+    ro_cache_dir = tmp_path / "other"
+    NodeIndex.open(ro_cache_dir).close()
+    with NodeIndex.open(ro_cache_dir, readonly=True) as ro:
+        cache = LocalObjectCache(ro_cache_dir / "objects", ro, source, 1)
+        assert Path(cache.fetch(entry)).read_bytes() == b"data"
+        assert ro.cache_bytes() == 0
