@@ -15,6 +15,7 @@ whatever is left (fusermount3 -u -z, then umount -l) and kills the process.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -40,7 +41,7 @@ def require_fuse() -> None:
         return
     if os.environ.get("CASFS_ALLOW_NO_FUSE") == "1":
         pytest.skip("FUSE unavailable and CASFS_ALLOW_NO_FUSE=1")
-    pytest.fail("FUSE unavailable (/dev/fuse or fusermount3 missing); set CASFS_ALLOW_NO_FUSE=1 to skip")
+    pytest.fail("FUSE unavailable (no /dev/fuse or fusermount3); CASFS_ALLOW_NO_FUSE=1 skips")
 
 
 def mounted(path: Path) -> bool:
@@ -110,10 +111,8 @@ class MountedView:
         try:
             if proc is not None and proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
-                try:
+                with contextlib.suppress(subprocess.TimeoutExpired):
                     proc.wait(timeout=timeout)
-                except subprocess.TimeoutExpired:
-                    pass
         finally:
             lazy_unmount(self.mountpoint)
             if proc is not None and proc.poll() is None:

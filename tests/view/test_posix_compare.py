@@ -57,7 +57,10 @@ def listing(root: Path) -> list[tuple[Any, ...]]:
     return rows
 
 
-def run_both(twin: Callable[..., tuple[Path, Path]], scenario: Callable[[Path], Transcript]) -> None:
+Twin = Callable[..., tuple[Path, Path]]
+
+
+def run_both(twin: Twin, scenario: Callable[[Path], Transcript]) -> None:
     mnt, plain = twin()
     got_plain = scenario(plain)
     got_mnt = scenario(mnt)
@@ -89,7 +92,8 @@ def s_create_flags(root: Path) -> Transcript:
     lockflags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_NONBLOCK
     rec(out, "filelock-create", lambda: open_close(root / "locks/x.lock", lockflags, 0o644))
     rec(out, "filelock-again", lambda: open_close(root / "locks/x.lock", lockflags, 0o644))
-    rec(out, "creat-trunc", lambda: open_close(root / "top.txt", os.O_RDWR | os.O_CREAT | os.O_TRUNC))
+    creat_trunc = os.O_RDWR | os.O_CREAT | os.O_TRUNC
+    rec(out, "creat-trunc", lambda: open_close(root / "top.txt", creat_trunc))
     rec(out, "enoent", lambda: open_close(root / "nope/x", os.O_RDONLY))
     rec(out, "enotdir", lambda: open_close(root / "top.txt/x", os.O_RDONLY))
     return out
@@ -308,7 +312,8 @@ def test_dlopen_gcc_built_so(twin: Callable[..., tuple[Path, Path]], tmp_path: P
         lib = ctypes.CDLL(str(so))
         results.append((lib.casfs_answer(7), hashlib.sha256(so.read_bytes()).hexdigest()))
         with open(so, "rb") as f:  # an explicit private executable mapping too
-            m = mmap.mmap(f.fileno(), 0, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_EXEC)
+            prot = mmap.PROT_READ | mmap.PROT_EXEC
+            m = mmap.mmap(f.fileno(), 0, flags=mmap.MAP_PRIVATE, prot=prot)
             results.append(m[:4])
             m.close()
     assert results[0] == results[2] == (42, results[0][1])
