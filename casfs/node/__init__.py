@@ -1,0 +1,1 @@
+"""The composition layer: one mount = store + index + object cache + view + promotion."""

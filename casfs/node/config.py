@@ -1,0 +1,55 @@
+"""Settings of one mount, resolved (absolute paths, concrete namespace)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from casfs.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class MountConfig:
+    name: str  # the mount's name: control socket, counters, logs
+    family: str  # triton | inductor | generic
+    namespace: str  # concrete (auto already resolved)
+    mountpoint: Path
+    root: Path  # shared root
+    state_dir: Path  # node state (LMDB index, object cache, uppers, run files)
+    stable_after: float = 2.0
+    publish_interval: float = 10.0
+    refresh_interval: float = 30.0
+    shutdown_timeout: float = 30.0
+    allow_other: bool = False
+    cache_max_bytes: int = 20 << 30
+    namespace_max_bytes: int | None = None
+    scratch_patterns: tuple[str, ...] = field(default_factory=tuple)
+    debug: bool = False
+
+    @property
+    def run_dir(self) -> Path:
+        return self.state_dir / "run"
+
+    @property
+    def upper(self) -> Path:
+        # One upper per namespace: a new torch/triton version (a new namespace)
+        # starts clean instead of shadowing its files with stale ones.
+        return self.state_dir / "upper" / self.namespace
+
+    @property
+    def socket_path(self) -> Path:
+        return self.run_dir / f"{self.name}.sock"
+
+    def check(self) -> None:
+        """Refuse layouts that would make the daemon touch its own mount."""
+        mp = self.mountpoint.resolve()
+        for what, p in (("state dir", self.state_dir), ("shared root", self.root)):
+            p = p.resolve()
+            if mp == p or p in mp.parents:
+                raise ConfigError(f"mount {self.name}: mount point {mp} is inside the {what} {p}")
+            if mp in p.parents:
+                raise ConfigError(f"mount {self.name}: the {what} {p} is inside mount point {mp}")
+        if not self.mountpoint.is_absolute():
+            raise ConfigError(f"mount {self.name}: mount point must be absolute: {self.mountpoint}")
+        if self.stable_after < 0 or self.publish_interval <= 0 or self.refresh_interval <= 0:
+            raise ConfigError(f"mount {self.name}: intervals must be positive")

@@ -1,0 +1,127 @@
+"""The local control socket of a running mount, and its client.
+
+Protocol: one JSON object per line each way. Request ``{"cmd": "status" |
+"stats" | "publish" | "refresh"}``; reply ``{"ok": true, ...}`` or
+``{"ok": false, "error": "..."}``. The socket lives in the node state dir's
+``run/`` (mode 0700 dir, 0600 socket: root's daemon, root's CLI), next to a
+``<name>.json`` registry file naming the mount point, so ``casfs stats
+MOUNTPOINT`` can find it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import socket
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from casfs.errors import DaemonUnavailableError
+from casfs.util import atomic
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
+MAX_REQUEST = 64 << 10
+
+
+async def serve_control(sock_path: Path, handler: Handler,
+                        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+    sock_path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    with contextlib.suppress(FileNotFoundError):
+        sock_path.unlink()
+    listener = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old = os.umask(0o177)
+    try:
+        await listener.bind(str(sock_path))
+    finally:
+        os.umask(old)
+    listener.listen(16)
+    task_status.started()
+    try:
+        async with trio.open_nursery() as nursery:
+            while True:
+                conn, _ = await listener.accept()
+                nursery.start_soon(_serve_one, conn, handler)
+    finally:
+        listener.close()
+        with contextlib.suppress(FileNotFoundError):
+            sock_path.unlink()
+
+
+async def _serve_one(conn: trio.socket.SocketType, handler: Handler) -> None:
+    with conn:
+        buf = b""
+        with trio.move_on_after(10):
+            while b"\n" not in buf and len(buf) < MAX_REQUEST:
+                chunk = await conn.recv(4096)
+                if not chunk:
+                    break
+                buf += chunk
+        try:
+            req = json.loads(buf.split(b"\n", 1)[0] or b"{}")
+            if not isinstance(req, dict):
+                raise ValueError("request is not an object")
+            reply = await handler(req)
+        except Exception as e:  # one bad request must not stop the server
+            log.warning("control request failed: %s", e)
+            reply = {"ok": False, "error": str(e)}
+        data = json.dumps(reply, default=str).encode() + b"\n"
+        with contextlib.suppress(OSError):
+            while data:
+                sent = await conn.send(data)
+                data = data[sent:]
+
+
+def write_registry(run_dir: Path, name: str, info: dict[str, Any]) -> None:
+    run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    atomic.write_atomic(run_dir / f"{name}.json", json.dumps(info, indent=1).encode())
+
+
+def remove_registry(run_dir: Path, name: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        (run_dir / f"{name}.json").unlink()
+
+
+def registered(run_dir: Path) -> list[dict[str, Any]]:
+    """Registry entries of mounts whose process is alive."""
+    out = []
+    for p in sorted(run_dir.glob("*.json")) if run_dir.is_dir() else []:
+        try:
+            info = json.loads(p.read_bytes())
+            os.kill(int(info["pid"]), 0)
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        out.append(info)
+    return out
+
+
+def request(sock_path: str | Path, cmd: str, timeout: float = 60.0, **kw: Any) -> dict[str, Any]:
+    """Send one request to a mount's control socket; DaemonUnavailableError if nobody answers."""
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(timeout)
+    try:
+        s.connect(str(sock_path))
+        s.sendall(json.dumps({"cmd": cmd, **kw}).encode() + b"\n")
+        buf = b""
+        while not buf.endswith(b"\n"):
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            buf += chunk
+    except OSError as e:
+        raise DaemonUnavailableError(f"no answer on {sock_path}: {e.strerror or e}") from None
+    finally:
+        s.close()
+    try:
+        reply = json.loads(buf)
+    except ValueError:
+        raise DaemonUnavailableError(f"garbled answer on {sock_path}") from None
+    if not isinstance(reply, dict):
+        raise DaemonUnavailableError(f"garbled answer on {sock_path}")
+    return reply

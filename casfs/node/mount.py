@@ -1,0 +1,341 @@
+"""One mount, end to end: the composition root of every layer.
+
+    view (FUSE overlay)  ->  promotion / publication  ->  node index + object cache  ->  store
+
+Concurrency model: everything runs in one trio thread except blocking work
+(LMDB writes of ingestion, hashing and compressing for promotion, shared-root
+I/O of publication and refresh, object fetches), which goes to worker threads
+via ``trio.to_thread``. FUSE handlers never wait on shared storage except for
+the one object a read must fetch, and that fetch runs in a thread too.
+
+Failure policy: the shared root may be missing, slow or hostile. Then lower
+entries the index already knows still show (their objects may be cached
+locally), everything else is a miss, upper files are served as usual, and
+promotion/publication retry in the background.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import logging
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+import trio
+
+from casfs.errors import CasfsError, UsageError
+from casfs.index.node_index import NodeIndex
+from casfs.index.objcache import LocalObjectCache
+from casfs.node import control
+from casfs.node.config import MountConfig
+from casfs.promote.promoter import Promoter
+from casfs.promote.publisher import Publisher
+from casfs.promote.tracker import WriteTracker
+from casfs.scratch import ScratchRules
+from casfs.store.generations import Record
+from casfs.store.root import SharedRoot
+from casfs.util.counters import Counters
+from casfs.view import session
+from casfs.view.ops import OverlayOperations
+
+log = logging.getLogger(__name__)
+
+
+class _NoSource:
+    """Object source while the shared root is unreachable: every fetch is a miss."""
+
+    def get_into(self, digest: str, expected_size: int | None, out: Any) -> int:
+        from casfs.errors import ObjectMissingError
+
+        raise ObjectMissingError("the shared root is unavailable")
+
+
+class _RootSource:
+    """Object source that follows the service's current SharedRoot handle."""
+
+    def __init__(self, svc: MountService) -> None:
+        self._svc = svc
+
+    def get_into(self, digest: str, expected_size: int | None, out: Any) -> int:
+        root = self._svc.root
+        if root is None:
+            return _NoSource().get_into(digest, expected_size, out)
+        self._svc.counters.inc("objects_fetched")
+        n = root.objects.get_into(digest, expected_size, out)
+        self._svc.counters.inc("bytes_fetched", n)
+        return n
+
+
+class MountService:
+    def __init__(self, cfg: MountConfig) -> None:
+        cfg.check()
+        self.cfg = cfg
+        self.counters = Counters()
+        self.tracker = WriteTracker()
+        self.root: SharedRoot | None = None
+        self.root_error: str | None = None
+        self.served_seq = 0
+        self.started = time.time()
+        self._lock_fd: int | None = None
+        self.index = NodeIndex.open(cfg.state_dir)
+        self._take_namespace_lock()
+        self._open_root()
+        self.served_seq = self._initial_seq()
+        self.lower = self.index.lower_tree(cfg.namespace, self.served_seq)
+        cfg.upper.mkdir(parents=True, exist_ok=True)
+        self.cache = LocalObjectCache(
+            cfg.state_dir / "objects", self.index, _RootSource(self), cfg.cache_max_bytes
+        )
+        self.ops = OverlayOperations(
+            self.lower, self.cache, cfg.upper, self.tracker, self.counters
+        )
+        self.rules = ScratchRules(cfg.family, cfg.scratch_patterns)
+        self.publisher: Publisher | None = None
+        self.last_publish: dict[str, Any] | None = None
+        self._flushed: dict[str, int] = {}
+        recovered = self._promoter_or_none()
+        if recovered is not None:
+            n = recovered.scan_all()
+            if n:
+                log.info("%s: %d upper files from before are awaiting promotion", cfg.name, n)
+
+    # --- start-up ---------------------------------------------------------
+    def _take_namespace_lock(self) -> None:
+        self.cfg.run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        path = self.cfg.run_dir / f"ns-{self.cfg.namespace}.lock"
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            os.close(fd)
+            if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+                raise UsageError(
+                    f"namespace {self.cfg.namespace} is already mounted from {self.cfg.state_dir}"
+                ) from None
+            raise
+        self._lock_fd = fd
+
+    def _open_root(self) -> None:
+        try:
+            self.root = SharedRoot.open(self.cfg.root, create=True, counters=self.counters)
+            self.root_error = None
+        except (CasfsError, OSError) as e:
+            self.root = None
+            self.root_error = str(e)
+            self.counters.inc("root_unavailable")
+            log.error("%s: shared root unavailable, serving local state only: %s",
+                      self.cfg.name, e)
+
+    def _initial_seq(self) -> int:
+        state = self.index.ns_state(self.cfg.namespace) or {}
+        known = int(state.get("seq", 0))
+        if self.root is None:
+            return known
+        try:
+            return self.ingest_latest(known) or known
+        except (CasfsError, OSError) as e:
+            self.counters.inc("refresh_errors")
+            log.error("%s: cannot read generations of %s: %s", self.cfg.name,
+                      self.cfg.namespace, e)
+            return known
+
+    def ingest_latest(self, known: int) -> int | None:
+        """Index the newest generation's manifest parts not seen yet; its seq, or None."""
+        assert self.root is not None
+        gens = self.root.generations()
+        rec = gens.latest(self.cfg.namespace, hint=known or None)
+        if rec is None or rec.seq <= known:
+            return None
+        self._ingest(rec)
+        return rec.seq
+
+    def _ingest(self, rec: Record) -> None:
+        assert self.root is not None
+        gens = self.root.generations()
+        ns = self.cfg.namespace
+        state = self.index.ns_state(ns) or {}
+        have = set(state.get("parts", []))
+        # Validate the whole generation before any of it is served.
+        new_parts = [gens.part_entries(p) for p in rec.parts if p.digest not in have]
+        if not have:
+            gens.snapshot(rec)
+        for entries in new_parts:
+            self.index.add_entries(ns, rec.seq, entries)
+        self.index.set_ns_state(ns, {"seq": rec.seq, "parts": [p.digest for p in rec.parts],
+                                     "entries": rec.entries})
+        log.info("%s: indexed %s@%d (%d files)", self.cfg.name, ns, rec.seq, rec.entries)
+
+    def _promoter_or_none(self) -> Promoter | None:
+        if self.root is None:
+            return None
+        return Promoter(
+            upper=self.cfg.upper, objects=self.root.objects, index=self.index,
+            key=self.cfg.namespace, rules=self.rules, tracker=self.tracker,
+            counters=self.counters, lower=self.lower, stable_after=self.cfg.stable_after,
+        )
+
+    def _publisher(self) -> Publisher | None:
+        if self.root is None:
+            return None
+        if self.publisher is None or self.publisher.gens.root is not self.root:
+            from casfs.fingerprint import fingerprint
+
+            self.publisher = Publisher(
+                generations=self.root.generations(), index=self.index, key=self.cfg.namespace,
+                namespace=self.cfg.namespace, counters=self.counters,
+                fingerprint=fingerprint(self.cfg.family).ingredients,
+                max_bytes=self.cfg.namespace_max_bytes,
+            )
+        return self.publisher
+
+    # --- background work (worker threads) ---------------------------------
+    def promote_once(self, final: bool = False) -> int:
+        if self.root is None:
+            self._open_root()
+        p = self._promoter_or_none()
+        if p is None:
+            return 0
+        return p.run_once(final=final).promoted
+
+    def publish_once(self) -> dict[str, Any]:
+        pub = self._publisher()
+        if pub is None:
+            self._open_root()
+            return {"ok": False, "message": f"shared root unavailable: {self.root_error}"}
+        out = pub.publish()
+        res = out.result
+        self.last_publish = {
+            "ok": out.ok, "message": out.message, "time": time.time(),
+            "seq": res.seq if res else None, "added": res.added if res else 0,
+            "conflicts": res.conflicts if res else 0,
+        }
+        return self.last_publish
+
+    def refresh_once(self) -> dict[str, Any]:
+        if self.root is None:
+            self._open_root()
+            if self.root is None:
+                return {"ok": False, "message": f"shared root unavailable: {self.root_error}"}
+        try:
+            seq = self.ingest_latest(self.served_seq)
+        except (CasfsError, OSError) as e:
+            self.counters.inc("refresh_errors")
+            log.warning("%s: refresh failed: %s", self.cfg.name, e)
+            return {"ok": False, "message": str(e)}
+        if seq is not None and seq > self.served_seq:
+            # Entries only ever get added, and each path's bytes never change, so
+            # raising max_seq never changes an entry a reader has seen.
+            self.lower.max_seq = seq
+            self.served_seq = seq
+            self.counters.inc("refreshes")
+        return {"ok": True, "served_seq": self.served_seq}
+
+    def flush_counters(self) -> None:
+        snap = self.counters.snapshot()
+        delta = {k: v - self._flushed.get(k, 0) for k, v in snap.items()}
+        if any(delta.values()):
+            self.index.add_counters(self.cfg.name, delta)
+            self._flushed = snap
+
+    def pending_publication(self) -> int:
+        return sum(1 for _ in self.index.pending(self.cfg.namespace))
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "name": self.cfg.name,
+            "family": self.cfg.family,
+            "namespace": self.cfg.namespace,
+            "mountpoint": str(self.cfg.mountpoint),
+            "root": str(self.cfg.root),
+            "root_available": self.root is not None,
+            "root_error": self.root_error,
+            "served_seq": self.served_seq,
+            "pid": os.getpid(),
+            "uptime": round(time.time() - self.started, 1),
+            "pending_promotion": self.tracker.pending(),
+            "pending_publication": self.pending_publication(),
+            "last_publish": self.last_publish,
+            "counters": self.counters.snapshot(),
+        }
+
+    # --- serving ------------------------------------------------------------
+    async def _handle(self, req: dict[str, Any]) -> dict[str, Any]:
+        cmd = req.get("cmd")
+        if cmd in ("status", "stats"):
+            return {"ok": True, **self.status()}
+        if cmd == "publish":
+            await trio.to_thread.run_sync(self.promote_once, True)
+            return await trio.to_thread.run_sync(self.publish_once)
+        if cmd == "refresh":
+            return await trio.to_thread.run_sync(self.refresh_once)
+        return {"ok": False, "error": f"unknown command {cmd!r}"}
+
+    async def _every(self, seconds: float, fn: Callable[[], object]) -> None:
+        while True:
+            await trio.sleep(seconds)
+            try:
+                await trio.to_thread.run_sync(fn)
+            except Exception:
+                log.exception("%s: background task %s failed", self.cfg.name,
+                              getattr(fn, "__name__", fn))
+
+    async def _background(self, nursery: trio.Nursery) -> None:
+        cfg = self.cfg
+        await nursery.start(control.serve_control, cfg.socket_path, self._handle)
+        nursery.start_soon(self._every, max(0.2, min(1.0, cfg.stable_after / 2)),
+                           self.promote_once)
+        nursery.start_soon(self._every, cfg.publish_interval, self._publish_if_pending)
+        nursery.start_soon(self._every, cfg.refresh_interval, self.refresh_once)
+        nursery.start_soon(self._every, 2.0, self.flush_counters)
+
+    def _publish_if_pending(self) -> None:
+        if self.pending_publication():
+            self.publish_once()
+
+    async def _shutdown(self) -> None:
+        """Final promotion and publication, bounded by shutdown_timeout."""
+        with trio.move_on_after(self.cfg.shutdown_timeout) as scope:
+            await trio.to_thread.run_sync(self.promote_once, True, abandon_on_cancel=True)
+            await trio.to_thread.run_sync(self.publish_once, abandon_on_cancel=True)
+        if scope.cancelled_caught:
+            log.warning("%s: final publication did not finish within %.0fs", self.cfg.name,
+                        self.cfg.shutdown_timeout)
+
+    def serve(self, on_ready: Callable[[], None] | None = None) -> None:
+        cfg = self.cfg
+        cfg.mountpoint.mkdir(parents=True, exist_ok=True)
+
+        def ready() -> None:
+            control.write_registry(cfg.run_dir, cfg.name, {
+                "name": cfg.name, "pid": os.getpid(), "mountpoint": str(cfg.mountpoint),
+                "namespace": cfg.namespace, "socket": str(cfg.socket_path),
+                "family": cfg.family,
+            })
+            log.info("%s: serving %s@%d at %s", cfg.name, cfg.namespace, self.served_seq,
+                     cfg.mountpoint)
+            if on_ready:
+                on_ready()
+
+        try:
+            session.serve(self.ops, cfg.mountpoint, fsname=f"casfs-{cfg.name}",
+                          allow_other=cfg.allow_other, debug=cfg.debug, on_ready=ready,
+                          background=self._background, on_shutdown=self._shutdown)
+        finally:
+            control.remove_registry(cfg.run_dir, cfg.name)
+            self.flush_counters()
+            self.close()
+
+    def final_stats(self) -> dict[str, Any]:
+        st = self.status()
+        st["restored_entries"] = (self.index.ns_state(self.cfg.namespace) or {}).get("entries", 0)
+        return st
+
+    def close(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+

@@ -1,0 +1,201 @@
+"""A mount in its own process (pyfuse3 allows one FUSE session per process).
+
+``casfs mount``, ``casfs run`` and ``casfsd`` all start mounts through
+``spawn``: the child runs ``python -m casfs.node.worker``, builds a
+MountService, and writes ``READY`` to an inherited pipe once the mount
+serves (or an error line if it failed), so the parent knows without polling.
+On SIGTERM the child publishes (bounded), unmounts, writes its final stats
+to ``--stats-out`` and exits 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import select
+import subprocess
+import sys
+import time
+from dataclasses import asdict, fields
+from pathlib import Path
+from typing import Any
+
+from casfs.errors import CasfsError, FuseUnavailableError
+from casfs.node.config import MountConfig
+
+log = logging.getLogger(__name__)
+
+
+def config_to_json(cfg: MountConfig) -> str:
+    d = asdict(cfg)
+    for k, v in d.items():
+        if isinstance(v, Path):
+            d[k] = str(v)
+        elif isinstance(v, tuple):
+            d[k] = list(v)
+    return json.dumps(d)
+
+
+def config_from_json(text: str) -> MountConfig:
+    d = json.loads(text)
+    kw: dict[str, Any] = {}
+    for f in fields(MountConfig):
+        if f.name not in d:
+            continue
+        v = d[f.name]
+        if f.name in ("mountpoint", "root", "state_dir"):
+            v = Path(v)
+        elif f.name == "scratch_patterns":
+            v = tuple(v)
+        kw[f.name] = v
+    return MountConfig(**kw)
+
+
+def check_fuse() -> None:
+    if not os.path.exists("/dev/fuse"):
+        raise FuseUnavailableError(
+            "FUSE is not available here (/dev/fuse is missing); casfs needs it to mount"
+            " (in a container: --device /dev/fuse --cap-add SYS_ADMIN)"
+        )
+    from shutil import which
+
+    if os.geteuid() != 0 and which("fusermount3") is None:
+        raise FuseUnavailableError("fusermount3 is missing: install the fuse3 package")
+
+
+class Worker:
+    """A spawned mount process, as seen by its parent."""
+
+    def __init__(self, cfg: MountConfig, proc: subprocess.Popen[bytes], stats_out: Path,
+                 log_path: Path) -> None:
+        self.cfg = cfg
+        self.proc = proc
+        self.stats_out = stats_out
+        self.log_path = log_path
+
+    def stop(self, timeout: float | None = None) -> dict[str, Any] | None:
+        """SIGTERM (final publication, unmount), wait, then force; returns final stats."""
+        timeout = timeout if timeout is not None else self.cfg.shutdown_timeout + 15
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                log.error("%s: mount process did not stop in %.0fs; killing it",
+                          self.cfg.name, timeout)
+                self.proc.kill()
+                self.proc.wait()
+                from casfs.view.session import lazy_unmount
+
+                lazy_unmount(self.cfg.mountpoint)
+        try:
+            return dict(json.loads(self.stats_out.read_bytes()))
+        except (OSError, ValueError):
+            return None
+
+
+def spawn(cfg: MountConfig, *, ready_timeout: float = 120.0, verbose: int = 0) -> Worker:
+    """Start a mount process and wait until it serves; CasfsError with its reason if not."""
+    check_fuse()
+    cfg.check()
+    log_dir = cfg.state_dir / "log"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    log_path = log_dir / f"{cfg.name}.log"
+    stats_out = cfg.run_dir / f"{cfg.name}.stats.json"
+    cfg.run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    stats_out.unlink(missing_ok=True)
+    r, w = os.pipe()
+    cmd = [sys.executable, "-m", "casfs.node.worker", "--config-json", config_to_json(cfg),
+           "--ready-fd", str(w), "--stats-out", str(stats_out)] + ["-v"] * verbose
+    with open(log_path, "ab") as logf:
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=logf, stderr=logf,
+                                pass_fds=(w,), start_new_session=True)
+    os.close(w)
+    try:
+        line = _read_line(r, ready_timeout, proc)
+    finally:
+        os.close(r)
+    if line != "READY":
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        reason = line or _last_log_line(log_path) or "it exited without saying why"
+        raise CasfsError(f"mount {cfg.name} at {cfg.mountpoint} failed: {reason}")
+    return Worker(cfg, proc, stats_out, log_path)
+
+
+def _read_line(fd: int, timeout: float, proc: subprocess.Popen[bytes]) -> str:
+    buf = b""
+    deadline = time.monotonic() + timeout
+    while b"\n" not in buf:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return f"not ready after {timeout:.0f}s"
+        ready, _, _ = select.select([fd], [], [], min(left, 0.5))
+        if ready:
+            chunk = os.read(fd, 4096)
+            if not chunk:
+                break
+            buf += chunk
+        elif proc.poll() is not None:
+            break
+    return buf.split(b"\n", 1)[0].decode(errors="replace").strip()
+
+
+def _last_log_line(path: Path) -> str:
+    try:
+        lines = [ln for ln in path.read_text(errors="replace").splitlines() if ln.strip()]
+    except OSError:
+        return ""
+    return lines[-1] if lines else ""
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="casfs-worker")
+    ap.add_argument("--config-json", required=True)
+    ap.add_argument("--ready-fd", type=int)
+    ap.add_argument("--stats-out")
+    ap.add_argument("-v", "--verbose", action="count", default=0)
+    args = ap.parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose > 1 else logging.INFO,
+        format="%(asctime)s casfs[%(process)d] %(levelname)s %(name)s: %(message)s",
+    )
+    cfg = config_from_json(args.config_json)
+
+    def tell(msg: str) -> None:
+        if args.ready_fd is not None:
+            try:
+                os.write(args.ready_fd, msg.encode() + b"\n")
+                os.close(args.ready_fd)
+            except OSError:
+                pass
+            args.ready_fd = None
+
+    from casfs.node.mount import MountService
+
+    try:
+        svc = MountService(cfg)
+    except CasfsError as e:
+        log.error("%s", e)
+        tell(e.message)
+        return e.exit_code
+    try:
+        svc.serve(on_ready=lambda: tell("READY"))
+    except CasfsError as e:
+        log.error("%s", e)
+        tell(e.message)
+        return e.exit_code
+    finally:
+        if args.stats_out:
+            try:
+                Path(args.stats_out).write_text(json.dumps(svc.final_stats(), default=str))
+            except Exception:  # stats are best effort; the mount is already gone
+                log.exception("writing final stats failed")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
