@@ -66,7 +66,16 @@ def lazy_unmount(path: Path) -> None:
 class MountedView:
     """``python -m casfs.view.testserve`` over a plain lower directory, in a subprocess."""
 
-    def __init__(self, lower_dir: Path, upper: Path, mountpoint: Path, *, log: Path | None = None):
+    def __init__(
+        self,
+        lower_dir: Path,
+        upper: Path,
+        mountpoint: Path,
+        *,
+        log: Path | None = None,
+        allow_other: bool = False,
+    ) -> None:
+        self.allow_other = allow_other
         self.lower_dir = Path(lower_dir)
         self.upper = Path(upper)
         self.mountpoint = Path(mountpoint)
@@ -86,6 +95,7 @@ class MountedView:
                     sys.executable, "-m", "casfs.view.testserve",
                     "--lower-dir", str(self.lower_dir), "--upper", str(self.upper),
                     "--mount", str(self.mountpoint), "--events", str(self.events_file),
+                    *(["--allow-other"] if self.allow_other else []),
                 ],
                 stdout=log, stderr=log, env=env, cwd=str(REPO),
             )  # fmt: skip

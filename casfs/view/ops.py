@@ -67,6 +67,9 @@ def _fuse_errors(
             return await fn(self, *args, **kwargs)
         except pyfuse3.FUSEError:
             raise
+        except _Miss as miss:
+            self._invalidate_entry(miss.path)
+            raise pyfuse3.FUSEError(errno.ENOENT) from None
         except OSError as e:
             raise pyfuse3.FUSEError(e.errno or errno.EIO) from None
         except Exception:
@@ -74,6 +77,14 @@ def _fuse_errors(
             raise pyfuse3.FUSEError(errno.EIO) from None
 
     return wrapper
+
+
+class _Miss(Exception):
+    """A lower object failed to fetch: its path is now absent (ENOENT to the caller)."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(path)
+        self.path = path
 
 
 def _err(code: int) -> pyfuse3.FUSEError:
@@ -220,13 +231,27 @@ class OverlayOperations(pyfuse3.Operations):
         if parent_ino is not None:
             pyfuse3.invalidate_entry_async(parent_ino, os.fsencode(name), ignore_enoent=True)
 
-    def _lower_failed(self, path: str, exc: BaseException) -> None:
+    def _lower_failed(self, path: str, exc: BaseException) -> _Miss:
         if path not in self.layers.failed:
             self.layers.failed.add(path)
             self.counters.inc("fetch_errors")
             log.warning("lower object for %r unavailable, serving a miss: %s", path, exc)
-        self._invalidate_entry(path)
         self.inodes.detach(path)  # a file re-created here gets a fresh inode
+        return _Miss(path)
+
+    async def _invalidate_entry_now(self, path: str) -> None:
+        """Invalidate and wait: only where the kernel holds no lock on the parent (open)."""
+        if not self._mounted or not path:
+            return
+        parent, name = split(path)
+        parent_ino = self.inodes.find(parent)
+        if parent_ino is None:
+            return
+        try:
+            await trio.to_thread.run_sync(pyfuse3.invalidate_entry, parent_ino, os.fsencode(name))
+        except OSError as e:
+            if e.errno != errno.ENOENT:  # ENOENT: the kernel had no such dentry
+                log.warning("invalidating %r: %s", path, e)
 
     async def _fetch(self, path: str, entry: Entry) -> str:
         try:
@@ -234,8 +259,7 @@ class OverlayOperations(pyfuse3.Operations):
         except Exception as e:  # any fetch failure is a miss, never an error to the job
             if not isinstance(e, CasfsError | OSError):
                 log.exception("unexpected fetch failure for %r", path)
-            self._lower_failed(path, e)
-            raise _err(errno.ENOENT) from None
+            raise self._lower_failed(path, e) from None
 
     async def _copy_up(self, node: Node, *, empty: bool = False) -> None:
         """Give a lower-only file an upper copy (``empty``: content not needed, no fetch)."""
@@ -272,8 +296,9 @@ class OverlayOperations(pyfuse3.Operations):
             elif child.lower_file is not None:
                 try:
                     await self._copy_up(child)
-                except pyfuse3.FUSEError:
-                    continue  # failed object: dropped, like any miss
+                except _Miss as miss:  # failed object: dropped, like any miss
+                    self._invalidate_entry(miss.path)
+                    continue
                 self.tracker.modified(child.path)  # now a new file at its new path
 
     def _own(self, path: str, ctx: pyfuse3.RequestContext, mode: int) -> None:
@@ -309,8 +334,7 @@ class OverlayOperations(pyfuse3.Operations):
                 fd = os.open(src, os.O_RDONLY | os.O_CLOEXEC)
             except OSError as e:
                 self.fetcher.unpin(entry.digest)
-                self._lower_failed(node.path, e)
-                raise _err(errno.ENOENT) from None
+                raise self._lower_failed(node.path, e) from None
             self.counters.inc("open_lower")
             self._handles[fd] = _Handle(fd, ino, node.path, False, entry.digest)
             return pyfuse3.FileInfo(fh=fd, keep_cache=True)
@@ -551,7 +575,13 @@ class OverlayOperations(pyfuse3.Operations):
         node = self._resolve(path)
         if node.is_dir:
             raise _err(errno.EISDIR)
-        return await self._open_node(node, inode, flags)
+        try:
+            return await self._open_node(node, inode, flags)
+        except _Miss as miss:
+            # The kernel holds no lock on the parent during open, so waiting for the
+            # invalidation is safe: the caller's next stat already sees ENOENT.
+            await self._invalidate_entry_now(miss.path)
+            raise _err(errno.ENOENT) from None
 
     @_fuse_errors
     async def create(

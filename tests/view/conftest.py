@@ -58,12 +58,18 @@ def overlay(tmp_path: Path) -> Iterator[Callable[..., Overlay]]:
     require_fuse()
     made: list[Overlay] = []
 
-    def make(files: dict[str, bytes] | None = None, name: str = "o") -> Overlay:
-        base = tmp_path / name
+    def make(
+        files: dict[str, bytes] | None = None,
+        name: str = "o",
+        *,
+        base_dir: Path | None = None,
+        allow_other: bool = False,
+    ) -> Overlay:
+        base = (base_dir or tmp_path) / name
         lower, upper, mnt = base / "lower", base / "upper", base / "mnt"
         lower.mkdir(parents=True)
         write_tree(lower, SAMPLE if files is None else files)
-        ov = Overlay(lower, upper, mnt, MountedView(lower, upper, mnt))
+        ov = Overlay(lower, upper, mnt, MountedView(lower, upper, mnt, allow_other=allow_other))
         made.append(ov)
         ov.view.start()
         return ov
