@@ -84,6 +84,7 @@ class MountService:
         self._take_namespace_lock()
         self._open_root()
         self.served_seq = self._initial_seq()
+        self.restored_entries = int((self.index.ns_state(cfg.namespace) or {}).get("entries", 0))
         self.lower = self.index.lower_tree(cfg.namespace, self.served_seq)
         cfg.upper.mkdir(parents=True, exist_ok=True)
         self.cache = LocalObjectCache(
@@ -253,6 +254,7 @@ class MountService:
             "root_available": self.root is not None,
             "root_error": self.root_error,
             "served_seq": self.served_seq,
+            "restored_entries": self.restored_entries,
             "pid": os.getpid(),
             "uptime": round(time.time() - self.started, 1),
             "pending_promotion": self.tracker.pending(),
@@ -330,7 +332,7 @@ class MountService:
 
     def final_stats(self) -> dict[str, Any]:
         st = self.status()
-        st["restored_entries"] = (self.index.ns_state(self.cfg.namespace) or {}).get("entries", 0)
+        st["restored_entries"] = self.restored_entries
         return st
 
     def close(self) -> None:
