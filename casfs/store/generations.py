@@ -125,16 +125,16 @@ def _int(doc: dict[str, Any], key: str, *, nullable: bool = False) -> Any:
     if v is None and nullable:
         return None
     if type(v) is not int or v < 0:
-        raise HostileManifestError(f"generation record: bad {key!r}")
+        raise HostileManifestError(f"bad {key!r}")
     return v
 
 
 def _part(obj: object) -> Part:
     if not isinstance(obj, dict):
-        raise HostileManifestError("generation record: malformed manifest reference")
+        raise HostileManifestError("malformed manifest reference")
     digest = obj.get("digest")
     if not isinstance(digest, str) or not DIGEST_RE.match(digest):
-        raise HostileManifestError("generation record: bad manifest digest")
+        raise HostileManifestError("bad manifest digest")
     return Part(digest, _int(obj, "size"), _int(obj, "entries"))
 
 
@@ -155,14 +155,22 @@ def parse_record(data: bytes, namespace: str, seq: int) -> Record:
     if not isinstance(created, int | float):
         raise HostileManifestError(f"generation {namespace}@{seq}: bad created time")
     fp = doc.get("fingerprint")
+    try:
+        parent = _int(doc, "parent", nullable=True)
+        base = _part(doc["base"]) if doc.get("base") is not None else None
+        parts = tuple(_part(d) for d in deltas)
+        entries = _int(doc, "entries")
+        logical_bytes = _int(doc, "bytes")
+    except HostileManifestError as e:  # name the record: "bad 'bytes'" alone says nothing
+        raise HostileManifestError(f"generation {namespace}@{seq}: {e.message}") from None
     return Record(
         namespace=namespace,
         seq=seq,
-        parent=_int(doc, "parent", nullable=True),
-        base=_part(doc["base"]) if doc.get("base") is not None else None,
-        deltas=tuple(_part(d) for d in deltas),
-        entries=_int(doc, "entries"),
-        logical_bytes=_int(doc, "bytes"),
+        parent=parent,
+        base=base,
+        deltas=parts,
+        entries=entries,
+        logical_bytes=logical_bytes,
         created=float(created),
         node=str(doc.get("node", ""))[:128],
         casfs_version=str(doc.get("casfs_version", ""))[:64],
@@ -275,7 +283,12 @@ class GenerationStore:
             return Snapshot(None, {})
         merged: dict[str, Entry] = {}
         for part in record.parts:
-            for e in self.part_entries(part):
+            try:
+                part_entries = self.part_entries(part)
+            except CasfsError as err:  # say which generation the bad manifest belongs to
+                where = f"{record.namespace}@{record.seq}"
+                raise type(err)(f"generation {where}: {err.message}") from err
+            for e in part_entries:
                 if merged.setdefault(e.path, e) is not e:
                     raise HostileManifestError(
                         f"generation {record.namespace}@{record.seq}: {e.path!r} appears twice"

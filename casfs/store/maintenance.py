@@ -148,7 +148,7 @@ def _verify_record(
     try:
         snap = gens.snapshot(rec)
     except CasfsError as e:
-        report.problems.append(f"generation {where}: {e}")
+        report.problems.append(str(e))  # snapshot errors already name the generation
         return
     for ent in snap.entries.values():
         ok = present.get(ent.digest)
