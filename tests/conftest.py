@@ -33,13 +33,18 @@ class CliResult:
         return json.loads(self.out)
 
     def assert_clean_error(self) -> str:
-        """Non-zero exit, one 'casfs: error:' line on stderr, no traceback; returns the line."""
+        """Non-zero exit, one 'casfs: error:' line on stderr, no traceback; returns the line.
+
+        Other stderr lines may only be casfs log lines (a rejected object is logged
+        by design before the command fails).
+        """
         assert self.rc != 0, (self.out, self.err)
         assert "Traceback" not in self.err, self.err
         lines = [ln for ln in self.err.splitlines() if ln.strip()]
-        assert len(lines) == 1, self.err
-        assert lines[0].startswith("casfs: error:"), self.err
-        return lines[0]
+        errors = [ln for ln in lines if ln.startswith("casfs: error:")]
+        assert len(errors) == 1, self.err
+        assert all(ln.startswith("casfs: ") for ln in lines), self.err
+        return errors[0]
 
 
 @pytest.fixture

@@ -1,0 +1,254 @@
+"""Hostile manifests and generation records: rejected whole, with one clear line, no writes.
+
+The shared root is written by other nodes and other versions and may be
+damaged, so these are built by planting crafted manifest objects and records
+directly, the way a buggy or malicious writer would.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from casfs.errors import CasfsError, HostileManifestError
+from casfs.store import manifest
+from casfs.store.generations import MAX_RECORD_BYTES, seq_name
+from casfs.store.root import SharedRoot
+
+GOOD = "a" * 64  # replaced by a real digest in _plant
+MTIME = 1_700_000_000_000_000_000
+
+
+def _root(env: dict[str, Path]) -> SharedRoot:
+    return SharedRoot.open(env["root"], create=True)
+
+
+def _manifest_doc(rows: list[list[Any]], kind: str = "full") -> bytes:
+    return json.dumps({"casfs_manifest": 1, "kind": kind, "entries": rows}).encode()
+
+
+def _record_doc(ns: str, seq: int, parts: list[tuple[str, int, int]], entries: int,
+                **over: Any) -> dict[str, Any]:
+    doc: dict[str, Any] = {
+        "casfs_generation": 1, "namespace": ns, "seq": seq,
+        "parent": seq - 1 if seq > 1 else None,
+        "base": {"digest": parts[0][0], "size": parts[0][1], "entries": parts[0][2]},
+        "deltas": [{"digest": d, "size": s, "entries": n} for d, s, n in parts[1:]],
+        "entries": entries, "bytes": 0, "created": 1.0, "node": "evil",
+        "casfs_version": "0", "fingerprint": None,
+    }
+    doc.update(over)
+    return doc
+
+
+def _write_record(root: SharedRoot, ns: str, seq: int, data: bytes) -> None:
+    key = f"namespaces/{ns}/generations/{seq_name(seq)}"
+    assert root.backend.create_exclusive(key, data)
+
+
+def _plant(root: SharedRoot, rows: list[list[Any]], ns: str = "evil") -> None:
+    """Store ``rows`` as a manifest object (unvalidated) and a record naming it."""
+    content = root.objects.put_bytes(b"payload\n")
+    rows = [[r[0], content.digest if r[1] == GOOD else r[1], *r[2:]] for r in rows]
+    data = _manifest_doc(rows)
+    m = root.objects.put_bytes(data)
+    _write_record(root, ns, 1, json.dumps(_record_doc(ns, 1, [(m.digest, m.size, len(rows))],
+                                                      len(rows))).encode())
+
+
+def _row(path: Any, digest: Any = GOOD, size: Any = 8, mode: Any = 0o644,
+         mtime: Any = MTIME) -> list[Any]:
+    return [path, digest, size, mode, mtime]
+
+
+HOSTILE_MANIFESTS: dict[str, list[list[Any]]] = {
+    "dotdot": [_row("../escape")],
+    "dotdot-inner": [_row("a/../../escape")],
+    "absolute": [_row("/tmp/escape")],
+    "nul": [_row("a\0b")],
+    "newline": [_row("a\nb")],
+    "escape-char": [_row("a\x1b[31mb")],
+    "del-char": [_row("a\x7fb")],
+    "dot": [_row("./a")],
+    "empty-part": [_row("a//b")],
+    "trailing-slash": [_row("a/")],
+    "empty": [_row("")],
+    "not-a-string": [_row(42)],
+    "too-long": [_row("a/" * 3000 + "b")],
+    "duplicate": [_row("a"), _row("a")],
+    "unsorted": [_row("b"), _row("a")],
+    "file-and-dir": [_row("a"), _row("a/b")],
+    "bad-digest": [_row("a", digest="../../x")],
+    "digest-newline": [_row("a", digest="b" * 64 + "\n")],
+    "negative-size": [_row("a", size=-1)],
+    "bool-size": [_row("a", size=True)],
+    "setuid-bits-ok-but-huge-mode": [_row("a", mode=0o100644)],
+    "float-mtime": [_row("a", mtime=1.5)],
+    "short-row": [["a", GOOD, 8]],
+}
+
+
+@pytest.mark.parametrize("case", sorted(HOSTILE_MANIFESTS))
+def test_hostile_manifest_rejected_by_store_and_cli(
+    case: str, casfs_env: dict[str, Path], cli: Callable[..., Any], tmp_path: Path
+) -> None:
+    root = _root(casfs_env)
+    _plant(root, HOSTILE_MANIFESTS[case])
+    with pytest.raises(HostileManifestError):
+        root.generations().entries("evil")
+    outside_before = sorted(os.listdir(tmp_path))
+    line = cli("ls", "evil", "-r").assert_clean_error()
+    assert "evil@1" in line, line  # names the generation
+    dest = tmp_path / "dest"
+    cli("export", "evil", dest).assert_clean_error()
+    assert not dest.exists() or not any(dest.iterdir())
+    assert sorted(p for p in os.listdir(tmp_path) if p != "dest") == outside_before
+    assert not Path("/tmp/escape").exists()
+
+
+def test_verify_names_every_hostile_generation(
+    casfs_env: dict[str, Path], cli: Callable[..., Any]
+) -> None:
+    root = _root(casfs_env)
+    cases = ["dotdot", "absolute", "nul", "duplicate", "unsorted", "file-and-dir", "bad-digest"]
+    for i, case in enumerate(cases):
+        _plant(root, HOSTILE_MANIFESTS[case], ns=f"evil{i}")
+    res = cli("verify")
+    assert res.rc == 1 and "Traceback" not in res.err
+    problems = [ln for ln in res.out.splitlines() if ln.startswith("problem:")]
+    assert len(problems) == len(cases), res.out
+    for i in range(len(cases)):
+        assert any(f"evil{i}@1" in p for p in problems), (i, res.out)
+    doc = cli("verify", "--json").json()
+    assert doc["ok"] is False and len(doc["problems"]) == len(cases)
+
+
+@pytest.mark.parametrize("blob,what", [
+    (b"{not json", "not valid JSON"),
+    (_manifest_doc([_row("a")])[:20], "not valid JSON"),  # truncated
+    (b'{"casfs_manifest": 2, "kind": "full", "entries": []}', "unknown manifest version"),
+    (b'{"casfs_manifest": 1, "kind": "weird", "entries": []}', "unknown manifest kind"),
+    (b'{"casfs_manifest": 1, "kind": "full", "entries": {}}', "not a list"),
+    (b"[1, 2, 3]", "not a casfs manifest"),
+    (b"\xff\xfe garbage", "not valid JSON"),
+])
+def test_garbage_manifest_object(blob: bytes, what: str, root: SharedRoot) -> None:
+    with pytest.raises(HostileManifestError, match=what):
+        manifest.decode(blob)
+    m = root.objects.put_bytes(blob)
+    _write_record(root, "ns", 1, json.dumps(_record_doc("ns", 1, [(m.digest, m.size, 1)], 1))
+                  .encode())
+    with pytest.raises(HostileManifestError):
+        root.generations().entries("ns")
+
+
+def _good_generation(root: SharedRoot, ns: str = "ns") -> tuple[str, int]:
+    c = root.objects.put_bytes(b"x")
+    m = root.objects.put_bytes(_manifest_doc([_row("a", c.digest, 1)]))
+    return m.digest, m.size
+
+
+RECORD_CASES: dict[str, Callable[[str, int], bytes]] = {
+    "garbage": lambda d, s: b"\x00\x01garbage",
+    "truncated": lambda d, s: json.dumps(_record_doc("ns", 1, [(d, s, 1)], 1)).encode()[:40],
+    "other-seq": lambda d, s: json.dumps(_record_doc("ns", 2, [(d, s, 1)], 1)).encode(),
+    "other-namespace": lambda d, s: json.dumps(_record_doc("other", 1, [(d, s, 1)], 1)).encode(),
+    "huge": lambda d, s: json.dumps(_record_doc("ns", 1, [(d, s, 1)], 1,
+                                                node="x" * (MAX_RECORD_BYTES + 10))).encode(),
+    "unknown-version": lambda d, s: json.dumps(
+        _record_doc("ns", 1, [(d, s, 1)], 1, casfs_generation=9)).encode(),
+    "bad-part-digest": lambda d, s: json.dumps(_record_doc("ns", 1, [("../x", s, 1)], 1)).encode(),
+    "missing-manifest": lambda d, s: json.dumps(_record_doc("ns", 1, [("c" * 64, s, 1)], 1))
+    .encode(),
+    "wrong-part-size": lambda d, s: json.dumps(_record_doc("ns", 1, [(d, s + 1, 1)], 1)).encode(),
+    "wrong-entry-count": lambda d, s: json.dumps(_record_doc("ns", 1, [(d, s, 1)], 5)).encode(),
+    "part-count-lies": lambda d, s: json.dumps(_record_doc("ns", 1, [(d, s, 3)], 1)).encode(),
+    "same-part-twice": lambda d, s: json.dumps(_record_doc("ns", 1, [(d, s, 1), (d, s, 1)], 2))
+    .encode(),
+    "negative-bytes": lambda d, s: json.dumps(_record_doc("ns", 1, [(d, s, 1)], 1, bytes=-5))
+    .encode(),
+    "deltas-not-list": lambda d, s: json.dumps(_record_doc("ns", 1, [(d, s, 1)], 1, deltas=7))
+    .encode(),
+    "base-not-object": lambda d, s: json.dumps(_record_doc("ns", 1, [(d, s, 1)], 1, base=[1]))
+    .encode(),
+    "manifest-too-large": lambda d, s: json.dumps(
+        _record_doc("ns", 1, [(d, manifest.MAX_MANIFEST_BYTES + 1, 1)], 1)).encode(),
+    "not-an-object": lambda d, s: b"[]",
+}
+
+
+@pytest.mark.parametrize("case", sorted(RECORD_CASES))
+def test_hostile_record_rejected_by_store_and_cli(
+    case: str, casfs_env: dict[str, Path], cli: Callable[..., Any], tmp_path: Path
+) -> None:
+    root = _root(casfs_env)
+    digest, size = _good_generation(root)
+    _write_record(root, "ns", 1, RECORD_CASES[case](digest, size))
+    with pytest.raises(CasfsError):
+        root.generations().entries("ns")
+    line = cli("ls", "ns").assert_clean_error()
+    assert "ns@1" in line, line  # names the generation
+    dest = tmp_path / "dest"
+    cli("export", "ns", dest).assert_clean_error()
+    assert not dest.exists()
+    res = cli("verify")
+    assert res.rc == 1 and "Traceback" not in res.err
+    # gc must refuse to mark from a damaged kept record, and delete nothing.
+    objects_before = sorted(root.objects.iter_digests())
+    cli("gc", "--grace", "0").assert_clean_error()
+    assert sorted(root.objects.iter_digests()) == objects_before
+
+
+def test_overlapping_base_and_delta_rejected(root: SharedRoot) -> None:
+    c = root.objects.put_bytes(b"x")
+    base = root.objects.put_bytes(_manifest_doc([_row("a", c.digest, 1)]))
+    delta = root.objects.put_bytes(_manifest_doc([_row("a", c.digest, 1)], "delta"))
+    _write_record(root, "ns", 1, json.dumps(
+        _record_doc("ns", 1, [(base.digest, base.size, 1), (delta.digest, delta.size, 1)], 1)
+    ).encode())
+    with pytest.raises(HostileManifestError, match="appears twice"):
+        root.generations().entries("ns")
+
+
+def test_delta_file_clashes_with_base_directory(root: SharedRoot) -> None:
+    c = root.objects.put_bytes(b"x")
+    base = root.objects.put_bytes(_manifest_doc([_row("a/b", c.digest, 1)]))
+    delta = root.objects.put_bytes(_manifest_doc([_row("a", c.digest, 1)], "delta"))
+    _write_record(root, "ns", 1, json.dumps(
+        _record_doc("ns", 1, [(base.digest, base.size, 1), (delta.digest, delta.size, 1)], 2)
+    ).encode())
+    with pytest.raises(HostileManifestError, match="file and a directory"):
+        root.generations().entries("ns")
+
+
+def test_stray_names_in_generations_dir_are_ignored(root: SharedRoot) -> None:
+    digest, size = _good_generation(root)
+    _write_record(root, "ns", 1, json.dumps(_record_doc("ns", 1, [(digest, size, 1)], 1)).encode())
+    gdir = root.path / "namespaces/ns/generations"
+    (gdir / "000000000002.tmp").write_text("junk")
+    (gdir / "2").write_text("junk")
+    (root.path / "namespaces" / "bad name").mkdir()
+    gens = root.generations()
+    assert gens.seqs("ns") == [1]
+    assert gens.namespaces() == ["ns"]
+    assert set(gens.entries("ns").entries) == {"a"}
+
+
+def test_export_refuses_symlink_destination_tricks(
+    casfs_env: dict[str, Path], cli: Callable[..., Any], tmp_path: Path
+) -> None:
+    root = _root(casfs_env)
+    digest, size = _good_generation(root)
+    _write_record(root, "ns", 1, json.dumps(_record_doc("ns", 1, [(digest, size, 1)], 1)).encode())
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    (dest / "a").symlink_to(victim / "a")  # planted: a non-empty destination is refused
+    cli("export", "ns", dest).assert_clean_error()
+    assert not (victim / "a").exists()
