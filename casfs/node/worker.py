@@ -11,18 +11,22 @@ to ``--stats-out`` and exits 0.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
 import select
+import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Any
 
 from casfs.errors import CasfsError, FuseUnavailableError
+from casfs.node import logfmt
 from casfs.node.config import MountConfig
 
 log = logging.getLogger(__name__)
@@ -69,11 +73,19 @@ class Worker:
     """A spawned mount process, as seen by its parent."""
 
     def __init__(self, cfg: MountConfig, proc: subprocess.Popen[bytes], stats_out: Path,
-                 log_path: Path) -> None:
+                 log_path: Path | None, lifeline: int | None = None) -> None:
         self.cfg = cfg
         self.proc = proc
         self.stats_out = stats_out
-        self.log_path = log_path
+        self.log_path = log_path  # None: the worker logs to the parent's stderr
+        self.lifeline = lifeline  # write end of the die-with-parent pipe
+
+    def release(self) -> None:
+        """Close the lifeline (after the process is gone)."""
+        if self.lifeline is not None:
+            with contextlib.suppress(OSError):
+                os.close(self.lifeline)
+            self.lifeline = None
 
     def stop(self, timeout: float | None = None) -> dict[str, Any] | None:
         """SIGTERM (final publication, unmount), wait, then force; returns final stats."""
@@ -90,29 +102,61 @@ class Worker:
                 from casfs.view.session import lazy_unmount
 
                 lazy_unmount(self.cfg.mountpoint)
+        self.release()
         try:
             return dict(json.loads(self.stats_out.read_bytes()))
         except (OSError, ValueError):
             return None
 
 
-def spawn(cfg: MountConfig, *, ready_timeout: float = 120.0, verbose: int = 0) -> Worker:
-    """Start a mount process and wait until it serves; CasfsError with its reason if not."""
+def spawn(cfg: MountConfig, *, ready_timeout: float = 120.0, verbose: int = 0,
+          log_to_stderr: bool = False, log_format: str | None = None,
+          log_level: str | None = None, die_with_parent: bool = False) -> Worker:
+    """Start a mount process and wait until it serves; CasfsError with its reason if not.
+
+    By default the worker logs to ``<state_dir>/log/<name>.log``; ``log_to_stderr``
+    makes it inherit the caller's stderr instead (casfsd: the journal), in
+    ``log_format`` at ``log_level``. ``die_with_parent``: the worker shuts down
+    cleanly (final publication, unmount) when the caller's process ends, even
+    by SIGKILL, through an inherited pipe whose write end only the caller holds.
+    """
     check_fuse()
     cfg.check()
-    log_dir = cfg.state_dir / "log"
-    log_dir.mkdir(parents=True, exist_ok=True)
-    log_path = log_dir / f"{cfg.name}.log"
+    log_path: Path | None = None
+    if not log_to_stderr:
+        log_dir = cfg.state_dir / "log"
+        log_dir.mkdir(parents=True, exist_ok=True)
+        log_path = log_dir / f"{cfg.name}.log"
     stats_out = cfg.run_dir / f"{cfg.name}.stats.json"
     cfg.run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     stats_out.unlink(missing_ok=True)
     r, w = os.pipe()
     cmd = [sys.executable, "-m", "casfs.node.worker", "--config-json", config_to_json(cfg),
            "--ready-fd", str(w), "--stats-out", str(stats_out)] + ["-v"] * verbose
-    with open(log_path, "ab") as logf:
-        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=logf, stderr=logf,
-                                pass_fds=(w,), start_new_session=True)
-    os.close(w)
+    if log_format:
+        cmd += ["--log-format", log_format]
+    if log_level:
+        cmd += ["--log-level", log_level]
+    pass_fds = [w]
+    life_r = life_w = None
+    if die_with_parent:
+        life_r, life_w = os.pipe()
+        pass_fds.append(life_r)
+        cmd += ["--lifeline-fd", str(life_r)]
+    try:
+        with open(log_path, "ab") if log_path else contextlib.nullcontext() as logf:
+            out: Any = logf if logf is not None else sys.stderr.fileno()
+            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=out,
+                                    pass_fds=pass_fds, start_new_session=True)
+    except BaseException:
+        for fd in (r, life_w):
+            if fd is not None:
+                os.close(fd)
+        raise
+    finally:
+        for fd in (w, life_r):
+            if fd is not None:
+                os.close(fd)
     try:
         line = _read_line(r, ready_timeout, proc)
     finally:
@@ -121,9 +165,12 @@ def spawn(cfg: MountConfig, *, ready_timeout: float = 120.0, verbose: int = 0) -
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-        reason = line or _last_log_line(log_path) or "it exited without saying why"
+        if life_w is not None:
+            os.close(life_w)
+        last = _last_log_line(log_path) if log_path else ""
+        reason = line or last or "it exited without saying why"
         raise CasfsError(f"mount {cfg.name} at {cfg.mountpoint} failed: {reason}")
-    return Worker(cfg, proc, stats_out, log_path)
+    return Worker(cfg, proc, stats_out, log_path, life_w)
 
 
 def _read_line(fd: int, timeout: float, proc: subprocess.Popen[bytes]) -> str:
@@ -152,18 +199,37 @@ def _last_log_line(path: Path) -> str:
     return lines[-1] if lines else ""
 
 
+def _watch_lifeline(fd: int) -> None:
+    """SIGTERM ourselves (clean shutdown) once the parent's end of ``fd`` closes."""
+
+    def watch() -> None:
+        with contextlib.suppress(OSError):
+            while os.read(fd, 64):
+                pass
+        log.warning("the parent process is gone: shutting down")
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, name="lifeline", daemon=True).start()
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="casfs-worker")
     ap.add_argument("--config-json", required=True)
     ap.add_argument("--ready-fd", type=int)
     ap.add_argument("--stats-out")
     ap.add_argument("-v", "--verbose", action="count", default=0)
+    ap.add_argument("--log-format", choices=logfmt.FORMATS, default=logfmt.PLAIN)
+    ap.add_argument("--log-level", choices=sorted(logfmt.LEVELS))
+    ap.add_argument("--lifeline-fd", type=int,
+                    help="shut down when this pipe's write end closes (the parent died)")
     args = ap.parse_args(argv)
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose > 1 else logging.INFO,
-        format="%(asctime)s casfs[%(process)d] %(levelname)s %(name)s: %(message)s",
-    )
     cfg = config_from_json(args.config_json)
+    level = (logfmt.LEVELS[args.log_level] if args.log_level
+             else logging.DEBUG if args.verbose > 1 else logging.INFO)
+    tag = f"[{cfg.name}] " if args.log_format == logfmt.JOURNAL else ""
+    logfmt.setup(level, args.log_format, tag=tag)
+    if args.lifeline_fd is not None:
+        _watch_lifeline(args.lifeline_fd)
 
     def tell(msg: str) -> None:
         if args.ready_fd is not None:

@@ -1,0 +1,66 @@
+"""Log formats for casfs processes: plain text, or systemd journal priority prefixes.
+
+Under systemd (``JOURNAL_STREAM`` set) stderr goes to the journal, which reads
+a ``<N>`` prefix on each line as the syslog priority (sd-daemon(3)), adds its
+own timestamp and pid, and shows errors in red. The daemon and its mount
+workers share this module so their lines look alike in ``journalctl -u casfsd``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+PLAIN = "plain"
+JOURNAL = "journal"
+AUTO = "auto"
+FORMATS = (AUTO, PLAIN, JOURNAL)
+
+LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING,
+          "error": logging.ERROR}
+
+# syslog priorities: 3 err, 4 warning, 6 info, 7 debug
+_PRIORITY = ((logging.ERROR, 3), (logging.WARNING, 4), (logging.INFO, 6))
+
+
+def priority(levelno: int) -> int:
+    for threshold, prio in _PRIORITY:
+        if levelno >= threshold:
+            return prio
+    return 7
+
+
+class JournalFormatter(logging.Formatter):
+    """``<prio>tag logger: message``; continuation lines (tracebacks) keep the priority."""
+
+    def __init__(self, tag: str) -> None:
+        super().__init__("%(name)s: %(message)s")
+        self.tag = tag
+
+    def format(self, record: logging.LogRecord) -> str:
+        prefix = f"<{priority(record.levelno)}>"
+        text = super().format(record)
+        return "\n".join(f"{prefix}{self.tag}{line}" for line in text.splitlines() or [""])
+
+
+def resolve_format(fmt: str) -> str:
+    """``auto`` means journal when stderr is the journal (systemd sets JOURNAL_STREAM)."""
+    if fmt == AUTO:
+        return JOURNAL if os.environ.get("JOURNAL_STREAM") else PLAIN
+    return fmt
+
+
+def setup(level: int, fmt: str = AUTO, tag: str = "", prog: str = "casfs") -> None:
+    """Send the root logger to stderr at ``level`` in format ``fmt``; ``tag`` prefixes lines."""
+    handler = logging.StreamHandler(sys.stderr)
+    if resolve_format(fmt) == JOURNAL:
+        handler.setFormatter(JournalFormatter(tag))
+    else:
+        handler.setFormatter(logging.Formatter(
+            f"%(asctime)s {prog}[%(process)d] %(levelname)s {tag}%(name)s: %(message)s"))
+    root = logging.getLogger()
+    for h in list(root.handlers):
+        root.removeHandler(h)
+    root.addHandler(handler)
+    root.setLevel(level)
