@@ -79,8 +79,10 @@ class LocalBackend:
         self.staging_dir = root / "tmp"
 
     def _path(self, key: str) -> Path:
-        # Keys are built by casfs itself from validated parts; assert anyway.
-        assert not key.startswith("/") and ".." not in key.split("/"), key
+        # Keys are built by casfs itself from validated parts; check anyway (not
+        # with assert: python -O would drop the check).
+        if key.startswith("/") or ".." in key.split("/") or "\0" in key:
+            raise ValueError(f"storage key escapes the root: {key!r:.120}")
         return self.root / key
 
     def put_if_absent(self, key: str, staged: Path) -> bool:
