@@ -1,0 +1,170 @@
+"""gc (keep, pins, grace, dry run, abort on damage), verify and du accounting."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from casfs.errors import CasfsError
+from casfs.store import maintenance
+from casfs.store.entry import Entry
+from casfs.store.export import export_tree
+from casfs.store.objects import object_key
+from casfs.store.root import SharedRoot
+
+
+def _publish(root: SharedRoot, ns: str, files: dict[str, bytes], **kw: int) -> int:
+    entries = []
+    for path, data in files.items():
+        res = root.objects.put_bytes(data)
+        entries.append(Entry(path, res.digest, res.size, 0o644, 0))
+    seq = root.generations().publish(ns, entries, node="n", **kw).seq  # type: ignore[arg-type]
+    assert seq is not None
+    return seq
+
+
+def _age_everything(root: SharedRoot, seconds: float) -> None:
+    """Backdate every file of the root (objects, records, tmp) by ``seconds``."""
+    t = time.time() - seconds
+    for dirpath, _, names in os.walk(root.path):
+        for n in names:
+            os.utime(Path(dirpath) / n, (t, t), follow_symlinks=False)
+
+
+def _five_generations(root: SharedRoot) -> None:
+    for g in range(1, 6):
+        # compact_deltas=2: every other publication rewrites the base, leaving old parts behind
+        _publish(root, "ns", {f"g{g}/f{i}": f"gen {g} file {i}".encode() for i in range(3)},
+                 compact_deltas=2)
+
+
+def test_gc_keeps_kept_and_pinned_and_removes_the_rest(root: SharedRoot) -> None:
+    _five_generations(root)
+    gens = root.generations()
+    gens.pin("ns", 1, "golden")
+    orphan = root.objects.put_bytes(b"uploaded by a publisher that died before its record")
+    _age_everything(root, 7200)
+    before = set(root.objects.iter_digests())
+    report = maintenance.gc(root, keep=2, grace=3600)
+    assert sorted(report.removed_generations) == ["ns@2", "ns@3"]
+    assert gens.seqs("ns") == [1, 4, 5]
+    after = set(root.objects.iter_digests())
+    assert orphan.digest not in after
+    assert report.removed_objects == len(before - after) >= 2  # orphan + old manifest parts
+    # Everything reachable from kept generations is still there and verifies.
+    live, _ = maintenance.mark(gens, keep=2)
+    assert live <= after
+    assert maintenance.verify(root).problems == []
+    for seq in (1, 4, 5):
+        rep = export_tree(root, gens.record("ns", seq), root.path.parent / f"out{seq}")
+        assert rep.failed == [] and rep.files == gens.record("ns", seq).entries
+
+
+def test_gc_grace_protects_young_objects_and_records(root: SharedRoot) -> None:
+    _five_generations(root)
+    orphan = root.objects.put_bytes(b"just uploaded, record not written yet")
+    before = set(root.objects.iter_digests())
+    report = maintenance.gc(root, keep=1, grace=3600)
+    assert report.removed_objects == 0 and report.removed_generations == []
+    assert report.young_unreferenced >= 1
+    assert set(root.objects.iter_digests()) == before
+    assert orphan.digest in before
+    assert root.generations().seqs("ns") == [1, 2, 3, 4, 5]
+
+
+def test_gc_dry_run_deletes_nothing(root: SharedRoot) -> None:
+    _five_generations(root)
+    root.objects.put_bytes(b"orphan")
+    (root.path / "tmp" / ".tmp-obj-1-x").write_bytes(b"stale")
+    _age_everything(root, 7200)
+    before = sorted(p for p, _, _ in os.walk(root.path)), set(root.objects.iter_digests())
+    report = maintenance.gc(root, keep=1, grace=0, dry_run=True)
+    assert report.removed_objects >= 1 and report.removed_generations and report.removed_tmp == 1
+    assert (sorted(p for p, _, _ in os.walk(root.path)), set(root.objects.iter_digests())) \
+        == before
+    assert root.generations().seqs("ns") == [1, 2, 3, 4, 5]
+    assert (root.path / "tmp" / ".tmp-obj-1-x").exists()
+
+
+def test_unpin_lets_gc_remove(root: SharedRoot) -> None:
+    _five_generations(root)
+    gens = root.generations()
+    gens.pin("ns", 2, "p")
+    assert gens.pins("ns") == {"p": 2}
+    _age_everything(root, 7200)
+    maintenance.gc(root, keep=1, grace=0)
+    assert gens.seqs("ns") == [2, 5]
+    gens.unpin("ns", "p")
+    maintenance.gc(root, keep=1, grace=0)
+    assert gens.seqs("ns") == [5]
+    assert maintenance.verify(root).problems == []
+
+
+def test_gc_aborts_when_a_kept_manifest_is_corrupt(root: SharedRoot) -> None:
+    _five_generations(root)
+    root.objects.put_bytes(b"orphan")
+    _age_everything(root, 7200)
+    rec = root.generations().resolve("ns", None)
+    assert rec.base is not None
+    p = root.path / object_key(rec.base.digest)
+    blob = bytearray(p.read_bytes())
+    blob[-1] ^= 1
+    p.chmod(0o644)
+    p.write_bytes(bytes(blob))
+    before = set(root.objects.iter_digests())
+    with pytest.raises(CasfsError, match="gc aborted, nothing deleted"):
+        maintenance.gc(root, keep=2, grace=0)
+    assert set(root.objects.iter_digests()) == before
+    assert root.generations().seqs("ns") == [1, 2, 3, 4, 5]
+
+
+def test_gc_aborts_when_a_kept_record_is_corrupt(root: SharedRoot) -> None:
+    _five_generations(root)
+    _age_everything(root, 7200)
+    rec_path = root.path / "namespaces/ns/generations/000000000005"
+    rec_path.chmod(0o644)
+    rec_path.write_bytes(b'{"casfs_generation": 1, "trunc')
+    before = set(root.objects.iter_digests())
+    with pytest.raises(CasfsError, match="gc aborted"):
+        maintenance.gc(root, keep=2, grace=0)
+    assert set(root.objects.iter_digests()) == before
+    assert root.generations().seqs("ns") == [1, 2, 3, 4, 5]
+
+
+def test_gc_with_a_missing_referenced_object_aborts(root: SharedRoot) -> None:
+    _five_generations(root)
+    rec = root.generations().resolve("ns", None)
+    assert rec.base is not None
+    os.unlink(root.path / object_key(rec.base.digest))
+    with pytest.raises(CasfsError, match="gc aborted"):
+        maintenance.gc(root, keep=1, grace=0)
+
+
+def test_verify_reports_each_problem(root: SharedRoot) -> None:
+    _publish(root, "ns", {"a": b"a" * 1000, "b": b"b" * 1000, "c": b"c" * 1000})
+    snap = root.generations().entries("ns")
+    bad_a = root.path / object_key(snap.entries["a"].digest)
+    bad_a.chmod(0o644)
+    bad_a.write_bytes(bad_a.read_bytes()[:-3])
+    os.unlink(root.path / object_key(snap.entries["b"].digest))
+    report = maintenance.verify(root)
+    text = "\n".join(report.problems)
+    assert snap.entries["a"].digest in text and snap.entries["b"].digest in text
+    assert "missing" in text and "corrupt" in text
+    assert snap.entries["c"].digest not in text
+
+
+def test_usage_ratios(root: SharedRoot) -> None:
+    text = b"def kernel():\n    return 1\n" * 400
+    _publish(root, "ns", {"a.py": text, "copy/a.py": text, "b.py": b"x" * 5000})
+    u = maintenance.usage(root, "ns").to_json()
+    assert u["files"] == 3
+    assert u["logical_bytes"] == 2 * len(text) + 5000
+    assert u["unique_bytes"] == len(text) + 5000
+    assert u["dedup_ratio"] == pytest.approx(u["logical_bytes"] / u["unique_bytes"], rel=1e-3)
+    assert u["compression_ratio"] > 10
+    whole = maintenance.usage(root).to_json()
+    assert whole["stored_bytes"] >= u["stored_bytes"] and whole["namespaces"] == 1
