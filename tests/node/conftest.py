@@ -1,0 +1,76 @@
+"""Real mounts of whole nodes: spawned mount processes over a shared root in tmp dirs."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from casfs.node import control
+from casfs.node.config import MountConfig
+from casfs.node.worker import Worker, spawn
+
+
+def require_fuse() -> None:
+    if not os.path.exists("/dev/fuse"):
+        if os.environ.get("CASFS_ALLOW_NO_FUSE") == "1":
+            pytest.skip("no /dev/fuse (allowed by CASFS_ALLOW_NO_FUSE=1)")
+        pytest.fail("/dev/fuse is missing: real-mount tests cannot run here")
+
+
+class Node:
+    """One simulated node: its own state dir, the shared root, mounts at fixed paths."""
+
+    def __init__(self, name: str, root: Path, state: Path, mount_base: Path) -> None:
+        self.name = name
+        self.root = root
+        self.state = state
+        self.mount_base = mount_base
+        self.workers: list[Worker] = []
+
+    def config(self, family: str = "generic", namespace: str = "testns", **kw: Any) -> MountConfig:
+        name = kw.pop("name", family)
+        mountpoint = kw.pop("mountpoint", self.mount_base / family)
+        opts: dict[str, Any] = {"stable_after": 0.2, "publish_interval": 3600.0,
+                                "refresh_interval": 3600.0, "shutdown_timeout": 30.0}
+        opts.update(kw)
+        return MountConfig(name=name, family=family, namespace=namespace, mountpoint=mountpoint,
+                           root=self.root, state_dir=self.state, **opts)
+
+    def mount(self, family: str = "generic", namespace: str = "testns", **kw: Any) -> Worker:
+        require_fuse()
+        w = spawn(self.config(family, namespace, **kw))
+        self.workers.append(w)
+        return w
+
+    def ask(self, w: Worker, cmd: str) -> dict[str, Any]:
+        return control.request(w.cfg.socket_path, cmd)
+
+    def stop(self, w: Worker) -> dict[str, Any] | None:
+        self.workers.remove(w)
+        return w.stop()
+
+    def stop_all(self) -> None:
+        for w in list(self.workers):
+            try:
+                self.stop(w)
+            finally:
+                subprocess.run(["fusermount3", "-u", "-z", str(w.cfg.mountpoint)],
+                               capture_output=True, check=False)
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[dict[str, Any]]:
+    """Two nodes (a, b) sharing one root; both mount at the same paths, one after the other."""
+    root = tmp_path / "root"
+    base = tmp_path / "mnt"
+    nodes = {n: Node(n, root, tmp_path / f"state-{n}", base) for n in ("a", "b", "c")}
+    try:
+        yield {"root": root, "mnt": base, **nodes}
+    finally:
+        for n in nodes.values():
+            n.stop_all()

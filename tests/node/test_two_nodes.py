@@ -1,0 +1,216 @@
+"""Issue 3 node-level behaviour through real mounts: restore, promotion, publication, misses."""
+
+from __future__ import annotations
+
+import errno
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from casfs.store.generations import GenerationStore
+from casfs.store.objects import object_key
+from casfs.store.root import SharedRoot
+
+pytestmark = pytest.mark.fuse
+
+
+def published(root: Path, ns: str = "testns") -> dict[str, Any]:
+    gens: GenerationStore = SharedRoot.open(root).generations()
+    return gens.entries(ns).entries if gens.latest(ns) else {}
+
+
+def seed(root: Path, files: dict[str, bytes], ns: str = "testns", tmp: Path | None = None) -> None:
+    """Publish ``files`` as one generation with `casfs import` (a real CLI run)."""
+    assert tmp is not None
+    src = tmp / "seed"
+    for rel, data in files.items():
+        p = src / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(data)
+    r = subprocess.run([sys.executable, "-m", "casfs.cli.main", "--root", str(root),
+                        "--state-dir", str(tmp / "state-seed"), "import", str(src), "-n", ns],
+                       capture_output=True, text=True, check=False)
+    assert r.returncode == 0, r.stderr
+
+
+def test_write_on_a_then_read_on_b(cluster: dict[str, Any]) -> None:
+    a, b = cluster["a"], cluster["b"]
+    w = a.mount()
+    mp = w.cfg.mountpoint
+    (mp / "KEY").mkdir()
+    payload = os.urandom(200_000)
+    (mp / "KEY" / "k.cubin").write_bytes(payload)
+    (mp / "KEY" / "k.json").write_text('{"name": "k"}')
+    a.stop(w)  # final promotion + publication, then unmount
+    assert not os.path.ismount(mp)
+    entries = published(cluster["root"])
+    assert set(entries) == {"KEY/k.cubin", "KEY/k.json"}
+
+    wb = b.mount()  # a fresh node: empty index, cache and upper; same mount path
+    assert (wb.cfg.mountpoint / "KEY" / "k.cubin").read_bytes() == payload
+    assert (wb.cfg.mountpoint / "KEY" / "k.json").read_text() == '{"name": "k"}'
+    st = b.ask(wb, "stats")
+    assert st["counters"]["objects_fetched"] == 2
+    assert st["restored_entries"] == 2
+
+
+def test_lazy_restore_fetches_only_what_is_read(cluster: dict[str, Any], tmp_path: Path) -> None:
+    files = {f"d{i % 5}/f{i}": os.urandom(1000 + i) for i in range(40)}
+    seed(cluster["root"], files, tmp=tmp_path)
+    b = cluster["b"]
+    w = b.mount()
+    mp = w.cfg.mountpoint
+    assert sorted(os.listdir(mp)) == [f"d{i}" for i in range(5)]
+    # Listing and stat-ing everything fetches nothing.
+    for rel in files:
+        assert (mp / rel).stat().st_size == len(files[rel])
+    assert b.ask(w, "stats")["counters"].get("objects_fetched", 0) == 0
+    wanted = ["d0/f0", "d1/f6", "d3/f13"]
+    for rel in wanted:
+        assert (mp / rel).read_bytes() == files[rel]
+    assert b.ask(w, "stats")["counters"]["objects_fetched"] == len(wanted)
+    cached = [p for p in (b.state / "objects").rglob("*") if p.is_file()]
+    assert len(cached) == len(wanted)
+
+
+def test_corrupt_lower_object_is_a_miss(cluster: dict[str, Any], tmp_path: Path) -> None:
+    files = {"good/a": b"A" * 5000, "bad/b": b"B" * 7000 + os.urandom(100)}
+    seed(cluster["root"], files, tmp=tmp_path)
+    entries = published(cluster["root"])
+    obj = cluster["root"] / object_key(entries["bad/b"].digest)
+    data = bytearray(obj.read_bytes())
+    data[-1] ^= 0xFF
+    os.chmod(obj, 0o644)
+    obj.write_bytes(bytes(data))
+
+    b = cluster["b"]
+    w = b.mount()
+    mp = w.cfg.mountpoint
+    with pytest.raises(OSError) as exc:
+        (mp / "bad" / "b").read_bytes()
+    assert exc.value.errno == errno.ENOENT  # a miss, never EIO
+    assert not (mp / "bad" / "b").exists()  # and it stays absent for this mount
+    assert (mp / "good" / "a").read_bytes() == files["good/a"]
+    c = b.ask(w, "stats")["counters"]
+    assert c["fetch_errors"] >= 1
+    assert c["rejections"] >= 1
+
+
+def test_scratch_names_are_never_published(cluster: dict[str, Any]) -> None:
+    a = cluster["a"]
+    w = a.mount(family="inductor")
+    mp = w.cfg.mountpoint
+    (mp / "ab").mkdir()
+    (mp / "ab" / "real.py").write_text("x = 1\n")
+    (mp / "ab" / ".123.456.tmp").write_text("partial")
+    (mp / "locks").mkdir()
+    (mp / "locks" / "ab.lock").write_text("")
+    (mp / "KEY").mkdir()
+    (mp / "KEY" / "tmp.pid_77_abc").mkdir()
+    (mp / "KEY" / "tmp.pid_77_abc" / "k.ptx").write_text("ptx")
+    (mp / "x_CxxBuild").mkdir()
+    (mp / "x_CxxBuild" / "a.o").write_bytes(b"\0obj")
+    (mp / "empty_dir").mkdir()
+    r = a.ask(w, "publish")
+    assert r["ok"], r
+    assert set(published(cluster["root"])) == {"ab/real.py"}
+
+
+def test_group_is_not_published_without_its_children(cluster: dict[str, Any]) -> None:
+    a = cluster["a"]
+    w = a.mount(family="triton")
+    mp = w.cfg.mountpoint
+    key = mp / "KEYAAAA"
+    key.mkdir()
+    (key / "k.json").write_text("{}")
+    group = f'{{"child_paths": {{"k.json": "{key}/k.json", "k.cubin": "{key}/k.cubin"}}}}'
+    (key / "__grp__k.json").write_text(group)
+    assert a.ask(w, "publish")["ok"]
+    assert set(published(cluster["root"])) == {"KEYAAAA/k.json"}  # the group waits
+    (key / "k.cubin").write_bytes(b"cubin")
+    assert a.ask(w, "publish")["ok"]
+    assert set(published(cluster["root"])) == {
+        "KEYAAAA/k.json", "KEYAAAA/k.cubin", "KEYAAAA/__grp__k.json"}
+
+
+def test_file_open_for_writing_is_not_promoted(cluster: dict[str, Any]) -> None:
+    a = cluster["a"]
+    w = a.mount()
+    mp = w.cfg.mountpoint
+    (mp / "done").write_text("complete")
+    with open(mp / "busy.so", "wb") as f:
+        f.write(b"half")
+        f.flush()
+        assert a.ask(w, "publish")["ok"]
+        assert set(published(cluster["root"])) == {"done"}
+        f.write(b" and the rest")
+    assert a.ask(w, "publish")["ok"]
+    entries = published(cluster["root"])
+    assert set(entries) == {"done", "busy.so"}
+    assert entries["busy.so"].size == len(b"half and the rest")
+
+
+def test_first_writer_wins_and_deletions_are_not_published(cluster: dict[str, Any]) -> None:
+    a, b = cluster["a"], cluster["b"]
+    wa = a.mount()
+    (wa.cfg.mountpoint / "same").write_text("from a")
+    (wa.cfg.mountpoint / "gone").write_text("will be deleted locally")
+    assert a.ask(wa, "publish")["ok"]
+    (wa.cfg.mountpoint / "gone").unlink()
+    a.stop(wa)
+    assert set(published(cluster["root"])) == {"same", "gone"}  # a local rm is not published
+
+    wb = b.mount()
+    mp = wb.cfg.mountpoint
+    assert (mp / "same").read_text() == "from a"
+    (mp / "same").write_text("from b")  # copy-up; b's own upper shadows the lower
+    assert (mp / "same").read_text() == "from b"
+    r = b.ask(wb, "publish")
+    assert r["ok"] and r["conflicts"] == 1
+    assert SharedRoot.open(cluster["root"]).objects.get_bytes(
+        published(cluster["root"])["same"].digest) == b"from a"
+
+
+def test_refresh_shows_new_generations_in_a_running_mount(cluster: dict[str, Any]) -> None:
+    a, b = cluster["a"], cluster["b"]
+    wb = b.mount()  # b mounts first: nothing published yet
+    # Both nodes run at once on this one machine, so node a needs another mount path.
+    wa = a.mount(name="writer", mountpoint=cluster["mnt"] / "node-a")
+    (wa.cfg.mountpoint / "late").write_text("published after b mounted")
+    assert a.ask(wa, "publish")["ok"]
+    assert not (wb.cfg.mountpoint / "late").exists()
+    r = b.ask(wb, "refresh")
+    assert r["ok"] and r["served_seq"] >= 1
+    assert (wb.cfg.mountpoint / "late").read_text() == "published after b mounted"
+
+
+def test_unreachable_root_serves_local_state(cluster: dict[str, Any], tmp_path: Path) -> None:
+    files = {"x/cached": b"c" * 3000, "x/uncached": b"u" * 3000}
+    seed(cluster["root"], files, tmp=tmp_path)
+    b = cluster["b"]
+    w = b.mount()
+    assert (w.cfg.mountpoint / "x" / "cached").read_bytes() == files["x/cached"]
+    b.stop(w)
+    moved = cluster["root"].with_name("root-offline")
+    cluster["root"].rename(moved)
+    cluster["root"].mkdir()
+    (cluster["root"] / "casfs.json").write_text("{garbage")  # a damaged root
+    try:
+        w = b.mount()
+        mp = w.cfg.mountpoint
+        assert (mp / "x" / "cached").read_bytes() == files["x/cached"]  # local cache
+        with pytest.raises(FileNotFoundError):
+            (mp / "x" / "uncached").read_bytes()
+        (mp / "new").write_text("local writes still work")
+        assert (mp / "new").read_text() == "local writes still work"
+        st = b.ask(w, "status")
+        assert st["root_available"] is False
+        b.stop(w)
+    finally:
+        (cluster["root"] / "casfs.json").unlink()
+        cluster["root"].rmdir()
+        moved.rename(cluster["root"])
