@@ -1,0 +1,375 @@
+"""casfsd configuration: one TOML file, checked completely before anything is mounted.
+
+Precedence: built-in defaults < the file < command-line flags. Every key is
+documented in docs/configuration.md; the loader refuses anything it does not
+know, with one line naming the key (``mounts[1].stable_after: expected a
+number, got "fast"``), so a typo never silently falls back to a default.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tomllib
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from casfs.errors import CasfsError, ConfigError
+from casfs.fingerprint import AUTO, FAMILIES, fingerprint
+from casfs.node.config import MountConfig
+from casfs.node.logfmt import FORMATS, LEVELS
+from casfs.util.defaults import default_mount_base, default_root, default_state_dir
+from casfs.util.fsinfo import check_local_fs
+
+DEFAULT_METRICS_PORT = 9464
+DEFAULT_CACHE_MAX_BYTES = 20 << 30
+NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+NAMESPACE_RE = re.compile(r"[A-Za-z0-9._-]{1,128}")
+_BYTES_RE = re.compile(r"(\d+(?:\.\d+)?)\s*([KMGT]?)(i?B?)", re.IGNORECASE)
+_UNITS = {"": 0, "K": 1, "M": 2, "G": 3, "T": 4}
+# Keys a [[mounts]] table may set, and [defaults] may set for every mount.
+OPTION_KEYS = ("stable_after", "publish_interval", "refresh_interval", "shutdown_timeout",
+               "allow_other", "namespace_max_bytes", "exclude")
+
+
+@dataclass(frozen=True)
+class MountOptions:
+    """Per-mount behaviour; [defaults] sets them for all mounts, a mount overrides."""
+
+    stable_after: float = 2.0
+    publish_interval: float = 10.0
+    refresh_interval: float = 30.0
+    shutdown_timeout: float = 30.0
+    allow_other: bool = True  # jobs run as other users than the root daemon
+    namespace_max_bytes: int | None = None
+    exclude: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class MountSpec:
+    name: str
+    family: str
+    namespace: str  # concrete (an "auto" setting is resolved at load)
+    namespace_setting: str  # as configured: "auto" or the explicit name
+    path: Path
+    options: MountOptions
+
+
+@dataclass(frozen=True)
+class DaemonConfig:
+    root: Path
+    state_dir: Path
+    mount_base: Path
+    cache_max_bytes: int = DEFAULT_CACHE_MAX_BYTES
+    log_level: str = "info"
+    log_format: str = "auto"
+    metrics_listen: tuple[str, int] | None = None
+    mounts: tuple[MountSpec, ...] = ()
+    source: Path | None = None  # the file it came from
+
+    @property
+    def run_dir(self) -> Path:
+        return self.state_dir / "run"
+
+    @property
+    def control_socket(self) -> Path:
+        return self.run_dir / "casfsd.sock"
+
+    def mount_config(self, m: MountSpec) -> MountConfig:
+        o = m.options
+        return MountConfig(
+            name=m.name, family=m.family, namespace=m.namespace, mountpoint=m.path,
+            root=self.root, state_dir=self.state_dir, stable_after=o.stable_after,
+            publish_interval=o.publish_interval, refresh_interval=o.refresh_interval,
+            shutdown_timeout=o.shutdown_timeout, allow_other=o.allow_other,
+            cache_max_bytes=self.cache_max_bytes, namespace_max_bytes=o.namespace_max_bytes,
+            scratch_patterns=o.exclude,
+        )
+
+    def mount_configs(self) -> list[MountConfig]:
+        return [self.mount_config(m) for m in self.mounts]
+
+
+@dataclass
+class Overrides:
+    """Command-line flags; None means "not given" (the file or the default wins)."""
+
+    root: str | None = None
+    state_dir: str | None = None
+    log_level: str | None = None
+    log_format: str | None = None
+    metrics_listen: str | None = None
+
+
+# --- typed access to one TOML table ---------------------------------------------
+class _Table:
+    def __init__(self, data: Any, where: str) -> None:
+        if not isinstance(data, dict):
+            raise ConfigError(f"{where}: expected a table, got {_describe(data)}")
+        self.data: dict[str, Any] = data
+        self.where = where
+        self.used: set[str] = set()
+
+    def key(self, name: str) -> str:
+        return f"{self.where}.{name}" if self.where else name
+
+    def has(self, name: str) -> bool:
+        return name in self.data
+
+    def get(self, name: str, conv: Callable[[Any, str], Any], default: Any = None) -> Any:
+        self.used.add(name)
+        if name not in self.data:
+            return default
+        return conv(self.data[name], self.key(name))
+
+    def table(self, name: str) -> _Table:
+        self.used.add(name)
+        return _Table(self.data.get(name, {}), self.key(name))
+
+    def finish(self) -> None:
+        for k in self.data:
+            if k not in self.used:
+                raise ConfigError(f"{self.key(k)}: unknown key")
+
+
+def _describe(v: Any) -> str:
+    kind = {bool: "a boolean", int: "an integer", float: "a number", str: "a string",
+            list: "an array", dict: "a table"}.get(type(v), type(v).__name__)
+    text = repr(v) if not isinstance(v, dict | list) else ""
+    return f"{kind} {text[:40]}".strip()
+
+
+def as_str(v: Any, key: str) -> str:
+    if not isinstance(v, str):
+        raise ConfigError(f"{key}: expected a string, got {_describe(v)}")
+    return v
+
+
+def as_number(v: Any, key: str) -> float:
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        raise ConfigError(f"{key}: expected a number of seconds, got {_describe(v)}")
+    return float(v)
+
+
+def as_positive(v: Any, key: str) -> float:
+    x = as_number(v, key)
+    if x <= 0:
+        raise ConfigError(f"{key}: must be greater than 0, got {x:g}")
+    return x
+
+
+def as_non_negative(v: Any, key: str) -> float:
+    x = as_number(v, key)
+    if x < 0:
+        raise ConfigError(f"{key}: must not be negative, got {x:g}")
+    return x
+
+
+def as_bool(v: Any, key: str) -> bool:
+    if not isinstance(v, bool):
+        raise ConfigError(f"{key}: expected true or false, got {_describe(v)}")
+    return v
+
+
+def as_bytes(v: Any, key: str) -> int:
+    """An integer, or a string such as "20GiB", "500M", "1.5T" (K/M/G/T are powers of 1024;
+    KB/MB/GB/TB powers of 1000)."""
+    if isinstance(v, int) and not isinstance(v, bool):
+        n = v
+    elif isinstance(v, str) and (m := _BYTES_RE.fullmatch(v.strip())):
+        num, unit, suffix = m.groups()
+        base = 1000 if suffix.upper() == "B" and unit else 1024
+        n = int(float(num) * base ** _UNITS[unit.upper()])
+    else:
+        raise ConfigError(f"{key}: expected a byte count such as 20GiB, got {_describe(v)}")
+    if n <= 0:
+        raise ConfigError(f"{key}: must be greater than 0")
+    return n
+
+
+def as_abs_path(v: Any, key: str) -> Path:
+    s = as_str(v, key)
+    if not s or "\0" in s:
+        raise ConfigError(f"{key}: expected a path")
+    if not os.path.isabs(s):
+        raise ConfigError(f"{key}: must be an absolute path, got {s!r}")
+    return Path(os.path.normpath(s))
+
+
+def as_str_list(v: Any, key: str) -> tuple[str, ...]:
+    if not isinstance(v, list) or not all(isinstance(x, str) and x for x in v):
+        raise ConfigError(f"{key}: expected an array of non-empty strings, got {_describe(v)}")
+    return tuple(v)
+
+
+def as_listen(v: Any, key: str) -> tuple[str, int] | None:
+    """ "HOST:PORT", ":PORT" (localhost), "[::1]:PORT", or "" / false for off."""
+    if v is False or v == "":
+        return None
+    s = as_str(v, key)
+    host, sep, port = s.rpartition(":")
+    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(f"{key}: expected HOST:PORT such as 127.0.0.1:9464, got {s!r}")
+    host = host.strip("[]") or "127.0.0.1"
+    return host, int(port)
+
+
+def as_level(v: Any, key: str) -> str:
+    s = as_str(v, key).lower()
+    if s not in LEVELS:
+        raise ConfigError(f"{key}: expected one of {', '.join(LEVELS)}, got {v!r}")
+    return s
+
+
+def as_format(v: Any, key: str) -> str:
+    s = as_str(v, key)
+    if s not in FORMATS:
+        raise ConfigError(f"{key}: expected one of {', '.join(FORMATS)}, got {v!r}")
+    return s
+
+
+# --- loading ----------------------------------------------------------------------
+def read_file(path: Path) -> dict[str, Any]:
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except OSError as e:
+        raise ConfigError(f"cannot read {path}: {e.strerror or e}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{path}: invalid TOML: {e}") from None
+
+
+def _options(t: _Table, base: MountOptions) -> MountOptions:
+    return MountOptions(
+        stable_after=t.get("stable_after", as_non_negative, base.stable_after),
+        publish_interval=t.get("publish_interval", as_positive, base.publish_interval),
+        refresh_interval=t.get("refresh_interval", as_positive, base.refresh_interval),
+        shutdown_timeout=t.get("shutdown_timeout", as_positive, base.shutdown_timeout),
+        allow_other=t.get("allow_other", as_bool, base.allow_other),
+        namespace_max_bytes=t.get("namespace_max_bytes", as_bytes, base.namespace_max_bytes),
+        exclude=t.get("exclude", as_str_list, base.exclude),
+    )
+
+
+def _mount(t: _Table, defaults: MountOptions, mount_base: Path,
+           resolved: dict[str, str]) -> MountSpec:
+    name = t.get("name", as_str)
+    if name is None:
+        raise ConfigError(f"{t.key('name')}: every [[mounts]] table needs a name")
+    if not NAME_RE.fullmatch(name):
+        raise ConfigError(f"{t.key('name')}: {name!r} is not a valid mount name"
+                          " (letters, digits, '.', '_', '-'; at most 64)")
+    family = t.get("family", as_str, name if name in FAMILIES else "generic")
+    if family not in FAMILIES:
+        raise ConfigError(f"{t.key('family')}: expected one of {', '.join(FAMILIES)},"
+                          f" got {family!r}")
+    setting = t.get("namespace", as_str, AUTO)
+    if setting == AUTO:
+        if family not in resolved:
+            resolved[family] = fingerprint(family).namespace
+        namespace = resolved[family]
+    elif NAMESPACE_RE.fullmatch(setting) and not setting.startswith("."):
+        namespace = setting
+    else:
+        raise ConfigError(f"{t.key('namespace')}: {setting!r} is not \"auto\" or a valid"
+                          " namespace (1-128 of [A-Za-z0-9._-], not starting with '.')")
+    path = t.get("path", as_abs_path, mount_base / name)
+    opts = _options(t, defaults)
+    t.finish()
+    return MountSpec(name=name, family=family, namespace=namespace, namespace_setting=setting,
+                     path=path, options=opts)
+
+
+def load(path: Path | None, overrides: Overrides | None = None) -> DaemonConfig:
+    """Parse and check the whole configuration; ConfigError naming the key if anything is off.
+
+    ``path`` None means no file: the zero-config daemon (triton and inductor
+    mounts under the default mount base).
+    """
+    ov = overrides or Overrides()
+    data = read_file(path) if path is not None else {}
+    top = _Table(data, "")
+    store = top.table("store")
+    root = store.get("root", as_abs_path, default_root().absolute())
+    store.finish()
+    node = top.table("node")
+    state_dir = node.get("state_dir", as_abs_path, default_state_dir().absolute())
+    mount_base = node.get("mount_base", as_abs_path, default_mount_base().absolute())
+    cache_max = node.get("cache_max_bytes", as_bytes, DEFAULT_CACHE_MAX_BYTES)
+    node.finish()
+    logt = top.table("log")
+    level = logt.get("level", as_level, "info")
+    fmt = logt.get("format", as_format, "auto")
+    logt.finish()
+    metrics = top.table("metrics")
+    listen = metrics.get("listen", as_listen, None)
+    metrics.finish()
+    dt = top.table("defaults")
+    defaults = _options(dt, MountOptions())
+    dt.finish()
+    top.used.add("mounts")
+    raw_mounts = data.get("mounts")
+    if raw_mounts is None and path is None:
+        raw_mounts = [{"name": "triton"}, {"name": "inductor"}]
+    if not isinstance(raw_mounts, list) or not raw_mounts:
+        raise ConfigError("mounts: at least one [[mounts]] table is needed")
+    resolved: dict[str, str] = {}
+    mounts = tuple(_mount(_Table(m, f"mounts[{i}]"), defaults, mount_base, resolved)
+                   for i, m in enumerate(raw_mounts))
+    top.finish()
+
+    if ov.root is not None:
+        root = Path(ov.root).absolute()
+    if ov.state_dir is not None:
+        state_dir = Path(ov.state_dir).absolute()
+    if ov.log_level is not None:
+        level = as_level(ov.log_level, "--log-level")
+    if ov.log_format is not None:
+        fmt = as_format(ov.log_format, "--log-format")
+    if ov.metrics_listen is not None:
+        listen = as_listen(ov.metrics_listen, "--metrics-listen")
+    cfg = DaemonConfig(root=root, state_dir=state_dir, mount_base=mount_base,
+                       cache_max_bytes=cache_max, log_level=level, log_format=fmt,
+                       metrics_listen=listen, mounts=mounts, source=path)
+    check(cfg)
+    return cfg
+
+
+def check(cfg: DaemonConfig) -> None:
+    """The checks that relate keys to each other and to this machine."""
+    try:
+        check_local_fs(cfg.state_dir, "node.state_dir")
+    except CasfsError as e:
+        raise ConfigError(e.message) from None
+    seen_names: dict[str, int] = {}
+    seen_paths: dict[Path, int] = {}
+    seen_ns: dict[str, int] = {}
+    state, root = cfg.state_dir.resolve(), cfg.root.resolve()
+    for i, m in enumerate(cfg.mounts):
+        key = f"mounts[{i}]"
+        if m.name in seen_names:
+            raise ConfigError(f"{key}.name: {m.name!r} is already used by"
+                              f" mounts[{seen_names[m.name]}]")
+        seen_names[m.name] = i
+        mp = m.path.resolve()
+        for j_path, j in seen_paths.items():
+            if mp == j_path:
+                raise ConfigError(f"{key}.path: {m.path} is already mounted by mounts[{j}]")
+            if j_path in mp.parents or mp in j_path.parents:
+                raise ConfigError(f"{key}.path: {m.path} and mounts[{j}].path are nested")
+        seen_paths[mp] = i
+        for what, p in (("node.state_dir", state), ("store.root", root)):
+            if mp == p or p in mp.parents:
+                raise ConfigError(f"{key}.path: {m.path} is inside {what} {p}")
+            if mp in p.parents:
+                raise ConfigError(f"{key}.path: {what} {p} is inside the mount point {m.path}")
+        if m.namespace in seen_ns:
+            raise ConfigError(f"{key}.namespace: {m.namespace} is already served by"
+                              f" mounts[{seen_ns[m.namespace]}] (one mount per namespace)")
+        seen_ns[m.namespace] = i
+        try:
+            cfg.mount_config(m).check()
+        except CasfsError as e:
+            raise ConfigError(f"{key}: {e.message}") from None

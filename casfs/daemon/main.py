@@ -1,0 +1,150 @@
+"""``casfsd``: the per-node daemon serving every configured cache mount.
+
+    casfsd --config /etc/casfs/casfs.toml
+
+Lifecycle: load and check the whole configuration (a bad one exits 2 with one
+line naming the key, before anything is mounted); take the state dir's daemon
+lock; start every mount's worker; tell systemd ``READY=1``; supervise (restart
+dead workers, refresh ``STATUS=``); on SIGTERM, SIGINT or SIGHUP send
+``STOPPING=1``, stop every worker (final publication, unmount) and exit 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from casfs import __version__
+from casfs.daemon import config as dconfig
+from casfs.daemon.controlsock import ControlServer, take_daemon_lock
+from casfs.daemon.notify import Notifier
+from casfs.daemon.supervisor import Supervisor
+from casfs.errors import CasfsError
+from casfs.node import logfmt
+
+log = logging.getLogger(__name__)
+
+PROG = "casfsd"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=PROG, description="casfs node daemon: serves the cache"
+                                " mounts of one node (docs/operations.md).")
+    p.add_argument("--version", action="version", version=f"casfsd {__version__}")
+    p.add_argument("--config", "-c", metavar="FILE",
+                   help="TOML configuration (docs/configuration.md); without it, triton and"
+                   " inductor mounts with the zero-config defaults")
+    p.add_argument("--root", metavar="DIR", help="shared root (overrides store.root)")
+    p.add_argument("--state-dir", metavar="DIR", help="node state dir (overrides node.state_dir)")
+    p.add_argument("--log-level", choices=sorted(logfmt.LEVELS), help="overrides log.level")
+    p.add_argument("--log-format", choices=logfmt.FORMATS,
+                   help="overrides log.format (journal: <N> priority prefixes)")
+    p.add_argument("--metrics-listen", metavar="HOST:PORT",
+                   help="overrides metrics.listen ('' turns the endpoint off)")
+    p.add_argument("--check", action="store_true",
+                   help="check the configuration, print the mounts it defines, and exit")
+    return p
+
+
+def _say_error(message: str, fmt: str) -> None:
+    prefix = "<3>" if logfmt.resolve_format(fmt) == logfmt.JOURNAL else ""
+    print(f"{prefix}{PROG}: error: {message}", file=sys.stderr, flush=True)
+
+
+class Daemon:
+    def __init__(self, cfg: dconfig.DaemonConfig, notifier: Notifier | None = None) -> None:
+        from casfs.node import worker
+
+        self.cfg = cfg
+        self.notifier = notifier or Notifier.from_environment()
+        self.stop_requested = threading.Event()
+        self.supervisor = Supervisor(cfg, worker.spawn, spawn_options={
+            "log_to_stderr": True, "log_format": logfmt.resolve_format(cfg.log_format),
+            "log_level": cfg.log_level, "die_with_parent": True,
+        })
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        if not self.stop_requested.is_set():
+            log.info("%s: stopping", signal.Signals(signum).name)
+        self.stop_requested.set()
+
+    def _control(self, req: dict[str, Any]) -> dict[str, Any]:
+        if req.get("cmd") == "status":
+            return {"ok": True, **self.supervisor.status()}
+        return {"ok": False, "error": f"unknown command {req.get('cmd')!r}"}
+
+    def run(self) -> int:
+        from casfs.node.worker import check_fuse
+
+        for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(s, self._on_signal)
+        check_fuse()
+        lock_fd = take_daemon_lock(self.cfg.run_dir)
+        control = metrics = None
+        sup = self.supervisor
+        try:
+            control = ControlServer(self.cfg.control_socket, self._control)
+            if self.cfg.metrics_listen is not None:
+                from casfs.daemon.metrics import serve_metrics
+
+                metrics = serve_metrics(sup, self.cfg.metrics_listen)
+            names = ", ".join(f"{m.name} at {m.path}" for m in self.cfg.mounts)
+            self.notifier.status(f"mounting {names}")
+            log.info("casfsd %s starting: %s; root %s; state %s", __version__, names,
+                     self.cfg.root, self.cfg.state_dir)
+            sup.start()
+            if not self.stop_requested.is_set():
+                sup.refresh_status()
+                summary = sup.summary()
+                self.notifier.ready(summary)
+                log.info("ready: %s", summary)
+                sup.run(self.stop_requested, on_status=self.notifier.status)
+            self.notifier.stopping("stopping: final publication, then unmount")
+            sup.stop()
+            log.info("stopped")
+            return 0
+        finally:
+            if not sup.stopping:
+                sup.stop()
+            if metrics is not None:
+                metrics.shutdown()
+            if control is not None:
+                control.close()
+            os.close(lock_fd)
+            self.notifier.close()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    ov = dconfig.Overrides(root=args.root, state_dir=args.state_dir, log_level=args.log_level,
+                           log_format=args.log_format, metrics_listen=args.metrics_listen)
+    fmt = args.log_format or logfmt.AUTO
+    try:
+        cfg = dconfig.load(Path(args.config) if args.config else None, ov)
+    except CasfsError as e:
+        _say_error(e.message, fmt)
+        return e.exit_code
+    logfmt.setup(logfmt.LEVELS[cfg.log_level], cfg.log_format, prog=PROG)
+    if args.check:
+        for m in cfg.mounts:
+            print(f"{m.name}: {m.family} {m.namespace} at {m.path}")
+        print(f"configuration OK: {len(cfg.mounts)} mounts, root {cfg.root},"
+              f" state dir {cfg.state_dir}")
+        return 0
+    try:
+        return Daemon(cfg).run()
+    except CasfsError as e:
+        _say_error(e.message, cfg.log_format)
+        return e.exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

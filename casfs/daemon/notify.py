@@ -1,0 +1,69 @@
+"""The sd_notify protocol (sd_notify(3)), without libsystemd.
+
+systemd passes a unix datagram socket in ``NOTIFY_SOCKET`` (a path, or an
+abstract name written with a leading ``@``); each datagram is newline
+separated ``KEY=VALUE`` assignments: ``READY=1``, ``STATUS=...``,
+``STOPPING=1``. Without ``NOTIFY_SOCKET`` every call is a no-op, so the
+daemon runs the same under systemd, in a container or in a terminal.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+
+log = logging.getLogger(__name__)
+
+ENV = "NOTIFY_SOCKET"
+
+
+class Notifier:
+    def __init__(self, address: str | None) -> None:
+        self._addr: str | bytes | None = None
+        self._sock: socket.socket | None = None
+        if not address:
+            return
+        if address.startswith("@"):
+            self._addr = b"\0" + address[1:].encode()
+        elif address.startswith("/"):
+            self._addr = address
+        else:
+            log.warning("ignoring %s=%r: not a path or an abstract socket name", ENV, address)
+            return
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
+
+    @classmethod
+    def from_environment(cls) -> Notifier:
+        """Take NOTIFY_SOCKET out of the environment: the mount workers must not notify."""
+        return cls(os.environ.pop(ENV, None))
+
+    @property
+    def enabled(self) -> bool:
+        return self._sock is not None
+
+    def send(self, **fields: str | int) -> bool:
+        """Send ``KEY=VALUE`` fields in one datagram; False if it could not be delivered."""
+        if self._sock is None or self._addr is None:
+            return False
+        text = "\n".join(f"{k}={str(v).replace(chr(10), ' ')}" for k, v in fields.items())
+        try:
+            self._sock.sendto(text.encode(), self._addr)
+        except OSError as e:
+            log.warning("sd_notify to %r failed: %s", self._addr, e)
+            return False
+        return True
+
+    def ready(self, status: str) -> bool:
+        return self.send(READY=1, STATUS=status)
+
+    def status(self, status: str) -> bool:
+        return self.send(STATUS=status)
+
+    def stopping(self, status: str = "stopping") -> bool:
+        return self.send(STOPPING=1, STATUS=status)
+
+    def close(self) -> None:
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None

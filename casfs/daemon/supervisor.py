@@ -1,0 +1,251 @@
+"""The supervisor: one worker process per mount, kept alive, stopped cleanly.
+
+Each mount runs in its own process (pyfuse3 allows one FUSE session per
+process), started by ``casfs.node.worker.spawn``, which returns once the mount
+serves. The supervisor runs in the daemon's main thread:
+
+- ``start`` spawns every mount in parallel and returns once all serve (or
+  stops the ones that came up and raises, so a failed start mounts nothing);
+- ``run`` polls the workers once a second until told to stop: a worker that
+  died is restarted with exponential backoff (1 s doubling to 60 s, reset
+  after a minute of good service), after its dead mount (ENOTCONN) is cleared;
+  the new worker promotes and publishes what the old one left in the upper dir;
+- ``stop`` SIGTERMs every worker at once: each publishes (bounded by its
+  ``shutdown_timeout``), unmounts and exits; a worker that overruns is killed
+  and its mount detached.
+
+Workers hold a lifeline pipe to the supervisor, so if the supervisor itself is
+killed they still publish and unmount instead of serving orphaned.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from casfs.daemon.config import DaemonConfig
+from casfs.errors import CasfsError
+from casfs.node import control
+from casfs.node.config import MountConfig
+from casfs.node.worker import Worker
+
+log = logging.getLogger(__name__)
+
+BACKOFF_FIRST = 1.0
+BACKOFF_MAX = 60.0
+HEALTHY_AFTER = 60.0  # a worker up this long resets the backoff
+STATUS_INTERVAL = 10.0
+RESTART_READY_TIMEOUT = 60.0
+QUERY_TIMEOUT = 5.0
+
+SpawnFn = Callable[..., Worker]
+
+
+@dataclass
+class Slot:
+    """One configured mount and the worker currently serving it."""
+
+    cfg: MountConfig
+    worker: Worker | None = None
+    state: str = "starting"  # starting | up | restarting | stopping | stopped
+    restarts: int = 0
+    started: float = 0.0  # monotonic time the current worker became ready
+    next_start: float = 0.0  # monotonic time of the next restart attempt
+    backoff: float = BACKOFF_FIRST
+    last_exit: str | None = None
+    last_status: dict[str, Any] | None = None
+    last_final: dict[str, Any] | None = field(default=None, repr=False)
+
+    @property
+    def pid(self) -> int | None:
+        return self.worker.proc.pid if self.worker is not None else None
+
+
+class Supervisor:
+    def __init__(self, cfg: DaemonConfig, spawn: SpawnFn, *,
+                 spawn_options: dict[str, Any] | None = None) -> None:
+        self.cfg = cfg
+        self.slots = [Slot(mc) for mc in cfg.mount_configs()]
+        self._spawn = spawn
+        self._spawn_options = dict(spawn_options or {})
+        self.started = time.time()
+        self.stopping = False
+        self._lock = threading.Lock()  # slots are read by the control/metrics threads
+
+    # --- start ----------------------------------------------------------------
+    def start(self) -> None:
+        """Bring every mount up in parallel; on any failure stop the others and raise."""
+        errors: dict[str, CasfsError] = {}
+
+        def one(slot: Slot) -> None:
+            try:
+                self._start_slot(slot)
+            except CasfsError as e:
+                errors[slot.cfg.name] = e
+            except Exception as e:  # a bug: still report it as the start failure
+                log.exception("%s: start failed", slot.cfg.name)
+                errors[slot.cfg.name] = CasfsError(f"mount {slot.cfg.name}: {e}")
+
+        threads = [threading.Thread(target=one, args=(s,), name=f"start-{s.cfg.name}")
+                   for s in self.slots]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if errors:
+            self.stop()
+            first = next(s.cfg.name for s in self.slots if s.cfg.name in errors)
+            raise errors[first]
+
+    def _start_slot(self, slot: Slot, ready_timeout: float = 120.0) -> None:
+        from casfs.view.session import clear_stale_mount
+
+        slot.state = "starting"
+        clear_stale_mount(slot.cfg.mountpoint)
+        w = self._spawn(slot.cfg, ready_timeout=ready_timeout, **self._spawn_options)
+        with self._lock:
+            slot.worker = w
+            slot.state = "up"
+            slot.started = time.monotonic()
+        log.info("%s: mounted %s at %s (worker pid %d)", slot.cfg.name, slot.cfg.namespace,
+                 slot.cfg.mountpoint, w.proc.pid)
+
+    # --- supervision ------------------------------------------------------------
+    def run(self, stop: threading.Event, on_status: Callable[[str], object] | None = None,
+            poll: float = 1.0) -> None:
+        """Watch the workers until ``stop`` is set."""
+        next_status = time.monotonic()
+        while not stop.is_set():
+            now = time.monotonic()
+            for slot in self.slots:
+                if stop.is_set():
+                    break
+                self._check(slot, now)
+            if now >= next_status and not stop.is_set():
+                self.refresh_status()
+                if on_status is not None:
+                    on_status(self.summary())
+                next_status = now + STATUS_INTERVAL
+            stop.wait(poll)
+
+    def _check(self, slot: Slot, now: float) -> None:
+        w = slot.worker
+        if w is not None and w.proc.poll() is not None:
+            self._on_exit(slot, w, now)
+        elif w is None and slot.state == "restarting" and now >= slot.next_start:
+            slot.restarts += 1
+            try:
+                self._start_slot(slot, ready_timeout=RESTART_READY_TIMEOUT)
+            except CasfsError as e:
+                slot.state = "restarting"
+                slot.last_exit = e.message
+                self._schedule(slot, time.monotonic())
+                log.error("%s: restart failed: %s; next try in %.0fs", slot.cfg.name,
+                          e.message, slot.next_start - time.monotonic())
+
+    def _on_exit(self, slot: Slot, w: Worker, now: float) -> None:
+        from casfs.view.session import clear_stale_mount
+
+        rc = w.proc.returncode
+        w.release()
+        how = f"killed by signal {-rc}" if rc < 0 else f"exited with status {rc}"
+        with self._lock:
+            slot.worker = None
+            slot.state = "restarting"
+            slot.last_exit = how
+            if slot.started and now - slot.started >= HEALTHY_AFTER:
+                slot.backoff = BACKOFF_FIRST
+        self._schedule(slot, now)
+        log.error("%s: worker pid %d %s; restarting in %.0fs", slot.cfg.name, w.proc.pid, how,
+                  slot.next_start - now)
+        if clear_stale_mount(slot.cfg.mountpoint):
+            log.warning("%s: cleared the dead mount at %s", slot.cfg.name, slot.cfg.mountpoint)
+
+    def _schedule(self, slot: Slot, now: float) -> None:
+        slot.next_start = now + slot.backoff
+        slot.backoff = min(slot.backoff * 2, BACKOFF_MAX)
+
+    # --- stop -------------------------------------------------------------------
+    def stop(self) -> None:
+        """SIGTERM every worker at once; each publishes, unmounts and exits (bounded)."""
+        self.stopping = True
+
+        def one(slot: Slot) -> None:
+            w = slot.worker
+            if w is None:
+                slot.state = "stopped"
+                return
+            slot.state = "stopping"
+            final = w.stop()
+            with self._lock:
+                slot.worker = None
+                slot.state = "stopped"
+                slot.last_final = final
+            pub = (final or {}).get("last_publish") or {}
+            log.info("%s: unmounted %s; last publication: %s", slot.cfg.name,
+                     slot.cfg.mountpoint, pub.get("message", "none"))
+
+        threads = [threading.Thread(target=one, args=(s,), name=f"stop-{s.cfg.name}")
+                   for s in self.slots]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+
+    # --- status ---------------------------------------------------------------
+    def query(self, slot: Slot, cmd: str = "status") -> dict[str, Any] | None:
+        if slot.worker is None or slot.state != "up":
+            return None
+        try:
+            reply = control.request(slot.cfg.socket_path, cmd, timeout=QUERY_TIMEOUT)
+        except CasfsError as e:
+            log.debug("%s: %s", slot.cfg.name, e.message)
+            return None
+        return reply if reply.get("ok") else None
+
+    def refresh_status(self) -> None:
+        for slot in self.slots:
+            st = self.query(slot)
+            with self._lock:
+                slot.last_status = st
+
+    def summary(self) -> str:
+        """One line for systemd's STATUS= (``systemctl status casfsd``)."""
+        up = [s for s in self.slots if s.state == "up"]
+        parts = []
+        pending = 0
+        for s in self.slots:
+            st = s.last_status or {}
+            if s.state != "up":
+                parts.append(f"{s.cfg.name} {s.state.upper()}")
+            else:
+                parts.append(f"{s.cfg.name}@{st.get('served_seq', '?')}")
+            pending += int(st.get("pending_publication") or 0)
+        failed_pubs = [s.cfg.name for s in self.slots
+                       if ((s.last_status or {}).get("last_publish") or {}).get("ok") is False]
+        restarts = sum(s.restarts for s in self.slots)
+        line = (f"{len(up)}/{len(self.slots)} mounts up: {', '.join(parts)};"
+                f" {pending} files pending publication; {restarts} restarts")
+        if failed_pubs:
+            line += f"; last publication FAILED for {', '.join(failed_pubs)}"
+        return line
+
+    def status(self) -> dict[str, Any]:
+        """What the daemon control socket answers to ``status``."""
+        with self._lock:
+            mounts = [{
+                "name": s.cfg.name, "family": s.cfg.family, "namespace": s.cfg.namespace,
+                "mountpoint": str(s.cfg.mountpoint), "state": s.state, "worker_pid": s.pid,
+                "restarts": s.restarts, "last_exit": s.last_exit,
+            } for s in self.slots]
+        return {
+            "pid": os.getpid(), "uptime": round(time.time() - self.started, 1),
+            "config": str(self.cfg.source) if self.cfg.source else None,
+            "root": str(self.cfg.root), "state_dir": str(self.cfg.state_dir),
+            "summary": self.summary(), "mounts": mounts,
+        }
