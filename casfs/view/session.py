@@ -111,10 +111,12 @@ async def _main(
 
 def is_mountpoint(path: Path) -> bool:
     """True if ``path`` is a mount point (including a dead FUSE mount)."""
+    if _is_dead(path):
+        return True
     try:
         st = os.lstat(path)
-    except OSError as e:
-        return e.errno == errno.ENOTCONN  # a dead FUSE mount
+    except OSError:
+        return False
     try:
         pst = os.lstat(os.path.join(path, ".."))
     except OSError:
@@ -123,16 +125,25 @@ def is_mountpoint(path: Path) -> bool:
 
 
 def clear_stale_mount(path: Path) -> bool:
-    """Lazy-unmount a dead FUSE mount (stat says ENOTCONN) at ``path``; True if one was found."""
-    try:
-        os.stat(path)
+    """Lazy-unmount a dead FUSE mount (ENOTCONN) at ``path``; True if one was found.
+
+    statfs is asked too because stat may be answered from attributes the kernel
+    cached before the daemon died; statfs always reaches the (dead) connection.
+    """
+    if not _is_dead(path):
         return False
-    except OSError as e:
-        if e.errno != errno.ENOTCONN:
-            return False
     log.warning("clearing a dead mount at %s", path)
     lazy_unmount(path)
     return True
+
+
+def _is_dead(path: Path) -> bool:
+    for probe in (os.stat, os.statvfs):
+        try:
+            probe(path)
+        except OSError as e:
+            return e.errno == errno.ENOTCONN
+    return False
 
 
 def lazy_unmount(path: Path) -> None:
