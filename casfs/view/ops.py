@@ -142,6 +142,14 @@ class OverlayOperations(pyfuse3.Operations):
         """Serve a newer generation (see the module docstring: nothing to invalidate)."""
         self.layers.lower = lower
 
+    def lower_changed(self) -> None:
+        """The LowerTree grew in place: nothing to do (kept as the refresh hook).
+
+        New paths appear on the next lookup/readdir because negative lookups and
+        directory listings are never cached; lower directory attributes are
+        synthesized constants, so no cached attribute goes stale.
+        """
+
     # --- helpers ----------------------------------------------------------
     def _path(self, ino: int) -> str:
         path = self.inodes.path(ino)

@@ -205,3 +205,24 @@ def test_rmdir_enotempty_and_recreate_opaque(ops: OverlayOperations) -> None:
 def test_root_mode(ops: OverlayOperations) -> None:
     attrs = run(lambda: ops.getattr(ROOT, CTX))
     assert attrs.st_mode & 0o7777 == 0o1777
+
+
+def test_refresh_shows_new_lower_entries(ops: OverlayOperations, tmp_path: Path) -> None:
+    async def main() -> None:
+        with pytest.raises(pyfuse3.FUSEError):
+            await ops.lookup(ROOT, b"late.txt", CTX)
+        src = tmp_path / "late"
+        src.write_bytes(b"late")
+        ops.fetcher.files["f" * 64] = src  # type: ignore[attr-defined]
+        ops.layers.lower.add(Entry("late.txt", "f" * 64, 4, 0o644, 1))  # type: ignore[attr-defined]
+        ops.lower_changed()
+        ino = (await ops.lookup(ROOT, b"late.txt", CTX)).st_ino
+        fi = await ops.open(ino, os.O_RDONLY, CTX)
+        assert await ops.read(fi.fh, 0, 10) == b"late"
+        await ops.release(fi.fh)
+        newer = DictLowerTree([Entry("d/newer", "f" * 64, 4, 0o600, 1)])
+        ops.set_lower(newer)
+        d = await ino_of(ops, "d")
+        assert (await ops.lookup(d, b"newer", CTX)).st_mode & 0o777 == 0o600
+
+    run(main)
