@@ -101,11 +101,35 @@ def _ask(args: argparse.Namespace, cmd: str) -> list[dict[str, Any]]:
     return [control.request(m["socket"], cmd) for m in _find(args.mountpoint)]
 
 
+def _daemon_status() -> dict[str, Any] | None:
+    """What casfsd's own socket says, or None when no daemon runs on this state dir."""
+    sock = default_state_dir() / "run" / "casfsd.sock"
+    if not sock.exists():
+        return None
+    try:
+        reply = control.request(sock, "status", timeout=5)
+    except DaemonUnavailableError:
+        return None
+    return reply if reply.get("ok") else None
+
+
 def cmd_status(args: argparse.Namespace) -> int:
-    replies = _ask(args, "status")
+    daemon = None if args.json or args.mountpoint else _daemon_status()
+    try:
+        replies = _ask(args, "status")
+    except DaemonUnavailableError:
+        if daemon is None:
+            raise
+        replies = []  # casfsd runs, but none of its mounts serves right now
     if args.json:
         emit_json(replies)
         return 0
+    if daemon is not None:
+        print(f"casfsd: pid {daemon['pid']}, up {daemon['uptime']}s; {daemon['summary']}")
+        for m in daemon.get("mounts", []):
+            if m.get("state") != "up":
+                print(f"{m['name']}: {str(m['state']).upper()} at {m['mountpoint']}"
+                      f" (last exit: {m.get('last_exit') or 'none'})")
     for r in replies:
         last = r.get("last_publish") or {}
         print(f"{r['name']}: {r['namespace']}@{r['served_seq']} at {r['mountpoint']}"
