@@ -40,9 +40,10 @@ from casfs.errors import CasfsError
 from casfs.promote.tracker import WriteTracker
 from casfs.store.entry import Entry
 from casfs.util.counters import Counters
+from casfs.view.attrs import lower_attrs, upper_attrs
 from casfs.view.inodes import InodeTable
 from casfs.view.layers import Layers, Node, join, split
-from casfs.view.lower import DIR, LowerNode, LowerTree, ObjectFetcher
+from casfs.view.lower import LowerNode, LowerTree, ObjectFetcher
 from casfs.view.whiteout import is_reserved
 
 log = logging.getLogger(__name__)
@@ -189,46 +190,17 @@ class OverlayOperations(pyfuse3.Operations):
         return self._lower_attrs(node.lower, ino)
 
     def _upper_attrs(self, st: os.stat_result, ino: int) -> pyfuse3.EntryAttributes:
-        a = pyfuse3.EntryAttributes()
-        a.st_ino = ino
-        a.generation = 0
-        a.entry_timeout = self.upper_timeout
-        a.attr_timeout = self.upper_timeout
-        a.st_mode = st.st_mode
-        a.st_nlink = st.st_nlink
-        a.st_uid = st.st_uid
-        a.st_gid = st.st_gid
-        a.st_rdev = st.st_rdev
-        a.st_size = st.st_size
-        a.st_blksize = st.st_blksize
-        a.st_blocks = st.st_blocks
-        a.st_atime_ns = st.st_atime_ns
-        a.st_mtime_ns = st.st_mtime_ns
-        a.st_ctime_ns = st.st_ctime_ns
-        return a
+        return upper_attrs(st, ino, self.upper_timeout)
 
     def _lower_attrs(self, node: LowerNode, ino: int) -> pyfuse3.EntryAttributes:
-        a = pyfuse3.EntryAttributes()
-        a.st_ino = ino
-        a.generation = 0
-        a.entry_timeout = self.lower_timeout
-        a.attr_timeout = self.lower_timeout
-        a.st_uid, a.st_gid = self._owner
-        a.st_blksize = 4096
-        if node is DIR:
-            a.st_mode = stat.S_IFDIR | self.dir_mode
-            a.st_nlink = 2
-            a.st_size = 4096
-            a.st_blocks = 8
-            a.st_atime_ns = a.st_mtime_ns = a.st_ctime_ns = self._start_ns
-        else:
-            assert isinstance(node, Entry)
-            a.st_mode = stat.S_IFREG | (node.mode & 0o7777)
-            a.st_nlink = 1
-            a.st_size = node.size
-            a.st_blocks = (node.size + 511) // 512
-            a.st_atime_ns = a.st_mtime_ns = a.st_ctime_ns = node.mtime_ns
-        return a
+        return lower_attrs(
+            node,
+            ino,
+            self.lower_timeout,
+            owner=self._owner,
+            dir_mode=self.dir_mode,
+            dir_time_ns=self._start_ns,
+        )
 
     def _invalidate_entry(self, path: str) -> None:
         """Make the kernel forget the dentry of ``path`` (asynchronously: no deadlock)."""
