@@ -6,6 +6,7 @@ import errno
 import os
 import shutil
 import tempfile
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -182,3 +183,37 @@ def test_tracker_events(overlay: MakeOverlay) -> None:
     assert ["removed", "ab/abcdef.py"] in ev
     pins = next(r["pins"] for r in ov.view.events() if "pins" in r)
     assert all(n == 0 for n in pins.values())  # every fetched object was unpinned
+
+
+def test_concurrent_copy_up_and_atomic_writes(overlay: MakeOverlay) -> None:
+    """Many writers at once: one copy-up wins, nobody's write is lost, renames land."""
+    ov = overlay()
+    errors: list[BaseException] = []
+
+    def worker(t: int) -> None:
+        try:
+            with open(ov.mnt / "ab/abcdef.so", "r+b") as f:  # all race to copy it up
+                f.seek(t)
+                f.write(bytes([200 + t]))
+            d = ov.mnt / f"KEY{t}"
+            d.mkdir(exist_ok=True)
+            for i in range(20):
+                tmp = d / f".{t}.{i}.tmp"
+                tmp.write_bytes(f"{t}-{i}".encode())
+                os.replace(tmp, d / f"f{i}")
+        except BaseException as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(t,)) for t in range(8)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert errors == []
+    data = (ov.mnt / "ab/abcdef.so").read_bytes()
+    assert data[:8] == bytes(200 + t for t in range(8))
+    assert data[8:] == SAMPLE["ab/abcdef.so"][8:]
+    for t in range(8):
+        names = sorted(os.listdir(ov.mnt / f"KEY{t}"))
+        assert names == sorted(f"f{i}" for i in range(20))
+        assert (ov.mnt / f"KEY{t}/f19").read_bytes() == f"{t}-19".encode()
