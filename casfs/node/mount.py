@@ -168,6 +168,18 @@ class MountService:
         self.index.set_ns_state(ns, {"seq": rec.seq, "parts": [p.digest for p in rec.parts],
                                      "entries": rec.entries})
         log.info("%s: indexed %s@%d (%d files)", self.cfg.name, ns, rec.seq, rec.entries)
+        self._check_mount_path(rec)
+
+    def _check_mount_path(self, rec: Record) -> None:
+        published_at = (rec.fingerprint or {}).get("mountpoint")
+        if (self.cfg.family in ("triton", "inductor") and isinstance(published_at, str)
+                and published_at != str(self.cfg.mountpoint)):
+            self.counters.inc("mount_path_mismatch")
+            log.warning(
+                "%s: %s@%d was published from a mount at %s but is served here at %s:"
+                " Triton group files hold absolute paths, so Triton kernels will miss;"
+                " use the same mount path on every node",
+                self.cfg.name, rec.namespace, rec.seq, published_at, self.cfg.mountpoint)
 
     def _promoter_or_none(self) -> Promoter | None:
         if self.root is None:
@@ -187,7 +199,10 @@ class MountService:
             self.publisher = Publisher(
                 generations=self.root.generations(), index=self.index, key=self.cfg.namespace,
                 namespace=self.cfg.namespace, counters=self.counters,
-                fingerprint=fingerprint(self.cfg.family).ingredients,
+                # The mount path travels with the record: Triton group files hold
+                # absolute paths, so nodes serving another path must be warned.
+                fingerprint={**fingerprint(self.cfg.family).ingredients,
+                             "mountpoint": str(self.cfg.mountpoint)},
                 max_bytes=self.cfg.namespace_max_bytes,
             )
         return self.publisher

@@ -214,3 +214,17 @@ def test_unreachable_root_serves_local_state(cluster: dict[str, Any], tmp_path: 
         (cluster["root"] / "casfs.json").unlink()
         cluster["root"].rmdir()
         moved.rename(cluster["root"])
+
+
+def test_serving_triton_at_another_path_is_warned(cluster: dict[str, Any]) -> None:
+    a, b = cluster["a"], cluster["b"]
+    w = a.mount(family="triton")
+    (w.cfg.mountpoint / "f").write_text("x")
+    a.stop(w)
+    same = b.mount(family="triton")
+    assert b.ask(same, "stats")["counters"].get("mount_path_mismatch", 0) == 0
+    b.stop(same)
+    c = cluster["c"]
+    other = c.mount(family="triton", mountpoint=cluster["mnt"] / "elsewhere")
+    assert c.ask(other, "stats")["counters"]["mount_path_mismatch"] == 1
+    assert "Triton kernels will miss" in (c.state / "log" / "triton.log").read_text()
