@@ -55,7 +55,9 @@ def export_tree(
         try:
             with open(tmp, "xb") as f:
                 root.objects.get_into(e.digest, e.size, f)
-            os.chmod(tmp, e.mode)
+            # Permission bits only: a manifest (written by any node) must not be
+            # able to make an export run as root produce setuid/setgid files.
+            os.chmod(tmp, e.mode & 0o777)
             os.utime(tmp, ns=(e.mtime_ns, e.mtime_ns))
             os.rename(tmp, target)
             return e, None
