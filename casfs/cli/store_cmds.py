@@ -209,8 +209,16 @@ def cmd_stat(args: argparse.Namespace) -> int:
 
 
 def cmd_cat(args: argparse.Namespace) -> int:
+    import shutil
+    import tempfile
+
     e = _entry(args)
-    open_root().objects.get_into(e.digest, e.size, sys.stdout.buffer)
+    # Verify before writing anything: get_into only knows the hash at the end, and
+    # a corrupt object must not put unverified bytes on stdout.
+    with tempfile.TemporaryFile() as buf:
+        open_root().objects.get_into(e.digest, e.size, buf)
+        buf.seek(0)
+        shutil.copyfileobj(buf, sys.stdout.buffer)
     sys.stdout.buffer.flush()
     return 0
 
