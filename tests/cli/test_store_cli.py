@@ -313,3 +313,17 @@ def test_export_into_non_empty_dir(cli: Cli, imported: Path, tmp_path: Path) -> 
     afile = tmp_path / "afile"
     afile.write_text("x")
     assert "not an empty directory" in cli("export", "ns", afile).assert_clean_error()
+
+
+def test_cat_of_corrupt_object_writes_nothing(
+    cli: Cli, imported: Path, casfs_env: dict[str, Path]
+) -> None:
+    digest = cli("stat", "ns", "ab/cab12.so", "--json", check=True).json()["digest"]
+    p = casfs_env["root"] / "objects" / digest[:2] / digest[2:]
+    p.chmod(0o644)
+    data = bytearray(p.read_bytes())
+    data[-1] ^= 1  # raw object: every byte but the last would stream out before the hash check
+    p.write_bytes(bytes(data))
+    res = cli("cat", "ns", "ab/cab12.so")
+    assert "does not match" in res.assert_clean_error()
+    assert res.out == ""

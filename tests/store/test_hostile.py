@@ -252,3 +252,15 @@ def test_export_refuses_symlink_destination_tricks(
     (dest / "a").symlink_to(victim / "a")  # planted: a non-empty destination is refused
     cli("export", "ns", dest).assert_clean_error()
     assert not (victim / "a").exists()
+
+
+def test_export_drops_setuid_bits_from_a_manifest(root: SharedRoot, tmp_path: Path) -> None:
+    c = root.objects.put_bytes(b"#!/bin/sh\n")
+    m = root.objects.put_bytes(_manifest_doc([_row("run.sh", c.digest, 10, mode=0o6755)]))
+    _write_record(root, "ns", 1, json.dumps(_record_doc("ns", 1, [(m.digest, m.size, 1)], 1))
+                  .encode())
+    from casfs.store.export import export_tree
+
+    rep = export_tree(root, root.generations().resolve("ns", None), tmp_path / "out")
+    assert rep.failed == []
+    assert (tmp_path / "out/run.sh").stat().st_mode & 0o7777 == 0o755
