@@ -19,7 +19,8 @@ Rules this module enforces (from LMDB's documentation):
   and the new size is adopted the same way.
 
 Transactions are functions (``read(fn)``, ``write(fn)``) so they can be rerun
-after a resize: ``fn`` must have no effects outside the transaction. Read
+after a resize: ``fn`` must have no effects outside the transaction and must
+not start another transaction. Read
 transactions are short (one per call): with py-lmdb they cost about a
 microsecond, they always see the latest commit, and they never pin old pages
 the way a long-lived per-thread transaction would.
@@ -53,18 +54,21 @@ _MAX_GROWTHS = 16
 class _SharedLock:
     """Many holders of the shared side, or one of the exclusive side.
 
-    No writer preference: a thread already holding the shared side may take it
-    again (nested reads) without deadlocking against a waiting resizer.
+    Writer-preferring: once a resize waits, new shared holders wait too, or a
+    steady stream of FUSE lookups would starve it. So the shared side must
+    never be taken twice by one thread (transaction functions must not call
+    ``read``/``write``).
     """
 
     def __init__(self) -> None:
         self._cond = threading.Condition(threading.Lock())
         self._shared = 0
         self._exclusive = False
+        self._exclusive_waiting = 0
 
     def acquire_shared(self) -> None:
         with self._cond:
-            while self._exclusive:
+            while self._exclusive or self._exclusive_waiting:
                 self._cond.wait()
             self._shared += 1
 
@@ -76,8 +80,12 @@ class _SharedLock:
 
     def acquire_exclusive(self) -> None:
         with self._cond:
-            while self._exclusive or self._shared:
-                self._cond.wait()
+            self._exclusive_waiting += 1
+            try:
+                while self._exclusive or self._shared:
+                    self._cond.wait()
+            finally:
+                self._exclusive_waiting -= 1
             self._exclusive = True
 
     def release_exclusive(self) -> None:
@@ -239,6 +247,7 @@ class IndexEnv:
         for _ in range(_MAX_GROWTHS):
             grow = 0
             with self._write_lock:
+                self._grow_early()
                 self._lock.acquire_shared()
                 try:
                     with self.env.begin(write=True) as txn:
@@ -251,6 +260,20 @@ class IndexEnv:
                     self._lock.release_shared()
                 self._resize(grow)
         raise IndexError_(f"node index {self.path}: map still full after {_MAX_GROWTHS} growths")
+
+    def _grow_early(self) -> None:
+        """Double the map while it is over half used, so that writes rarely hit MapFullError.
+
+        A write aborted by MapFullError is work thrown away and done again;
+        growing between transactions avoids it except for very large ones.
+        """
+        info = self.env.info()
+        used = (info["last_pgno"] + 1) * self.env.stat()["psize"]
+        size = info["map_size"]
+        if used * 2 > size:
+            while used * 2 > size:
+                size *= 2
+            self._resize(size)
 
     def _resize(self, new_size: int) -> None:
         """Set the map size (0 adopts the size another process set)."""

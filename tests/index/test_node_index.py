@@ -4,6 +4,8 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -230,3 +232,41 @@ def test_many_promoted_records_iterate_across_batches(index: NodeIndex) -> None:
     for e in entries:
         index.add_promoted("m", e)
     assert list(index.pending("m")) == entries
+
+
+def test_readers_in_other_threads_survive_map_growth(tmp_path: Path) -> None:
+    with NodeIndex.open(tmp_path, map_size=64 * 1024) as ix:
+        ix.add_entries("ns", 1, [Entry("fixed/f", D1, 1, 0o644, 0)])
+        tree = ix.lower_tree("ns", 10)
+        stop = threading.Event()
+        failures: list[BaseException] = []
+        lookups = [0]
+
+        def reader() -> None:
+            while not stop.is_set():
+                try:
+                    assert tree.lookup("fixed/f") is not None
+                    lookups[0] += 1
+                    # pacing, not timing: a tight loop in 4 threads starves the
+                    # writer of the GIL (seconds per commit), unlike FUSE traffic
+                    time.sleep(0.0002)
+                except BaseException as e:
+                    failures.append(e)
+                    return
+
+        threads = [threading.Thread(target=reader) for _ in range(4)]
+        for t in threads:
+            t.start()
+        try:
+            for batch in range(20):
+                ix.add_entries(
+                    "ns", 2, [Entry(f"g{batch}/{i}", D2, 1, 0o644, 0) for i in range(500)]
+                )
+        finally:
+            stop.set()
+            for t in threads:
+                t.join()
+        assert ix.env.env.info()["map_size"] > 64 * 1024
+        assert failures == []
+        assert lookups[0] > 0
+        assert sum(1 for _ in tree.walk()) == 10_001
