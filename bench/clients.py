@@ -1,0 +1,78 @@
+"""Client processes for the read and write benchmarks; each prints one JSON line.
+
+    python -m bench.clients read DIR            open+read every file under DIR
+    python -m bench.clients write DIR KERNELS SEED
+        write a Triton-like tree the way triton.runtime.cache.FileCacheManager.put
+        does (triton 3.7.1): makedirs(<KEY>), then per file mkdir
+        <KEY>/tmp.pid_<pid>_<uuid>/, write the file there, os.replace it into
+        <KEY>/, os.removedirs the temp dir (whose final rmdir of <KEY> fails
+        ENOTEMPTY); the group file last.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+import time
+import uuid
+from pathlib import Path
+
+
+def read_all(top: str) -> dict[str, float]:
+    t0 = time.perf_counter()
+    files = nbytes = 0
+    for dirpath, _, names in os.walk(top):
+        for n in names:
+            with open(os.path.join(dirpath, n), "rb") as f:
+                while chunk := f.read(1 << 20):
+                    nbytes += len(chunk)
+            files += 1
+    dt = time.perf_counter() - t0
+    return {"files": files, "bytes": nbytes, "seconds": round(dt, 4),
+            "files_per_s": round(files / dt, 1)}
+
+
+def write_tree(top: str, kernels: int, seed: str) -> dict[str, float]:
+    from bench.tree import kernel_files
+
+    todo = [list(kernel_files(seed, i)) for i in range(kernels)]  # generated before timing
+    pid = os.getpid()
+    t0 = time.perf_counter()
+    files = nbytes = 0
+    for kernel in todo:
+        key_dir = os.path.join(top, kernel[0][0].split("/")[0])
+        os.makedirs(key_dir, exist_ok=True)
+        for rel, data in kernel:
+            name = rel.split("/")[1]
+            tmp_dir = os.path.join(key_dir, f"tmp.pid_{pid}_{uuid.uuid4()}")
+            os.makedirs(tmp_dir, exist_ok=True)
+            tmp = os.path.join(tmp_dir, name)
+            with open(tmp, "wb") as f:
+                f.write(data)
+            os.replace(tmp, os.path.join(key_dir, name))
+            with contextlib.suppress(OSError):
+                os.removedirs(tmp_dir)
+            files += 1
+            nbytes += len(data)
+    dt = time.perf_counter() - t0
+    return {"files": files, "bytes": nbytes, "seconds": round(dt, 4),
+            "files_per_s": round(files / dt, 1)}
+
+
+def main(argv: list[str]) -> int:
+    if argv[:1] == ["read"] and len(argv) == 2:
+        out = read_all(argv[1])
+    elif argv[:1] == ["write"] and len(argv) == 4:
+        Path(argv[1]).mkdir(parents=True, exist_ok=True)
+        out = write_tree(argv[1], int(argv[2]), argv[3])
+    else:
+        print(__doc__, file=sys.stderr)
+        return 2
+    print(json.dumps(out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,169 @@
+"""Shared pieces: results, timing, medians, temp workspaces, page-cache dropping."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+PY = sys.executable
+
+
+@dataclass
+class Target:
+    """A goal from the issue: ``metric`` compared with ``limit`` (``le``: at most, ``ge``)."""
+
+    metric: str
+    limit: float
+    op: str = "le"  # "le" or "ge"
+
+    def check(self, value: float | None) -> bool | None:
+        if value is None:
+            return None
+        return value <= self.limit if self.op == "le" else value >= self.limit
+
+    def text(self) -> str:
+        return f"{self.metric} {'<=' if self.op == 'le' else '>='} {self.limit:g}"
+
+
+@dataclass
+class Result:
+    """One benchmark row: raw figures, ratios and the targets they are held to."""
+
+    bench: str
+    case: str
+    figures: dict[str, Any] = field(default_factory=dict)
+    ratios: dict[str, float | None] = field(default_factory=dict)
+    targets: list[Target] = field(default_factory=list)
+    raw: dict[str, Any] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    def value(self, metric: str) -> float | None:
+        v = self.ratios.get(metric, self.figures.get(metric))
+        return float(v) if isinstance(v, int | float) else None
+
+    def verdicts(self) -> list[dict[str, Any]]:
+        return [{"target": t.text(), "value": self.value(t.metric),
+                 "met": t.check(self.value(t.metric))} for t in self.targets]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"bench": self.bench, "case": self.case, "figures": self.figures,
+                "ratios": self.ratios, "targets": self.verdicts(), "raw": self.raw,
+                "notes": self.notes}
+
+
+@dataclass
+class Settings:
+    quick: bool
+    workdir: Path
+    repeats: int
+
+    def reps(self, full: int, quick: int = 1) -> int:
+        return quick if self.quick else full
+
+
+def median(xs: Sequence[float]) -> float:
+    return float(statistics.median(xs)) if xs else float("nan")
+
+
+def ratio(a: float | None, b: float | None, nd: int = 3) -> float | None:
+    if a is None or b is None or b == 0:
+        return None
+    return round(a / b, nd)
+
+
+def timed(fn: Callable[[], object]) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def repeat(n: int, fn: Callable[[], object], before: Callable[[], object] | None = None
+           ) -> list[float]:
+    """Time ``fn`` ``n`` times; ``before`` (untimed) runs ahead of each repetition."""
+    out = []
+    for _ in range(n):
+        if before is not None:
+            before()
+        out.append(round(timed(fn), 4))
+    return out
+
+
+@dataclass
+class ProcRun:
+    wall: float
+    cpu: float  # user + sys of the child and its descendants
+    rc: int
+    stdout: str
+
+
+def run_proc(cmd: Sequence[str], env: dict[str, str] | None = None, cwd: Path | None = None,
+             timeout: float = 900) -> ProcRun:
+    """Run a child, measuring wall time and the CPU time it (and its children) used."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.perf_counter()
+    p = subprocess.run(list(cmd), env=env, cwd=cwd, capture_output=True,
+                       text=True, timeout=timeout, check=False)
+    wall = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    if p.returncode != 0:
+        sys.stderr.write(p.stderr[-3000:])
+    return ProcRun(round(wall, 3), round(cpu, 3), p.returncode, p.stdout)
+
+
+def proc_cpu(pid: int) -> float:
+    """User + system seconds a live process has used so far (all its threads)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def drop_caches() -> bool:
+    """Drop the page cache (root only); False where not permitted."""
+    try:
+        os.sync()
+        Path("/proc/sys/vm/drop_caches").write_text("3\n")
+        return True
+    except OSError:
+        return False
+
+
+def rmtree(path: Path) -> None:
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def workspace(parent: Path | None, name: str) -> Iterator[Path]:
+    d = Path(tempfile.mkdtemp(prefix=f"casfs-bench-{name}-", dir=parent))
+    try:
+        yield d
+    finally:
+        rmtree(d)
+
+
+def du_bytes(path: Path) -> tuple[int, int]:
+    """(apparent bytes, allocated bytes) of every file under ``path``."""
+    apparent = allocated = 0
+    for dirpath, _, files in os.walk(path):
+        for f in files:
+            try:
+                st = os.lstat(os.path.join(dirpath, f))
+            except FileNotFoundError:
+                continue
+            apparent += st.st_size
+            allocated += st.st_blocks * 512
+    return apparent, allocated
+
+
+def log(msg: str) -> None:
+    print(f"bench: {msg}", file=sys.stderr, flush=True)

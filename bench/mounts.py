@@ -1,0 +1,67 @@
+"""casfs mounts for benchmarks: a fresh node (its own state dir) serving one namespace.
+
+Mounts are started the way ``casfs mount`` starts them (casfs.node.worker.spawn: a
+child process that reports READY over a pipe) and always torn down in ``finally``,
+with a lazy unmount as the last resort, so no benchmark leaves a mount behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bench.common import proc_cpu
+from casfs.node import control, worker
+from casfs.node.config import MountConfig
+
+
+@dataclass
+class Mount:
+    cfg: MountConfig
+    w: worker.Worker
+    ready_seconds: float  # spawn to READY
+
+    @property
+    def path(self) -> Path:
+        return self.cfg.mountpoint
+
+    @property
+    def pid(self) -> int:
+        return int(self.w.proc.pid)
+
+    def cpu(self) -> float:
+        return proc_cpu(self.pid)
+
+    def ask(self, cmd: str, timeout: float = 600) -> dict[str, Any]:
+        return control.request(self.cfg.socket_path, cmd, timeout=timeout)
+
+
+def config(root: Path, state_dir: Path, mountpoint: Path, namespace: str, *,
+           family: str = "generic", stable_after: float = 3600.0,
+           publish_interval: float = 3600.0) -> MountConfig:
+    """A mount that promotes/publishes only when told (or on unmount), unless overridden."""
+    return MountConfig(name="bench", family=family, namespace=namespace,
+                       mountpoint=mountpoint, root=root, state_dir=state_dir,
+                       stable_after=stable_after, publish_interval=publish_interval,
+                       refresh_interval=3600.0, shutdown_timeout=600.0)
+
+
+@contextlib.contextmanager
+def mounted(cfg: MountConfig) -> Iterator[Mount]:
+    t0 = time.perf_counter()
+    w = worker.spawn(cfg)
+    m = Mount(cfg, w, time.perf_counter() - t0)
+    try:
+        yield m
+    finally:
+        try:
+            w.stop(timeout=cfg.shutdown_timeout + 30)
+        finally:
+            from casfs.view.session import is_mountpoint, lazy_unmount
+
+            if is_mountpoint(cfg.mountpoint):
+                lazy_unmount(cfg.mountpoint)

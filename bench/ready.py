@@ -1,0 +1,84 @@
+"""2. Time to ready: casfs mount on a fresh node against copy-based restores.
+
+casfs: spawn of the mount process to READY on a brand-new node state dir (empty
+index, empty object cache), which includes reading and indexing the generation's
+manifest. Alternatives restore the same files into a fresh local directory:
+``cp -a``, ``rsync -a`` (skipped with a note if rsync is not installed) and a
+``zstd -dc | tar -x`` extraction of an archive made beforehand. The page cache
+holds the sources (best case for the copies; a real shared filesystem is slower).
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+from bench.common import Result, Settings, Target, log, median, ratio, repeat, rmtree
+from bench.fixture import Fixture
+from bench.mounts import config, mounted
+
+
+def _sh(cmd: str) -> None:
+    subprocess.run(["bash", "-c", cmd], check=True)
+
+
+def casfs_ready(fx: Fixture, ns: str, work: Path, n: int) -> list[float]:
+    out = []
+    for i in range(n):
+        state = work / f"node-{ns}-{i}"
+        cfg = config(fx.root_path, state, work / "mnt", ns)
+        with mounted(cfg) as m:
+            out.append(round(m.ready_seconds, 4))
+        rmtree(state)
+    return out
+
+
+def bench_size(fx: Fixture, s: Settings, files: int) -> Result:
+    ns, src = fx.subset(files)
+    work = s.workdir / f"ready-{files}"
+    dst = work / "dst"
+    work.mkdir(parents=True, exist_ok=True)
+    reps = s.reps(3, 2)
+    log(f"ready: {files} files, casfs mount")
+    casfs = casfs_ready(fx, ns, work, reps)
+    alts: dict[str, list[float]] = {}
+    notes = ["sources in the page cache (best case for copying)"]
+
+    def clean() -> None:
+        rmtree(dst)
+
+    log(f"ready: {files} files, cp -a")
+    alts["cp_a"] = repeat(reps, lambda: _sh(f"cp -a '{src}' '{dst}'"), clean)
+    if shutil.which("rsync"):
+        log(f"ready: {files} files, rsync -a")
+        alts["rsync"] = repeat(reps, lambda: _sh(f"rsync -a '{src}/' '{dst}/'"), clean)
+    else:
+        notes.append("rsync is not installed: skipped")
+    archive = work / "cache.tar.zst"
+    _sh(f"tar -C '{src}' -cf - . | zstd -q -3 -T0 -o '{archive}'")
+    log(f"ready: {files} files, tar+zstd extract")
+    alts["tar_zstd"] = repeat(
+        reps, lambda: _sh(f"mkdir -p '{dst}' && zstd -q -dc '{archive}' | tar -C '{dst}' -xf -"),
+        clean)
+    archive_bytes = archive.stat().st_size
+    rmtree(work)
+    c = median(casfs)
+    figures: dict[str, object] = {"files": files, "casfs_ready_s": round(c, 3)}
+    ratios: dict[str, float | None] = {}
+    for k, v in alts.items():
+        figures[f"{k}_s"] = round(median(v), 3)
+        ratios[f"{k}_over_casfs"] = ratio(median(v), c, 1)
+    fastest = min(median(v) for v in alts.values())
+    ratios["fastest_copy_over_casfs"] = ratio(fastest, c, 1)
+    targets = [Target("fastest_copy_over_casfs", 20, "ge")]
+    if files >= 100_000:
+        targets.insert(0, Target("casfs_ready_s", 1.0))
+    return Result("ready", f"{files} files", figures, ratios, targets,
+                  raw={"casfs_s": casfs, **{f"{k}_s": v for k, v in alts.items()},
+                       "archive_bytes": archive_bytes}, notes=notes)
+
+
+def run(fx: Fixture, s: Settings) -> list[Result]:
+    sizes = [1_000, 10_000] if s.quick else [1_000, 10_000, 100_000]
+    return [bench_size(fx, s, n) for n in sizes if n <= fx.files + 10]
