@@ -1,0 +1,142 @@
+"""casfsd end to end: READY, publication through two mounts, status, metrics, SIGTERM,
+SIGKILL recovery and worker restarts. Real FUSE mounts, real NOTIFY_SOCKET listener."""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+import socket
+import urllib.request
+from collections.abc import Callable
+
+import pytest
+from fusehelpers import mounted
+
+from tests.daemon.conftest import Daemon, wait_until
+
+pytestmark = [pytest.mark.fuse, pytest.mark.slow]
+
+FAST = {"stable_after": 0.2, "publish_interval": 0.5, "refresh_interval": 1.0}
+
+
+def two_mounts() -> list[dict[str, object]]:
+    return [{"name": "kern", "family": "generic", "namespace": "kern-test"},
+            {"name": "vllm", "family": "generic", "namespace": "vllm-test"}]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_ready_publish_status_metrics(daemons: Callable[..., Daemon]) -> None:
+    port = free_port()
+    d = daemons("a", two_mounts(), defaults=FAST, metrics=f"127.0.0.1:{port}")
+    assert d.notify is not None
+    ready = next(m for m in d.notify.messages if m.get("READY") == "1")
+    assert ready.get("STATUS", "").startswith("2/2 mounts up"), ready
+
+    st = {m["name"]: m for m in d.status()}
+    assert set(st) == {"kern", "vllm"}
+    assert {m["namespace"] for m in st.values()} == {"kern-test", "vllm-test"}
+    assert all(m["mountpoint"] == str(p) for m, p in zip(
+        (st["kern"], st["vllm"]), d.mount_paths, strict=True))
+
+    (d.mount_paths[0] / "k.bin").write_bytes(b"kernel bytes")
+    (d.mount_paths[1] / "sub").mkdir()
+    (d.mount_paths[1] / "sub" / "v.json").write_text('{"v": 1}')
+    wait_until(lambda: d.published("kern-test") == {"k.bin"}, "kern publication", proc=d.proc)
+    wait_until(lambda: d.published("vllm-test") == {"sub/v.json"}, "vllm publication",
+               proc=d.proc)
+    assert d.cli("cat", "kern-test", "k.bin").stdout == "kernel bytes"
+
+    # casfs status (human) shows the daemon line from casfsd's own socket
+    out = d.cli("status").stdout
+    assert out.splitlines()[0].startswith(f"casfsd: pid {d.proc.pid}"), out  # type: ignore[union-attr]
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as r:
+        text = r.read().decode()
+    assert 'casfs_mount_up{mount="kern",namespace="kern-test"} 1.0' in text
+    assert 'casfs_mount_up{mount="vllm",namespace="vllm-test"} 1.0' in text
+    assert 'casfs_files_published_total{mount="kern",namespace="kern-test"} 1.0' in text
+
+    assert d.terminate() == 0
+    assert not any(mounted(p) for p in d.mount_paths)
+
+
+def test_sigterm_final_publication(daemons: Callable[..., Daemon]) -> None:
+    # publish_interval is an hour: only the final publication can publish the file
+    d = daemons("a", two_mounts(), defaults={"stable_after": 0.2, "publish_interval": 3600})
+    (d.mount_paths[0] / "last.bin").write_bytes(b"written just before SIGTERM")
+    assert d.published("kern-test") == set()
+    assert d.terminate() == 0
+    assert d.notify is not None and d.notify.has("STOPPING", "1")
+    assert not any(mounted(p) for p in d.mount_paths), d.log()
+    assert d.published("kern-test") == {"last.bin"}
+    gens = d.cli("generations", "kern-test", "--json").stdout
+    assert '"seq": 1' in gens
+
+
+def _kill_everything(d: Daemon) -> None:
+    """SIGKILL the daemon's process group and every worker: a crash, no clean-up at all."""
+    assert d.proc is not None
+    workers = [int(m["pid"]) for m in d.status()]
+    os.kill(d.proc.pid, signal.SIGSTOP)  # no chance to react to its workers dying
+    for pid in workers:
+        os.kill(pid, signal.SIGKILL)
+    os.killpg(d.proc.pid, signal.SIGKILL)
+    d.proc.wait(30)
+    for pid in workers:
+        wait_until(lambda p=pid: not os.path.exists(f"/proc/{p}"), f"worker {pid} gone")
+
+
+def test_sigkill_then_restart_recovers(daemons: Callable[..., Daemon]) -> None:
+    opts = {"stable_after": 1.0, "publish_interval": 1.0, "refresh_interval": 1.0}
+    d = daemons("a", two_mounts(), defaults=opts)
+    (d.mount_paths[0] / "dir").mkdir()
+    (d.mount_paths[0] / "dir" / "a.so").write_bytes(b"A" * 5000)
+    (d.mount_paths[1] / "b.json").write_text("b")
+    _kill_everything(d)
+    # nothing was published, and the mounts are dead, not gone
+    assert d.published("kern-test") == set()
+    assert d.published("vllm-test") == set()
+    for p in d.mount_paths:
+        assert mounted(p)
+        with pytest.raises(OSError) as e:
+            os.stat(p)
+        assert e.value.errno == errno.ENOTCONN
+
+    d.start()  # same config
+    for p in d.mount_paths:
+        assert os.stat(p).st_ino  # serving again, not ENOTCONN
+    assert (d.mount_paths[0] / "dir" / "a.so").read_bytes() == b"A" * 5000
+    wait_until(lambda: d.published("kern-test") == {"dir/a.so"}, "kern recovery publication",
+               proc=d.proc)
+    wait_until(lambda: d.published("vllm-test") == {"b.json"}, "vllm recovery publication",
+               proc=d.proc)
+    assert d.terminate() == 0
+
+
+def test_dead_worker_is_restarted(daemons: Callable[..., Daemon]) -> None:
+    opts = {"stable_after": 1.0, "publish_interval": 1.0}
+    d = daemons("a", two_mounts(), defaults=opts)
+    before = {m["name"]: int(m["pid"]) for m in d.status()}
+    (d.mount_paths[1] / "before-crash.bin").write_bytes(b"x" * 100)
+    os.kill(before["vllm"], signal.SIGKILL)
+
+    def restarted() -> bool:
+        st = {m["name"]: int(m["pid"]) for m in d.status()} if d.cli(
+            "status", "--json", check=False).returncode == 0 else {}
+        return st.get("vllm") not in (None, before["vllm"])
+
+    wait_until(restarted, "the vllm worker to be restarted", proc=d.proc)
+    d.worker_pids |= {int(m["pid"]) for m in d.status()}
+    after = {m["name"]: int(m["pid"]) for m in d.status()}
+    assert after["kern"] == before["kern"]  # the other mount was not touched
+    assert (d.mount_paths[1] / "before-crash.bin").read_bytes() == b"x" * 100
+    wait_until(lambda: d.published("vllm-test") == {"before-crash.bin"},
+               "publication after the restart", proc=d.proc)
+    assert "restarting in" in d.log()
+    assert d.terminate() == 0
