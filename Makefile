@@ -10,7 +10,7 @@ demo: bootstrap
 	@.venv/bin/python -m casfs.demo.run_twice
 
 lint: bootstrap
-	.venv/bin/ruff check casfs tests bench
+	.venv/bin/ruff check
 	.venv/bin/mypy
 
 test: bootstrap lint
