@@ -204,6 +204,7 @@ class MountService:
                 fingerprint={**fingerprint(self.cfg.family).ingredients,
                              "mountpoint": str(self.cfg.mountpoint)},
                 max_bytes=self.cfg.namespace_max_bytes,
+                on_lost=self.tracker.modified,
             )
         return self.publisher
 

@@ -14,6 +14,7 @@ files of two writers.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +23,7 @@ from casfs.index.node_index import NodeIndex
 from casfs.scratch import group_children, is_group_file
 from casfs.store.entry import Entry
 from casfs.store.generations import GenerationStore, PublishResult, Snapshot
+from casfs.store.objects import object_key
 from casfs.util.counters import Counters
 
 log = logging.getLogger(__name__)
@@ -45,6 +47,7 @@ class Publisher:
         counters: Counters,
         fingerprint: dict[str, Any] | None,
         max_bytes: int | None,
+        on_lost: Callable[[str], None] | None = None,
     ) -> None:
         self.gens = generations
         self.index = index
@@ -53,13 +56,14 @@ class Publisher:
         self.counters = counters
         self.fingerprint = fingerprint
         self.max_bytes = max_bytes
+        self.on_lost = on_lost  # called with a path whose promoted object disappeared
         self.last: PublishOutcome | None = None
 
     def pending(self) -> list[Entry]:
         return list(self.index.pending(self.key))
 
     def publish(self) -> PublishOutcome:
-        pending = self.pending()
+        pending = self._present(self.pending())
         if not pending:
             return PublishOutcome(True, "nothing to publish")
         try:
@@ -82,7 +86,8 @@ class Publisher:
         else:
             if res.seq is not None:
                 # Conflicting paths are settled too: the published entry stays.
-                self.index.mark_published(self.key, [e.path for e in pending], res.seq)
+                # Entries, not bare paths: a file re-promoted meanwhile stays pending.
+                self.index.mark_published(self.key, pending, res.seq)
             if res.added:
                 self.counters.inc("generations_published")
                 self.counters.inc("files_published", res.added)
@@ -95,6 +100,27 @@ class Publisher:
             )
         self.last = out
         return out
+
+    def _present(self, pending: list[Entry]) -> list[Entry]:
+        """Pending entries whose objects still exist, each touched to outlive a concurrent gc.
+
+        A node that was offline past the gc grace period may find its promoted
+        objects collected: those entries go back to promotion (re-hashed from
+        the upper file) instead of being named by a record that points at nothing.
+        """
+        backend = self.gens.backend
+        present = []
+        for e in pending:
+            key = object_key(e.digest)
+            if backend.info(key) is None:
+                self.index.forget_promoted(self.key, e.path)
+                self.counters.inc("promoted_objects_lost")
+                if self.on_lost is not None:
+                    self.on_lost(e.path)
+                continue
+            backend.touch(key)
+            present.append(e)
+        return present
 
     def _consistent_groups(self, snap: Snapshot, new: list[Entry]) -> list[Entry]:
         """Drop group files whose children would not all be this writer's bytes."""

@@ -1,0 +1,74 @@
+"""Publisher against a real store and a real LMDB index (no mount)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from casfs.index.node_index import NodeIndex
+from casfs.promote.publisher import Publisher
+from casfs.promote.tracker import WriteTracker
+from casfs.store.entry import Entry
+from casfs.store.objects import object_key
+from casfs.store.root import SharedRoot
+from casfs.util.counters import Counters
+
+
+def setup(tmp_path: Path) -> tuple[SharedRoot, NodeIndex, Publisher, WriteTracker]:
+    root = SharedRoot.open(tmp_path / "root", create=True)
+    index = NodeIndex.open(tmp_path / "state")
+    tracker = WriteTracker()
+    pub = Publisher(generations=root.generations(), index=index, key="ns", namespace="ns",
+                    counters=Counters(), fingerprint=None, max_bytes=None,
+                    on_lost=tracker.modified)
+    return root, index, pub, tracker
+
+
+def promote(root: SharedRoot, index: NodeIndex, path: str, data: bytes) -> Entry:
+    put = root.objects.put_bytes(data)
+    e = Entry(path, put.digest, put.size, 0o644, 1)
+    index.add_promoted("ns", e)
+    return e
+
+
+def test_objects_collected_while_pending_go_back_to_promotion(tmp_path: Path) -> None:
+    root, index, pub, tracker = setup(tmp_path)
+    keep = promote(root, index, "a/keep", b"kept")
+    lost = promote(root, index, "a/lost", b"collected by gc while this node was away")
+    (root.path / object_key(lost.digest)).unlink()
+    out = pub.publish()
+    assert out.ok and out.result is not None and out.result.added == 1
+    snap = root.generations().entries("ns")
+    assert set(snap.entries) == {"a/keep"}  # never a record naming a missing object
+    assert snap.entries["a/keep"].digest == keep.digest
+    assert index.get_promoted("ns", "a/lost") is None
+    assert tracker.pending() == 1  # re-promoted from the upper file next round
+    assert pub.counters.get("promoted_objects_lost") == 1
+
+
+def test_group_with_a_child_from_another_writer_is_dropped(tmp_path: Path) -> None:
+    root, index, pub, _ = setup(tmp_path)
+    theirs = root.objects.put_bytes(b"their cubin")
+    root.generations().publish(
+        "ns", [Entry("K/k.cubin", theirs.digest, theirs.size, 0o644, 1)], node="other")
+    promote(root, index, "K/k.cubin", b"our cubin, other bytes")
+    promote(root, index, "K/k.json", b"{}")
+    group = {"child_paths": {"k.cubin": "/m/K/k.cubin", "k.json": "/m/K/k.json"}}
+    promote(root, index, "K/__grp__k.json", json.dumps(group).encode())
+    out = pub.publish()
+    assert out.ok and out.result is not None
+    snap = root.generations().entries("ns").entries
+    assert "K/__grp__k.json" not in snap  # would mix two writers' kernel files
+    assert snap["K/k.cubin"].digest == theirs.digest  # first writer wins
+    assert out.result.conflicts == 2  # our cubin, and our group
+    assert pub.counters.get("groups_dropped") == 1
+
+
+def test_group_with_all_children_ours_is_published(tmp_path: Path) -> None:
+    root, index, pub, _ = setup(tmp_path)
+    promote(root, index, "K/k.cubin", b"cubin")
+    group = {"child_paths": {"k.cubin": "/m/K/k.cubin"}}
+    promote(root, index, "K/__grp__k.json", json.dumps(group).encode())
+    assert pub.publish().ok
+    assert set(root.generations().entries("ns").entries) == {"K/k.cubin", "K/__grp__k.json"}
+    assert list(index.pending("ns")) == []
