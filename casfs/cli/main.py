@@ -13,7 +13,7 @@ import sys
 from collections.abc import Sequence
 
 from casfs import __version__
-from casfs.cli import mount_cmds, store_cmds
+from casfs.cli import doctor, mount_cmds, store_cmds
 from casfs.errors import CasfsError
 
 log = logging.getLogger("casfs")
@@ -33,6 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
     store_cmds.register(sub)
     mount_cmds.register(sub)
+    doctor.register(sub)
     return p
 
 

@@ -1,0 +1,107 @@
+"""``casfs doctor``: check this node's setup, one line per check."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+from collections.abc import Callable
+from typing import Any
+
+from casfs.cli.output import emit_json
+from casfs.errors import CasfsError
+from casfs.util.defaults import default_root, default_state_dir
+
+MIN_FREE_BYTES = 1 << 30
+
+
+def _fuse() -> tuple[str, str]:
+    if not os.path.exists("/dev/fuse"):
+        return "fail", "/dev/fuse is missing (containers: --device /dev/fuse --cap-add SYS_ADMIN)"
+    if not os.access("/dev/fuse", os.R_OK | os.W_OK):
+        return "fail", "/dev/fuse is not readable and writable by this user"
+    if shutil.which("fusermount3") is None:
+        return "warn", "fusermount3 is missing (package fuse3): unprivileged mounts will fail"
+    return "ok", "/dev/fuse and fusermount3 present"
+
+
+def _state() -> tuple[str, str]:
+    from casfs.util.fsinfo import check_local_fs
+
+    state = default_state_dir()
+    probe = state if state.exists() else state.parent
+    while not probe.exists():
+        probe = probe.parent
+    fstype = check_local_fs(probe, "node state dir")
+    free = shutil.disk_usage(probe).free
+    if free < MIN_FREE_BYTES:
+        return "warn", f"{state} ({fstype}): only {free >> 20} MiB free"
+    return "ok", f"{state} on {fstype}, {free >> 30} GiB free"
+
+
+def _index() -> tuple[str, str]:
+    from casfs.index.node_index import NodeIndex
+
+    state = default_state_dir()
+    if not (state / "index").exists():
+        return "ok", "no node index yet (created on first mount)"
+    with NodeIndex.open(state, readonly=True) as idx:
+        return "ok", f"node index opens (node id {idx.node_id})"
+
+
+def _root() -> tuple[str, str]:
+    from casfs.store.root import SharedRoot
+
+    root = default_root()
+    if not root.exists():
+        return "ok", f"no shared root at {root} yet (created on first use)"
+    r = SharedRoot.open(root)
+    tmp = r.path / "tmp"
+    if not os.access(tmp, os.W_OK):
+        return "warn", f"{r.path}: read-only for this user (mounts serve but cannot publish)"
+    free = shutil.disk_usage(r.path).free
+    n = len(r.generations().namespaces())
+    return "ok", f"{r.path}: format ok, {n} namespaces, {free >> 30} GiB free"
+
+
+def _mounts() -> tuple[str, str]:
+    from casfs.node import control
+
+    live = control.registered(default_state_dir() / "run")
+    dead = []
+    for m in live:
+        try:
+            os.stat(m["mountpoint"])
+        except OSError:
+            dead.append(m["mountpoint"])
+    if dead:
+        return "fail", f"dead mounts (ENOTCONN): {', '.join(dead)}; run casfs umount on them"
+    return "ok", f"{len(live)} running mounts"
+
+
+CHECKS: list[tuple[str, Callable[[], tuple[str, str]]]] = [
+    ("fuse", _fuse), ("state_dir", _state), ("index", _index), ("shared_root", _root),
+    ("mounts", _mounts),
+]
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    results: list[dict[str, Any]] = []
+    for name, fn in CHECKS:
+        try:
+            status, detail = fn()
+        except (CasfsError, OSError) as e:
+            status, detail = "fail", str(e)
+        results.append({"check": name, "status": status, "detail": detail})
+    if args.json:
+        emit_json(results)
+    else:
+        for r in results:
+            print(f"{r['status'].upper():<4} {r['check']:<11} {r['detail']}")
+    return 1 if any(r["status"] == "fail" for r in results) else 0
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("doctor", help="check this node's casfs setup")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_doctor)
