@@ -21,6 +21,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Any
@@ -212,6 +213,16 @@ def _watch_lifeline(fd: int) -> None:
     threading.Thread(target=watch, name="lifeline", daemon=True).start()
 
 
+def _failed(e: CasfsError | OSError, tell: Callable[[str], None]) -> int:
+    if isinstance(e, CasfsError):
+        log.error("%s", e)
+        tell(e.message)
+        return e.exit_code
+    log.error("%s", e, exc_info=log.isEnabledFor(logging.DEBUG))
+    tell(str(e))
+    return 1
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="casfs-worker")
     ap.add_argument("--config-json", required=True)
@@ -244,16 +255,14 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         svc = MountService(cfg)
-    except CasfsError as e:
-        log.error("%s", e)
-        tell(e.message)
-        return e.exit_code
+    except (CasfsError, OSError) as e:
+        return _failed(e, tell)
     try:
         svc.serve(on_ready=lambda: tell("READY"))
-    except CasfsError as e:
-        log.error("%s", e)
-        tell(e.message)
-        return e.exit_code
+    except (CasfsError, OSError) as e:
+        # an OSError here is the environment (mount point unusable, disk full), not a bug:
+        # tell the parent in one line instead of dying with only a traceback in a log
+        return _failed(e, tell)
     finally:
         if args.stats_out:
             try:
