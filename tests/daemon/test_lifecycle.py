@@ -9,6 +9,7 @@ import signal
 import socket
 import urllib.request
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 from fusehelpers import mounted
@@ -140,3 +141,23 @@ def test_dead_worker_is_restarted(daemons: Callable[..., Daemon]) -> None:
                "publication after the restart", proc=d.proc)
     assert "restarting in" in d.log()
     assert d.terminate() == 0
+
+
+def test_failed_start_mounts_nothing(daemons: Callable[..., Daemon], tmp_path: Path) -> None:
+    """One mount cannot come up (its path is a regular file): casfsd exits non-zero with one
+    error line, and the mount that did come up is unmounted again."""
+    blocker = tmp_path / "a" / "not-a-dir"
+    blocker.parent.mkdir(parents=True)
+    blocker.write_text("in the way")
+    d = daemons("a", [{"name": "kern", "family": "generic", "namespace": "kern-test"},
+                      {"name": "bad", "family": "generic", "namespace": "bad-test",
+                       "path": str(blocker)}], start=False)
+    d.start(wait_ready=False)
+    assert d.proc is not None
+    rc = d.proc.wait(120)
+    assert rc != 0
+    errors = [ln for ln in d.log().splitlines() if ln.startswith("casfsd: error:")]
+    assert len(errors) == 1 and "mount bad" in errors[0], d.log()
+    assert "File exists" in errors[0]  # the worker said why, in one line
+    assert d.notify is not None and not d.notify.has("READY", "1")
+    assert not any(mounted(p) for p in d.mount_paths)
