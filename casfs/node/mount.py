@@ -147,7 +147,7 @@ class MountService:
         """Index the newest generation's manifest parts not seen yet; its seq, or None."""
         assert self.root is not None
         gens = self.root.generations()
-        rec = gens.latest(self.cfg.namespace, hint=known or None)
+        _, rec, _ = gens.newest_valid(self.cfg.namespace, hint=known or None)
         if rec is None or rec.seq <= known:
             return None
         self._ingest(rec)

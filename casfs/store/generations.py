@@ -39,8 +39,10 @@ from typing import TYPE_CHECKING, Any
 from casfs import __version__
 from casfs.errors import (
     CasfsError,
+    CorruptObjectError,
     HostileManifestError,
     NotFoundError,
+    ObjectMissingError,
     PublishError,
     QuotaExceededError,
     UsageError,
@@ -56,6 +58,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 RECORD_VERSION = 1
+_DAMAGE = (HostileManifestError, CorruptObjectError, ObjectMissingError, NotFoundError)
 SEQ_WIDTH = 12
 MAX_RECORD_BYTES = 1 << 20
 COMPACT_DELTAS = 32
@@ -266,6 +269,33 @@ class GenerationStore:
             return rec
         return self.record(ns, seq)
 
+    def newest_valid(
+        self, ns: str, hint: int | None = None, max_skip: int = 64
+    ) -> tuple[int | None, Record | None, Snapshot]:
+        """(newest seq, newest *readable* record, its snapshot).
+
+        A damaged newest record (hostile JSON, a corrupt or missing manifest) is
+        skipped, logged and counted, so one bad record cannot stop a namespace
+        from being served or published to; the next publication supersedes it.
+        I/O errors are raised instead: a passing NFS hiccup must not make a
+        publisher build on an older generation and drop newer entries.
+        """
+        newest = self.latest_seq(ns, hint)
+        if newest is None:
+            return None, None, Snapshot(None, {})
+        candidates = [newest]
+        for seq in candidates:
+            try:
+                rec = self.record(ns, seq)
+                return newest, rec, self.snapshot(rec)
+            except _DAMAGE as e:
+                self.objects.counters.inc("bad_generations")
+                log.warning("skipping damaged generation %s@%d: %s", ns, seq, e)
+                if len(candidates) == 1:
+                    older = [x for x in reversed(self.seqs(ns)) if x < newest]
+                    candidates.extend(older[:max_skip])
+        return newest, None, Snapshot(None, {})
+
     def part_entries(self, part: Part) -> list[Entry]:
         cached = self._parts.get(part.digest)
         if cached is None:
@@ -333,8 +363,7 @@ class GenerationStore:
         hint: int | None = None
         for attempt in range(1, max_attempts + 1):
             result = PublishResult(ns, None, attempts=attempt)
-            current = self.latest(ns, hint)
-            snap = self.snapshot(current)
+            newest, current, snap = self.newest_valid(ns, hint)
             new = self._merge(snap, wanted, result)
             if select is not None and new:
                 kept = select(snap, new)
@@ -353,7 +382,9 @@ class GenerationStore:
                     f"namespace {ns}: publishing {result.added_bytes} bytes would exceed"
                     f" its bound of {max_bytes} bytes; nothing was published"
                 )
-            record = self._next_record(ns, current, snap, new, node, fingerprint, compact_deltas)
+            seq = (newest or 0) + 1
+            record = self._next_record(ns, seq, current, snap, new, node, fingerprint,
+                                       compact_deltas)
             if self.backend.create_exclusive(self._key(ns, record.seq), record.to_json()):
                 result.seq = record.seq
                 log.info(
@@ -395,6 +426,7 @@ class GenerationStore:
     def _next_record(
         self,
         ns: str,
+        seq: int,
         current: Record | None,
         snap: Snapshot,
         new: list[Entry],
@@ -422,7 +454,7 @@ class GenerationStore:
             deltas = (*current.deltas, self._store_part(new, "delta"))
         return Record(
             namespace=ns,
-            seq=(current.seq + 1) if current else 1,
+            seq=seq,
             parent=current.seq if current else None,
             base=base,
             deltas=deltas,

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from casfs.errors import CasfsError
+from casfs.errors import CasfsError, UsageError
 from casfs.store.generations import GenerationStore, Record, seq_name
 from casfs.store.objects import object_key
 from casfs.store.root import SharedRoot
@@ -67,6 +67,8 @@ def gc(
     dry_run: bool = False,
     progress: Progress | None = None,
 ) -> GcReport:
+    if keep < 1:
+        raise UsageError("gc --keep must be at least 1: the newest generation is always kept")
     gens = root.generations()
     report = GcReport(dry_run)
     try:

@@ -55,6 +55,8 @@ MIN_SAVING = 0.05
 # temp file so memory stays bounded whatever the cache holds.
 IN_MEMORY_LIMIT = 16 << 20
 CHUNK = 1 << 20
+# A hostile frame may ask for a huge window; casfs writes level 3 (2 MiB windows).
+MAX_WINDOW = 8 << 20
 
 
 def digest_bytes(data: bytes) -> str:
@@ -216,7 +218,9 @@ class ObjectStore:
             if hdr.codec == CODEC_RAW:
                 reader: BinaryIO = f
             else:
-                reader = zstandard.ZstdDecompressor().stream_reader(f, read_across_frames=True)
+                reader = zstandard.ZstdDecompressor(max_window_size=MAX_WINDOW).stream_reader(
+                    f, read_across_frames=True
+                )
             try:
                 while True:
                     # Never read past the declared size + 1 byte: a lying frame

@@ -59,7 +59,7 @@ def lower_attrs(
         a.st_atime_ns = a.st_mtime_ns = a.st_ctime_ns = dir_time_ns
     else:
         assert isinstance(node, Entry)
-        a.st_mode = stat.S_IFREG | (node.mode & 0o7777)
+        a.st_mode = stat.S_IFREG | (node.mode & 0o777)  # never setuid/setgid from a manifest
         a.st_nlink = 1
         a.st_size = node.size
         a.st_blocks = (node.size + 511) // 512

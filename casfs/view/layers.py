@@ -193,7 +193,7 @@ class Layers:
             if src is not None:
                 with open(src, "rb") as fin, os.fdopen(os.dup(fd), "wb") as fout:
                     shutil.copyfileobj(fin, fout, 1 << 20)
-            os.fchmod(fd, entry.mode & 0o7777)
+            os.fchmod(fd, entry.mode & 0o777)
             os.utime(fd, ns=(entry.mtime_ns, entry.mtime_ns))
         except BaseException:
             os.close(fd)

@@ -72,3 +72,22 @@ def test_group_with_all_children_ours_is_published(tmp_path: Path) -> None:
     assert pub.publish().ok
     assert set(root.generations().entries("ns").entries) == {"K/k.cubin", "K/__grp__k.json"}
     assert list(index.pending("ns")) == []
+
+
+def test_a_damaged_newest_record_does_not_stop_publication(tmp_path: Path) -> None:
+    root, index, pub, _ = setup(tmp_path)
+    gens = root.generations()
+    first = root.objects.put_bytes(b"first")
+    gens.publish("ns", [Entry("a", first.digest, first.size, 0o644, 1)], node="n")
+    second = root.objects.put_bytes(b"second")
+    gens.publish("ns", [Entry("b", second.digest, second.size, 0o644, 1)], node="n")
+    rec2 = root.path / "namespaces" / "ns" / "generations" / "000000000002"
+    rec2.chmod(0o644)
+    rec2.write_text("{damaged")
+    promote(root, index, "c", b"third")
+    out = pub.publish()
+    assert out.ok and out.result is not None and out.result.seq == 3
+    rec3 = gens.record("ns", 3)
+    assert rec3.parent == 1  # built on the newest readable generation
+    assert set(gens.entries("ns").entries) == {"a", "c"}
+    assert root.counters.get("bad_generations") >= 1
