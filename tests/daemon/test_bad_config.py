@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from fusehelpers import MountedView, mounted
 
-from tests.daemon.conftest import VENV_BIN, write_config
+from .conftest import VENV_BIN, write_config
 
 
 def run_casfsd(cfg: Path, *args: str) -> subprocess.CompletedProcess[str]:

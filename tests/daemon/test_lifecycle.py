@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from fusehelpers import mounted
 
-from tests.daemon.conftest import Daemon, wait_until
+from .conftest import Daemon, wait_until
 
 pytestmark = [pytest.mark.fuse, pytest.mark.slow]
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.daemon.conftest import Daemon, wait_until
+from .conftest import Daemon, wait_until
 
 pytestmark = [pytest.mark.fuse, pytest.mark.slow]
 

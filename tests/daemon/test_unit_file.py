@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.daemon.conftest import VENV_BIN
+from .conftest import VENV_BIN
 
 REPO = Path(__file__).resolve().parents[2]
 UNIT = REPO / "daemon" / "casfsd.service"
