@@ -4,6 +4,7 @@ and mount paths. What A publishes shows up in B's running mount, without restart
 from __future__ import annotations
 
 import os
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 
@@ -19,9 +20,11 @@ def _pair(daemons: Callable[..., Daemon], tmp_path: Path,
     root = tmp_path / "shared-root"
     a = daemons("a", [{"name": "kern", "family": "generic", "namespace": "shared-ns"}],
                 root=root, defaults={"stable_after": 0.2, "publish_interval": 0.5})
+    # B's NOTIFY_SOCKET is an abstract socket ("@name"), as systemd may hand out
     b = daemons("b", [{"name": "kern", "family": "generic", "namespace": "shared-ns"}],
                 root=root, defaults={"stable_after": 0.2, "publish_interval": 0.5,
-                                     "refresh_interval": b_refresh})
+                                     "refresh_interval": b_refresh},
+                notify_address=f"@casfs-test-{uuid.uuid4().hex}")
     assert a.mount_paths[0] != b.mount_paths[0]
     return a, b
 
