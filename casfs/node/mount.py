@@ -324,6 +324,7 @@ class MountService:
 
     def serve(self, on_ready: Callable[[], None] | None = None) -> None:
         cfg = self.cfg
+        session.clear_stale_mount(cfg.mountpoint)  # a dead mount (ENOTCONN) fails mkdir
         cfg.mountpoint.mkdir(parents=True, exist_ok=True)
 
         def ready() -> None:
