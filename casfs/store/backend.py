@@ -43,7 +43,12 @@ class Backend(Protocol):
         """Store the complete file ``staged`` as ``key`` unless ``key`` exists.
 
         Returns True if this call created it. ``staged`` is consumed either way.
+        Not durable by itself: see ``sync``.
         """
+        ...
+
+    def sync(self) -> None:
+        """Make every earlier put_if_absent durable (called before writing a record)."""
         ...
 
     def create_exclusive(self, key: str, data: bytes) -> bool:
@@ -86,7 +91,10 @@ class LocalBackend:
         return self.root / key
 
     def put_if_absent(self, key: str, staged: Path) -> bool:
-        return atomic.link_exclusive(staged, self._path(key))
+        return atomic.link_exclusive(staged, self._path(key), sync=False)
+
+    def sync(self) -> None:
+        atomic.sync_filesystem(self.root)
 
     def create_exclusive(self, key: str, data: bytes) -> bool:
         target = self._path(key)

@@ -385,6 +385,7 @@ class GenerationStore:
             seq = (newest or 0) + 1
             record = self._next_record(ns, seq, current, snap, new, node, fingerprint,
                                        compact_deltas)
+            self.backend.sync()  # every object the record names is durable before it exists
             if self.backend.create_exclusive(self._key(ns, record.seq), record.to_json()):
                 result.seq = record.seq
                 log.info(

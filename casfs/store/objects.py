@@ -131,7 +131,7 @@ class ObjectStore:
         if len(payload) > len(data) * (1 - MIN_SAVING):
             payload, codec = data, CODEC_RAW
         self.backend.staging_dir.mkdir(parents=True, exist_ok=True)
-        with atomic.staged_file(self.backend.staging_dir, "obj-", 0o444) as (f, tmp):
+        with atomic.staged_file(self.backend.staging_dir, "obj-", 0o444, sync=False) as (f, tmp):
             f.write(HEADER.pack(MAGIC, VERSION, codec, 0, len(data)))
             f.write(payload)
         created = self.backend.put_if_absent(key, tmp)
@@ -158,7 +158,7 @@ class ObjectStore:
             return PutResult(digest, path.stat().st_size, False)
         self.backend.staging_dir.mkdir(parents=True, exist_ok=True)
         size = 0
-        with atomic.staged_file(self.backend.staging_dir, "obj-", 0o444) as (out, tmp):
+        with atomic.staged_file(self.backend.staging_dir, "obj-", 0o444, sync=False) as (out, tmp):
             out.write(b"\0" * HEADER_SIZE)
             cctx = zstandard.ZstdCompressor(level=self._level)
             with open(path, "rb") as f, cctx.stream_writer(out, closefd=False) as zw:

@@ -1,12 +1,22 @@
 """The one durable-write helper every persistent write goes through.
 
-Durability policy (written once, here): a durable file is written to a unique
+Durability policy (written once, here): a file is written to a unique
 temporary name in the directory it will live in (or a staging directory on
-the same filesystem), fsynced, then moved into place with ``rename`` (replace)
-or ``link`` (create-exclusive: fails with EEXIST if the name exists, which is
-atomic on NFS and Lustre where O_EXCL historically was not), and the target
-directory is fsynced so the new name itself survives a crash. The temporary
+the same filesystem), then moved into place with ``rename`` (replace) or
+``link`` (create-exclusive: fails with EEXIST if the name exists, which is
+atomic on NFS and Lustre where O_EXCL historically was not). The temporary
 file is removed on every failure path. Nothing is ever modified in place.
+
+Two strengths of durable:
+
+- ``sync=True`` (records, pins, markers, anything that *names* other data):
+  the file is fsynced before it gets its name and the directory after.
+- ``sync=False`` (objects): no per-file fsync. Instead, whoever is about to
+  write a name that refers to such files first calls ``syncfs`` on that
+  filesystem (``sync_filesystem``). Like OSTree's commit strategy, this turns
+  two fsyncs per object (expensive round trips on NFS/Lustre) into one sync
+  per publication, and keeps the invariant: a generation record never exists
+  before the objects it names are durable.
 """
 
 from __future__ import annotations
@@ -17,7 +27,7 @@ import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 
 def fsync_dir(path: str | os.PathLike[str]) -> None:
@@ -39,9 +49,9 @@ def temp_name(directory: str | os.PathLike[str], hint: str = "") -> Path:
 
 @contextlib.contextmanager
 def staged_file(
-    staging_dir: str | os.PathLike[str], hint: str = "", mode: int = 0o644
+    staging_dir: str | os.PathLike[str], hint: str = "", mode: int = 0o644, *, sync: bool = True
 ) -> Iterator[tuple[BinaryIO, Path]]:
-    """Yield (file, temp path) in ``staging_dir``; fsynced and closed on exit.
+    """Yield (file, temp path) in ``staging_dir``; closed (and fsynced if ``sync``) on exit.
 
     The caller moves the temp path into place (see ``publish_file``) inside the
     ``with`` block or after it; on an exception the temp file is removed.
@@ -52,7 +62,8 @@ def staged_file(
     try:
         yield f, tmp
         f.flush()
-        os.fsync(f.fileno())
+        if sync:
+            os.fsync(f.fileno())
         f.close()
     except BaseException:
         f.close()
@@ -126,3 +137,30 @@ def create_exclusive(target: str | os.PathLike[str], data: bytes, staging_dir: P
     with staged_file(staging_dir, "x-", 0o444) as (f, tmp):
         f.write(data)
     return link_exclusive(tmp, target)
+
+
+def sync_filesystem(path: str | os.PathLike[str]) -> None:
+    """Make everything written to the filesystem holding ``path`` durable (syncfs(2))."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        if _libc_syncfs(fd) != 0:
+            os.sync()  # no syncfs here: the whole-machine sync is correct, only slower
+    finally:
+        os.close(fd)
+
+
+def _libc_syncfs(fd: int) -> int:
+    import ctypes
+    import ctypes.util
+
+    global _syncfs
+    if _syncfs is None:
+        try:
+            libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+            _syncfs = libc.syncfs
+        except (OSError, AttributeError):
+            return -1
+    return int(_syncfs(fd))
+
+
+_syncfs: Any = None
