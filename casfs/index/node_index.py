@@ -118,7 +118,11 @@ class NodeIndex:
 
     def add_promoted(self, mount: str, entry: Entry) -> None:
         """Record ``entry`` as promoted, pending publication."""
-        promoted.add_promoted(self._env, mount, entry)
+        promoted.add_promoted(self._env, mount, [entry])
+
+    def add_promoted_many(self, mount: str, entries: Iterable[Entry]) -> None:
+        """Record several promoted entries in one transaction."""
+        promoted.add_promoted(self._env, mount, entries)
 
     def get_promoted(self, mount: str, path: str) -> PromotedRecord | None:
         return promoted.get_promoted(self._env, mount, path)

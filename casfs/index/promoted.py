@@ -39,15 +39,23 @@ def _record(value: bytes) -> PromotedRecord:
     )
 
 
-def add_promoted(env: IndexEnv, mount: str, entry: Entry) -> None:
-    """Record ``entry`` as promoted and pending (replacing any earlier record of its path)."""
-    key = ks.promoted_key(ks.check_name(mount, "mount"), entry.path)
-    value = ks.pack_promoted(
-        ks.STATE_PENDING, ks.digest_to_raw(entry.digest), entry.size, entry.mode,
-        entry.mtime_ns, 0, entry.path,
-    )  # fmt: skip
+def add_promoted(env: IndexEnv, mount: str, entries: Iterable[Entry]) -> None:
+    """Record ``entries`` as promoted and pending, in one transaction (one disk sync)."""
+    mountb = ks.check_name(mount, "mount")
+    items = [
+        (ks.promoted_key(mountb, e.path), ks.pack_promoted(
+            ks.STATE_PENDING, ks.digest_to_raw(e.digest), e.size, e.mode, e.mtime_ns, 0, e.path,
+        ))
+        for e in entries
+    ]  # fmt: skip
     db = env.dbs[ks.DB_PROMOTED]
-    env.write(lambda txn: txn.put(key, value, db=db))
+
+    def txn_fn(txn: lmdb.Transaction) -> None:
+        for key, value in items:
+            txn.put(key, value, db=db)
+
+    if items:
+        env.write(txn_fn)
 
 
 def get_promoted(env: IndexEnv, mount: str, path: str) -> PromotedRecord | None:

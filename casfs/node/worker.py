@@ -128,7 +128,7 @@ def spawn(cfg: MountConfig, *, ready_timeout: float = 120.0, verbose: int = 0,
         log_dir = cfg.state_dir / "log"
         log_dir.mkdir(parents=True, exist_ok=True)
         log_path = log_dir / f"{cfg.name}.log"
-    stats_out = cfg.run_dir / f"{cfg.name}.stats.json"
+    stats_out = cfg.run_dir / f"{cfg.name}.final-stats"
     cfg.run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     stats_out.unlink(missing_ok=True)
     r, w = os.pipe()

@@ -64,6 +64,7 @@ class Promoter:
         self.counters = counters
         self.lower = lower
         self.stable_after = stable_after
+        self._batch: dict[str, tuple[Entry, float]] = {}  # promoted this round, not yet indexed
 
     def scan_all(self) -> int:
         """Mark every upper file not yet promoted as dirty (start-up, crash recovery)."""
@@ -91,6 +92,7 @@ class Promoter:
     def run_once(self, *, final: bool = False) -> RoundResult:
         """Promote every quiet dirty path; ``final`` ignores the quiet period (shutdown)."""
         res = RoundResult()
+        self._batch = {}
         paths = self.tracker.quiet(0.0 if final else self.stable_after)
         # Commit records last, so a group and its children can go in one round.
         paths.sort(key=lambda p: (is_group_file(p), p))
@@ -102,6 +104,10 @@ class Promoter:
                 res.errors += 1
                 self.counters.inc("promote_errors")
                 log.warning("promotion of %s failed (will retry): %s", rel, e)
+        # One index transaction per round, not one disk sync per file.
+        self.index.add_promoted_many(self.key, [e for e, _ in self._batch.values()])
+        for rel, (_, seen_at) in self._batch.items():
+            self.tracker.forget(rel, seen_at)
         if res.promoted:
             self.counters.inc("promoted_files", res.promoted)
             self.counters.inc("promoted_bytes", res.bytes)
@@ -140,10 +146,8 @@ class Promoter:
         ):
             res.deferred += 1  # changed while hashing: not stable yet
             return
-        self.index.add_promoted(
-            self.key, Entry(rel, put.digest, put.size, st.st_mode & 0o7777, st.st_mtime_ns)
-        )
-        self.tracker.forget(rel, seen_at)
+        entry = Entry(rel, put.digest, put.size, st.st_mode & 0o7777, st.st_mtime_ns)
+        self._batch[rel] = (entry, seen_at)
         res.promoted += 1
         res.bytes += put.size
 
@@ -155,7 +159,7 @@ class Promoter:
         if children is None:
             return False
         for child in children:
-            if self.index.get_promoted(self.key, child) is not None:
+            if child in self._batch or self.index.get_promoted(self.key, child) is not None:
                 continue
             if not (self.upper / child).exists() and isinstance(self.lower.lookup(child), Entry):
                 continue  # the child is served from lower, unchanged

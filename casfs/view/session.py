@@ -93,13 +93,17 @@ async def _main(
             with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
                 async for signum in signals:
                     log.info("signal %d: shutting down", signum)
-                    if on_shutdown is not None:
-                        try:
-                            await on_shutdown()
-                        except Exception:
-                            log.exception("shutdown hook failed")
-                    pyfuse3.terminate()
-                    return
+                    break
+            # A second signal must not kill us between here and the unmount: that
+            # would leave a dead mount (ENOTCONN) behind. SIGKILL still works.
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            if on_shutdown is not None:
+                try:
+                    await on_shutdown()
+                except Exception:
+                    log.exception("shutdown hook failed")
+            pyfuse3.terminate()
 
         nursery.start_soon(fuse_loop)
         nursery.start_soon(watch_signals)

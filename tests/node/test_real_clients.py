@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from tests.node.conftest import require_fuse
+from .conftest import require_fuse
 
 pytestmark = [pytest.mark.fuse, pytest.mark.real_client, pytest.mark.slow]
 
