@@ -39,7 +39,7 @@ def bench_size(fx: Fixture, s: Settings, files: int) -> Result:
     work = s.workdir / f"ready-{files}"
     dst = work / "dst"
     work.mkdir(parents=True, exist_ok=True)
-    reps = s.reps(3, 2)
+    reps = s.reps(3, 2 if files <= 1_000 else 1)
     log(f"ready: {files} files, casfs mount")
     casfs = casfs_ready(fx, ns, work, reps)
     alts: dict[str, list[float]] = {}
