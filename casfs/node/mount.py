@@ -224,6 +224,8 @@ class MountService:
             return {"ok": False, "message": f"shared root unavailable: {self.root_error}"}
         out = pub.publish()
         res = out.result
+        if res is not None and res.added:
+            self.refresh_once()  # serve (and report) the generation we just made
         self.last_publish = {
             "ok": out.ok, "message": out.message, "time": time.time(),
             "seq": res.seq if res else None, "added": res.added if res else 0,

@@ -118,6 +118,7 @@ def test_scratch_names_are_never_published(cluster: dict[str, Any]) -> None:
     r = a.ask(w, "publish")
     assert r["ok"], r
     assert set(published(cluster["root"])) == {"ab/real.py"}
+    assert a.ask(w, "status")["served_seq"] == r["seq"] == 1  # serves what it published
 
 
 def test_group_is_not_published_without_its_children(cluster: dict[str, Any]) -> None:
