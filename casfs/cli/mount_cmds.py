@@ -37,6 +37,7 @@ def make_config(args: argparse.Namespace, family: str, mountpoint: Path,
         refresh_interval=args.refresh_interval,
         allow_other=args.allow_other,
         scratch_patterns=tuple(args.exclude or ()),
+        mode=args.mode,
     )
 
 
@@ -45,7 +46,8 @@ def cmd_mount(args: argparse.Namespace) -> int:
 
     cfg = make_config(args, args.family, Path(args.mountpoint), args.namespace)
     if args.foreground:
-        worker.check_fuse()
+        if cfg.mode == "fuse":
+            worker.check_fuse()
         from casfs.node.mount import MountService
 
         MountService(cfg).serve()
@@ -234,6 +236,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         p.add_argument("--refresh-interval", type=float, default=30.0, metavar="S")
         p.add_argument("--allow-other", action="store_true")
         p.add_argument("--exclude", action="append", help="extra scratch glob (repeatable)")
+        p.add_argument("--mode", choices=("fuse", "dir"), default="fuse",
+                       help="fuse (default): lazy overlay mount; dir: plain directory restored"
+                            " by copy and watched with inotify, for hosts without FUSE")
 
     p = sub.add_parser("mount", help="mount a namespace as a writable cache directory")
     p.add_argument("mountpoint")

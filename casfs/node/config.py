@@ -25,6 +25,7 @@ class MountConfig:
     namespace_max_bytes: int | None = None
     scratch_patterns: tuple[str, ...] = field(default_factory=tuple)
     debug: bool = False
+    mode: str = "fuse"  # fuse: the FUSE overlay; dir: a plain watched directory (no FUSE)
 
     @property
     def run_dir(self) -> Path:
@@ -35,6 +36,11 @@ class MountConfig:
         # One upper per namespace: a new torch/triton version (a new namespace)
         # starts clean instead of shadowing its files with stale ones.
         return self.state_dir / "upper" / self.namespace
+
+    @property
+    def writable_dir(self) -> Path:
+        """Where the job's writes land: the upper layer, or the directory itself in dir mode."""
+        return self.mountpoint if self.mode == "dir" else self.upper
 
     @property
     def socket_path(self) -> Path:
@@ -51,5 +57,7 @@ class MountConfig:
                 raise ConfigError(f"mount {self.name}: the {what} {p} is inside mount point {mp}")
         if not self.mountpoint.is_absolute():
             raise ConfigError(f"mount {self.name}: mount point must be absolute: {self.mountpoint}")
+        if self.mode not in ("fuse", "dir"):
+            raise ConfigError(f"mount {self.name}: mode must be 'fuse' or 'dir', not {self.mode!r}")
         if self.stable_after < 0 or self.publish_interval <= 0 or self.refresh_interval <= 0:
             raise ConfigError(f"mount {self.name}: intervals must be positive")

@@ -20,6 +20,7 @@ import errno
 import fcntl
 import logging
 import os
+import signal
 import time
 from collections.abc import Callable
 from typing import Any
@@ -38,7 +39,7 @@ from casfs.scratch import ScratchRules
 from casfs.store.generations import Record
 from casfs.store.root import SharedRoot
 from casfs.util.counters import Counters
-from casfs.view import session
+from casfs.view import dirmode, session
 from casfs.view.ops import OverlayOperations
 
 log = logging.getLogger(__name__)
@@ -86,12 +87,14 @@ class MountService:
         self.served_seq = self._initial_seq()
         self.restored_entries = int((self.index.ns_state(cfg.namespace) or {}).get("entries", 0))
         self.lower = self.index.lower_tree(cfg.namespace, self.served_seq)
-        cfg.upper.mkdir(parents=True, exist_ok=True)
+        session.clear_stale_mount(cfg.mountpoint)  # a dead mount (ENOTCONN) fails mkdir
+        cfg.writable_dir.mkdir(parents=True, exist_ok=True)
         self.cache = LocalObjectCache(
             cfg.state_dir / "objects", self.index, _RootSource(self), cfg.cache_max_bytes
         )
-        self.ops = OverlayOperations(
-            self.lower, self.cache, cfg.upper, self.tracker, self.counters
+        self.ops = (
+            OverlayOperations(self.lower, self.cache, cfg.upper, self.tracker, self.counters)
+            if cfg.mode == "fuse" else None
         )
         self.rules = ScratchRules(cfg.family, cfg.scratch_patterns)
         self.publisher: Publisher | None = None
@@ -185,10 +188,14 @@ class MountService:
         if self.root is None:
             return None
         return Promoter(
-            upper=self.cfg.upper, objects=self.root.objects, index=self.index,
+            upper=self.cfg.writable_dir, objects=self.root.objects, index=self.index,
             key=self.cfg.namespace, rules=self.rules, tracker=self.tracker,
             counters=self.counters, lower=self.lower, stable_after=self.cfg.stable_after,
+            busy=self._dir_writers if self.cfg.mode == "dir" else None,
         )
+
+    def _dir_writers(self, rels: list[str]) -> set[str]:
+        return dirmode.open_for_writing(self.cfg.mountpoint, rels)
 
     def _publisher(self) -> Publisher | None:
         if self.root is None:
@@ -215,6 +222,8 @@ class MountService:
         p = self._promoter_or_none()
         if p is None:
             return 0
+        if final and self.cfg.mode == "dir":
+            p.scan_all()  # inotify events may still be in flight (or overflowed)
         return p.run_once(final=final).promoted
 
     def publish_once(self) -> dict[str, Any]:
@@ -250,6 +259,8 @@ class MountService:
             self.lower.max_seq = seq
             self.served_seq = seq
             self.counters.inc("refreshes")
+            if self.cfg.mode == "dir":
+                self._restore_dir()
         return {"ok": True, "served_seq": self.served_seq}
 
     def flush_counters(self) -> None:
@@ -266,6 +277,7 @@ class MountService:
         return {
             "name": self.cfg.name,
             "family": self.cfg.family,
+            "mode": self.cfg.mode,
             "namespace": self.cfg.namespace,
             "mountpoint": str(self.cfg.mountpoint),
             "root": str(self.cfg.root),
@@ -326,7 +338,6 @@ class MountService:
 
     def serve(self, on_ready: Callable[[], None] | None = None) -> None:
         cfg = self.cfg
-        session.clear_stale_mount(cfg.mountpoint)  # a dead mount (ENOTCONN) fails mkdir
         cfg.mountpoint.mkdir(parents=True, exist_ok=True)
 
         def ready() -> None:
@@ -341,13 +352,44 @@ class MountService:
                 on_ready()
 
         try:
-            session.serve(self.ops, cfg.mountpoint, fsname=f"casfs-{cfg.name}",
-                          allow_other=cfg.allow_other, debug=cfg.debug, on_ready=ready,
-                          background=self._background, on_shutdown=self._shutdown)
+            if self.ops is None:
+                self._serve_dir(ready)
+            else:
+                session.serve(self.ops, cfg.mountpoint, fsname=f"casfs-{cfg.name}",
+                              allow_other=cfg.allow_other, debug=cfg.debug, on_ready=ready,
+                              background=self._background, on_shutdown=self._shutdown)
         finally:
             control.remove_registry(cfg.run_dir, cfg.name)
             self.flush_counters()
             self.close()
+
+    # --- dir mode -------------------------------------------------------------
+    def _restore_dir(self) -> None:
+        written = dirmode.restore(self.cfg.mountpoint, self.lower.walk(), self.cache,
+                                  self.counters)
+        # Restored files are published already: record them so promotion skips them.
+        self.index.add_promoted_many(self.cfg.namespace, written)
+        self.index.mark_published(self.cfg.namespace, written, self.served_seq)
+
+    def _serve_dir(self, ready: Callable[[], None]) -> None:
+        self._restore_dir()
+        observer = dirmode.watch(self.cfg.mountpoint, self.tracker)
+        try:
+            trio.run(self._dir_main, ready)
+        finally:
+            observer.stop()
+            observer.join(timeout=10)
+
+    async def _dir_main(self, ready: Callable[[], None]) -> None:
+        async with trio.open_nursery() as nursery:
+            await self._background(nursery)
+            ready()
+            with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+                async for signum in signals:
+                    log.info("%s: signal %d: shutting down", self.cfg.name, signum)
+                    break
+            await self._shutdown()
+            nursery.cancel_scope.cancel()
 
     def final_stats(self) -> dict[str, Any]:
         st = self.status()

@@ -121,7 +121,8 @@ def spawn(cfg: MountConfig, *, ready_timeout: float = 120.0, verbose: int = 0,
     cleanly (final publication, unmount) when the caller's process ends, even
     by SIGKILL, through an inherited pipe whose write end only the caller holds.
     """
-    check_fuse()
+    if cfg.mode == "fuse":
+        check_fuse()
     cfg.check()
     log_path: Path | None = None
     if not log_to_stderr:

@@ -18,6 +18,7 @@ import logging
 import os
 import stat
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -54,6 +55,7 @@ class Promoter:
         counters: Counters,
         lower: LowerTree,
         stable_after: float,
+        busy: Callable[[list[str]], set[str]] | None = None,
     ) -> None:
         self.upper = upper
         self.objects = objects
@@ -64,6 +66,7 @@ class Promoter:
         self.counters = counters
         self.lower = lower
         self.stable_after = stable_after
+        self.busy = busy  # paths some process still writes (dir mode: no FUSE to tell us)
         self._batch: dict[str, tuple[Entry, float]] = {}  # promoted this round, not yet indexed
 
     def scan_all(self) -> int:
@@ -94,6 +97,10 @@ class Promoter:
         res = RoundResult()
         self._batch = {}
         paths = self.tracker.quiet(0.0 if final else self.stable_after)
+        if self.busy is not None:
+            held = self.busy(paths)
+            res.deferred += len(held)
+            paths = [p for p in paths if p not in held]
         # Commit records last, so a group and its children can go in one round.
         paths.sort(key=lambda p: (is_group_file(p), p))
         for rel in paths:

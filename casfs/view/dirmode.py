@@ -1,0 +1,172 @@
+"""The ``dir`` view mode: a plain directory, restored by copy and watched with inotify.
+
+For hosts without FUSE (a container without /dev/fuse). The store, index,
+promotion and publication are the same as in the FUSE mode; two things differ:
+
+- restore is eager: every lower file is fetched, verified and *copied* into
+  the directory at start (and after a refresh). Copies, never hard links
+  into the local object cache: the linker truncates and rewrites ``.so``
+  files in place, which would corrupt a shared cache object. A file that
+  already exists locally is left alone (local shadows lower), and an object
+  that fails to fetch is skipped: a miss.
+- writes are observed through inotify (watchdog) instead of FUSE handlers.
+  inotify cannot tell a read open from a write open, so a file counts as
+  open for writing from its first IN_MODIFY to its IN_CLOSE_WRITE.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+from collections.abc import Iterable
+from pathlib import Path
+
+from watchdog.events import (
+    DirCreatedEvent,
+    FileClosedEvent,
+    FileCreatedEvent,
+    FileDeletedEvent,
+    FileModifiedEvent,
+    FileSystemEvent,
+    FileSystemEventHandler,
+    FileSystemMovedEvent,
+)
+from watchdog.observers import Observer
+from watchdog.observers.api import BaseObserver
+
+from casfs.errors import CasfsError
+from casfs.promote.tracker import WriteTracker
+from casfs.store.entry import Entry
+from casfs.util.atomic import temp_name
+from casfs.util.counters import Counters
+from casfs.view.lower import ObjectFetcher
+
+log = logging.getLogger(__name__)
+
+
+def restore(
+    directory: Path, entries: Iterable[Entry], fetcher: ObjectFetcher, counters: Counters
+) -> list[Entry]:
+    """Copy every entry not present in ``directory`` into it; returns the entries written."""
+    written: list[Entry] = []
+    for e in entries:
+        target = directory / e.path
+        if os.path.lexists(target):
+            continue
+        try:
+            src = fetcher.fetch(e)
+        except CasfsError as err:
+            counters.inc("fetch_errors")
+            log.warning("not restoring %s: %s", e.path, err)
+            continue
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            tmp = temp_name(target.parent, "restore-")
+            shutil.copyfile(src, tmp)
+            os.chmod(tmp, e.mode & 0o777)
+            os.utime(tmp, ns=(e.mtime_ns, e.mtime_ns))
+            os.rename(tmp, target)
+        except OSError as err:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            counters.inc("restore_errors")
+            log.warning("not restoring %s: %s", e.path, err)
+            continue
+        finally:
+            fetcher.unpin(e.digest)
+        written.append(e)
+    counters.inc("restored_files", len(written))
+    return written
+
+
+class _Handler(FileSystemEventHandler):
+    """Feeds inotify events into the WriteTracker (paths relative to the directory)."""
+
+    def __init__(self, directory: Path, tracker: WriteTracker) -> None:
+        self.directory = str(directory)
+        self.tracker = tracker
+        self.writing: set[str] = set()
+
+    def _rel(self, path: str | bytes) -> str | None:
+        p = os.fsdecode(path)
+        rel = os.path.relpath(p, self.directory)
+        return None if rel.startswith("..") or rel == "." else rel
+
+    def on_any_event(self, event: FileSystemEvent) -> None:
+        rel = self._rel(event.src_path)
+        if rel is None:
+            return
+        if isinstance(event, FileModifiedEvent):
+            if rel not in self.writing:
+                self.writing.add(rel)
+                self.tracker.opened_for_write(rel)
+            else:
+                self.tracker.modified(rel)
+        elif isinstance(event, FileClosedEvent):  # IN_CLOSE_WRITE
+            if rel in self.writing:
+                self.writing.discard(rel)
+                self.tracker.closed_for_write(rel)
+            else:
+                self.tracker.modified(rel)
+        elif isinstance(event, FileCreatedEvent | DirCreatedEvent):
+            self.tracker.modified(rel)
+        elif isinstance(event, FileSystemMovedEvent):
+            dest = self._rel(event.dest_path)
+            if rel in self.writing:
+                self.writing.discard(rel)
+                if dest is not None:
+                    self.writing.add(dest)
+            if dest is None:
+                self.tracker.removed(rel)
+            else:
+                self.tracker.renamed(rel, dest)
+        elif isinstance(event, FileDeletedEvent) or event.event_type == "deleted":
+            self.writing.discard(rel)
+            self.tracker.removed(rel)
+
+
+def watch(directory: Path, tracker: WriteTracker) -> BaseObserver:
+    """Start watching ``directory`` recursively; the caller stops and joins the observer."""
+    observer = Observer()
+    observer.schedule(_Handler(directory, tracker), str(directory), recursive=True)
+    observer.start()
+    return observer
+
+
+def open_for_writing(directory: Path, rels: list[str]) -> set[str]:
+    """Which of ``rels`` some process on this node holds open for writing (like fuser).
+
+    inotify reports writes late and never reports a writable open, so before
+    promoting in dir mode the candidates are checked against /proc: a file
+    still held open for writing is not stable, whatever its last event says.
+    """
+    if not rels:
+        return set()
+    wanted = {str(directory / r): r for r in rels}
+    busy: set[str] = set()
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        fd_dir = f"/proc/{pid}/fd"
+        try:
+            fds = os.listdir(fd_dir)
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                target = os.readlink(f"{fd_dir}/{fd}")
+            except OSError:
+                continue
+            rel = wanted.get(target)
+            if rel is None or rel in busy:
+                continue
+            try:
+                with open(f"/proc/{pid}/fdinfo/{fd}") as f:
+                    flags = int(f.readline().split()[1], 8)
+            except (OSError, ValueError, IndexError):
+                continue
+            if flags & os.O_ACCMODE != os.O_RDONLY:
+                busy.add(rel)
+    return busy

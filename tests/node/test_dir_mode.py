@@ -1,0 +1,81 @@
+"""The `dir` view mode (no FUSE): eager restore by copy, writes observed with inotify."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from casfs.store.root import SharedRoot
+
+from .test_two_nodes import published
+
+
+def test_dir_mode_round_trip_with_a_fuse_node(cluster: dict[str, Any]) -> None:
+    a, b, c = cluster["a"], cluster["b"], cluster["c"]
+    # Node a has no FUSE: its cache is a plain directory.
+    w = a.mount(mode="dir")
+    d = w.cfg.mountpoint
+    assert not os.path.ismount(d)
+    (d / "KEY").mkdir()
+    (d / "KEY" / "k.cubin").write_bytes(b"\x7fELF cubin")
+    with open(d / "KEY" / "k.so", "wb") as f:  # a writer that stays open is not promoted
+        f.write(b"half")
+        f.flush()
+        r = a.ask(w, "publish")
+        assert r["ok"], r
+        assert set(published(cluster["root"])) == {"KEY/k.cubin"}
+        f.write(b" done")
+    (d / ".1.2.tmp").write_text("scratch")
+    deadline = time.monotonic() + 20
+    while "KEY/k.so" not in published(cluster["root"]) and time.monotonic() < deadline:
+        a.ask(w, "publish")
+        time.sleep(0.3)
+    a.stop(w)
+    entries = published(cluster["root"])
+    assert set(entries) == {"KEY/k.cubin", "KEY/k.so"}
+    objects = SharedRoot.open(cluster["root"]).objects
+    assert objects.get_bytes(entries["KEY/k.so"].digest) == b"half done"
+
+    # Node b mounts with FUSE and sees node a's files.
+    wb = b.mount()
+    assert (wb.cfg.mountpoint / "KEY" / "k.so").read_bytes() == b"half done"
+    (wb.cfg.mountpoint / "KEY" / "k.json").write_text("{}")
+    b.stop(wb)
+
+    # Node c, again without FUSE, gets everything restored as plain files.
+    wc = c.mount(mode="dir", mountpoint=cluster["mnt"] / "plain-c")
+    dc = wc.cfg.mountpoint
+    assert sorted(p.name for p in (dc / "KEY").iterdir()) == ["k.cubin", "k.json", "k.so"]
+    assert (dc / "KEY" / "k.cubin").read_bytes() == b"\x7fELF cubin"
+    st = c.ask(wc, "stats")
+    assert st["counters"]["restored_files"] == 3
+    assert st["counters"].get("promoted_files", 0) == 0  # restored files are not re-promoted
+
+
+def test_casfs_run_dir_mode(tmp_path: Path) -> None:
+    env = dict(os.environ, CASFS_ROOT=str(tmp_path / "root"), CASFS_STATE_DIR=str(tmp_path / "s"),
+               CASFS_MOUNT_BASE=str(tmp_path / "mnt"))
+    script = "import os; open(os.environ['CASFS_CACHE_DIR'] + '/hello', 'w').write('hi')"
+    r = subprocess.run([sys.executable, "-m", "casfs.cli.main", "run", "--family", "generic",
+                        "--mode", "dir", "--stable-after", "0.2", "--", sys.executable, "-c",
+                        script], env=env, capture_output=True, text=True, timeout=120,
+                       check=False)
+    assert r.returncode == 0, r.stderr
+    assert "1 published" in r.stderr
+    gens = SharedRoot.open(tmp_path / "root").generations()
+    ns = gens.namespaces()[0]
+    assert set(gens.entries(ns).entries) == {"hello"}
+
+
+def test_open_for_writing_sees_writers_not_readers(tmp_path: Path) -> None:
+    from casfs.view.dirmode import open_for_writing
+
+    (tmp_path / "w").write_text("x")
+    (tmp_path / "r").write_text("x")
+    with open(tmp_path / "w", "a"), open(tmp_path / "r"):
+        assert open_for_writing(tmp_path, ["w", "r", "absent"]) == {"w"}
+    assert open_for_writing(tmp_path, ["w", "r"]) == set()
