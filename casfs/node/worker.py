@@ -62,7 +62,7 @@ def check_fuse() -> None:
     if not os.path.exists("/dev/fuse"):
         raise FuseUnavailableError(
             "FUSE is not available here (/dev/fuse is missing); casfs needs it to mount"
-            " (in a container: --device /dev/fuse --cap-add SYS_ADMIN)"
+            " (in a container: --device /dev/fuse --cap-add SYS_ADMIN), or use --mode dir"
         )
     from shutil import which
 
