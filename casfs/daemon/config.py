@@ -31,7 +31,8 @@ _BYTES_RE = re.compile(r"(\d+(?:\.\d+)?)\s*([KMGT]?)(i?B?)", re.IGNORECASE)
 _UNITS = {"": 0, "K": 1, "M": 2, "G": 3, "T": 4}
 # Keys a [[mounts]] table may set, and [defaults] may set for every mount.
 OPTION_KEYS = ("stable_after", "publish_interval", "refresh_interval", "shutdown_timeout",
-               "allow_other", "namespace_max_bytes", "exclude")
+               "allow_other", "namespace_max_bytes", "exclude", "mode")
+MODES = ("fuse", "dir")
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,7 @@ class MountOptions:
     allow_other: bool = True  # jobs run as other users than the root daemon
     namespace_max_bytes: int | None = None
     exclude: tuple[str, ...] = ()
+    mode: str = "fuse"  # "dir" for hosts without FUSE
 
 
 @dataclass(frozen=True)
@@ -85,7 +87,7 @@ class DaemonConfig:
             publish_interval=o.publish_interval, refresh_interval=o.refresh_interval,
             shutdown_timeout=o.shutdown_timeout, allow_other=o.allow_other,
             cache_max_bytes=self.cache_max_bytes, namespace_max_bytes=o.namespace_max_bytes,
-            scratch_patterns=o.exclude,
+            scratch_patterns=o.exclude, mode=o.mode,
         )
 
     def mount_configs(self) -> list[MountConfig]:
@@ -250,7 +252,15 @@ def _options(t: _Table, base: MountOptions) -> MountOptions:
         allow_other=t.get("allow_other", as_bool, base.allow_other),
         namespace_max_bytes=t.get("namespace_max_bytes", as_bytes, base.namespace_max_bytes),
         exclude=t.get("exclude", as_str_list, base.exclude),
+        mode=_mode(t, base.mode),
     )
+
+
+def _mode(t: _Table, default: str) -> str:
+    mode = t.get("mode", as_str, default)
+    if mode not in MODES:
+        raise ConfigError(f"{t.key('mode')}: expected one of {', '.join(MODES)}, got {mode!r}")
+    return mode
 
 
 def _mount(t: _Table, defaults: MountOptions, mount_base: Path,

@@ -87,6 +87,7 @@ CASES: dict[str, tuple[str, ...]] = {
     "bad-listen": ("metrics.listen", "HOST:PORT"),
     "bad-log-level": ("log.level", "expected one of"),
     "bad-toml": ("invalid TOML",),
+    "bad-mode": ("mounts[0].mode", "fuse, dir"),
 }
 
 
@@ -102,6 +103,8 @@ def make_case(name: str, tmp: Path) -> Path:
         return cfg_file(tmp, [base(tmp, stable_after="fast")])
     if name == "wrong-type-bool":
         return cfg_file(tmp, defaults={"allow_other": "yes"})
+    if name == "bad-mode":
+        return cfg_file(tmp, [base(tmp, mode="overlay")])
     if name == "wrong-type-list":
         return cfg_file(tmp, [base(tmp, exclude="*.tmp")])
     if name == "wrong-type-mounts":
