@@ -31,9 +31,10 @@ from __future__ import annotations
 import fnmatch
 import json
 import logging
+import os
 import posixpath
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 from casfs.fingerprint import check_family
 from casfs.util.paths import is_valid_relpath
@@ -145,3 +146,23 @@ def group_written_root(relpath: str, data: bytes) -> str | None:
             return None
         roots.add(path[: -len(suffix)] or "/")
     return roots.pop() if len(roots) == 1 else None
+
+
+def walk_files(top: str | os.PathLike[str], rules: ScratchRules) -> Iterator[tuple[str, str, bool]]:
+    """(relpath, full path, is_scratch) of every file under ``top``.
+
+    Scratch directories are not descended into: each is reported once, as
+    itself, with is_scratch True (so callers can count what they skip).
+    """
+    top = os.fspath(top)
+    for dirpath, dirnames, filenames in os.walk(top):
+        rel_dir = os.path.relpath(dirpath, top)
+        rel_dir = "" if rel_dir == "." else rel_dir
+        for name in list(dirnames):
+            rel = f"{rel_dir}/{name}" if rel_dir else name
+            if rules.is_scratch(rel):
+                dirnames.remove(name)
+                yield rel, os.path.join(dirpath, name), True
+        for name in filenames:
+            rel = f"{rel_dir}/{name}" if rel_dir else name
+            yield rel, os.path.join(dirpath, name), rules.is_scratch(rel)

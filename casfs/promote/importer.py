@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from casfs.errors import UsageError
-from casfs.scratch import ScratchRules, group_children, is_group_file
+from casfs.scratch import ScratchRules, group_children, is_group_file, walk_files
 from casfs.store.entry import Entry
 from casfs.store.generations import PublishResult
 from casfs.store.root import SharedRoot
@@ -40,23 +40,13 @@ class ImportReport:
 def scan_tree(src: Path, rules: ScratchRules, report: ImportReport) -> list[tuple[str, Path]]:
     """(relpath, path) of every regular, non-scratch file under ``src``."""
     out: list[tuple[str, Path]] = []
-    for dirpath, dirnames, filenames in os.walk(src):
-        rel_dir = os.path.relpath(dirpath, src)
-        rel_dir = "" if rel_dir == "." else rel_dir
-        for name in list(dirnames):
-            rel = f"{rel_dir}/{name}" if rel_dir else name
-            if rules.is_scratch(rel):
-                dirnames.remove(name)
-                report.skipped_scratch += 1
-        for name in filenames:
-            rel = f"{rel_dir}/{name}" if rel_dir else name
-            full = Path(dirpath) / name
-            if rules.is_scratch(rel):
-                report.skipped_scratch += 1
-            elif not is_valid_relpath(rel) or not stat.S_ISREG(os.lstat(full).st_mode):
-                report.skipped_other.append(rel)
-            else:
-                out.append((rel, full))
+    for rel, full, scratch in walk_files(src, rules):
+        if scratch:
+            report.skipped_scratch += 1
+        elif not is_valid_relpath(rel) or not stat.S_ISREG(os.lstat(full).st_mode):
+            report.skipped_other.append(rel)
+        else:
+            out.append((rel, Path(full)))
     return sorted(out)
 
 

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from casfs.index.node_index import NodeIndex
 from casfs.promote.tracker import WriteTracker
-from casfs.scratch import ScratchRules, group_children, is_group_file
+from casfs.scratch import ScratchRules, group_children, is_group_file, walk_files
 from casfs.store.entry import Entry
 from casfs.store.objects import ObjectStore
 from casfs.util.counters import Counters
@@ -72,24 +72,18 @@ class Promoter:
     def scan_all(self) -> int:
         """Mark every upper file not yet promoted as dirty (start-up, crash recovery)."""
         n = 0
-        for dirpath, dirnames, filenames in os.walk(self.upper):
-            rel_dir = os.path.relpath(dirpath, self.upper)
-            rel_dir = "" if rel_dir == "." else rel_dir
-            dirnames[:] = [d for d in dirnames
-                           if not self.rules.is_scratch(f"{rel_dir}/{d}" if rel_dir else d)]
-            for name in filenames:
-                rel = f"{rel_dir}/{name}" if rel_dir else name
-                if self.rules.is_scratch(rel):
-                    continue
-                try:
-                    st = os.lstat(os.path.join(dirpath, name))
-                except FileNotFoundError:
-                    continue
-                rec = self.index.get_promoted(self.key, rel)
-                if rec and rec.entry.size == st.st_size and rec.entry.mtime_ns == st.st_mtime_ns:
-                    continue
-                self.tracker.modified(rel)
-                n += 1
+        for rel, full, scratch in walk_files(self.upper, self.rules):
+            if scratch:
+                continue
+            try:
+                st = os.lstat(full)
+            except FileNotFoundError:
+                continue
+            rec = self.index.get_promoted(self.key, rel)
+            if rec and rec.entry.size == st.st_size and rec.entry.mtime_ns == st.st_mtime_ns:
+                continue
+            self.tracker.modified(rel)
+            n += 1
         return n
 
     def run_once(self, *, final: bool = False) -> RoundResult:
