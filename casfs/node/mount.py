@@ -93,7 +93,8 @@ class MountService:
             cfg.state_dir / "objects", self.index, _RootSource(self), cfg.cache_max_bytes
         )
         self.ops = (
-            OverlayOperations(self.lower, self.cache, cfg.upper, self.tracker, self.counters)
+            OverlayOperations(self.lower, self.cache, cfg.upper, self.tracker, self.counters,
+                              fetch_timeout=cfg.fetch_timeout)
             if cfg.mode == "fuse" else None
         )
         self.rules = ScratchRules(cfg.family, cfg.scratch_patterns)
@@ -299,17 +300,18 @@ class MountService:
         if cmd in ("status", "stats"):
             return {"ok": True, **self.status()}
         if cmd == "publish":
-            await trio.to_thread.run_sync(self.promote_once, True)
-            return await trio.to_thread.run_sync(self.publish_once)
+            await trio.to_thread.run_sync(self.promote_once, True, abandon_on_cancel=True)
+            return await trio.to_thread.run_sync(self.publish_once, abandon_on_cancel=True)
         if cmd == "refresh":
-            return await trio.to_thread.run_sync(self.refresh_once)
+            return await trio.to_thread.run_sync(self.refresh_once, abandon_on_cancel=True)
         return {"ok": False, "error": f"unknown command {cmd!r}"}
 
     async def _every(self, seconds: float, fn: Callable[[], object]) -> None:
         while True:
             await trio.sleep(seconds)
             try:
-                await trio.to_thread.run_sync(fn)
+                # Abandonable: a stalled shared root must not hold up shutdown.
+                await trio.to_thread.run_sync(fn, abandon_on_cancel=True)
             except Exception:
                 log.exception("%s: background task %s failed", self.cfg.name,
                               getattr(fn, "__name__", fn))

@@ -10,9 +10,11 @@ from __future__ import annotations
 import contextlib
 import errno
 import logging
+import math
 import os
 import shutil
 import stat
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -60,11 +62,40 @@ class Node:
         return self.lower is DIR
 
 
+class FailedPaths:
+    """Lower paths whose object failed to fetch, shown as absent.
+
+    A corrupt object is absent for the life of the mount (its bytes will not
+    change); anything else (a missing object on a lagging NFS client, a
+    timeout, an unreachable root) only for ``retry_after`` seconds, so a
+    passing outage does not hide a path from a mount that lives for weeks.
+    """
+
+    def __init__(self, retry_after: float = 30.0) -> None:
+        self.retry_after = retry_after
+        self._until: dict[str, float] = {}
+
+    def add(self, path: str, *, permanent: bool = False) -> None:
+        self._until[path] = math.inf if permanent else time.monotonic() + self.retry_after
+
+    def __contains__(self, path: object) -> bool:
+        until = self._until.get(path) if isinstance(path, str) else None
+        if until is None:
+            return False
+        if until < time.monotonic():
+            del self._until[str(path)]
+            return False
+        return True
+
+    def __len__(self) -> int:
+        return len(self._until)
+
+
 class Layers:
     def __init__(self, lower: LowerTree, upper_dir: Path) -> None:
         self.lower = lower
         self.upper_dir = Path(upper_dir)
-        self.failed: set[str] = set()  # lower paths whose object failed: absent for this mount
+        self.failed = FailedPaths()  # lower paths whose object failed: absent for now
         self.work_dir = self.upper_dir / WORK_DIR
         shutil.rmtree(self.work_dir, ignore_errors=True)
         self.work_dir.mkdir(mode=0o700, parents=True, exist_ok=True)

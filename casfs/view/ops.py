@@ -27,6 +27,7 @@ import functools
 import logging
 import os
 import stat
+import threading
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
@@ -36,7 +37,7 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 import pyfuse3
 import trio
 
-from casfs.errors import CasfsError
+from casfs.errors import CasfsError, CorruptObjectError
 from casfs.promote.tracker import WriteTracker
 from casfs.store.entry import Entry
 from casfs.util.counters import Counters
@@ -114,6 +115,8 @@ class OverlayOperations(pyfuse3.Operations):
         *,
         lower_timeout: float = 3600.0,
         upper_timeout: float = 1.0,
+        fetch_timeout: float = 20.0,
+        fetch_threads: int = 16,
         lower_dir_mode: int = 0o777,
         root_mode: int = 0o1777,
     ) -> None:
@@ -124,6 +127,9 @@ class OverlayOperations(pyfuse3.Operations):
         self.counters = counters
         self.lower_timeout = lower_timeout
         self.upper_timeout = upper_timeout
+        self.fetch_timeout = fetch_timeout
+        # Fetches get their own threads: stuck ones must not starve fsync or copy-up.
+        self._fetch_limiter = trio.CapacityLimiter(fetch_threads)
         self.dir_mode = lower_dir_mode
         self.inodes = InodeTable()
         self._handles: dict[int, _Handle] = {}
@@ -213,7 +219,9 @@ class OverlayOperations(pyfuse3.Operations):
 
     def _lower_failed(self, path: str, exc: BaseException) -> _Miss:
         if path not in self.layers.failed:
-            self.layers.failed.add(path)
+            # Only a corrupt object is a miss for the life of the mount; a missing
+            # object, a timeout or an unreachable root is retried later.
+            self.layers.failed.add(path, permanent=isinstance(exc, CorruptObjectError))
             self.counters.inc("fetch_errors")
             log.warning("lower object for %r unavailable, serving a miss: %s", path, exc)
         self.inodes.detach(path)  # a file re-created here gets a fresh inode
@@ -234,12 +242,41 @@ class OverlayOperations(pyfuse3.Operations):
                 log.warning("invalidating %r: %s", path, e)
 
     async def _fetch(self, path: str, entry: Entry) -> str:
+        """The entry's local file (pinned), or a miss; never waits past fetch_timeout.
+
+        The fetch runs in a thread the handler can abandon: a shared root that
+        stops answering (a hard NFS mount, a FIFO planted in the store) must
+        cost the job a miss, not a process stuck in D state.
+        """
+        lock = threading.Lock()
+        state = {"done": False, "abandoned": False}
+
+        def run() -> str:
+            local = self.fetcher.fetch(entry)
+            with lock:
+                if state["abandoned"]:
+                    self.fetcher.unpin(entry.digest)  # nobody is waiting for it any more
+                else:
+                    state["done"] = True
+            return local
+
         try:
-            return await trio.to_thread.run_sync(self.fetcher.fetch, entry)
+            with trio.move_on_after(self.fetch_timeout):
+                return await trio.to_thread.run_sync(
+                    run, abandon_on_cancel=True, limiter=self._fetch_limiter
+                )
         except Exception as e:  # any fetch failure is a miss, never an error to the job
             if not isinstance(e, CasfsError | OSError):
                 log.exception("unexpected fetch failure for %r", path)
             raise self._lower_failed(path, e) from None
+        with lock:
+            state["abandoned"] = True
+            if state["done"]:  # finished just as we gave up: its pin is ours to drop
+                self.fetcher.unpin(entry.digest)
+        self.counters.inc("fetch_timeouts")
+        raise self._lower_failed(
+            path, TimeoutError(f"no answer from the shared root in {self.fetch_timeout:.0f}s")
+        )
 
     async def _copy_up(self, node: Node, *, empty: bool = False) -> None:
         """Give a lower-only file an upper copy (``empty``: content not needed, no fetch)."""

@@ -229,3 +229,26 @@ def test_serving_triton_at_another_path_is_warned(cluster: dict[str, Any]) -> No
     other = c.mount(family="triton", mountpoint=cluster["mnt"] / "elsewhere")
     assert c.ask(other, "stats")["counters"]["mount_path_mismatch"] == 1
     assert "Triton kernels will miss" in (c.state / "log" / "triton.log").read_text()
+
+
+def test_a_stalled_shared_root_is_a_miss_not_a_hang(cluster: dict[str, Any],
+                                                   tmp_path: Path) -> None:
+    files = {"ok": b"fine" * 100, "stalled": b"never arrives" * 100}
+    seed(cluster["root"], files, tmp=tmp_path)
+    obj = cluster["root"] / object_key(published(cluster["root"])["stalled"].digest)
+    obj.unlink()
+    os.mkfifo(obj)  # open() blocks forever, like a hard NFS mount whose server stopped
+    b = cluster["b"]
+    w = b.mount(fetch_timeout=1.0)
+    mp = w.cfg.mountpoint
+    r = subprocess.run(["cat", str(mp / "stalled")], capture_output=True, timeout=60,
+                       check=False)
+    assert r.returncode != 0 and b"No such file" in r.stderr  # a miss after ~1 s
+    assert (mp / "ok").read_bytes() == files["ok"]  # other paths keep working
+    c = b.ask(w, "stats")["counters"]
+    assert c["fetch_timeouts"] == 1
+    b.stop(w)  # shutdown is not held up by the stuck fetch thread
+    assert not os.path.ismount(mp)
+    with pytest.raises(OSError) as exc:  # ENXIO: no reader left, the worker is gone
+        os.open(obj, os.O_WRONLY | os.O_NONBLOCK)
+    assert exc.value.errno == errno.ENXIO
