@@ -51,6 +51,10 @@ class Backend(Protocol):
         """Make every earlier put_if_absent durable (called before writing a record)."""
         ...
 
+    def replace(self, key: str, staged: Path) -> None:
+        """Atomically replace ``key`` with ``staged`` (repairing a damaged object only)."""
+        ...
+
     def create_exclusive(self, key: str, data: bytes) -> bool:
         """Create ``key`` holding ``data`` atomically; False if it already exists."""
         ...
@@ -95,6 +99,11 @@ class LocalBackend:
 
     def sync(self) -> None:
         atomic.sync_filesystem(self.root)
+
+    def replace(self, key: str, staged: Path) -> None:
+        target = self._path(key)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        atomic.replace_file(staged, target, sync=False)
 
     def create_exclusive(self, key: str, data: bytes) -> bool:
         target = self._path(key)

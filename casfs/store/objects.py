@@ -123,8 +123,8 @@ class ObjectStore:
 
     def _put_known(self, digest: str, data: bytes) -> PutResult:
         key = object_key(digest)
-        if self.backend.info(key) is not None:
-            self.backend.touch(key)  # keeps a re-used object clear of a concurrent gc
+        exists = self.backend.info(key) is not None
+        if exists and self._sound(digest, len(data)):
             return PutResult(digest, len(data), False)
         payload = zstandard.ZstdCompressor(level=self._level).compress(data)
         codec = CODEC_ZSTD
@@ -134,8 +134,7 @@ class ObjectStore:
         with atomic.staged_file(self.backend.staging_dir, "obj-", 0o444, sync=False) as (f, tmp):
             f.write(HEADER.pack(MAGIC, VERSION, codec, 0, len(data)))
             f.write(payload)
-        created = self.backend.put_if_absent(key, tmp)
-        return PutResult(digest, len(data), created)
+        return PutResult(digest, len(data), self._install(key, tmp, repair=exists))
 
     def put_file(self, path: str | os.PathLike[str]) -> PutResult:
         """Store a local file's content. The caller checks the file did not change meanwhile."""
@@ -153,8 +152,8 @@ class ObjectStore:
                 h.update(chunk)
         digest = h.hexdigest()
         key = object_key(digest)
-        if self.backend.info(key) is not None:
-            self.backend.touch(key)
+        exists = self.backend.info(key) is not None
+        if exists and self._sound(digest, path.stat().st_size):
             return PutResult(digest, path.stat().st_size, False)
         self.backend.staging_dir.mkdir(parents=True, exist_ok=True)
         size = 0
@@ -175,8 +174,34 @@ class ObjectStore:
                         out.write(chunk)
             out.seek(0)
             out.write(HEADER.pack(MAGIC, VERSION, codec, 0, size))
-        created = self.backend.put_if_absent(key, tmp)
-        return PutResult(digest, size, created)
+        return PutResult(digest, size, self._install(key, tmp, repair=exists))
+
+    def _sound(self, digest: str, size: int) -> bool:
+        """Whether an existing object is intact; touches it so a concurrent gc keeps it.
+
+        Dedup must not trust an object blindly: a node that crashed between
+        linking an object and syncing it leaves a torn file under a valid name,
+        and every later writer of the same bytes would publish a record naming
+        it. Re-verifying costs a read, cheaper than the compress + write it saves.
+        """
+        try:
+            self.verify(digest, size)
+        except CorruptObjectError:
+            return False
+        except ObjectMissingError:
+            return False  # gc removed it meanwhile: write it again
+        self.backend.touch(object_key(digest))
+        return True
+
+    def _install(self, key: str, tmp: Path, *, repair: bool) -> bool:
+        if not repair:
+            return self.backend.put_if_absent(key, tmp)
+        # A torn or corrupt object under this name: the name is content-addressed,
+        # so replacing it with verified bytes is a repair, never a change.
+        self.backend.replace(key, tmp)
+        self.counters.inc("objects_repaired")
+        log.warning("repaired damaged object %s", key)
+        return True
 
     # --- reading ----------------------------------------------------------
     def header(self, digest: str) -> Header:
@@ -248,14 +273,14 @@ class ObjectStore:
         self.get_into(digest, expected_size, buf)
         return buf.getvalue()
 
-    def verify(self, digest: str) -> int:
+    def verify(self, digest: str, expected_size: int | None = None) -> int:
         """Re-hash one object; raise CorruptObjectError/ObjectMissingError on a problem."""
 
         class _Null:
             def write(self, b: bytes) -> int:
                 return len(b)
 
-        return self.get_into(digest, None, _Null())  # type: ignore[arg-type]
+        return self.get_into(digest, expected_size, _Null())  # type: ignore[arg-type]
 
     # --- enumeration (gc, verify, du) -------------------------------------
     def iter_digests(self) -> Iterator[str]:

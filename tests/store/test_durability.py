@@ -45,3 +45,20 @@ def test_sync_filesystem_runs(tmp_path: Path) -> None:
     from casfs.util.atomic import sync_filesystem
 
     sync_filesystem(tmp_path)  # syncfs(2) on a real directory: no error
+
+
+def test_a_torn_object_is_repaired_not_trusted_by_dedup(tmp_path: Path) -> None:
+    from casfs.store.objects import digest_bytes, object_key
+
+    root = SharedRoot.open(tmp_path / "root", create=True)
+    data = b"kernel bytes " * 1000
+    target = root.path / object_key(digest_bytes(data))
+    target.parent.mkdir(parents=True)
+    target.write_bytes(b"CASF")  # what a crash between link() and syncfs can leave
+    res = root.objects.put_bytes(data)
+    assert res.created  # rewritten, not deduplicated against the torn file
+    assert root.objects.get_bytes(res.digest, len(data)) == data
+    assert root.counters.get("objects_repaired") == 1
+    again = root.objects.put_bytes(data)
+    assert not again.created  # a sound object is deduplicated as usual
+    assert root.counters.get("objects_repaired") == 1
