@@ -41,7 +41,11 @@ class GcReport:
 
 def _kept(gens: GenerationStore, ns: str, keep: int) -> tuple[list[int], list[int]]:
     seqs = gens.seqs(ns)
-    pinned = {s for s in gens.pins(ns).values() if s >= 0}
+    pins = gens.pins(ns)
+    bad = sorted(name for name, s in pins.items() if s < 0)
+    if bad:  # an unreadable pin might protect anything: delete nothing
+        raise CasfsError(f"unreadable pin {ns}/{bad[0]}: fix or remove it (casfs unpin)")
+    pinned = set(pins.values())
     kept = sorted(set(seqs[-keep:] if keep > 0 else []) | (pinned & set(seqs)))
     return kept, [s for s in seqs if s not in kept]
 
@@ -97,10 +101,15 @@ def gc(
         if now - info.mtime < grace:
             report.young_unreferenced += 1
             continue
+        if not dry_run:
+            # Look again right before deleting: a publisher re-using this object
+            # touches it (ObjectStore._sound), which must win over our old stat.
+            info = root.backend.info(object_key(digest))
+            if info is None or time.time() - info.mtime < grace:
+                continue
+            root.objects.delete(digest)
         report.removed_objects += 1
         report.removed_bytes += info.size
-        if not dry_run:
-            root.objects.delete(digest)
     for name, age in root.backend.staging_entries():
         if age >= grace:
             report.removed_tmp += 1

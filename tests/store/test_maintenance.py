@@ -168,3 +168,18 @@ def test_usage_ratios(root: SharedRoot) -> None:
     assert u["compression_ratio"] > 10
     whole = maintenance.usage(root).to_json()
     assert whole["stored_bytes"] >= u["stored_bytes"] and whole["namespaces"] == 1
+
+
+def test_gc_deletes_nothing_when_a_pin_is_unreadable(tmp_path: Path) -> None:
+    root = SharedRoot.open(tmp_path / "root", create=True)
+    gens = root.generations()
+    for i in range(3):
+        put = root.objects.put_bytes(f"file {i}".encode())
+        gens.publish("ns", [Entry(f"f{i}", put.digest, put.size, 0o644, 0)], node="n")
+    gens.pin("ns", 1, "keepme")
+    pin = root.path / "namespaces" / "ns" / "pins" / "keepme"
+    pin.chmod(0o644)
+    pin.write_text("{damaged")
+    with pytest.raises(CasfsError, match="unreadable pin ns/keepme"):
+        maintenance.gc(root, keep=1, grace=0)
+    assert gens.seqs("ns") == [1, 2, 3]
