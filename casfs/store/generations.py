@@ -62,6 +62,8 @@ _DAMAGE = (HostileManifestError, CorruptObjectError, ObjectMissingError, NotFoun
 SEQ_WIDTH = 12
 MAX_RECORD_BYTES = 1 << 20
 COMPACT_DELTAS = 32
+# A record whose manifest is missing is skipped only once it is this old (seconds).
+MISSING_GRACE = 600.0
 NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,127}\Z")  # \Z: "$" lets "x\n" through
 
 
@@ -274,10 +276,11 @@ class GenerationStore:
     ) -> tuple[int | None, Record | None, Snapshot]:
         """(newest seq, newest *readable* record, its snapshot).
 
-        A damaged newest record (hostile JSON, a corrupt or missing manifest) is
-        skipped, logged and counted, so one bad record cannot stop a namespace
-        from being served or published to; the next publication supersedes it.
-        I/O errors are raised instead: a passing NFS hiccup must not make a
+        A damaged newest record (hostile JSON, a corrupt manifest; a missing
+        one once the record is older than MISSING_GRACE) is skipped, logged
+        and counted, so one bad record cannot stop a namespace from being
+        served or published to; the next publication supersedes it. I/O
+        errors are raised instead: a passing NFS hiccup must not make a
         publisher build on an older generation and drop newer entries.
         """
         newest = self.latest_seq(ns, hint)
@@ -289,12 +292,20 @@ class GenerationStore:
                 rec = self.record(ns, seq)
                 return newest, rec, self.snapshot(rec)
             except _DAMAGE as e:
+                if isinstance(e, ObjectMissingError | NotFoundError) and self._young(ns, seq):
+                    # On NFS a fresh manifest can be invisible for a while (cached
+                    # negative lookups): wait rather than drop the newest entries.
+                    raise
                 self.objects.counters.inc("bad_generations")
                 log.warning("skipping damaged generation %s@%d: %s", ns, seq, e)
                 if len(candidates) == 1:
                     older = [x for x in reversed(self.seqs(ns)) if x < newest]
                     candidates.extend(older[:max_skip])
         return newest, None, Snapshot(None, {})
+
+    def _young(self, ns: str, seq: int) -> bool:
+        info = self.backend.info(self._key(ns, seq))
+        return info is not None and time.time() - info.mtime < MISSING_GRACE
 
     def part_entries(self, part: Part) -> list[Entry]:
         cached = self._parts.get(part.digest)

@@ -91,3 +91,33 @@ def test_a_damaged_newest_record_does_not_stop_publication(tmp_path: Path) -> No
     assert rec3.parent == 1  # built on the newest readable generation
     assert set(gens.entries("ns").entries) == {"a", "c"}
     assert root.counters.get("bad_generations") >= 1
+
+
+def test_a_young_record_with_a_missing_manifest_is_waited_for(tmp_path: Path) -> None:
+    import os
+    import time
+
+    import pytest
+
+    from casfs.errors import CasfsError
+    from casfs.store import generations
+
+    root, index, pub, _ = setup(tmp_path)
+    gens = root.generations()
+    first = root.objects.put_bytes(b"first")
+    gens.publish("ns", [Entry("a", first.digest, first.size, 0o644, 1)], node="n")
+    second = root.objects.put_bytes(b"second")
+    gens.publish("ns", [Entry("b", second.digest, second.size, 0o644, 1)], node="n")
+    rec2 = gens.record("ns", 2)
+    manifest = root.path / object_key(rec2.parts[-1].digest)
+    manifest.rename(tmp_path / "hidden")  # as if not visible yet on this NFS client
+    promote(root, index, "c", b"third")
+    gens = root.generations()
+    with pytest.raises(CasfsError):
+        gens.publish("ns", list(index.pending("ns")), node="n")  # retried later, not skipped
+    assert gens.seqs("ns") == [1, 2]
+    key = root.path / "namespaces" / "ns" / "generations" / "000000000002"
+    old = time.time() - generations.MISSING_GRACE - 5
+    os.utime(key, (old, old))  # still missing long after: the record is damaged
+    out = pub.publish()
+    assert out.ok and out.result is not None and out.result.seq == 3
