@@ -145,7 +145,12 @@ class IndexEnv:
                 max_readers=MAX_READERS,
                 readonly=readonly,
                 create=not readonly,
-                metasync=False,  # a system crash may undo the last commit, never corrupt
+                # No fsync per commit: everything in the index can be rebuilt or
+                # redone (lower entries re-ingested, promotions re-hashed), so a
+                # system crash may lose the last seconds of commits, never
+                # integrity. The daemon calls sync() every few seconds; a process
+                # crash loses nothing (the pages are in the page cache).
+                sync=False,
                 readahead=False,  # random access: readahead only evicts useful pages
                 max_spare_txns=16,
             )
@@ -217,7 +222,16 @@ class IndexEnv:
             if _registry.get(key) is self:
                 del _registry[key]
         if self._pid == os.getpid():  # a forked child must not close the parent's locks
+            if not self.readonly:
+                self.sync()
             self.env.close()
+
+    def sync(self) -> None:
+        """Flush committed transactions to disk (commits themselves do not fsync)."""
+        try:
+            self.env.sync(True)
+        except lmdb.Error as e:
+            log.warning("syncing node index %s: %s", self.path, e)
 
     def _check_pid(self) -> None:
         if self._pid != os.getpid():

@@ -47,6 +47,10 @@ class NodeIndex:
     def close(self) -> None:
         self._env.close()
 
+    def sync(self) -> None:
+        """Make committed changes durable (commits do not fsync; see lmdbenv)."""
+        self._env.sync()
+
     def __enter__(self) -> NodeIndex:
         return self
 

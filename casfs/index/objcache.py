@@ -108,6 +108,20 @@ class LocalObjectCache:
         """Path of a local file holding the entry's bytes, pinned until ``unpin``."""
         return self.ensure_file(entry.digest, entry.size)
 
+    def cached(self, entry: Entry) -> str | None:
+        """A pinned local path if the object is already cached (local stat only), else None."""
+        digest = entry.digest
+        path = self.path_of(digest)
+        with self._lock:
+            if digest in self._fills:
+                return None  # being filled: let fetch wait for it
+            self._pins[digest] += 1
+        if self._present(path, entry.size):
+            self._touch(digest, entry.size)
+            return str(path)
+        self.unpin(digest)
+        return None
+
     def unpin(self, digest: str) -> None:
         with self._lock:
             if self._pins[digest] <= 1:

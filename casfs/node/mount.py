@@ -270,6 +270,7 @@ class MountService:
         if any(delta.values()):
             self.index.add_counters(self.cfg.name, delta)
             self._flushed = snap
+        self.index.sync()
 
     def pending_publication(self) -> int:
         return sum(1 for _ in self.index.pending(self.cfg.namespace))

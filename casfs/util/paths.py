@@ -9,14 +9,27 @@ within the usual Linux name and path length limits.
 
 from __future__ import annotations
 
+import re
+
 from casfs.errors import HostileManifestError
 
 NAME_MAX = 255
 PATH_MAX = 4095
 
 
+# The common case, decided by one regex (manifests hold 100,000s of paths):
+# ASCII components of ordinary characters, none starting with '.', each at
+# most NAME_MAX bytes. Anything else takes the full checks below.
+_PLAIN = re.compile(
+    r"[A-Za-z0-9_+=,@%-][A-Za-z0-9._+=,@%-]{0,254}(?:/[A-Za-z0-9_+=,@%-][A-Za-z0-9._+=,@%-]{0,254})*"
+)
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
 def check_relpath(path: object) -> str:
     """Return ``path`` if it is a safe, normalised relative path; raise otherwise."""
+    if isinstance(path, str) and len(path) <= PATH_MAX and _PLAIN.fullmatch(path):
+        return path
     if not isinstance(path, str):
         raise HostileManifestError(f"path is not a string: {path!r:.80}")
     if not path:
@@ -25,7 +38,7 @@ def check_relpath(path: object) -> str:
         raise HostileManifestError(f"path too long: {path[:80]!r}...")
     if "\0" in path:
         raise HostileManifestError(f"path contains NUL: {path!r:.80}")
-    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in path):
+    if _CONTROL.search(path):
         raise HostileManifestError(f"path contains a control character: {path!r:.80}")
     if path.startswith("/"):
         raise HostileManifestError(f"absolute path: {path!r:.80}")

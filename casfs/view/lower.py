@@ -41,6 +41,14 @@ class ObjectFetcher(Protocol):
         """
         ...
 
+    def cached(self, entry: Entry) -> str | None:
+        """Like ``fetch`` (pinned) if the object is already local, else None.
+
+        Never touches shared storage, so the view may call it inline in a
+        handler: a warm open then costs no thread hand-off.
+        """
+        ...
+
     def unpin(self, digest: str) -> None:
         """The caller no longer uses the file returned by ``fetch`` for ``digest``."""
         ...

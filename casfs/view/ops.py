@@ -346,7 +346,8 @@ class OverlayOperations(pyfuse3.Operations):
         writable = accmode != os.O_RDONLY or bool(flags & os.O_TRUNC)
         entry = node.lower_file
         if entry is not None and not writable:
-            src = await self._fetch(node.path, entry)
+            # Warm: the object is local, open it inline. Cold: fetch in a thread.
+            src = self.fetcher.cached(entry) or await self._fetch(node.path, entry)
             try:
                 fd = os.open(src, os.O_RDONLY | os.O_CLOEXEC)
             except OSError as e:

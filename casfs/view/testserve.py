@@ -60,6 +60,9 @@ class DirFetcher:
             self.pins[entry.digest] = self.pins.get(entry.digest, 0) + 1
         return self.sources[entry.digest]
 
+    def cached(self, entry: Entry) -> str | None:
+        return None  # always through fetch (the threaded path)
+
     def unpin(self, digest: str) -> None:
         with self._lock:
             self.pins[digest] -= 1

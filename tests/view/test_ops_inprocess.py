@@ -34,6 +34,9 @@ class Fetcher:
         self.pins[entry.digest] = self.pins.get(entry.digest, 0) + 1
         return str(self.files[entry.digest])
 
+    def cached(self, entry: Entry) -> str | None:
+        return None  # always through fetch (the threaded path)
+
     def unpin(self, digest: str) -> None:
         self.pins[digest] -= 1
 
