@@ -9,6 +9,12 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import Counter
+from typing import TypeVar
+
+from casfs.util.paths import parent_dirs
+
+_V = TypeVar("_V")
 
 
 class WriteTracker:
@@ -16,12 +22,35 @@ class WriteTracker:
         self._lock = threading.Lock()
         self._writers: dict[str, int] = {}
         self._dirty: dict[str, float] = {}
+        # Dirty paths strictly below each directory: renames and removals of
+        # plain files (the common case) then cost O(1), not a scan of _dirty.
+        self._below: Counter[str] = Counter()
+
+    def _set_dirty(self, path: str, t: float) -> None:
+        if path not in self._dirty:
+            for d in parent_dirs(path):
+                self._below[d] += 1
+        self._dirty[path] = t
+
+    def _drop_dirty(self, path: str) -> None:
+        if self._dirty.pop(path, None) is not None:
+            for d in parent_dirs(path):
+                self._below[d] -= 1
+                if not self._below[d]:
+                    del self._below[d]
+
+    def _subtree(self, table: dict[str, _V], path: str) -> list[str]:
+        """Keys of ``table`` at or below ``path``."""
+        if table is self._dirty and not self._below.get(path):
+            return [path] if path in table else []
+        prefix = path + "/"
+        return [p for p in table if p == path or p.startswith(prefix)]
 
     # --- events from the view -------------------------------------------
     def opened_for_write(self, path: str) -> None:
         with self._lock:
             self._writers[path] = self._writers.get(path, 0) + 1
-            self._dirty[path] = time.monotonic()
+            self._set_dirty(path, time.monotonic())
 
     def closed_for_write(self, path: str) -> None:
         with self._lock:
@@ -30,30 +59,35 @@ class WriteTracker:
                 self._writers[path] = n
             else:
                 self._writers.pop(path, None)
-            self._dirty[path] = time.monotonic()
+            self._set_dirty(path, time.monotonic())
 
     def modified(self, path: str) -> None:
         """Content or metadata of ``path`` changed (write, truncate, chmod, utimens, create)."""
         with self._lock:
-            self._dirty[path] = time.monotonic()
+            self._set_dirty(path, time.monotonic())
 
     def removed(self, path: str) -> None:
         """``path`` (file or directory, with everything under it) is gone."""
         with self._lock:
-            prefix = path + "/"
-            for p in [p for p in self._dirty if p == path or p.startswith(prefix)]:
-                del self._dirty[p]
+            for p in self._subtree(self._dirty, path):
+                self._drop_dirty(p)
+            for p in self._subtree(self._writers, path):
+                del self._writers[p]  # a later release of the old file must not count
 
     def renamed(self, old: str, new: str) -> None:
         """``old`` (file or directory) is now ``new``; descendants move with it."""
         now = time.monotonic()
         with self._lock:
-            self._dirty = {_moved(p, old, new): t for p, t in self._dirty.items()}
-            self._writers = {_moved(p, old, new): n for p, n in self._writers.items()}
-            for p in list(self._dirty):
-                if p == new or p.startswith(new + "/"):
-                    self._dirty[p] = now
-            self._dirty[new] = now
+            for p in self._subtree(self._dirty, new):
+                self._drop_dirty(p)  # whatever was at ``new`` is replaced
+            for p in self._subtree(self._dirty, old):
+                self._drop_dirty(p)
+                self._set_dirty(new + p[len(old):], now)
+            moved = {p: self._writers.pop(p) for p in self._subtree(self._writers, old)}
+            for p, n in moved.items():
+                q = new + p[len(old):]
+                self._writers[q] = self._writers.get(q, 0) + n
+            self._set_dirty(new, now)
 
     # --- queries from the promoter --------------------------------------
     def has_writers(self, path: str) -> bool:
@@ -73,16 +107,9 @@ class WriteTracker:
         with self._lock:
             t = self._dirty.get(path)
             if t is not None and (seen_at is None or t <= seen_at):
-                del self._dirty[path]
+                self._drop_dirty(path)
 
     def pending(self) -> int:
         with self._lock:
             return len(self._dirty)
 
-
-def _moved(path: str, old: str, new: str) -> str:
-    if path == old:
-        return new
-    if path.startswith(old + "/"):
-        return new + path[len(old):]
-    return path

@@ -5,7 +5,8 @@ kernel never confuses an old file with a new one at the same path. An inode
 lives while the kernel holds a lookup count on it (``forget`` drops it at
 zero). Unlinking or replacing a path *detaches* its inode: the number keeps
 working for open handles but the path now belongs to the next inode created
-there. A directory rename moves the paths of every known descendant.
+there. A directory rename moves the paths of every known descendant; a children
+index keeps that (and unlink) proportional to the subtree, not to the table.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ class InodeTable:
         self._ino: dict[str, int] = {"": ROOT_INODE}
         self._count: dict[int, int] = {}
         self._detached: set[int] = set()
+        self._kids: dict[str, set[str]] = {}  # known paths by parent path
         self._next = ROOT_INODE + 1
 
     def __len__(self) -> int:
@@ -42,8 +44,34 @@ class InodeTable:
         if ino is None:
             ino = self._next
             self._next += 1
-            self._ino[path] = ino
+            self._name(path, ino)
             self._path[ino] = path
+        return ino
+
+    def _name(self, path: str, ino: int) -> None:
+        self._ino[path] = ino
+        # Link the path, and any ancestor the table does not know, into _kids
+        # so a subtree walk from any known ancestor reaches it.
+        child = path
+        while child:
+            parent = _parent(child)
+            kids = self._kids.setdefault(parent, set())
+            if child in kids:
+                break
+            kids.add(child)
+            if parent in self._ino:
+                break
+            child = parent
+
+    def _unname(self, path: str) -> int:
+        ino = self._ino.pop(path)
+        if path not in self._kids:  # still an ancestor of known paths: keep the link
+            parent = _parent(path)
+            kids = self._kids.get(parent)
+            if kids is not None:
+                kids.discard(path)
+                if not kids:
+                    del self._kids[parent]
         return ino
 
     def find(self, path: str) -> int | None:
@@ -76,16 +104,23 @@ class InodeTable:
         if ino in self._detached:
             self._detached.discard(ino)
         elif path is not None and self._ino.get(path) == ino:
-            del self._ino[path]
+            self._unname(path)
 
     def _subtree(self, path: str) -> list[str]:
-        prefix = path + "/"
-        return [p for p in self._ino if p == path or p.startswith(prefix)]
+        """``path`` (if known) and every known path below it."""
+        out = [path] if path in self._ino else []
+        stack = [path]
+        while stack:
+            for child in self._kids.get(stack.pop(), ()):
+                if child in self._ino:
+                    out.append(child)
+                stack.append(child)
+        return out
 
     def detach(self, path: str) -> None:
         """``path`` (and anything below it) is gone; its inodes stay valid as numbers."""
         for p in self._subtree(path):
-            ino = self._ino.pop(p)
+            ino = self._unname(p)
             if ino == ROOT_INODE:
                 continue
             if self._count.get(ino, 0) > 0:
@@ -98,8 +133,12 @@ class InodeTable:
         if old == new:
             return
         self.detach(new)
-        for p in self._subtree(old):
-            ino = self._ino.pop(p)
+        moved = [(p, self._unname(p)) for p in self._subtree(old)]
+        for p, ino in moved:
             np = new + p[len(old):]
-            self._ino[np] = ino
+            self._name(np, ino)
             self._path[ino] = np
+
+
+def _parent(path: str) -> str:
+    return path.rpartition("/")[0]

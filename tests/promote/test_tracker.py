@@ -54,3 +54,22 @@ def test_removed_drops_a_subtree() -> None:
     t.modified("dd")
     t.removed("d")
     assert t.quiet(0.0) == ["dd"]
+
+
+def test_rename_onto_an_open_file_keeps_both_writers() -> None:
+    t = WriteTracker()
+    t.opened_for_write("a")
+    t.opened_for_write("b")
+    t.renamed("a", "b")
+    t.closed_for_write("b")
+    assert t.has_writers("b")  # the other handle is still open
+    t.closed_for_write("b")
+    assert not t.has_writers("b")
+
+
+def test_removing_an_open_file_forgets_its_writer() -> None:
+    t = WriteTracker()
+    t.opened_for_write("f")
+    t.removed("f")
+    t.modified("f")  # a new file at the same path
+    assert t.quiet(0.0) == ["f"]

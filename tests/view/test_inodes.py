@@ -45,3 +45,50 @@ def test_drop_if_unused() -> None:
     b = t.lookup("q")
     t.drop_if_unused(b)
     assert t.find("q") == b
+
+
+def test_children_index_matches_a_full_scan() -> None:
+    """Random lookups, renames, detaches and forgets: same answers as scanning every path."""
+    import random
+
+    rng = random.Random(7)
+    names = ["a", "b", "c", "ab"]
+
+    def rand_path() -> str:
+        return "/".join(rng.choice(names) for _ in range(rng.randint(1, 4)))
+
+    t = InodeTable()
+    ref: dict[int, str | None] = {}  # ino -> expected path (None: detached)
+    counts: dict[int, int] = {}
+    for _ in range(3000):
+        op = rng.random()
+        if op < 0.5:
+            p = rand_path()
+            ino = t.lookup(p)
+            ref[ino] = p
+            counts[ino] = counts.get(ino, 0) + 1
+        elif op < 0.7:
+            old, new = rand_path(), rand_path()
+            if new == old or new.startswith(old + "/"):
+                continue
+            for ino, p in ref.items():
+                if p is not None and (p == new or p.startswith(new + "/")):
+                    ref[ino] = None
+            for ino, p in ref.items():
+                if p is not None and (p == old or p.startswith(old + "/")):
+                    ref[ino] = new + p[len(old):]
+            t.rename(old, new)
+        elif op < 0.85:
+            gone = rand_path()
+            for ino, p in ref.items():
+                if p is not None and (p == gone or p.startswith(gone + "/")):
+                    ref[ino] = None
+            t.detach(gone)
+        elif counts:
+            ino = rng.choice(list(counts))
+            t.forget(ino, counts.pop(ino))
+            ref.pop(ino, None)
+        for ino, p in ref.items():
+            assert t.path(ino) == p
+            if p is not None:
+                assert t.find(p) == ino
