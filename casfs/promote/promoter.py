@@ -19,19 +19,33 @@ import os
 import stat
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, TypeVar
 
 from casfs.index.node_index import NodeIndex
 from casfs.promote.tracker import WriteTracker
 from casfs.scratch import ScratchRules, group_children, is_group_file, walk_files
 from casfs.store.entry import Entry
-from casfs.store.objects import ObjectStore
+from casfs.store.objects import ObjectStore, PutResult
 from casfs.util.counters import Counters
 from casfs.util.paths import is_valid_relpath
 from casfs.view.lower import LowerTree
 
 log = logging.getLogger(__name__)
+
+
+PARALLEL_MIN = 8  # below this many files a round is hashed serially
+_T = TypeVar("_T")
+
+
+@dataclass(frozen=True)
+class _Candidate:
+    rel: str
+    full: Path
+    st: os.stat_result
+    seen_at: float
 
 
 @dataclass
@@ -56,6 +70,7 @@ class Promoter:
         lower: LowerTree,
         stable_after: float,
         busy: Callable[[list[str]], set[str]] | None = None,
+        threads: int = 4,
     ) -> None:
         self.upper = upper
         self.objects = objects
@@ -66,6 +81,7 @@ class Promoter:
         self.counters = counters
         self.lower = lower
         self.stable_after = stable_after
+        self.threads = threads
         self.busy = busy  # paths some process still writes (dir mode: no FUSE to tell us)
         self._batch: dict[str, tuple[Entry, float]] = {}  # promoted this round, not yet indexed
 
@@ -96,15 +112,18 @@ class Promoter:
             res.deferred += len(held)
             paths = [p for p in paths if p not in held]
         # Commit records last, so a group and its children can go in one round.
-        paths.sort(key=lambda p: (is_group_file(p), p))
-        for rel in paths:
-            seen_at = time.monotonic()
-            try:
-                self._one(rel, seen_at, res)
-            except OSError as e:
-                res.errors += 1
-                self.counters.inc("promote_errors")
-                log.warning("promotion of %s failed (will retry): %s", rel, e)
+        for wave in ([p for p in paths if not is_group_file(p)],
+                     [p for p in paths if is_group_file(p)]):
+            todo = [c for c in (self._guarded(self._check, rel, res) for rel in wave) if c]
+            if len(todo) >= PARALLEL_MIN:
+                # Hashing, compression and file I/O release the GIL: overlap them.
+                with ThreadPoolExecutor(self.threads) as pool:
+                    puts = list(pool.map(lambda c: self._guarded(self._put, c, res), todo))
+            else:
+                puts = [self._guarded(self._put, c, res) for c in todo]
+            for cand, put in zip(todo, puts, strict=True):
+                if put is not None:
+                    self._guarded(self._finish, (cand, put), res)
         # One index transaction per round, not one disk sync per file.
         self.index.add_promoted_many(self.key, [e for e, _ in self._batch.values()])
         for rel, (_, seen_at) in self._batch.items():
@@ -114,13 +133,26 @@ class Promoter:
             self.counters.inc("promoted_bytes", res.bytes)
         return res
 
-    def _one(self, rel: str, seen_at: float, res: RoundResult) -> None:
+    def _guarded(self, fn: Callable[[Any, RoundResult], _T], arg: Any,
+                 res: RoundResult) -> _T | None:
+        """Run one step for one path; an OSError defers that path (it stays dirty)."""
+        try:
+            return fn(arg, res)
+        except OSError as e:
+            res.errors += 1
+            self.counters.inc("promote_errors")
+            log.warning("promotion step failed (will retry): %s", e)
+            return None
+
+    def _check(self, rel: str, res: RoundResult) -> _Candidate | None:
+        """Whether ``rel`` needs hashing now; settles the paths that do not."""
+        seen_at = time.monotonic()
         full = self.upper / rel
         try:
             st = os.lstat(full)
         except (FileNotFoundError, NotADirectoryError):
             self.tracker.forget(rel, seen_at)
-            return
+            return None
         if stat.S_ISDIR(st.st_mode):
             # A directory renamed into place (Inductor's TritonBundler): promote its files.
             self.tracker.forget(rel, seen_at)
@@ -128,27 +160,34 @@ class Promoter:
                 for dirpath, _, files in os.walk(full):
                     for f in files:
                         self.tracker.modified(os.path.relpath(os.path.join(dirpath, f), self.upper))
-            return
+            return None
         if (not stat.S_ISREG(st.st_mode) or self.rules.is_scratch(rel)
                 or not is_valid_relpath(rel)):
             self.tracker.forget(rel, seen_at)
-            return
+            return None
         rec = self.index.get_promoted(self.key, rel)
         if rec and rec.entry.size == st.st_size and rec.entry.mtime_ns == st.st_mtime_ns:
             self.tracker.forget(rel, seen_at)
-            return
+            return None
         if is_group_file(rel) and not self._group_ready(rel, full):
             res.deferred += 1
-            return
-        put = self.objects.put_file(full)
-        after = os.lstat(full)
+            return None
+        return _Candidate(rel, full, st, seen_at)
+
+    def _put(self, c: _Candidate, res: RoundResult) -> PutResult:
+        return self.objects.put_file(c.full)
+
+    def _finish(self, item: tuple[_Candidate, PutResult], res: RoundResult) -> None:
+        c, put = item
+        st = c.st
+        after = os.lstat(c.full)
         if (after.st_size, after.st_mtime_ns) != (st.st_size, st.st_mtime_ns) or (
-            put.size != st.st_size or self.tracker.has_writers(rel)
+            put.size != st.st_size or self.tracker.has_writers(c.rel)
         ):
             res.deferred += 1  # changed while hashing: not stable yet
             return
-        entry = Entry(rel, put.digest, put.size, st.st_mode & 0o7777, st.st_mtime_ns)
-        self._batch[rel] = (entry, seen_at)
+        entry = Entry(c.rel, put.digest, put.size, st.st_mode & 0o7777, st.st_mtime_ns)
+        self._batch[c.rel] = (entry, c.seen_at)
         res.promoted += 1
         res.bytes += put.size
 

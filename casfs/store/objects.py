@@ -130,7 +130,6 @@ class ObjectStore:
         codec = CODEC_ZSTD
         if len(payload) > len(data) * (1 - MIN_SAVING):
             payload, codec = data, CODEC_RAW
-        self.backend.staging_dir.mkdir(parents=True, exist_ok=True)
         with atomic.staged_file(self.backend.staging_dir, "obj-", 0o444, sync=False) as (f, tmp):
             f.write(HEADER.pack(MAGIC, VERSION, codec, 0, len(data)))
             f.write(payload)
@@ -155,7 +154,6 @@ class ObjectStore:
         exists = self.backend.info(key) is not None
         if exists and self._sound(digest, path.stat().st_size):
             return PutResult(digest, path.stat().st_size, False)
-        self.backend.staging_dir.mkdir(parents=True, exist_ok=True)
         size = 0
         with atomic.staged_file(self.backend.staging_dir, "obj-", 0o444, sync=False) as (out, tmp):
             out.write(b"\0" * HEADER_SIZE)

@@ -57,7 +57,12 @@ def staged_file(
     ``with`` block or after it; on an exception the temp file is removed.
     """
     tmp = temp_name(staging_dir, hint)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
+    try:
+        fd = os.open(tmp, flags, mode)
+    except FileNotFoundError:  # the staging dir is made once, not checked on every write
+        os.makedirs(staging_dir, exist_ok=True)
+        fd = os.open(tmp, flags, mode)
     f = os.fdopen(fd, "wb")
     try:
         yield f, tmp

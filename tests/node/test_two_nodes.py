@@ -252,3 +252,20 @@ def test_a_stalled_shared_root_is_a_miss_not_a_hang(cluster: dict[str, Any],
     with pytest.raises(OSError) as exc:  # ENXIO: no reader left, the worker is gone
         os.open(obj, os.O_WRONLY | os.O_NONBLOCK)
     assert exc.value.errno == errno.ENXIO
+
+
+def test_a_burst_of_files_is_promoted_and_published_intact(cluster: dict[str, Any]) -> None:
+    a = cluster["a"]
+    w = a.mount()
+    mp = w.cfg.mountpoint
+    files = {f"k{i:03d}/f{j}.bin": os.urandom(3000 + i * 7 + j) for i in range(30)
+             for j in range(3)}
+    for rel, data in files.items():
+        (mp / rel).parent.mkdir(exist_ok=True)
+        (mp / rel).write_bytes(data)
+    r = a.ask(w, "publish")
+    assert r["ok"] and r["added"] == len(files)
+    entries = published(cluster["root"])
+    objects = SharedRoot.open(cluster["root"]).objects
+    for rel, data in files.items():
+        assert objects.get_bytes(entries[rel].digest, len(data)) == data
