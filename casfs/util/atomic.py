@@ -81,8 +81,8 @@ def link_exclusive(tmp: Path, target: Path, *, sync: bool = True) -> bool:
     """Hard-link ``tmp`` to ``target`` unless ``target`` exists; always unlink ``tmp``.
 
     Returns True if this call created ``target``, False if it already existed.
-    Falls back to O_EXCL-style rename-noreplace semantics where hard links are
-    not supported.
+    Where hard links are not supported, falls back to renameat2(RENAME_NOREPLACE):
+    just as atomic, so readers never see a partly written file under the name.
     """
     try:
         try:
@@ -98,22 +98,38 @@ def link_exclusive(tmp: Path, target: Path, *, sync: bool = True) -> bool:
         except OSError as e:
             if e.errno not in (errno.EPERM, errno.ENOTSUP, errno.EMLINK, errno.EXDEV):
                 raise
-            # No hard links here: create the name exclusively, then copy.
-            try:
-                fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o444)
-            except FileExistsError:
+            # No hard links here: an atomic rename that refuses to replace.
+            if not rename_noreplace(tmp, target):
                 return False
-            with os.fdopen(fd, "wb") as out, open(tmp, "rb") as src:
-                while chunk := src.read(1 << 20):
-                    out.write(chunk)
-                out.flush()
-                os.fsync(out.fileno())
         if sync:
             fsync_dir(target.parent)
         return True
     finally:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
+
+
+def rename_noreplace(src: Path, dst: Path) -> bool:
+    """Atomically rename ``src`` to ``dst`` unless ``dst`` exists (False then).
+
+    Raises OSError(ENOTSUP) where the filesystem supports neither: casfs then
+    refuses to write rather than risk exposing torn files.
+    """
+    import ctypes
+    import ctypes.util
+
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    at_fdcwd, rename_noreplace_flag = -100, 1
+    rc = libc.renameat2(at_fdcwd, os.fsencode(src), at_fdcwd, os.fsencode(dst),
+                        rename_noreplace_flag)
+    if rc == 0:
+        return True
+    err = ctypes.get_errno()
+    if err == errno.EEXIST:
+        return False
+    if err in (errno.EINVAL, errno.ENOSYS):
+        err = errno.ENOTSUP
+    raise OSError(err, f"cannot create {dst} atomically: {os.strerror(err)}")
 
 
 def replace_file(tmp: Path, target: Path, *, sync: bool = True) -> None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from casfs.store.backend import LocalBackend
 from casfs.store.entry import Entry
 from casfs.store.root import SharedRoot
@@ -62,3 +64,24 @@ def test_a_torn_object_is_repaired_not_trusted_by_dedup(tmp_path: Path) -> None:
     again = root.objects.put_bytes(data)
     assert not again.created  # a sound object is deduplicated as usual
     assert root.counters.get("objects_repaired") == 1
+
+
+def test_without_hard_links_names_are_still_created_atomically(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A filesystem refusing link(): records fall back to renameat2(RENAME_NOREPLACE)."""
+    import errno
+    import os
+
+    def no_links(src: object, dst: object) -> None:
+        raise OSError(errno.EPERM, "no hard links here")
+
+    root = SharedRoot.open(tmp_path / "root", create=True)
+    monkeypatch.setattr(os, "link", no_links)
+    gens = root.generations()
+    put = root.objects.put_bytes(b"payload")
+    assert not root.objects.put_bytes(b"payload").created  # dedup still works
+    gens.publish("ns", [Entry("f", put.digest, put.size, 0o644, 0)], node="n")
+    assert root.backend.create_exclusive("namespaces/ns/generations/000000000001", b"x") is False
+    assert gens.entries("ns").entries["f"].digest == put.digest
+    assert list((root.path / "tmp").iterdir()) == []  # no staged file left behind
