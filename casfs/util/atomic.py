@@ -99,6 +99,7 @@ def link_exclusive(tmp: Path, target: Path, *, sync: bool = True) -> bool:
             if e.errno not in (errno.EPERM, errno.ENOTSUP, errno.EMLINK, errno.EXDEV):
                 raise
             # No hard links here: an atomic rename that refuses to replace.
+            os.makedirs(target.parent, exist_ok=True)
             if not rename_noreplace(tmp, target):
                 return False
         if sync:
