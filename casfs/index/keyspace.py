@@ -43,6 +43,11 @@ Named databases
           raw bytes, size u64, mode u32, mtime_ns i64, published_seq u64 (0
           while pending); followed by the full path (UTF-8).
 
+``pending``  (the promoted records not yet published: what publication reads)
+    key   the same key as in ``promoted`` -> empty. Present exactly while the
+          ``promoted`` record's state is pending, so publication and status
+          cost O(pending), not O(everything ever promoted).
+
 ``counters``
     key ``mount \\0 counter name`` -> i64. Only ever changed by increments
     inside a write transaction, so concurrent processes never lose counts.
@@ -73,11 +78,13 @@ DB_LOWER = b"lower"
 DB_NSSTATE = b"nsstate"
 DB_MOUNTS = b"mounts"
 DB_PROMOTED = b"promoted"
+DB_PENDING = b"pending"
 DB_COUNTERS = b"counters"
 DB_OBJECTS = b"objects"
 DB_OBJLRU = b"objlru"
 ALL_DBS = (
-    DB_META, DB_LOWER, DB_NSSTATE, DB_MOUNTS, DB_PROMOTED, DB_COUNTERS, DB_OBJECTS, DB_OBJLRU,
+    DB_META, DB_LOWER, DB_NSSTATE, DB_MOUNTS, DB_PROMOTED, DB_PENDING, DB_COUNTERS, DB_OBJECTS,
+    DB_OBJLRU,
 )  # fmt: skip
 
 META_FORMAT_VERSION = b"format_version"

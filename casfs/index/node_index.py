@@ -138,6 +138,10 @@ class NodeIndex:
         """Promoted entries of ``mount`` not yet published."""
         return promoted.pending(self._env, mount)
 
+    def count_pending(self, mount: str) -> int:
+        """How many promoted entries of ``mount`` wait for publication (O(pending))."""
+        return promoted.count_pending(self._env, mount)
+
     def iter_promoted(self, mount: str) -> Iterator[PromotedRecord]:
         return promoted.iter_promoted(self._env, mount)
 

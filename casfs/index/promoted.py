@@ -48,11 +48,12 @@ def add_promoted(env: IndexEnv, mount: str, entries: Iterable[Entry]) -> None:
         ))
         for e in entries
     ]  # fmt: skip
-    db = env.dbs[ks.DB_PROMOTED]
+    db, pend = env.dbs[ks.DB_PROMOTED], env.dbs[ks.DB_PENDING]
 
     def txn_fn(txn: lmdb.Transaction) -> None:
         for key, value in items:
             txn.put(key, value, db=db)
+            txn.put(key, b"", db=pend)
 
     if items:
         env.write(txn_fn)
@@ -70,8 +71,13 @@ def get_promoted(env: IndexEnv, mount: str, path: str) -> PromotedRecord | None:
 
 def forget_promoted(env: IndexEnv, mount: str, path: str) -> bool:
     key = ks.promoted_key(ks.check_name(mount, "mount"), path)
-    db = env.dbs[ks.DB_PROMOTED]
-    return bool(env.write(lambda txn: txn.delete(key, db=db)))
+    db, pend = env.dbs[ks.DB_PROMOTED], env.dbs[ks.DB_PENDING]
+
+    def txn_fn(txn: lmdb.Transaction) -> bool:
+        txn.delete(key, db=pend)
+        return bool(txn.delete(key, db=db))
+
+    return env.write(txn_fn)
 
 
 def iter_promoted(env: IndexEnv, mount: str) -> Iterator[PromotedRecord]:
@@ -93,10 +99,42 @@ def iter_promoted(env: IndexEnv, mount: str) -> Iterator[PromotedRecord]:
 
 
 def pending(env: IndexEnv, mount: str) -> Iterator[Entry]:
-    """The entries of ``mount`` promoted but not yet published."""
-    for rec in iter_promoted(env, mount):
-        if rec.state == "pending":
-            yield rec.entry
+    """The entries of ``mount`` promoted but not yet published (reads only those)."""
+    prefix = ks.promoted_prefix(ks.check_name(mount, "mount"))
+    db, pend = env.dbs[ks.DB_PROMOTED], env.dbs[ks.DB_PENDING]
+
+    def read_batch(after: bytes | None) -> list[tuple[bytes, bytes | None]]:
+        def txn_fn(txn: lmdb.Transaction) -> list[tuple[bytes, bytes | None]]:
+            keys = [k for k, _ in scan_prefix(txn, pend, prefix, after, _BATCH)]
+            return [(k, txn_get(txn, k, db)) for k in keys]
+
+        return env.read(txn_fn)
+
+    after: bytes | None = None
+    while batch := read_batch(after):
+        for _, value in batch:
+            if value is not None:
+                rec = _record(value)
+                if rec.state == "pending":
+                    yield rec.entry
+        after = batch[-1][0]
+
+
+def count_pending(env: IndexEnv, mount: str) -> int:
+    prefix = ks.promoted_prefix(ks.check_name(mount, "mount"))
+    pend = env.dbs[ks.DB_PENDING]
+
+    def txn_fn(txn: lmdb.Transaction) -> int:
+        n = 0
+        cur = txn.cursor(db=pend)
+        if cur.set_range(prefix):
+            for key in cur.iternext(values=False):
+                if not bytes(key).startswith(prefix):
+                    break
+                n += 1
+        return n
+
+    return env.read(txn_fn)
 
 
 def mark_published(env: IndexEnv, mount: str, items: Iterable[str | Entry], seq: int) -> int:
@@ -108,7 +146,7 @@ def mark_published(env: IndexEnv, mount: str, items: Iterable[str | Entry], seq:
     """
     mountb = ks.check_name(mount, "mount")
     todo = list(items)
-    db = env.dbs[ks.DB_PROMOTED]
+    db, pend = env.dbs[ks.DB_PROMOTED], env.dbs[ks.DB_PENDING]
 
     def txn_fn(txn: lmdb.Transaction) -> int:
         n = 0
@@ -125,6 +163,7 @@ def mark_published(env: IndexEnv, mount: str, items: Iterable[str | Entry], seq:
                 continue
             new = ks.pack_promoted(ks.STATE_PUBLISHED, raw, size, mode, mtime_ns, seq, rpath)
             txn.put(key, new, db=db)
+            txn.delete(key, db=pend)
             n += 1
         return n
 

@@ -273,7 +273,7 @@ class MountService:
         self.index.sync()
 
     def pending_publication(self) -> int:
-        return sum(1 for _ in self.index.pending(self.cfg.namespace))
+        return self.index.count_pending(self.cfg.namespace)
 
     def status(self) -> dict[str, Any]:
         return {
@@ -299,7 +299,8 @@ class MountService:
     async def _handle(self, req: dict[str, Any]) -> dict[str, Any]:
         cmd = req.get("cmd")
         if cmd in ("status", "stats"):
-            return {"ok": True, **self.status()}
+            # In a thread: status reads the index, which must not stall FUSE requests.
+            return {"ok": True, **await trio.to_thread.run_sync(self.status)}
         if cmd == "publish":
             await trio.to_thread.run_sync(self.promote_once, True, abandon_on_cancel=True)
             return await trio.to_thread.run_sync(self.publish_once, abandon_on_cancel=True)

@@ -270,3 +270,23 @@ def test_readers_in_other_threads_survive_map_growth(tmp_path: Path) -> None:
         assert failures == []
         assert lookups[0] > 0
         assert sum(1 for _ in tree.walk()) == 10_001
+
+
+def test_pending_table_follows_promotion_state(tmp_path: Path) -> None:
+    from casfs.store.entry import Entry
+
+    idx = NodeIndex.open(tmp_path / "state")
+    try:
+        es = [Entry(f"d/f{i}", f"{i:064x}", i, 0o644, 0) for i in range(10)]
+        idx.add_promoted_many("ns", es)
+        assert idx.count_pending("ns") == 10
+        assert idx.mark_published("ns", es[:7], 1) == 7
+        assert idx.count_pending("ns") == 3
+        assert sorted(e.path for e in idx.pending("ns")) == ["d/f7", "d/f8", "d/f9"]
+        idx.forget_promoted("ns", "d/f8")
+        assert idx.count_pending("ns") == 2
+        idx.add_promoted("ns", Entry("d/f0", "f" * 64, 1, 0o644, 1))  # re-promoted: pending again
+        assert idx.count_pending("ns") == 3
+        assert idx.count_pending("other") == 0
+    finally:
+        idx.close()
