@@ -350,6 +350,15 @@ class OverlayOperations(pyfuse3.Operations):
             src = self.fetcher.cached(entry) or await self._fetch(node.path, entry)
             try:
                 fd = os.open(src, os.O_RDONLY | os.O_CLOEXEC)
+            except FileNotFoundError:
+                # Evicted by another mount process between fetch and open: once more.
+                self.fetcher.unpin(entry.digest)
+                src = await self._fetch(node.path, entry)
+                try:
+                    fd = os.open(src, os.O_RDONLY | os.O_CLOEXEC)
+                except OSError as e:
+                    self.fetcher.unpin(entry.digest)
+                    raise self._lower_failed(node.path, e) from None
             except OSError as e:
                 self.fetcher.unpin(entry.digest)
                 raise self._lower_failed(node.path, e) from None
