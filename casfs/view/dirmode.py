@@ -61,20 +61,23 @@ def restore(
             counters.inc("fetch_errors")
             log.warning("not restoring %s: %s", e.path, err)
             continue
+        tmp = temp_name(target.parent, "restore-")
         try:
             target.parent.mkdir(parents=True, exist_ok=True)
-            tmp = temp_name(target.parent, "restore-")
             shutil.copyfile(src, tmp)
             os.chmod(tmp, e.mode & 0o777)
             os.utime(tmp, ns=(e.mtime_ns, e.mtime_ns))
-            os.rename(tmp, target)
+            # link, not rename: a file the job created meanwhile must win.
+            os.link(tmp, target)
+        except FileExistsError:
+            continue
         except OSError as err:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
             counters.inc("restore_errors")
             log.warning("not restoring %s: %s", e.path, err)
             continue
         finally:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
             fetcher.unpin(e.digest)
         written.append(e)
     counters.inc("restored_files", len(written))
