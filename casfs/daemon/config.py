@@ -31,7 +31,7 @@ _BYTES_RE = re.compile(r"(\d+(?:\.\d+)?)\s*([KMGT]?)(i?B?)", re.IGNORECASE)
 _UNITS = {"": 0, "K": 1, "M": 2, "G": 3, "T": 4}
 # Keys a [[mounts]] table may set, and [defaults] may set for every mount.
 OPTION_KEYS = ("stable_after", "publish_interval", "refresh_interval", "shutdown_timeout",
-               "allow_other", "namespace_max_bytes", "exclude", "mode")
+               "allow_other", "namespace_max_bytes", "exclude", "mode", "fetch_timeout")
 MODES = ("fuse", "dir")
 
 
@@ -47,6 +47,7 @@ class MountOptions:
     namespace_max_bytes: int | None = None
     exclude: tuple[str, ...] = ()
     mode: str = "fuse"  # "dir" for hosts without FUSE
+    fetch_timeout: float = 20.0
 
 
 @dataclass(frozen=True)
@@ -87,7 +88,7 @@ class DaemonConfig:
             publish_interval=o.publish_interval, refresh_interval=o.refresh_interval,
             shutdown_timeout=o.shutdown_timeout, allow_other=o.allow_other,
             cache_max_bytes=self.cache_max_bytes, namespace_max_bytes=o.namespace_max_bytes,
-            scratch_patterns=o.exclude, mode=o.mode,
+            scratch_patterns=o.exclude, mode=o.mode, fetch_timeout=o.fetch_timeout,
         )
 
     def mount_configs(self) -> list[MountConfig]:
@@ -253,6 +254,7 @@ def _options(t: _Table, base: MountOptions) -> MountOptions:
         namespace_max_bytes=t.get("namespace_max_bytes", as_bytes, base.namespace_max_bytes),
         exclude=t.get("exclude", as_str_list, base.exclude),
         mode=_mode(t, base.mode),
+        fetch_timeout=t.get("fetch_timeout", as_positive, base.fetch_timeout),
     )
 
 
