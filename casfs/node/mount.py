@@ -36,7 +36,7 @@ from casfs.promote.promoter import Promoter
 from casfs.promote.publisher import Publisher
 from casfs.promote.tracker import WriteTracker
 from casfs.scratch import ScratchRules
-from casfs.store.generations import Record
+from casfs.store.generations import GenerationStore, Record
 from casfs.store.root import SharedRoot
 from casfs.util.counters import Counters
 from casfs.view import dirmode, session
@@ -81,6 +81,7 @@ class MountService:
         self.served_seq = 0
         self.started = time.time()
         self._lock_fd: int | None = None
+        self._gens_store: GenerationStore | None = None
         self.index = NodeIndex.open(cfg.state_dir)
         self._take_namespace_lock()
         self._open_root()
@@ -150,23 +151,23 @@ class MountService:
     def ingest_latest(self, known: int) -> int | None:
         """Index the newest generation's manifest parts not seen yet; its seq, or None."""
         assert self.root is not None
-        gens = self.root.generations()
-        _, rec, _ = gens.newest_valid(self.cfg.namespace, hint=known or None)
+        gens = self._gens()
+        newest = gens.latest_seq(self.cfg.namespace, hint=known or None)
+        if newest is None or newest <= known:
+            return None  # nothing new: no manifest is read
+        # newest_valid validates the whole generation before any of it is served.
+        _, rec, _ = gens.newest_valid(self.cfg.namespace, hint=newest)
         if rec is None or rec.seq <= known:
             return None
         self._ingest(rec)
         return rec.seq
 
     def _ingest(self, rec: Record) -> None:
-        assert self.root is not None
-        gens = self.root.generations()
+        gens = self._gens()
         ns = self.cfg.namespace
         state = self.index.ns_state(ns) or {}
         have = set(state.get("parts", []))
-        # Validate the whole generation before any of it is served.
         new_parts = [gens.part_entries(p) for p in rec.parts if p.digest not in have]
-        if not have:
-            gens.snapshot(rec)
         for entries in new_parts:
             self.index.add_entries(ns, rec.seq, entries)
         self.index.set_ns_state(ns, {"seq": rec.seq, "parts": [p.digest for p in rec.parts],
@@ -198,6 +199,13 @@ class MountService:
     def _dir_writers(self, rels: list[str]) -> set[str]:
         return dirmode.open_for_writing(self.cfg.mountpoint, rels)
 
+    def _gens(self) -> GenerationStore:
+        """One GenerationStore per root handle: it caches parsed manifests."""
+        assert self.root is not None
+        if self._gens_store is None or self._gens_store.root is not self.root:
+            self._gens_store = self.root.generations()
+        return self._gens_store
+
     def _publisher(self) -> Publisher | None:
         if self.root is None:
             return None
@@ -205,7 +213,7 @@ class MountService:
             from casfs.fingerprint import fingerprint
 
             self.publisher = Publisher(
-                generations=self.root.generations(), index=self.index, key=self.cfg.namespace,
+                generations=self._gens(), index=self.index, key=self.cfg.namespace,
                 namespace=self.cfg.namespace, counters=self.counters,
                 # The mount path travels with the record: Triton group files hold
                 # absolute paths, so nodes serving another path must be warned.

@@ -32,6 +32,7 @@ import logging
 import random
 import re
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -64,6 +65,8 @@ MAX_RECORD_BYTES = 1 << 20
 COMPACT_DELTAS = 32
 # A record whose manifest is missing is skipped only once it is this old (seconds).
 MISSING_GRACE = 600.0
+# Parsed manifest parts kept in memory (LRU), in entries: bounds a daemon's RSS.
+PART_CACHE_ENTRIES = 400_000
 NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,127}\Z")  # \Z: "$" lets "x\n" through
 
 
@@ -219,7 +222,8 @@ class GenerationStore:
         self.objects = root.objects
         # Parsed manifest parts by digest: immutable, so safe to keep; saves
         # re-reading the base on every publish.
-        self._parts: dict[str, list[Entry]] = {}
+        self._parts: OrderedDict[str, list[Entry]] = OrderedDict()
+        self._cached_entries = 0
 
     # --- enumeration ------------------------------------------------------
     def namespaces(self) -> list[str]:
@@ -309,13 +313,19 @@ class GenerationStore:
 
     def part_entries(self, part: Part) -> list[Entry]:
         cached = self._parts.get(part.digest)
-        if cached is None:
+        if cached is not None:
+            self._parts.move_to_end(part.digest)
+        else:
             _, cached = manifest.load(self.objects, part.digest, part.size)
             if len(cached) != part.entries:
                 raise HostileManifestError(
                     f"manifest {part.digest}: {len(cached)} entries, record says {part.entries}"
                 )
             self._parts[part.digest] = cached
+            self._cached_entries += len(cached)
+            while self._cached_entries > PART_CACHE_ENTRIES and len(self._parts) > 1:
+                _, old = self._parts.popitem(last=False)
+                self._cached_entries -= len(old)
         return cached
 
     def snapshot(self, record: Record | None) -> Snapshot:

@@ -60,5 +60,9 @@ def is_valid_relpath(path: object) -> bool:
 
 def parent_dirs(path: str) -> list[str]:
     """All ancestor directories of a relative path, shortest first ('a/b/c' -> ['a', 'a/b'])."""
-    parts = path.split("/")
-    return ["/".join(parts[:i]) for i in range(1, len(parts))]
+    out = []
+    i = path.find("/")
+    while i != -1:  # str.find, not split+join: this runs for every entry of a manifest
+        out.append(path[:i])
+        i = path.find("/", i + 1)
+    return out
