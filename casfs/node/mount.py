@@ -140,6 +140,13 @@ class MountService:
         known = int(state.get("seq", 0))
         if self.root is None:
             return known
+        if state.get("root") not in (None, self.root.root_id):
+            # This state dir last served the namespace from another shared root:
+            # its lower entries name objects this root may not have.
+            log.warning("%s: %s was indexed from another shared root; re-indexing from %s",
+                        self.cfg.name, self.cfg.namespace, self.root.path)
+            self.index.drop_namespace(self.cfg.namespace)
+            known = 0
         try:
             return self.ingest_latest(known) or known
         except (CasfsError, OSError) as e:
@@ -171,7 +178,7 @@ class MountService:
         for entries in new_parts:
             self.index.add_entries(ns, rec.seq, entries)
         self.index.set_ns_state(ns, {"seq": rec.seq, "parts": [p.digest for p in rec.parts],
-                                     "entries": rec.entries})
+                                     "entries": rec.entries, "root": self._gens().root.root_id})
         log.info("%s: indexed %s@%d (%d files)", self.cfg.name, ns, rec.seq, rec.entries)
         self._check_mount_path(rec)
 

@@ -16,6 +16,7 @@ import json
 import os
 import socket
 import time
+import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -37,8 +38,11 @@ MARKER = "casfs.json"
 class SharedRoot:
     """An opened shared root."""
 
-    def __init__(self, path: Path, counters: Counters | None = None) -> None:
+    def __init__(self, path: Path, counters: Counters | None = None, root_id: str = "") -> None:
         self.path = path
+        # Identifies this root (not its path): a node index remembers which root
+        # its lower entries came from, and starts over if pointed at another.
+        self.root_id = root_id or str(path)
         self.backend = LocalBackend(path)
         self.counters = counters or Counters()
         self.objects = ObjectStore(self.backend, self.counters)
@@ -55,8 +59,9 @@ class SharedRoot:
                     raise StoreFormatError(f"{p} is not a casfs shared root (no {MARKER})")
                 raise StoreFormatError(f"no casfs shared root at {p} (run `casfs init`)")
             init_root(p)
-        check_marker(marker)
-        return cls(p, counters)
+        doc = check_marker(marker)
+        root_id = str(doc.get("id") or f"{doc.get('host', '')}@{doc.get('created', '')}")
+        return cls(p, counters, root_id)
 
     def generations(self) -> GenerationStore:
         from casfs.store.generations import GenerationStore
@@ -90,6 +95,7 @@ def init_root(path: Path) -> bool:
         "created_by": f"casfs {__version__}",
         "created": time.time(),
         "host": socket.gethostname(),
+        "id": uuid.uuid4().hex,
     }
     data = json.dumps(doc, indent=1).encode() + b"\n"
     return atomic.create_exclusive(path / MARKER, data, path / "tmp")

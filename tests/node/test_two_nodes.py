@@ -269,3 +269,16 @@ def test_a_burst_of_files_is_promoted_and_published_intact(cluster: dict[str, An
     objects = SharedRoot.open(cluster["root"]).objects
     for rel, data in files.items():
         assert objects.get_bytes(entries[rel].digest, len(data)) == data
+
+
+def test_a_node_moved_to_another_shared_root_reindexes(cluster: dict[str, Any],
+                                                       tmp_path: Path) -> None:
+    seed(cluster["root"], {"old/only": b"from the first root"}, tmp=tmp_path)
+    b = cluster["b"]
+    w = b.mount()
+    assert (w.cfg.mountpoint / "old" / "only").exists()
+    b.stop(w)
+    b.root = tmp_path / "other-root"  # same state dir, another (empty) shared root
+    w = b.mount()
+    assert not (w.cfg.mountpoint / "old").exists()  # nothing from the first root lingers
+    assert b.ask(w, "status")["served_seq"] == 0
