@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 
-from casfs.errors import CasfsError, HostileManifestError
+from casfs.errors import HostileManifestError
 from casfs.store.entry import Entry
 from casfs.store.objects import DIGEST_RE, ObjectStore
 from casfs.util.paths import check_relpath, parent_dirs
@@ -86,8 +86,4 @@ def load(store: ObjectStore, digest: str, size: int) -> tuple[str, list[Entry]]:
     """Fetch, verify and decode one manifest object."""
     if size > MAX_MANIFEST_BYTES:
         raise HostileManifestError(f"manifest {digest} is too large ({size} bytes)")
-    try:
-        data = store.get_bytes(digest, size)
-    except CasfsError:
-        raise
-    return decode(data)
+    return decode(store.get_bytes(digest, size))
