@@ -167,7 +167,8 @@ def open_for_writing(directory: Path, rels: list[str]) -> set[str]:
                 continue
             try:
                 with open(f"/proc/{pid}/fdinfo/{fd}") as f:
-                    flags = int(f.readline().split()[1], 8)
+                    info = f.read()
+                flags = int(info.split("flags:", 1)[1].split()[0], 8)
             except (OSError, ValueError, IndexError):
                 continue
             if flags & os.O_ACCMODE != os.O_RDONLY:

@@ -75,7 +75,9 @@ def test_open_for_writing_sees_writers_not_readers(tmp_path: Path) -> None:
     from casfs.view.dirmode import open_for_writing
 
     (tmp_path / "w").write_text("x")
-    (tmp_path / "r").write_text("x")
-    with open(tmp_path / "w", "a"), open(tmp_path / "r"):
-        assert open_for_writing(tmp_path, ["w", "r", "absent"]) == {"w"}
-    assert open_for_writing(tmp_path, ["w", "r"]) == set()
+    (tmp_path / "rw").write_text("x")
+    (tmp_path / "r").write_text("x" * 100)
+    with open(tmp_path / "w", "wb"), open(tmp_path / "rw", "r+b"), open(tmp_path / "r") as r:
+        r.read(50)  # a reader at a non-zero offset is still a reader
+        assert open_for_writing(tmp_path, ["w", "rw", "r", "absent"]) == {"w", "rw"}
+    assert open_for_writing(tmp_path, ["w", "rw", "r"]) == set()
