@@ -138,6 +138,10 @@ class NodeIndex:
         """Promoted entries of ``mount`` not yet published."""
         return promoted.pending(self._env, mount)
 
+    def forget_all_promoted(self, mount: str) -> int:
+        """Drop every promotion record of ``mount``; returns how many."""
+        return promoted.forget_all(self._env, mount)
+
     def count_pending(self, mount: str) -> int:
         """How many promoted entries of ``mount`` wait for publication (O(pending))."""
         return promoted.count_pending(self._env, mount)

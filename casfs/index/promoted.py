@@ -168,3 +168,23 @@ def mark_published(env: IndexEnv, mount: str, items: Iterable[str | Entry], seq:
         return n
 
     return env.write(txn_fn)
+
+
+def forget_all(env: IndexEnv, mount: str) -> int:
+    """Drop every promotion record of ``mount`` (its upper files get promoted afresh)."""
+    prefix = ks.promoted_prefix(ks.check_name(mount, "mount"))
+    db, pend = env.dbs[ks.DB_PROMOTED], env.dbs[ks.DB_PENDING]
+
+    def txn_fn(txn: lmdb.Transaction) -> int:
+        n = 0
+        for table in (db, pend):
+            cur = txn.cursor(db=table)
+            if not cur.set_range(prefix):
+                continue
+            while bytes(cur.key()).startswith(prefix):
+                n += table is db
+                if not cur.delete():
+                    break
+        return n
+
+    return env.write(txn_fn)

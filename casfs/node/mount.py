@@ -140,12 +140,15 @@ class MountService:
         known = int(state.get("seq", 0))
         if self.root is None:
             return known
-        if state.get("root") not in (None, self.root.root_id):
+        if state and state.get("root") != self.root.root_id:
             # This state dir last served the namespace from another shared root:
-            # its lower entries name objects this root may not have.
+            # its lower entries name objects this root may not have, and what it
+            # promoted was published there, not here. Start over for this root;
+            # the upper files are kept and promoted again.
             log.warning("%s: %s was indexed from another shared root; re-indexing from %s",
                         self.cfg.name, self.cfg.namespace, self.root.path)
             self.index.drop_namespace(self.cfg.namespace)
+            self.index.forget_all_promoted(self.cfg.namespace)
             known = 0
         try:
             return self.ingest_latest(known) or known

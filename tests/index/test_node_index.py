@@ -290,3 +290,18 @@ def test_pending_table_follows_promotion_state(tmp_path: Path) -> None:
         assert idx.count_pending("other") == 0
     finally:
         idx.close()
+
+
+def test_forget_all_promoted_is_per_mount(tmp_path: Path) -> None:
+    from casfs.store.entry import Entry
+
+    idx = NodeIndex.open(tmp_path / "state")
+    try:
+        idx.add_promoted_many("ns", [Entry(f"f{i}", f"{i:064x}", i, 0o644, 0) for i in range(5)])
+        idx.add_promoted("ns2", Entry("g", "a" * 64, 1, 0o644, 0))
+        idx.mark_published("ns", ["f0", "f1"], 1)
+        assert idx.forget_all_promoted("ns") == 5
+        assert list(idx.iter_promoted("ns")) == [] and idx.count_pending("ns") == 0
+        assert idx.count_pending("ns2") == 1
+    finally:
+        idx.close()

@@ -277,8 +277,13 @@ def test_a_node_moved_to_another_shared_root_reindexes(cluster: dict[str, Any],
     b = cluster["b"]
     w = b.mount()
     assert (w.cfg.mountpoint / "old" / "only").exists()
-    b.stop(w)
+    (w.cfg.mountpoint / "mine").write_text("compiled on b")
+    b.stop(w)  # published to the first root
+    assert "mine" in published(cluster["root"])
     b.root = tmp_path / "other-root"  # same state dir, another (empty) shared root
     w = b.mount()
     assert not (w.cfg.mountpoint / "old").exists()  # nothing from the first root lingers
     assert b.ask(w, "status")["served_seq"] == 0
+    assert (w.cfg.mountpoint / "mine").read_text() == "compiled on b"  # the upper stays
+    assert b.ask(w, "publish")["ok"]
+    assert set(published(b.root)) == {"mine"}  # and reaches the new root too
