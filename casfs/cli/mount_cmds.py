@@ -182,8 +182,9 @@ def summary_line(family: str, st: dict[str, Any] | None) -> str:
     c = st.get("counters", {})
     last = st.get("last_publish") or {}
     hits = c.get("lookup_lower", 0)
-    return (f"{family}: restored {st.get('restored_entries', 0)} entries, {hits} hits,"
-            f" {c.get('lookup_miss', 0)} misses, {c.get('promoted_files', 0)} promoted,"
+    return (f"{family}: restored {st.get('restored_entries', 0)} entries, {hits} lookups served"
+            f" from the cache, {c.get('lookup_miss', 0)} of absent paths,"
+            f" {c.get('promoted_files', 0)} promoted,"
             f" {c.get('files_published', 0)} published"
             + (f" ({st['namespace']}@{last['seq']})" if last.get("seq") else ""))
 
