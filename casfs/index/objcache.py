@@ -218,10 +218,14 @@ class LocalObjectCache:
         self._after_fill()
 
     def _fill(self, digest: str, size: int, path: Path) -> None:
+        tmp = temp_name(path.parent, "fill-")
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
         try:
-            path.parent.mkdir(exist_ok=True)
-            tmp = temp_name(path.parent, "fill-")
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+            try:
+                fd = os.open(tmp, flags, 0o600)
+            except FileNotFoundError:  # first object of its fan-out dir
+                path.parent.mkdir(exist_ok=True)
+                fd = os.open(tmp, flags, 0o600)
         except OSError as e:
             raise CasfsError(f"local object cache {self.directory}: {e}") from e
         try:

@@ -137,6 +137,8 @@ class OverlayOperations(pyfuse3.Operations):
         self._next_dir_fh = 1
         self._owner = (os.geteuid(), os.getegid())
         self._is_root = os.geteuid() == 0
+        self._umask = os.umask(0o022)  # read it (and put it back)
+        os.umask(self._umask)
         self._start_ns = time.time_ns()
         self._mounted = False  # kernel notifications only once a session exists
         os.chmod(self.layers.up(""), root_mode)  # any user may create entries, like /tmp
@@ -318,19 +320,37 @@ class OverlayOperations(pyfuse3.Operations):
                     continue
                 self.tracker.modified(child.path)  # now a new file at its new path
 
-    def _own(self, path: str, ctx: pyfuse3.RequestContext, mode: int) -> None:
-        """New entries belong to the caller (the daemon runs as root); honour setgid dirs."""
+    def _initial_perm(self, ctx: pyfuse3.RequestContext, perm: int, private: int) -> int:
+        """Permissions to create an entry with.
+
+        An entry for another user is created private and opened up only after
+        the chown, so nobody can use it in between; one for the daemon's own
+        user gets its final permissions at once, and then needs no chmod.
+        """
+        if self._is_root and (ctx.uid, ctx.gid) != self._owner:
+            return private
+        return stat.S_IMODE(perm) & 0o777
+
+    def _own(self, path: str, ctx: pyfuse3.RequestContext, mode: int, created: int) -> None:
+        """New entries belong to the caller (the daemon runs as root); honour setgid dirs.
+
+        ``created`` is the permission the entry was created with; only the
+        syscalls that change something are made.
+        """
         up = self.layers.up(path)
         if self._is_root:
             gid = ctx.gid
             pst = os.lstat(self.layers.up(split(path)[0]))
+            created_gid = self._owner[1]
             if pst.st_mode & stat.S_ISGID:
-                gid = pst.st_gid
+                gid = created_gid = pst.st_gid  # the kernel already gave it the dir's group
                 if stat.S_ISDIR(mode):
                     mode |= stat.S_ISGID
-            os.lchown(up, ctx.uid, gid)
-        if not stat.S_ISLNK(mode):
-            os.chmod(up, stat.S_IMODE(mode))  # exact mode: the daemon's umask must not apply
+            if (ctx.uid, gid) != (self._owner[0], created_gid):
+                os.lchown(up, ctx.uid, gid)
+        perm = stat.S_IMODE(mode)
+        if not stat.S_ISLNK(mode) and (created & ~self._umask != perm):
+            os.chmod(up, perm)  # exact mode: the daemon's umask must not apply
 
     def _prepare_new(self, path: str) -> None:
         if self.layers.resolve(path) is not None:
@@ -474,8 +494,9 @@ class OverlayOperations(pyfuse3.Operations):
     ) -> pyfuse3.EntryAttributes:
         path = self._new_child(parent_inode, name)
         self._prepare_new(path)
-        os.mkdir(self.layers.up(path), 0o700)
-        self._own(path, ctx, stat.S_IFDIR | stat.S_IMODE(mode))
+        created = self._initial_perm(ctx, mode, 0o700)
+        os.mkdir(self.layers.up(path), created)
+        self._own(path, ctx, stat.S_IFDIR | stat.S_IMODE(mode), created)
         if self.layers.lower.lookup(path) is not None:
             self.layers.make_opaque(path)  # re-created over a removed lower dir: starts empty
         self.layers.remove_whiteout(path)
@@ -489,8 +510,9 @@ class OverlayOperations(pyfuse3.Operations):
             raise _err(errno.EPERM)
         path = self._new_child(parent_inode, name)
         self._prepare_new(path)
-        os.mknod(self.layers.up(path), stat.S_IFMT(mode) | 0o600)
-        self._own(path, ctx, mode)
+        created = self._initial_perm(ctx, mode, 0o600)
+        os.mknod(self.layers.up(path), stat.S_IFMT(mode) | created)
+        self._own(path, ctx, mode, created)
         self.layers.remove_whiteout(path)
         if stat.S_ISREG(mode):
             self.tracker.modified(path)
@@ -503,7 +525,7 @@ class OverlayOperations(pyfuse3.Operations):
         path = self._new_child(parent_inode, name)
         self._prepare_new(path)
         os.symlink(target, os.fsencode(self.layers.up(path)))
-        self._own(path, ctx, stat.S_IFLNK)
+        self._own(path, ctx, stat.S_IFLNK, 0)
         self.layers.remove_whiteout(path)
         return self._entry_reply(path)
 
@@ -628,13 +650,14 @@ class OverlayOperations(pyfuse3.Operations):
             return fi, self._attrs(self._resolve(path), ino)
         self.layers.ensure_upper_dir(split(path)[0], self.dir_mode)
         up = self.layers.up(path)
+        created = self._initial_perm(ctx, mode, 0o600)
         fd = os.open(
             up,
             (flags & ~(os.O_APPEND | os.O_NOCTTY)) | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC,
-            0o600,
+            created,
         )
         try:
-            self._own(path, ctx, stat.S_IFREG | stat.S_IMODE(mode))
+            self._own(path, ctx, stat.S_IFREG | stat.S_IMODE(mode), created)
         except BaseException:
             os.close(fd)
             os.unlink(up)
