@@ -124,20 +124,17 @@ class Publisher:
 
     def _consistent_groups(self, snap: Snapshot, new: list[Entry]) -> list[Entry]:
         """Drop group files whose children would not all be this writer's bytes."""
-        ours = {r.entry.path: r.entry.digest for r in self.index.iter_promoted(self.key)}
         adding = {e.path: e.digest for e in new}
         keep: list[Entry] = []
         for e in new:
-            if is_group_file(e.path) and not self._group_ok(e, snap, ours, adding):
+            if is_group_file(e.path) and not self._group_ok(e, snap, adding):
                 self.counters.inc("groups_dropped")
                 log.info("not publishing group %s: its children are not all ours", e.path)
                 continue
             keep.append(e)
         return keep
 
-    def _group_ok(
-        self, group: Entry, snap: Snapshot, ours: dict[str, str], adding: dict[str, str]
-    ) -> bool:
+    def _group_ok(self, group: Entry, snap: Snapshot, adding: dict[str, str]) -> bool:
         try:
             data = self.gens.objects.get_bytes(group.digest, group.size)
         except CasfsError:
@@ -147,7 +144,8 @@ class Publisher:
             return False
         for c in children:
             final = snap.entries[c].digest if c in snap.entries else adding.get(c)
-            mine = ours.get(c)  # None: the child came unchanged from the lower layer
+            rec = self.index.get_promoted(self.key, c)  # one lookup per child, not a scan
+            mine = rec.entry.digest if rec else None  # None: unchanged from the lower layer
             if final is None or (mine is not None and final != mine):
                 return False
         return True
