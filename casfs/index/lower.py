@@ -17,9 +17,9 @@ import lmdb
 
 from casfs.index import keyspace as ks
 from casfs.index.lmdbenv import IndexEnv, scan_prefix, txn_get
+from casfs.index.tree import DIR, LowerNode
 from casfs.store.entry import Entry
 from casfs.util.paths import is_valid_relpath, parent_dirs
-from casfs.view.lower import DIR, LowerNode
 
 log = logging.getLogger(__name__)
 
@@ -123,7 +123,7 @@ def drop_namespace(env: IndexEnv, ns: str) -> int:
 
 
 class LmdbLowerTree:
-    """The lower tree of one namespace up to ``max_seq``; satisfies view.lower.LowerTree.
+    """The lower tree of one namespace up to ``max_seq``; satisfies index.tree.LowerTree.
 
     Every call uses a fresh short read transaction, so entries added after
     the tree was created become visible as soon as their seq is <= max_seq.

@@ -82,7 +82,7 @@ def _rewrap(error: BaseException) -> BaseException:
 
 
 class LocalObjectCache:
-    """Satisfies casfs.view.lower.ObjectFetcher."""
+    """Satisfies casfs.index.tree.ObjectFetcher."""
 
     def __init__(
         self, directory: Path, index: NodeIndex, source: ObjectSource, cap_bytes: int

@@ -25,13 +25,13 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from casfs.index.node_index import NodeIndex
+from casfs.index.tree import LowerTree
 from casfs.promote.tracker import WriteTracker
 from casfs.scratch import ScratchRules, group_children, is_group_file, walk_files
 from casfs.store.entry import Entry
 from casfs.store.objects import ObjectStore, PutResult
 from casfs.util.counters import Counters
 from casfs.util.paths import is_valid_relpath
-from casfs.view.lower import LowerTree
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,114 @@
+"""Names and attributes: lookup, forget, getattr, setattr, readlink, statfs."""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+from collections.abc import Sequence
+
+import pyfuse3
+
+from casfs.view.op_base import err, fuse_errors
+from casfs.view.op_copyup import CopyUpOps
+
+
+class AttrOps(CopyUpOps):
+    @fuse_errors
+    async def lookup(
+        self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext
+    ) -> pyfuse3.EntryAttributes:
+        path = self._child(parent_inode, name)
+        node = self.layers.resolve(path)
+        if node is None:
+            self.counters.inc("lookup_miss")
+            raise err(errno.ENOENT)
+        self.counters.inc("lookup_upper" if node.upper is not None else "lookup_lower")
+        return self._attrs(node, self.inodes.lookup(path))
+
+    async def forget(self, inode_list: Sequence[tuple[int, int]]) -> None:
+        for ino, n in inode_list:
+            self.inodes.forget(ino, n)
+
+    @fuse_errors
+    async def getattr(self, inode: int, ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
+        path = self.inodes.path(inode)
+        if path is None:  # unlinked but still open: answer from the open fd
+            for h in self._handles.values():
+                if h.ino == inode:
+                    return self._upper_attrs(os.fstat(h.fd), inode)
+            raise err(errno.ENOENT)
+        return self._attrs(self._resolve(path), inode)
+
+    @fuse_errors
+    async def setattr(
+        self,
+        inode: int,
+        attr: pyfuse3.EntryAttributes,
+        fields: pyfuse3.SetattrFields,
+        fh: int | None,
+        ctx: pyfuse3.RequestContext,
+    ) -> pyfuse3.EntryAttributes:
+        h = self._handles.get(fh) if fh is not None else None
+        fd = h.fd if h is not None and h.writable else None
+        path = self.inodes.path(inode)
+        if path is None:
+            if fd is None:
+                raise err(errno.ENOENT)
+            target: str | int = fd
+        else:
+            node = self._resolve(path)
+            if node.upper is None:
+                if node.is_dir:
+                    self.layers.ensure_upper_dir(path, self.dir_mode)
+                else:
+                    to_zero = fields.update_size and attr.st_size == 0
+                    await self._copy_up(node, empty=to_zero)
+                    self._invalidate_entry(path)
+            target = fd if fd is not None else self.layers.up(path)
+        is_link = isinstance(target, str) and os.path.islink(target)
+        if fields.update_mode and not is_link:
+            os.chmod(target, stat.S_IMODE(attr.st_mode))
+        if fields.update_uid or fields.update_gid:
+            uid = attr.st_uid if fields.update_uid else -1
+            gid = attr.st_gid if fields.update_gid else -1
+            if isinstance(target, int):
+                os.fchown(target, uid, gid)
+            else:
+                os.lchown(target, uid, gid)
+        if fields.update_size:
+            os.truncate(target, attr.st_size)
+        if fields.update_atime or fields.update_mtime:
+            st = os.stat(target, follow_symlinks=False) if isinstance(target, str) else os.fstat(
+                target
+            )
+            atime = attr.st_atime_ns if fields.update_atime else st.st_atime_ns
+            mtime = attr.st_mtime_ns if fields.update_mtime else st.st_mtime_ns
+            if isinstance(target, int):
+                os.utime(target, ns=(atime, mtime))
+            else:
+                os.utime(target, ns=(atime, mtime), follow_symlinks=False)
+        st = os.stat(target, follow_symlinks=False) if isinstance(target, str) else os.fstat(target)
+        if path is not None:
+            self.tracker.modified(path)
+        return self._upper_attrs(st, inode)
+
+    @fuse_errors
+    async def readlink(self, inode: int, ctx: pyfuse3.RequestContext) -> bytes:
+        return os.readlink(os.fsencode(self.layers.up(self._path(inode))))
+
+
+    @fuse_errors
+    async def statfs(self, ctx: pyfuse3.RequestContext) -> pyfuse3.StatvfsData:
+        s = os.statvfs(self.layers.up(""))
+        d = pyfuse3.StatvfsData()
+        d.f_bsize = s.f_bsize
+        d.f_frsize = s.f_frsize
+        d.f_blocks = s.f_blocks
+        d.f_bfree = s.f_bfree
+        d.f_bavail = s.f_bavail
+        d.f_files = s.f_files
+        d.f_ffree = s.f_ffree
+        d.f_favail = s.f_favail
+        d.f_namemax = s.f_namemax
+        return d

@@ -1,0 +1,267 @@
+"""State and helpers every part of the FUSE view shares (see casfs.view.ops).
+
+``OpsBase`` owns the per-namespace state (layers, inodes, handles, tracker)
+and the small helpers every handler family uses: path resolution, attribute
+replies, kernel invalidation, ownership of new entries. Handlers live in the
+mixins of op_attrs, op_files, op_dirs and op_copyup.
+"""
+
+from __future__ import annotations
+
+import errno
+import functools
+import logging
+import os
+import stat
+import time
+from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Concatenate, ParamSpec, TypeVar
+
+import pyfuse3
+import trio
+
+from casfs.promote.tracker import WriteTracker
+from casfs.util.counters import Counters
+from casfs.view.attrs import lower_attrs, upper_attrs
+from casfs.view.inodes import InodeTable
+from casfs.view.layers import Layers, Node, join, split
+from casfs.view.lower import LowerNode, LowerTree, ObjectFetcher
+from casfs.view.whiteout import is_reserved
+
+log = logging.getLogger(__name__)
+
+P = ParamSpec("P")
+R = TypeVar("R")
+S = TypeVar("S", bound="OpsBase")
+
+# Flags that make no sense on the upper fd: the kernel already resolved
+# creation, and it computes O_APPEND offsets itself (pwrite must not append).
+STRIP_FLAGS = os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_NOCTTY
+
+def fuse_errors(
+    fn: Callable[Concatenate[S, P], Awaitable[R]],
+) -> Callable[Concatenate[S, P], Coroutine[Any, Any, R]]:
+    """Only FUSEError may leave a handler: OSError keeps its errno, a bug is EIO."""
+
+    @functools.wraps(fn)
+    async def wrapper(self: S, *args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return await fn(self, *args, **kwargs)
+        except pyfuse3.FUSEError:
+            raise
+        except Miss as miss:
+            self._invalidate_entry(miss.path)
+            raise pyfuse3.FUSEError(errno.ENOENT) from None
+        except OSError as e:
+            raise pyfuse3.FUSEError(e.errno or errno.EIO) from None
+        except Exception:
+            log.exception("bug in %s", fn.__name__)
+            raise pyfuse3.FUSEError(errno.EIO) from None
+
+    return wrapper
+
+
+class Miss(Exception):
+    """A lower object failed to fetch: its path is now absent (ENOENT to the caller)."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(path)
+        self.path = path
+
+
+def err(code: int) -> pyfuse3.FUSEError:
+    return pyfuse3.FUSEError(code)
+
+
+@dataclass(slots=True)
+class Handle:
+    fd: int
+    ino: int
+    path: str  # at open time; the inode table has the current one
+    writable: bool
+    digest: str | None  # set for a lower object: unpin on release
+
+
+class OpsBase(pyfuse3.Operations):
+    enable_writeback_cache = False
+
+    def __init__(
+        self,
+        lower: LowerTree,
+        fetcher: ObjectFetcher,
+        upper_dir: Path,
+        tracker: WriteTracker,
+        counters: Counters,
+        *,
+        lower_timeout: float = 3600.0,
+        upper_timeout: float = 1.0,
+        fetch_timeout: float = 20.0,
+        fetch_threads: int = 16,
+        lower_dir_mode: int = 0o777,
+        root_mode: int = 0o1777,
+    ) -> None:
+        super().__init__()
+        self.layers = Layers(lower, Path(upper_dir))
+        self.fetcher = fetcher
+        self.tracker = tracker
+        self.counters = counters
+        self.lower_timeout = lower_timeout
+        self.upper_timeout = upper_timeout
+        self.fetch_timeout = fetch_timeout
+        # Fetches get their own threads: stuck ones must not starve fsync or copy-up.
+        self._fetch_limiter = trio.CapacityLimiter(fetch_threads)
+        self.dir_mode = lower_dir_mode
+        self.inodes = InodeTable()
+        self._handles: dict[int, Handle] = {}
+        self._dirs: dict[int, tuple[str, list[str]]] = {}
+        self._next_dir_fh = 1
+        self._owner = (os.geteuid(), os.getegid())
+        self._is_root = os.geteuid() == 0
+        self._umask = os.umask(0o022)  # read it (and put it back)
+        os.umask(self._umask)
+        self._start_ns = time.time_ns()
+        self._mounted = False  # kernel notifications only once a session exists
+        os.chmod(self.layers.up(""), root_mode)  # any user may create entries, like /tmp
+
+    # --- lifecycle / refresh --------------------------------------------
+    def init(self) -> None:
+        self._mounted = True
+
+    def set_lower(self, lower: LowerTree) -> None:
+        """Serve a newer generation (see the module docstring: nothing to invalidate)."""
+        self.layers.lower = lower
+
+    def lower_changed(self) -> None:
+        """The LowerTree grew in place: nothing to do (kept as the refresh hook).
+
+        New paths appear on the next lookup/readdir because negative lookups and
+        directory listings are never cached; lower directory attributes are
+        synthesized constants, so no cached attribute goes stale.
+        """
+
+
+    def _path(self, ino: int) -> str:
+        path = self.inodes.path(ino)
+        if path is None:
+            raise err(errno.ENOENT)
+        return path
+
+    def _child(self, parent_ino: int, name: bytes) -> str:
+        """Path of an existing-or-not child; reserved names simply do not exist."""
+        parent = self._path(parent_ino)
+        sname = os.fsdecode(name)
+        if sname == ".":
+            return parent
+        if sname == "..":
+            return split(parent)[0]
+        if is_reserved(sname):
+            raise err(errno.ENOENT)
+        return join(parent, sname)
+
+    def _new_child(self, parent_ino: int, name: bytes) -> str:
+        """Path of a child about to be created: reserved names are refused."""
+        sname = os.fsdecode(name)
+        if is_reserved(sname):
+            raise err(errno.EPERM)
+        return join(self._path(parent_ino), sname)
+
+    def _resolve(self, path: str) -> Node:
+        node = self.layers.resolve(path)
+        if node is None:
+            raise err(errno.ENOENT)
+        return node
+
+    def _attrs(self, node: Node, ino: int) -> pyfuse3.EntryAttributes:
+        if node.upper is not None:
+            return self._upper_attrs(node.upper, ino)
+        assert node.lower is not None
+        return self._lower_attrs(node.lower, ino)
+
+    def _upper_attrs(self, st: os.stat_result, ino: int) -> pyfuse3.EntryAttributes:
+        return upper_attrs(st, ino, self.upper_timeout)
+
+    def _lower_attrs(self, node: LowerNode, ino: int) -> pyfuse3.EntryAttributes:
+        return lower_attrs(
+            node,
+            ino,
+            self.lower_timeout,
+            owner=self._owner,
+            dir_mode=self.dir_mode,
+            dir_time_ns=self._start_ns,
+        )
+
+    def _invalidate_entry(self, path: str) -> None:
+        """Make the kernel forget the dentry of ``path`` (asynchronously: no deadlock)."""
+        if not self._mounted or not path:
+            return
+        parent, name = split(path)
+        parent_ino = self.inodes.find(parent)
+        if parent_ino is not None:
+            pyfuse3.invalidate_entry_async(parent_ino, os.fsencode(name), ignore_enoent=True)
+
+
+    async def _invalidate_entry_now(self, path: str) -> None:
+        """Invalidate and wait: only where the kernel holds no lock on the parent (open)."""
+        if not self._mounted or not path:
+            return
+        parent, name = split(path)
+        parent_ino = self.inodes.find(parent)
+        if parent_ino is None:
+            return
+        try:
+            await trio.to_thread.run_sync(pyfuse3.invalidate_entry, parent_ino, os.fsencode(name))
+        except OSError as e:
+            if e.errno != errno.ENOENT:  # ENOENT: the kernel had no such dentry
+                log.warning("invalidating %r: %s", path, e)
+
+
+    def _initial_perm(self, ctx: pyfuse3.RequestContext, perm: int, private: int) -> int:
+        """Permissions to create an entry with.
+
+        An entry for another user is created private and opened up only after
+        the chown, so nobody can use it in between; one for the daemon's own
+        user gets its final permissions at once, and then needs no chmod.
+        """
+        if self._is_root and (ctx.uid, ctx.gid) != self._owner:
+            return private
+        return stat.S_IMODE(perm) & 0o777
+
+    def _own(self, path: str, ctx: pyfuse3.RequestContext, mode: int, created: int) -> None:
+        """New entries belong to the caller (the daemon runs as root); honour setgid dirs.
+
+        ``created`` is the permission the entry was created with; only the
+        syscalls that change something are made.
+        """
+        up = self.layers.up(path)
+        if self._is_root:
+            gid = ctx.gid
+            pst = os.lstat(self.layers.up(split(path)[0]))
+            created_gid = self._owner[1]
+            if pst.st_mode & stat.S_ISGID:
+                gid = created_gid = pst.st_gid  # the kernel already gave it the dir's group
+                if stat.S_ISDIR(mode):
+                    mode |= stat.S_ISGID
+            if (ctx.uid, gid) != (self._owner[0], created_gid):
+                os.lchown(up, ctx.uid, gid)
+        perm = stat.S_IMODE(mode)
+        if not stat.S_ISLNK(mode) and (created & ~self._umask != perm):
+            os.chmod(up, perm)  # exact mode: the daemon's umask must not apply
+
+    def _prepare_new(self, path: str) -> None:
+        if self.layers.resolve(path) is not None:
+            raise err(errno.EEXIST)
+        self.layers.ensure_upper_dir(split(path)[0], self.dir_mode)
+
+    def _entry_reply(self, path: str) -> pyfuse3.EntryAttributes:
+        ino = self.inodes.lookup(path)
+        return self._attrs(self._resolve(path), ino)
+
+
+    def _handle(self, fh: int) -> Handle:
+        h = self._handles.get(fh)
+        if h is None:
+            raise err(errno.EBADF)
+        return h
+

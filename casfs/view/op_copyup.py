@@ -1,0 +1,117 @@
+"""Copy-up and whiteouts: giving lower entries an upper copy, fetching lower objects.
+
+A copy-up is staged off-thread and linked into place on the trio thread after
+re-checking the path, so a racing create/unlink is never clobbered. A lower
+object that fails to fetch or verify becomes a miss (casfs.view.op_base.Miss).
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import threading
+
+import trio
+
+from casfs.errors import CasfsError, CorruptObjectError
+from casfs.store.entry import Entry
+from casfs.view.layers import Node, join, split
+from casfs.view.op_base import Miss, OpsBase, err
+
+log = logging.getLogger(__name__)
+
+
+class CopyUpOps(OpsBase):
+    def _lower_failed(self, path: str, exc: BaseException) -> Miss:
+        if path not in self.layers.failed:
+            # Only a corrupt object is a miss for the life of the mount; a missing
+            # object, a timeout or an unreachable root is retried later.
+            self.layers.failed.add(path, permanent=isinstance(exc, CorruptObjectError))
+            self.counters.inc("fetch_errors")
+            log.warning("lower object for %r unavailable, serving a miss: %s", path, exc)
+        self.inodes.detach(path)  # a file re-created here gets a fresh inode
+        return Miss(path)
+
+
+    async def _fetch(self, path: str, entry: Entry) -> str:
+        """The entry's local file (pinned), or a miss; never waits past fetch_timeout.
+
+        The fetch runs in a thread the handler can abandon: a shared root that
+        stops answering (a hard NFS mount, a FIFO planted in the store) must
+        cost the job a miss, not a process stuck in D state.
+        """
+        lock = threading.Lock()
+        state = {"done": False, "abandoned": False}
+
+        def run() -> str:
+            local = self.fetcher.fetch(entry)
+            with lock:
+                if state["abandoned"]:
+                    self.fetcher.unpin(entry.digest)  # nobody is waiting for it any more
+                else:
+                    state["done"] = True
+            return local
+
+        try:
+            with trio.move_on_after(self.fetch_timeout):
+                return await trio.to_thread.run_sync(
+                    run, abandon_on_cancel=True, limiter=self._fetch_limiter
+                )
+        except Exception as e:  # any fetch failure is a miss, never an error to the job
+            if not isinstance(e, CasfsError | OSError):
+                log.exception("unexpected fetch failure for %r", path)
+            raise self._lower_failed(path, e) from None
+        with lock:
+            state["abandoned"] = True
+            if state["done"]:  # finished just as we gave up: its pin is ours to drop
+                self.fetcher.unpin(entry.digest)
+        self.counters.inc("fetch_timeouts")
+        raise self._lower_failed(
+            path, TimeoutError(f"no answer from the shared root in {self.fetch_timeout:.0f}s")
+        )
+
+    async def _copy_up(self, node: Node, *, empty: bool = False) -> None:
+        """Give a lower-only file an upper copy (``empty``: content not needed, no fetch)."""
+        entry = node.lower_file
+        if entry is None:
+            return
+        src = None if empty else await self._fetch(node.path, entry)
+        try:
+            tmp = await trio.to_thread.run_sync(self.layers.stage_copy, src, entry)
+        finally:
+            if src is not None:
+                self.fetcher.unpin(entry.digest)
+        # From here on no await: nothing can change the path under us.
+        current = self.layers.resolve(node.path)
+        if current is None or current.upper is not None:
+            os.unlink(tmp)
+            if current is None:
+                raise err(errno.ENOENT)
+            return
+        self.layers.ensure_upper_dir(split(node.path)[0], self.dir_mode)
+        self.layers.install_staged(tmp, node.path)
+        self.counters.inc("copy_up")
+
+    async def _copy_up_tree(self, node: Node) -> None:
+        """Copy a merged directory and everything visible below it into upper."""
+        self.layers.ensure_upper_dir(node.path, self.dir_mode)
+        for name, _ in self.layers.children(node):
+            child = self.layers.resolve(join(node.path, name))
+            if child is None:
+                continue
+            if child.is_dir:
+                if child.has_lower_dir:
+                    await self._copy_up_tree(child)
+            elif child.lower_file is not None:
+                try:
+                    await self._copy_up(child)
+                except Miss as miss:  # failed object: dropped, like any miss
+                    self._invalidate_entry(miss.path)
+                    continue
+                self.tracker.modified(child.path)  # now a new file at its new path
+
+
+    def _needs_whiteout(self, path: str) -> bool:
+        """Would lower ``path`` show once the upper entry at ``path`` is gone?"""
+        return self.layers.lower.lookup(path) is not None and self.layers.lower_visible(path)

@@ -1,0 +1,175 @@
+"""Directory changes: mkdir, mknod, symlink, link, unlink, rmdir, rename, readdir."""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+
+import pyfuse3
+
+from casfs.view.layers import join, split
+from casfs.view.op_base import err, fuse_errors
+from casfs.view.op_copyup import CopyUpOps
+
+
+class DirOps(CopyUpOps):
+    @fuse_errors
+    async def mkdir(
+        self, parent_inode: int, name: bytes, mode: int, ctx: pyfuse3.RequestContext
+    ) -> pyfuse3.EntryAttributes:
+        path = self._new_child(parent_inode, name)
+        self._prepare_new(path)
+        created = self._initial_perm(ctx, mode, 0o700)
+        os.mkdir(self.layers.up(path), created)
+        self._own(path, ctx, stat.S_IFDIR | stat.S_IMODE(mode), created)
+        if self.layers.lower.lookup(path) is not None:
+            self.layers.make_opaque(path)  # re-created over a removed lower dir: starts empty
+        self.layers.remove_whiteout(path)
+        return self._entry_reply(path)
+
+    @fuse_errors
+    async def mknod(
+        self, parent_inode: int, name: bytes, mode: int, rdev: int, ctx: pyfuse3.RequestContext
+    ) -> pyfuse3.EntryAttributes:
+        if not (stat.S_ISREG(mode) or stat.S_ISFIFO(mode)):
+            raise err(errno.EPERM)
+        path = self._new_child(parent_inode, name)
+        self._prepare_new(path)
+        created = self._initial_perm(ctx, mode, 0o600)
+        os.mknod(self.layers.up(path), stat.S_IFMT(mode) | created)
+        self._own(path, ctx, mode, created)
+        self.layers.remove_whiteout(path)
+        if stat.S_ISREG(mode):
+            self.tracker.modified(path)
+        return self._entry_reply(path)
+
+    @fuse_errors
+    async def symlink(
+        self, parent_inode: int, name: bytes, target: bytes, ctx: pyfuse3.RequestContext
+    ) -> pyfuse3.EntryAttributes:
+        path = self._new_child(parent_inode, name)
+        self._prepare_new(path)
+        os.symlink(target, os.fsencode(self.layers.up(path)))
+        self._own(path, ctx, stat.S_IFLNK, 0)
+        self.layers.remove_whiteout(path)
+        return self._entry_reply(path)
+
+    @fuse_errors
+    async def link(
+        self, inode: int, new_parent_inode: int, new_name: bytes, ctx: pyfuse3.RequestContext
+    ) -> pyfuse3.EntryAttributes:
+        raise err(errno.EPERM)  # no hard links (like vfat): callers fall back to copies
+
+
+    @fuse_errors
+    async def unlink(self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> None:
+        path = self._child(parent_inode, name)
+        node = self._resolve(path)
+        if node.is_dir:
+            raise err(errno.EISDIR)
+        # Whiteout first: a crash in between leaves the name hidden, not resurrected.
+        if self._needs_whiteout(path):
+            self.layers.add_whiteout(path, self.dir_mode)
+        if node.upper is not None:
+            os.unlink(self.layers.up(path))
+        self.inodes.detach(path)
+        self.tracker.removed(path)
+
+    @fuse_errors
+    async def rmdir(self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> None:
+        path = self._child(parent_inode, name)
+        node = self._resolve(path)
+        if not node.is_dir:
+            raise err(errno.ENOTDIR)
+        if self.layers.children(node):
+            raise err(errno.ENOTEMPTY)
+        if self._needs_whiteout(path):
+            self.layers.add_whiteout(path, self.dir_mode)
+        if node.upper is not None:
+            self.layers.clear_markers(path)
+            os.rmdir(self.layers.up(path))
+        self.inodes.detach(path)
+        self.tracker.removed(path)
+
+    @fuse_errors
+    async def rename(
+        self,
+        parent_inode_old: int,
+        name_old: bytes,
+        parent_inode_new: int,
+        name_new: bytes,
+        flags: int,
+        ctx: pyfuse3.RequestContext,
+    ) -> None:
+        if flags & pyfuse3.RENAME_EXCHANGE:
+            raise err(errno.EINVAL)
+        old = self._child(parent_inode_old, name_old)
+        new = self._new_child(parent_inode_new, name_new)
+        src = self._resolve(old)
+        if old == new:
+            return
+        dst = self.layers.resolve(new)
+        if dst is not None:
+            if flags & pyfuse3.RENAME_NOREPLACE:
+                raise err(errno.EEXIST)
+            if src.is_dir and not dst.is_dir:
+                raise err(errno.ENOTDIR)
+            if dst.is_dir and not src.is_dir:
+                raise err(errno.EISDIR)
+            if dst.is_dir and self.layers.children(dst):
+                raise err(errno.ENOTEMPTY)
+        if src.is_dir and new.startswith(old + "/"):
+            raise err(errno.EINVAL)
+        # Materialize the source wholly in upper so it can move as one real rename.
+        if src.is_dir:
+            if src.has_lower_dir:
+                await self._copy_up_tree(src)
+                self.layers.make_opaque(old)
+            elif self.layers.lower.lookup(new) is not None:
+                self.layers.make_opaque(old)  # must not merge with lower entries at ``new``
+        elif src.lower_file is not None:
+            await self._copy_up(src)
+        if dst is not None and dst.is_dir and dst.upper is not None:
+            self.layers.clear_markers(new)
+        self.layers.ensure_upper_dir(split(new)[0], self.dir_mode)
+        if self._needs_whiteout(old):
+            self.layers.add_whiteout(old, self.dir_mode)
+        os.rename(self.layers.up(old), self.layers.up(new))
+        self.layers.remove_whiteout(new)
+        self.inodes.rename(old, new)
+        self.tracker.renamed(old, new)
+
+
+    @fuse_errors
+    async def opendir(self, inode: int, ctx: pyfuse3.RequestContext) -> int:
+        node = self._resolve(self._path(inode))
+        if not node.is_dir:
+            raise err(errno.ENOTDIR)
+        fh = self._next_dir_fh
+        self._next_dir_fh += 1
+        # Snapshot at opendir: offsets stay meaningful while the directory changes.
+        self._dirs[fh] = (node.path, [name for name, _ in self.layers.children(node)])
+        return fh
+
+    @fuse_errors
+    async def readdir(self, fh: int, start_id: int, token: pyfuse3.ReaddirToken) -> None:
+        path, names = self._dirs[fh]
+        for i in range(start_id, len(names)):
+            cpath = join(path, names[i])
+            node = self.layers.resolve(cpath)
+            if node is None:
+                continue  # removed since opendir
+            ino = self.inodes.ino(cpath)
+            attrs = self._attrs(node, ino)
+            if not pyfuse3.readdir_reply(token, os.fsencode(names[i]), attrs, i + 1):
+                self.inodes.drop_if_unused(ino)
+                return
+            self.inodes.lookup(cpath)  # readdirplus counts as a lookup
+
+    async def releasedir(self, fh: int) -> None:
+        self._dirs.pop(fh, None)
+
+    async def fsyncdir(self, fh: int, datasync: bool) -> None:
+        return None
+

@@ -1,0 +1,138 @@
+"""File I/O: open (with copy-up on write), create, read, write, fsync, release."""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+
+import pyfuse3
+import trio
+
+from casfs.view.layers import Node, split
+from casfs.view.op_base import STRIP_FLAGS, Handle, Miss, err, fuse_errors
+from casfs.view.op_copyup import CopyUpOps
+
+
+class FileOps(CopyUpOps):
+    async def _open_node(self, node: Node, ino: int, flags: int) -> pyfuse3.FileInfo:
+        accmode = flags & os.O_ACCMODE
+        writable = accmode != os.O_RDONLY or bool(flags & os.O_TRUNC)
+        entry = node.lower_file
+        if entry is not None and not writable:
+            # Warm: the object is local, open it inline. Cold: fetch in a thread.
+            src = self.fetcher.cached(entry) or await self._fetch(node.path, entry)
+            try:
+                fd = os.open(src, os.O_RDONLY | os.O_CLOEXEC)
+            except FileNotFoundError:
+                # Evicted by another mount process between fetch and open: once more.
+                self.fetcher.unpin(entry.digest)
+                src = await self._fetch(node.path, entry)
+                try:
+                    fd = os.open(src, os.O_RDONLY | os.O_CLOEXEC)
+                except OSError as e:
+                    self.fetcher.unpin(entry.digest)
+                    raise self._lower_failed(node.path, e) from None
+            except OSError as e:
+                self.fetcher.unpin(entry.digest)
+                raise self._lower_failed(node.path, e) from None
+            self.counters.inc("open_lower")
+            self._handles[fd] = Handle(fd, ino, node.path, False, entry.digest)
+            return pyfuse3.FileInfo(fh=fd, keep_cache=True)
+        if entry is not None:
+            await self._copy_up(node, empty=bool(flags & os.O_TRUNC))
+            self._invalidate_entry(node.path)  # drop the long lower timeouts
+        fd = os.open(
+            self.layers.up(node.path), (flags & ~STRIP_FLAGS) | os.O_CLOEXEC | os.O_NOFOLLOW
+        )
+        self._handles[fd] = Handle(fd, ino, node.path, writable, None)
+        if writable:
+            self.tracker.opened_for_write(node.path)
+        if flags & os.O_TRUNC:
+            self.tracker.modified(node.path)
+        return pyfuse3.FileInfo(fh=fd)
+
+
+    @fuse_errors
+    async def open(self, inode: int, flags: int, ctx: pyfuse3.RequestContext) -> pyfuse3.FileInfo:
+        path = self._path(inode)
+        node = self._resolve(path)
+        if node.is_dir:
+            raise err(errno.EISDIR)
+        try:
+            return await self._open_node(node, inode, flags)
+        except Miss as miss:
+            # The kernel holds no lock on the parent during open, so waiting for the
+            # invalidation is safe: the caller's next stat already sees ENOENT.
+            await self._invalidate_entry_now(miss.path)
+            raise err(errno.ENOENT) from None
+
+    @fuse_errors
+    async def create(
+        self, parent_inode: int, name: bytes, mode: int, flags: int, ctx: pyfuse3.RequestContext
+    ) -> tuple[pyfuse3.FileInfo, pyfuse3.EntryAttributes]:
+        path = self._new_child(parent_inode, name)
+        if flags & os.O_TMPFILE == os.O_TMPFILE:
+            raise err(errno.EOPNOTSUPP)
+        node = self.layers.resolve(path)
+        if node is not None:  # raced with another creator: behave like open(O_CREAT)
+            if flags & os.O_EXCL:
+                raise err(errno.EEXIST)
+            if node.is_dir:
+                raise err(errno.EISDIR)
+            ino = self.inodes.lookup(path)
+            fi = await self._open_node(node, ino, flags)
+            return fi, self._attrs(self._resolve(path), ino)
+        self.layers.ensure_upper_dir(split(path)[0], self.dir_mode)
+        up = self.layers.up(path)
+        created = self._initial_perm(ctx, mode, 0o600)
+        fd = os.open(
+            up,
+            (flags & ~(os.O_APPEND | os.O_NOCTTY)) | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC,
+            created,
+        )
+        try:
+            self._own(path, ctx, stat.S_IFREG | stat.S_IMODE(mode), created)
+        except BaseException:
+            os.close(fd)
+            os.unlink(up)
+            raise
+        self.layers.remove_whiteout(path)
+        ino = self.inodes.lookup(path)
+        writable = flags & os.O_ACCMODE != os.O_RDONLY
+        self._handles[fd] = Handle(fd, ino, path, writable, None)
+        if writable:
+            self.tracker.opened_for_write(path)
+        self.tracker.modified(path)
+        return pyfuse3.FileInfo(fh=fd), self._upper_attrs(os.fstat(fd), ino)
+
+    @fuse_errors
+    async def read(self, fh: int, off: int, size: int) -> bytes:
+        return os.pread(self._handle(fh).fd, size, off)
+
+    @fuse_errors
+    async def write(self, fh: int, off: int, buf: bytes) -> int:
+        h = self._handle(fh)
+        n = os.pwrite(h.fd, buf, off)
+        self.tracker.modified(self.inodes.path(h.ino) or h.path)
+        return n
+
+    async def flush(self, fh: int) -> None:
+        return None  # writes went straight to the upper file
+
+    @fuse_errors
+    async def fsync(self, fh: int, datasync: bool) -> None:
+        fd = self._handle(fh).fd
+        await trio.to_thread.run_sync(os.fdatasync if datasync else os.fsync, fd)
+
+    @fuse_errors
+    async def release(self, fh: int) -> None:
+        h = self._handles.pop(fh, None)
+        if h is None:
+            return
+        os.close(h.fd)
+        if h.digest is not None:
+            self.fetcher.unpin(h.digest)
+        if h.writable:
+            self.tracker.closed_for_write(self.inodes.path(h.ino) or h.path)
+
