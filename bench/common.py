@@ -129,13 +129,62 @@ def proc_cpu(pid: int) -> float:
 
 
 def drop_caches() -> bool:
-    """Drop the page cache (root only); False where not permitted."""
+    """Drop the page cache (root only); False where not permitted.
+
+    True only means the write was accepted: a container or VM may accept it and
+    drop nothing. ``drop_works`` checks that pages really left the cache.
+    """
     try:
         os.sync()
         Path("/proc/sys/vm/drop_caches").write_text("3\n")
         return True
     except OSError:
         return False
+
+
+def resident_fraction(paths: Sequence[Path]) -> float | None:
+    """Fraction of the pages of ``paths`` in the page cache (mincore), None if unknown."""
+    import ctypes
+    import mmap
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                          ctypes.c_int, ctypes.c_long]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+    page = mmap.PAGESIZE
+    total = resident = 0
+    for p in paths:
+        fd = os.open(p, os.O_RDONLY)
+        try:
+            size = os.fstat(fd).st_size
+            if size == 0:
+                continue
+            addr = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+            if addr in (None, ctypes.c_void_p(-1).value):
+                return None
+            n = (size + page - 1) // page
+            vec = (ctypes.c_ubyte * n)()
+            rc = libc.mincore(addr, size, vec)
+            libc.munmap(addr, size)
+            if rc != 0:
+                return None
+            total += n
+            resident += sum(v & 1 for v in vec)
+        finally:
+            os.close(fd)
+    return resident / total if total else None
+
+
+def drop_works(sample: Sequence[Path]) -> bool:
+    """Read ``sample``, drop caches, and check the pages really left (mincore)."""
+    for p in sample:
+        p.read_bytes()
+    if not drop_caches():
+        return False
+    frac = resident_fraction(sample)
+    return frac is not None and frac < 0.5
 
 
 def rmtree(path: Path) -> None:

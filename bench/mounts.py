@@ -65,3 +65,31 @@ def mounted(cfg: MountConfig) -> Iterator[Mount]:
 
             if is_mountpoint(cfg.mountpoint):
                 lazy_unmount(cfg.mountpoint)
+
+
+@contextlib.contextmanager
+def floor_mounted(src: Path, mountpoint: Path, timeout: float = 120) -> Iterator[Path]:
+    """The in-memory pyfuse3 floor (bench.floorfs) serving ``src`` at ``mountpoint``."""
+    import subprocess
+    import sys
+
+    mountpoint.mkdir(parents=True, exist_ok=True)
+    p = subprocess.Popen([sys.executable, "-m", "bench.floorfs", str(src), str(mountpoint)],
+                         stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout is not None
+        line = p.stdout.readline()  # READY, or "" if it died
+        if line.strip() != "READY":
+            raise RuntimeError(f"floorfs did not start (rc {p.poll()})")
+        yield mountpoint
+    finally:
+        p.terminate()
+        try:
+            p.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+        from casfs.view.session import is_mountpoint, lazy_unmount
+
+        if is_mountpoint(mountpoint):
+            lazy_unmount(mountpoint)
