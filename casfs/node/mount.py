@@ -99,6 +99,10 @@ class MountService:
             if cfg.mode == "fuse" else None
         )
         self.rules = ScratchRules(cfg.family, cfg.scratch_patterns)
+        self.restore_stamps = (
+            dirmode.RestoreStamps(cfg.state_dir / f"restored-{cfg.namespace}.json", self.lower)
+            if cfg.mode == "dir" else None
+        )
         self.publisher: Publisher | None = None
         self.last_publish: dict[str, Any] | None = None
         self._flushed: dict[str, int] = {}
@@ -204,6 +208,8 @@ class MountService:
             key=self.cfg.namespace, rules=self.rules, tracker=self.tracker,
             counters=self.counters, lower=self.lower, stable_after=self.cfg.stable_after,
             busy=self._dir_writers if self.cfg.mode == "dir" else None,
+            unchanged=(self.restore_stamps.unchanged if self.restore_stamps is not None
+                       else None),
         )
 
     def _dir_writers(self, rels: list[str]) -> set[str]:
@@ -388,7 +394,7 @@ class MountService:
     # --- dir mode -------------------------------------------------------------
     def _restore_dir(self) -> None:
         written = dirmode.restore(self.cfg.mountpoint, self.lower.walk(), self.cache,
-                                  self.counters)
+                                  self.counters, self.restore_stamps)
         # Restored files are published already: record them so promotion skips them.
         self.index.add_promoted_many(self.cfg.namespace, written)
         self.index.mark_published(self.cfg.namespace, written, self.served_seq)

@@ -70,6 +70,7 @@ class Promoter:
         lower: LowerTree,
         stable_after: float,
         busy: Callable[[list[str]], set[str]] | None = None,
+        unchanged: Callable[[str, os.stat_result], bool] | None = None,
         threads: int = 4,
     ) -> None:
         self.upper = upper
@@ -83,6 +84,8 @@ class Promoter:
         self.stable_after = stable_after
         self.threads = threads
         self.busy = busy  # paths some process still writes (dir mode: no FUSE to tell us)
+        # Files casfs itself put in place (dir mode's restore): published already.
+        self.unchanged = unchanged
         self._batch: dict[str, tuple[Entry, float]] = {}  # promoted this round, not yet indexed
 
     def scan_all(self) -> int:
@@ -95,8 +98,7 @@ class Promoter:
                 st = os.lstat(full)
             except FileNotFoundError:
                 continue
-            rec = self.index.get_promoted(self.key, rel)
-            if rec and rec.entry.size == st.st_size and rec.entry.mtime_ns == st.st_mtime_ns:
+            if self._settled(rel, st):
                 continue
             self.tracker.modified(rel)
             n += 1
@@ -165,14 +167,20 @@ class Promoter:
                 or not is_valid_relpath(rel)):
             self.tracker.forget(rel, seen_at)
             return None
-        rec = self.index.get_promoted(self.key, rel)
-        if rec and rec.entry.size == st.st_size and rec.entry.mtime_ns == st.st_mtime_ns:
+        if self._settled(rel, st):
             self.tracker.forget(rel, seen_at)
             return None
         if is_group_file(rel) and not self._group_ready(rel, full):
             res.deferred += 1
             return None
         return _Candidate(rel, full, st, seen_at)
+
+    def _settled(self, rel: str, st: os.stat_result) -> bool:
+        """Whether ``rel`` as ``st`` is already promoted or was put there by casfs."""
+        if self.unchanged is not None and self.unchanged(rel, st):
+            return True
+        rec = self.index.get_promoted(self.key, rel)
+        return bool(rec and rec.entry.size == st.st_size and rec.entry.mtime_ns == st.st_mtime_ns)
 
     def _put(self, c: _Candidate, res: RoundResult) -> PutResult:
         return self.objects.put_file(c.full)

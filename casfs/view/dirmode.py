@@ -9,6 +9,12 @@ promotion and publication are the same as in the FUSE mode; two things differ:
   files in place, which would corrupt a shared cache object. A file that
   already exists locally is left alone (local shadows lower), and an object
   that fails to fetch is skipped: a miss.
+- restored files are recognised, never re-hashed: ``RestoreStamps`` keeps the
+  (size, mtime_ns, inode) each restored file had when casfs linked it into
+  place (kept in memory, and in the node state dir across restarts), and a
+  file whose size and mtime_ns equal its lower entry's is the published file
+  (restore sets that mtime; a job writing other bytes gets its own mtime).
+  Promotion asks ``RestoreStamps.unchanged`` before hashing.
 - writes are observed through inotify (watchdog) instead of FUSE handlers.
   inotify cannot tell a read open from a write open, so a file counts as
   open for writing from its first IN_MODIFY to its IN_CLOSE_WRITE.
@@ -17,6 +23,7 @@ promotion and publication are the same as in the FUSE mode; two things differ:
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import shutil
@@ -37,19 +44,66 @@ from watchdog.observers import Observer
 from watchdog.observers.api import BaseObserver
 
 from casfs.errors import CasfsError
+from casfs.index.tree import LowerTree
 from casfs.promote.tracker import WriteTracker
 from casfs.store.entry import Entry
-from casfs.util.atomic import temp_name
+from casfs.util.atomic import temp_name, write_atomic
 from casfs.util.counters import Counters
 from casfs.view.lower import ObjectFetcher
 
 log = logging.getLogger(__name__)
 
 
+class RestoreStamps:
+    """What each restored file looked like when casfs put it in place.
+
+    ``unchanged(rel, st)`` is True for a file casfs restored and nobody has
+    touched since (same size, mtime_ns and inode: a rename over it or an
+    in-place rewrite changes one of them), and for a file whose size and
+    mtime_ns equal its lower entry's (restored by an earlier process or node
+    into this same directory). Such files are published already: promotion
+    skips them without hashing. Safe to call from any thread.
+    """
+
+    def __init__(self, path: Path | None, lower: LowerTree | None = None) -> None:
+        self.path = path  # persisted here (node state dir); None: memory only
+        self.lower = lower
+        self._stamps: dict[str, tuple[int, int, int]] = {}
+        if path is not None:
+            try:
+                self._stamps = {k: (v[0], v[1], v[2]) for k, v in
+                                json.loads(path.read_bytes()).items()}
+            except (OSError, ValueError, TypeError, IndexError, AttributeError):
+                self._stamps = {}
+
+    def __len__(self) -> int:
+        return len(self._stamps)
+
+    def add(self, rel: str, st: os.stat_result) -> None:
+        self._stamps[rel] = (st.st_size, st.st_mtime_ns, st.st_ino)
+
+    def unchanged(self, rel: str, st: os.stat_result) -> bool:
+        if self._stamps.get(rel) == (st.st_size, st.st_mtime_ns, st.st_ino):
+            return True
+        if self.lower is None:
+            return False
+        e = self.lower.lookup(rel)
+        return isinstance(e, Entry) and (e.size, e.mtime_ns) == (st.st_size, st.st_mtime_ns)
+
+    def save(self) -> None:
+        if self.path is not None:
+            write_atomic(self.path, json.dumps(self._stamps, separators=(",", ":")).encode())
+
+
 def restore(
-    directory: Path, entries: Iterable[Entry], fetcher: ObjectFetcher, counters: Counters
+    directory: Path, entries: Iterable[Entry], fetcher: ObjectFetcher, counters: Counters,
+    stamps: RestoreStamps | None = None,
 ) -> list[Entry]:
-    """Copy every entry not present in ``directory`` into it; returns the entries written."""
+    """Copy every entry not present in ``directory`` into it; returns the entries written.
+
+    Each file written is stamped in ``stamps`` as soon as it is in place, before
+    promotion can see it.
+    """
     written: list[Entry] = []
     for e in entries:
         target = directory / e.path
@@ -69,6 +123,8 @@ def restore(
             os.utime(tmp, ns=(e.mtime_ns, e.mtime_ns))
             # link, not rename: a file the job created meanwhile must win.
             os.link(tmp, target)
+            if stamps is not None:
+                stamps.add(e.path, os.lstat(target))
         except FileExistsError:
             continue
         except OSError as err:
@@ -81,6 +137,8 @@ def restore(
             fetcher.unpin(e.digest)
         written.append(e)
     counters.inc("restored_files", len(written))
+    if stamps is not None and written:
+        stamps.save()
     return written
 
 

@@ -81,3 +81,43 @@ def test_open_for_writing_sees_writers_not_readers(tmp_path: Path) -> None:
         r.read(50)  # a reader at a non-zero offset is still a reader
         assert open_for_writing(tmp_path, ["w", "rw", "r", "absent"]) == {"w", "rw"}
     assert open_for_writing(tmp_path, ["w", "rw", "r"]) == set()
+
+
+def test_restored_files_are_not_rehashed(cluster: dict[str, Any]) -> None:
+    """Files casfs restored (by this node or into a directory another node left) are
+    published already: promotion skips them; a file the job rewrote is promoted."""
+    a, b, c = cluster["a"], cluster["b"], cluster["c"]
+    shared_dir = cluster["mnt"] / "plain-shared"
+    w = a.mount(mode="dir", mountpoint=shared_dir)
+    for i in range(12):
+        (shared_dir / f"K{i}").mkdir()
+        (shared_dir / f"K{i}" / "k.cubin").write_bytes(b"cubin %d" % i)
+    deadline = time.monotonic() + 20
+    while len(published(cluster["root"])) < 12 and time.monotonic() < deadline:
+        a.ask(w, "publish")
+        time.sleep(0.3)
+    a.stop(w)
+    assert len(published(cluster["root"])) == 12
+
+    # A fresh node b over the directory node a left behind (same files, same mtimes)
+    # with one file the job rewrote meanwhile (same size, new bytes and mtime).
+    rewritten = shared_dir / "K3" / "k.cubin"
+    rewritten.write_bytes(b"CUBIN 3")
+    wb = b.mount(mode="dir", mountpoint=shared_dir)
+    # A fresh node c restores everything into an empty dir while its promoter runs.
+    wc = c.mount(mode="dir", mountpoint=cluster["mnt"] / "plain-c2")
+    time.sleep(1.5)  # several promotion rounds (stable_after 0.2)
+    assert b.ask(wb, "publish")["ok"]
+    assert c.ask(wc, "publish")["ok"]
+    st, st2 = b.ask(wb, "stats")["counters"], c.ask(wc, "stats")["counters"]
+    assert st.get("promoted_files", 0) == 1  # K3/k.cubin only
+    assert st2["restored_files"] == 12
+    assert st2.get("promoted_files", 0) == 0
+    # Rewriting a restored file in place is a change: promoted.
+    (cluster["mnt"] / "plain-c2" / "K5" / "k.cubin").write_bytes(b"other 5")
+    deadline = time.monotonic() + 20
+    while c.ask(wc, "stats")["counters"].get("promoted_files", 0) < 1:
+        assert time.monotonic() < deadline, "rewritten restored file never promoted"
+        time.sleep(0.3)
+    b.stop(wb)
+    c.stop(wc)
