@@ -88,6 +88,10 @@ class MountService:
         self.served_seq = self._initial_seq()
         self.restored_entries = int((self.index.ns_state(cfg.namespace) or {}).get("entries", 0))
         self.lower = self.index.lower_tree(cfg.namespace, self.served_seq)
+        # dir mode: lower paths already offered to this mount's directory. A refresh
+        # restores only paths not offered before, so a file the job deleted stays
+        # deleted until the next mount start (the whiteout scope rule of view.whiteout).
+        self._dir_offered: set[str] = set()
         session.clear_stale_mount(cfg.mountpoint)  # a dead mount (ENOTCONN) fails mkdir
         cfg.writable_dir.mkdir(parents=True, exist_ok=True)
         self.cache = LocalObjectCache(
@@ -393,8 +397,12 @@ class MountService:
 
     # --- dir mode -------------------------------------------------------------
     def _restore_dir(self) -> None:
-        written = dirmode.restore(self.cfg.mountpoint, self.lower.walk(), self.cache,
-                                  self.counters, self.restore_stamps)
+        fresh = [e for e in self.lower.walk() if e.path not in self._dir_offered]
+        written = dirmode.restore(self.cfg.mountpoint, fresh, self.cache, self.counters,
+                                  self.restore_stamps)
+        # Offered = now in the directory; a failed fetch is tried again on the next refresh.
+        self._dir_offered.update(
+            e.path for e in fresh if os.path.lexists(self.cfg.mountpoint / e.path))
         # Restored files are published already: record them so promotion skips them.
         self.index.add_promoted_many(self.cfg.namespace, written)
         self.index.mark_published(self.cfg.namespace, written, self.served_seq)

@@ -19,8 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from casfs.store.entry import Entry
+from casfs.view import whiteout as wh
 from casfs.view.lower import DIR, LowerNode, LowerTree
-from casfs.view.whiteout import OPAQUE, WORK_DIR, is_reserved, merge_children, whiteout_name
+from casfs.view.whiteout import merge_children
 
 log = logging.getLogger(__name__)
 
@@ -96,40 +97,51 @@ class Layers:
         self.lower = lower
         self.upper_dir = Path(upper_dir)
         self.failed = FailedPaths()  # lower paths whose object failed: absent for now
-        self.work_dir = self.upper_dir / WORK_DIR
+        self.upper_dir.mkdir(parents=True, exist_ok=True)
+        # A new view of the namespace: deletions made by earlier ones end here.
+        self.swept = wh.sweep(self.upper_dir)
+        self.work_dir = wh.work_dir_for(self.upper_dir)
         shutil.rmtree(self.work_dir, ignore_errors=True)
         self.work_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
 
     def up(self, path: str) -> str:
         return os.path.join(self.upper_dir, path) if path else str(self.upper_dir)
 
-    def upper_stat(self, path: str) -> os.stat_result | None:
+    def raw_stat(self, path: str) -> os.stat_result | None:
+        """lstat of the upper entry at ``path``, whiteouts included."""
         try:
             return os.lstat(self.up(path))
         except (FileNotFoundError, NotADirectoryError):
             return None
 
-    def _exists_upper(self, path: str) -> bool:
-        return os.path.lexists(self.up(path))
+    def upper_stat(self, path: str) -> os.stat_result | None:
+        """lstat of the real upper entry at ``path`` (None for nothing or a whiteout)."""
+        st = self.raw_stat(path)
+        return None if st is None or wh.is_whiteout(st) else st
 
     def lower_visible(self, path: str) -> bool:
-        """Whether nothing in upper (whiteout, opaque dir, non-dir) hides lower ``path``."""
+        """Whether nothing in upper (whiteout, opaque dir, non-dir) hides lower ``path``.
+
+        An upper entry at ``path`` itself does not count (the question is
+        whether lower ``path`` would show once that entry is gone).
+        """
         if path in self.failed:
             return False
         if not path:
             return True
         parts = path.split("/")
+        cur = ""
         for i, name in enumerate(parts):
-            parent = "/".join(parts[:i])
-            st = self.upper_stat(parent)
+            if cur and wh.is_opaque(self.up(cur)):
+                return False
+            cur = join(cur, name)
+            st = self.raw_stat(cur)
             if st is None:
                 return True  # nothing deeper exists in upper, so nothing deeper hides
+            if wh.is_whiteout(st):
+                return False
             if not stat.S_ISDIR(st.st_mode):
-                return False
-            if self._exists_upper(join(parent, OPAQUE)) and parent:
-                return False
-            if self._exists_upper(join(parent, whiteout_name(name))):
-                return False
+                return i == len(parts) - 1
         return True
 
     def lower_node(self, path: str) -> LowerNode | None:
@@ -140,8 +152,6 @@ class Layers:
         return node
 
     def resolve(self, path: str) -> Node | None:
-        if any(is_reserved(p) for p in path.split("/")):
-            return None
         st = self.upper_stat(path)
         if st is not None and not stat.S_ISDIR(st.st_mode):
             return Node(path, st, None)
@@ -153,21 +163,27 @@ class Layers:
         return Node(path, st, lnode)
 
     def is_opaque(self, path: str) -> bool:
-        return self._exists_upper(join(path, OPAQUE))
+        return bool(path) and wh.is_opaque(self.up(path))
 
     def children(self, node: Node) -> list[tuple[str, UpperOrLower]]:
         """Visible children of a merged directory, sorted, without duplicates."""
         upper: list[tuple[str, os.DirEntry[str]]] = []
+        whiteouts: list[str] = []
         if node.upper is not None:
             with os.scandir(self.up(node.path)) as it:
-                upper = [(e.name, e) for e in it]
-        opaque = any(n == OPAQUE for n, _ in upper) and node.path != ""
+                for e in it:
+                    if wh.entry_is_whiteout(e):
+                        whiteouts.append(e.name)
+                    else:
+                        upper.append((e.name, e))
+        opaque = node.upper is not None and self.is_opaque(node.path)
         lower_iter = (
             self.lower.children(node.path) if node.has_lower_dir and not opaque else iter(())
         )
         return merge_children(
             upper,
             lower_iter,
+            whiteouts=whiteouts,
             lower_hidden=lambda name: join(node.path, name) in self.failed,
         )
 
@@ -185,33 +201,48 @@ class Layers:
         os.chmod(self.up(path), dir_mode)  # not subject to the daemon's umask
 
     def add_whiteout(self, path: str, dir_mode: int) -> None:
-        parent, name = split(path)
+        """Hide lower ``path``, replacing a non-directory upper entry there atomically.
+
+        The marker is made in the work dir and renamed over the name, so a
+        crash never leaves the lower entry showing through in between.
+        """
+        parent, _ = split(path)
         self.ensure_upper_dir(parent, dir_mode)
-        marker = self.up(join(parent, whiteout_name(name)))
-        fd = os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        os.close(fd)
+        st = self.raw_stat(path)
+        if st is not None and wh.is_whiteout(st):
+            return
+        if st is not None and stat.S_ISDIR(st.st_mode):
+            raise IsADirectoryError(errno.EISDIR, "remove the directory first", path)
+        tmp = os.path.join(self.work_dir, f"wh-{os.urandom(8).hex()}")
+        wh.make_whiteout(tmp)
+        try:
+            os.rename(tmp, self.up(path))
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            raise
 
     def remove_whiteout(self, path: str) -> bool:
-        parent, name = split(path)
-        try:
-            os.unlink(self.up(join(parent, whiteout_name(name))))
-        except (FileNotFoundError, NotADirectoryError):
+        """Free the name ``path`` of its whiteout (before creating an entry there)."""
+        st = self.raw_stat(path)
+        if st is None or not wh.is_whiteout(st):
             return False
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.up(path))
         return True
 
     def has_whiteout(self, path: str) -> bool:
-        parent, name = split(path)
-        return self._exists_upper(join(parent, whiteout_name(name)))
+        st = self.raw_stat(path)
+        return st is not None and wh.is_whiteout(st)
 
     def make_opaque(self, path: str) -> None:
-        fd = os.open(self.up(join(path, OPAQUE)), os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        os.close(fd)
+        wh.make_opaque(self.up(path))
 
     def clear_markers(self, path: str) -> None:
-        """Drop the markers of an upper dir with no visible children (before rmdir or rename)."""
+        """Drop the whiteouts of an upper dir with no visible children (before rmdir or rename)."""
         with os.scandir(self.up(path)) as it:
             for e in it:
-                if is_reserved(e.name):
+                if wh.entry_is_whiteout(e):
                     os.unlink(e.path)
 
     def stage_copy(self, src: str | None, entry: Entry) -> str:

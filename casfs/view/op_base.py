@@ -28,7 +28,6 @@ from casfs.view.attrs import lower_attrs, upper_attrs
 from casfs.view.inodes import InodeTable
 from casfs.view.layers import Layers, Node, join, split
 from casfs.view.lower import LowerNode, LowerTree, ObjectFetcher
-from casfs.view.whiteout import is_reserved
 
 log = logging.getLogger(__name__)
 
@@ -149,23 +148,18 @@ class OpsBase(pyfuse3.Operations):
         return path
 
     def _child(self, parent_ino: int, name: bytes) -> str:
-        """Path of an existing-or-not child; reserved names simply do not exist."""
+        """Path of an existing-or-not child (no name is reserved: see casfs.view.whiteout)."""
         parent = self._path(parent_ino)
         sname = os.fsdecode(name)
         if sname == ".":
             return parent
         if sname == "..":
             return split(parent)[0]
-        if is_reserved(sname):
-            raise err(errno.ENOENT)
         return join(parent, sname)
 
     def _new_child(self, parent_ino: int, name: bytes) -> str:
-        """Path of a child about to be created: reserved names are refused."""
-        sname = os.fsdecode(name)
-        if is_reserved(sname):
-            raise err(errno.EPERM)
-        return join(self._path(parent_ino), sname)
+        """Path of a child about to be created."""
+        return join(self._path(parent_ino), os.fsdecode(name))
 
     def _resolve(self, path: str) -> Node:
         node = self.layers.resolve(path)
@@ -250,9 +244,11 @@ class OpsBase(pyfuse3.Operations):
             os.chmod(up, perm)  # exact mode: the daemon's umask must not apply
 
     def _prepare_new(self, path: str) -> None:
+        """Make room for a new entry: EEXIST if visible, else free the name of a whiteout."""
         if self.layers.resolve(path) is not None:
             raise err(errno.EEXIST)
         self.layers.ensure_upper_dir(split(path)[0], self.dir_mode)
+        self.layers.remove_whiteout(path)
 
     def _entry_reply(self, path: str) -> pyfuse3.EntryAttributes:
         ino = self.inodes.lookup(path)

@@ -25,7 +25,6 @@ class DirOps(CopyUpOps):
         self._own(path, ctx, stat.S_IFDIR | stat.S_IMODE(mode), created)
         if self.layers.lower.lookup(path) is not None:
             self.layers.make_opaque(path)  # re-created over a removed lower dir: starts empty
-        self.layers.remove_whiteout(path)
         return self._entry_reply(path)
 
     @fuse_errors
@@ -39,7 +38,6 @@ class DirOps(CopyUpOps):
         created = self._initial_perm(ctx, mode, 0o600)
         os.mknod(self.layers.up(path), stat.S_IFMT(mode) | created)
         self._own(path, ctx, mode, created)
-        self.layers.remove_whiteout(path)
         if stat.S_ISREG(mode):
             self.tracker.modified(path)
         return self._entry_reply(path)
@@ -52,7 +50,6 @@ class DirOps(CopyUpOps):
         self._prepare_new(path)
         os.symlink(target, os.fsencode(self.layers.up(path)))
         self._own(path, ctx, stat.S_IFLNK, 0)
-        self.layers.remove_whiteout(path)
         return self._entry_reply(path)
 
     @fuse_errors
@@ -68,10 +65,10 @@ class DirOps(CopyUpOps):
         node = self._resolve(path)
         if node.is_dir:
             raise err(errno.EISDIR)
-        # Whiteout first: a crash in between leaves the name hidden, not resurrected.
         if self._needs_whiteout(path):
+            # Renamed over the upper file (if any): the lower entry never shows in between.
             self.layers.add_whiteout(path, self.dir_mode)
-        if node.upper is not None:
+        elif node.upper is not None:
             os.unlink(self.layers.up(path))
         self.inodes.detach(path)
         self.tracker.removed(path)
@@ -84,11 +81,11 @@ class DirOps(CopyUpOps):
             raise err(errno.ENOTDIR)
         if self.layers.children(node):
             raise err(errno.ENOTEMPTY)
-        if self._needs_whiteout(path):
-            self.layers.add_whiteout(path, self.dir_mode)
         if node.upper is not None:
             self.layers.clear_markers(path)
             os.rmdir(self.layers.up(path))
+        if self._needs_whiteout(path):
+            self.layers.add_whiteout(path, self.dir_mode)
         self.inodes.detach(path)
         self.tracker.removed(path)
 
@@ -133,10 +130,11 @@ class DirOps(CopyUpOps):
         if dst is not None and dst.is_dir and dst.upper is not None:
             self.layers.clear_markers(new)
         self.layers.ensure_upper_dir(split(new)[0], self.dir_mode)
-        if self._needs_whiteout(old):
-            self.layers.add_whiteout(old, self.dir_mode)
-        os.rename(self.layers.up(old), self.layers.up(new))
         self.layers.remove_whiteout(new)
+        whiteout_old = self._needs_whiteout(old)
+        os.rename(self.layers.up(old), self.layers.up(new))
+        if whiteout_old:
+            self.layers.add_whiteout(old, self.dir_mode)
         self.inodes.rename(old, new)
         self.tracker.renamed(old, new)
 

@@ -84,6 +84,7 @@ class FileOps(CopyUpOps):
             fi = await self._open_node(node, ino, flags)
             return fi, self._attrs(self._resolve(path), ino)
         self.layers.ensure_upper_dir(split(path)[0], self.dir_mode)
+        self.layers.remove_whiteout(path)
         up = self.layers.up(path)
         created = self._initial_perm(ctx, mode, 0o600)
         fd = os.open(
@@ -97,7 +98,6 @@ class FileOps(CopyUpOps):
             os.close(fd)
             os.unlink(up)
             raise
-        self.layers.remove_whiteout(path)
         ino = self.inodes.lookup(path)
         writable = flags & os.O_ACCMODE != os.O_RDONLY
         self._handles[fd] = Handle(fd, ino, path, writable, None)

@@ -1,74 +1,179 @@
-"""How deletions of lower entries are recorded in the upper directory.
+"""How the upper layer records deletions of lower entries: overlayfs's own format.
 
-casfs follows the OCI image-layer convention, so an upper directory can be
-read by anything that understands container layers:
+One format for every view mode that has an upper layer (``fuse`` here, and
+``overlay``, where the kernel's overlayfs writes the very same markers):
 
-* ``<dir>/.wh.<name>``: an empty marker file. It hides the lower entry
-  ``<dir>/<name>`` (file or directory, with everything below it).
-* ``<dir>/.wh..wh..opq``: the upper ``<dir>`` is opaque: every lower child of
-  ``<dir>`` (at any depth) is hidden. Written when a lower directory is removed
-  and re-created, and when a directory is moved (a moved tree is copied up
-  whole, so at its new place it must not merge with lower entries).
-* ``<upper>/.wh..wh.casfs.work/``: staging for copy-up; emptied at start.
+* **whiteout**: a character device with device number 0/0 *at the name it
+  hides* (``<dir>/<name>``). It hides the lower entry ``<dir>/<name>`` (file
+  or directory, with everything below it). Because the marker takes the name
+  itself, no prefix is added and every legal name (up to NAME_MAX, 255
+  bytes, whatever it starts with) can be whited out; no name is reserved.
+* **opaque directory**: an upper directory carrying the extended attribute
+  ``trusted.overlay.opaque = "y"`` (``user.overlay.opaque`` when the daemon
+  is not root: overlayfs's ``userxattr`` convention). Every lower child of
+  it, at any depth, is hidden. Written when a lower directory is removed and
+  re-created, and when a directory is moved (a moved tree is copied up whole,
+  so at its new place it must not merge with lower entries).
 
-Every name starting with ``.wh.`` is metadata: never shown through the mount,
-refused on create (EPERM), never promoted. An upper entry shadows the lower
-entry of the same path; a whiteout next to an upper entry of the same name is
-harmless (the upper entry wins and the lower one stays hidden).
+Creating a 0/0 character device needs no privilege since Linux 5.8 (the
+kernel allows exactly this device for whiteouts); the view refuses device
+nodes from users (see docs/format.md), so a 0/0 device in the upper is
+always a marker. Copy-up staging lives outside the upper directory
+(``work_dir_for``), as overlayfs's workdir does, so it takes no name either.
 
-This module is pure: the merge of one directory's listing.
+Scope (shared decision 3): a whiteout hides published entries only for the
+mounts that made it. Markers live as long as the per-namespace view that
+wrote them: from the namespace's activation (mount start, or the first
+lease after a release) to its release or the end of the mount process.
+When a view of the namespace starts again, ``sweep`` removes every whiteout
+and opaque marker from its upper, so a job that ran ``rm -rf $CACHE/*``
+does not make later jobs on the node miss the cluster's cache. Files the
+job created stay (they are its unpublished writes).
+
+Uppers written by casfs before this format used OCI markers (empty files
+``.wh.<name>`` and ``.wh..wh..opq``, staging in ``.wh..wh.casfs.work``);
+``sweep`` recognises such an upper by that staging directory and removes the
+old markers once (they were whiteouts, which the scope rule drops anyway).
+After that, ``.wh.`` names are ordinary names.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import logging
+import os
+import stat
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import TypeVar
 
-WH_PREFIX = ".wh."
-OPAQUE = ".wh..wh..opq"
-WORK_DIR = ".wh..wh.casfs.work"
+log = logging.getLogger(__name__)
+
+WHITEOUT_DEV = 0  # os.makedev(0, 0)
+OPAQUE_XATTRS = ("trusted.overlay.opaque", "user.overlay.opaque")
+LEGACY_PREFIX = ".wh."
+LEGACY_OPAQUE = ".wh..wh..opq"
+LEGACY_WORK_DIR = ".wh..wh.casfs.work"
 
 T = TypeVar("T")
 U = TypeVar("U")
 
 
-def is_reserved(name: str) -> bool:
-    """True for names that are overlay metadata (never visible, never creatable)."""
-    return name.startswith(WH_PREFIX)
+def opaque_xattr() -> str:
+    """The opaque attribute this process writes (trusted.* needs CAP_SYS_ADMIN)."""
+    return OPAQUE_XATTRS[0] if os.geteuid() == 0 else OPAQUE_XATTRS[1]
 
 
-def whiteout_name(name: str) -> str:
-    """The marker that hides lower ``name`` in the same directory."""
-    return WH_PREFIX + name
+def work_dir_for(upper_dir: Path) -> Path:
+    """Staging directory of an upper: a sibling, so it is on the same filesystem.
+
+    ``<parent>/.casfs-work/<name>``: namespace names never start with a dot,
+    so this never collides with another namespace's upper.
+    """
+    return upper_dir.parent / ".casfs-work" / upper_dir.name
+
+
+def is_whiteout(st: os.stat_result) -> bool:
+    return stat.S_ISCHR(st.st_mode) and st.st_rdev == WHITEOUT_DEV
+
+
+def make_whiteout(path: str) -> None:
+    """Create the marker at ``path`` (which must not exist)."""
+    os.mknod(path, stat.S_IFCHR | 0o000, WHITEOUT_DEV)
+
+
+def is_opaque(path: str) -> bool:
+    for name in OPAQUE_XATTRS:
+        try:
+            if os.getxattr(path, name, follow_symlinks=False) == b"y":
+                return True
+        except OSError as e:
+            if e.errno not in (errno.ENODATA, errno.ENOTSUP, errno.EPERM, errno.EACCES):
+                raise
+    return False
+
+
+def make_opaque(path: str) -> None:
+    os.setxattr(path, opaque_xattr(), b"y", follow_symlinks=False)
+
+
+def clear_opaque(path: str) -> None:
+    for name in OPAQUE_XATTRS:
+        with contextlib.suppress(OSError):
+            os.removexattr(path, name, follow_symlinks=False)
+
+
+def entry_is_whiteout(entry: os.DirEntry[str]) -> bool:
+    """Classify a scandir entry, with an lstat only for the rare special files."""
+    if entry.is_dir(follow_symlinks=False) or entry.is_file(follow_symlinks=False):
+        return False
+    if entry.is_symlink():
+        return False
+    try:
+        return is_whiteout(entry.stat(follow_symlinks=False))
+    except FileNotFoundError:
+        return False
 
 
 def merge_children(
     upper: Iterable[tuple[str, T]],
     lower: Iterable[tuple[str, U]],
     *,
+    whiteouts: Iterable[str] = (),
     lower_hidden: Callable[[str], bool] = lambda _name: False,
 ) -> list[tuple[str, T | U]]:
     """Visible children of one merged directory, sorted by name, without duplicates.
 
-    ``upper`` holds every name in the upper directory (markers included: they
-    are interpreted here), ``lower`` the lower children; pass ``lower=()`` when
-    the lower directory is hidden or the upper one is opaque. ``lower_hidden``
-    hides further lower names (e.g. objects that failed to fetch).
+    ``upper`` holds the real upper entries (whiteouts already taken out and
+    passed as ``whiteouts``), ``lower`` the lower children; pass ``lower=()``
+    when the lower directory is hidden or the upper one is opaque.
+    ``lower_hidden`` hides further lower names (e.g. objects that failed to fetch).
     """
-    merged: dict[str, T | U] = {}
-    whiteouts: set[str] = set()
-    for name, node in upper:
-        if is_reserved(name):
-            if name != OPAQUE:
-                whiteouts.add(name[len(WH_PREFIX):])
-            continue
-        merged[name] = node
+    merged: dict[str, T | U] = dict(upper)
+    hidden = set(whiteouts)
     for name, lnode in lower:
-        if name in merged or name in whiteouts or is_reserved(name) or lower_hidden(name):
+        if name in merged or name in hidden or lower_hidden(name):
             continue
         merged[name] = lnode
     return sorted(merged.items())
 
 
-def has_opaque_marker(upper_names: Iterable[str]) -> bool:
-    return any(n == OPAQUE for n in upper_names)
+def sweep(upper_dir: Path) -> int:
+    """Drop every deletion marker in ``upper_dir`` (see Scope above); returns how many.
+
+    Also migrates an upper of the old OCI format (recognised by its old
+    staging directory) by removing its ``.wh.*`` marker files, once.
+    """
+    if not upper_dir.is_dir():
+        return 0
+    legacy = upper_dir / LEGACY_WORK_DIR
+    migrate = legacy.is_dir() and not legacy.is_symlink()
+    if migrate:
+        import shutil
+
+        shutil.rmtree(legacy, ignore_errors=True)
+    removed = 0
+    for dirpath, dirnames, filenames in os.walk(upper_dir):
+        if dirpath != str(upper_dir) and is_opaque(dirpath):
+            clear_opaque(dirpath)
+            removed += 1
+        for name in filenames:  # os.walk lists special files (and symlinks) here
+            full = os.path.join(dirpath, name)
+            try:
+                st = os.lstat(full)
+            except FileNotFoundError:
+                continue
+            legacy_marker = (
+                migrate and name.startswith(LEGACY_PREFIX) and stat.S_ISREG(st.st_mode)
+                and st.st_size == 0
+            )
+            if is_whiteout(st) or legacy_marker:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(full)
+                removed += 1
+        dirnames[:] = [d for d in dirnames if not os.path.islink(os.path.join(dirpath, d))]
+    if removed:
+        log.info("%s: dropped %d deletion markers of an earlier view%s", upper_dir, removed,
+                 " (old .wh. format)" if migrate else "")
+    return removed
