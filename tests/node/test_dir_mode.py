@@ -121,3 +121,27 @@ def test_restored_files_are_not_rehashed(cluster: dict[str, Any]) -> None:
         time.sleep(0.3)
     b.stop(wb)
     c.stop(wc)
+
+
+def test_dir_mode_deletions_last_for_the_mount(cluster: dict[str, Any]) -> None:
+    """Issue 8 item 8 in dir mode: a refresh does not undo a deletion; a new mount does."""
+    a, b = cluster["a"], cluster["b"]
+    wb = b.mount()
+    (wb.cfg.mountpoint / "one").write_text("1")
+    assert b.ask(wb, "publish")["ok"]
+    b.stop(wb)
+    w = a.mount(mode="dir")
+    d = w.cfg.mountpoint
+    assert (d / "one").read_text() == "1"
+    (d / "one").unlink()  # the job clears its cache
+    wb = b.mount()
+    (wb.cfg.mountpoint / "two").write_text("2")
+    assert b.ask(wb, "publish")["ok"]
+    b.stop(wb)
+    assert a.ask(w, "refresh")["ok"]
+    assert (d / "two").read_text() == "2"  # new entries arrive
+    assert not (d / "one").exists()  # the deletion holds for this mount
+    a.stop(w)
+    w = a.mount(mode="dir")
+    assert (w.cfg.mountpoint / "one").read_text() == "1"  # the next mount has it again
+    a.stop(w)
