@@ -95,3 +95,13 @@ class FuseUnavailableError(CasfsError):
     """FUSE is not available here."""
 
     exit_code = 8
+
+
+class NewerFormatError(CasfsError):
+    """A record or manifest has a format newer than this casfs reads (not damage)."""
+
+    exit_code = 3
+
+
+class PublishDeferredError(PublishError):
+    """Publication to a namespace waits until its newest record can be read."""

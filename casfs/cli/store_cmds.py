@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from casfs.cli.output import emit_json, human_bytes, progress, table
-from casfs.errors import NotFoundError, UsageError
+from casfs.errors import CasfsError, NotFoundError, UsageError
 from casfs.store import maintenance
 from casfs.store.entry import Entry
 from casfs.store.export import export_tree
@@ -116,7 +116,11 @@ def cmd_namespaces(args: argparse.Namespace) -> int:
     gens = open_root().generations()
     rows: list[dict[str, Any]] = []
     for ns in gens.namespaces():
-        rec = gens.latest(ns)
+        try:
+            rec = gens.latest(ns)
+        except CasfsError as e:  # one damaged or newer record must not hide the others
+            print(f"casfs: warning: {e}", file=sys.stderr)
+            rec = None
         rows.append({"namespace": ns, "latest": rec.seq if rec else None,
                      "entries": rec.entries if rec else 0,
                      "bytes": rec.logical_bytes if rec else 0,

@@ -18,7 +18,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from casfs.errors import CasfsError, QuotaExceededError
+from casfs.errors import (
+    CasfsError,
+    NewerFormatError,
+    PublishDeferredError,
+    QuotaExceededError,
+)
 from casfs.index.node_index import NodeIndex
 from casfs.scratch import group_children, is_group_file
 from casfs.store.entry import Entry
@@ -79,6 +84,16 @@ class Publisher:
             self.counters.inc("publish_refused_quota")
             log.error("%s", e)
             out = PublishOutcome(False, str(e))
+        except NewerFormatError as e:
+            # Not damage: a newer casfs published here. Publishing on the older
+            # snapshot this node can read would drop its entries for everyone.
+            self.counters.inc("publish_refused_newer_format")
+            log.error("not publishing to %s: %s", self.namespace, e)
+            out = PublishOutcome(False, f"refused: {e}")
+        except PublishDeferredError as e:
+            self.counters.inc("publish_deferred")
+            log.warning("%s", e)
+            out = PublishOutcome(False, f"deferred: {e}")
         except (CasfsError, OSError) as e:
             self.counters.inc("publish_errors")
             log.warning("publication of %s failed (will retry): %s", self.namespace, e)

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass(frozen=True, slots=True)
@@ -12,6 +13,9 @@ class Entry:
     ``path`` is relative and normalised (see casfs.util.paths); ``digest`` is the
     blake3-256 hex digest of the uncompressed content; ``mode`` holds permission
     bits only (``st_mode & 0o7777``); ``mtime_ns`` is the file's mtime at promotion.
+    ``extras`` is the optional per-entry dict of a v2 manifest row (keys listed
+    in docs/format.md); None when the row has none. It takes part in equality
+    but not in the hash (a dict is not hashable).
     """
 
     path: str
@@ -19,3 +23,4 @@ class Entry:
     size: int
     mode: int
     mtime_ns: int
+    extras: dict[str, Any] | None = field(default=None, hash=False)

@@ -4,12 +4,18 @@ A generation record is a small JSON file ``namespaces/<ns>/generations/<seq>``
 (seq zero-padded to 12 digits) naming the manifest objects that make up the
 snapshot:
 
-    {"casfs_generation": 1, "namespace": ns, "seq": N, "parent": N-1 | null,
+    {"casfs_generation": 2, "namespace": ns, "seq": N, "parent": N-1 | null,
      "base": {"digest", "size", "entries"} | null,
      "deltas": [{"digest", "size", "entries"}, ...],
      "entries": total files, "bytes": total logical bytes,
      "created": unix time, "node": node id, "casfs_version": "...",
-     "fingerprint": {...} | null}
+     "fingerprint": {...} | null, "requires": [feature, ...] (optional),
+     ...optional keys listed in docs/format.md}
+
+Versions 1 and 2 are read. A record of a newer version, or one requiring a
+feature this code lacks, is not damage (NewerFormatError): readers serve the
+newest generation they can read and publishers refuse the namespace, since
+building N+1 on an older snapshot would drop the newer entries for everyone.
 
 The snapshot is the union of ``base`` and every delta. Because publication is
 first-writer-wins, a path once published never changes, so a delta only ever
@@ -34,7 +40,7 @@ import re
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from casfs import __version__
@@ -42,8 +48,10 @@ from casfs.errors import (
     CasfsError,
     CorruptObjectError,
     HostileManifestError,
+    NewerFormatError,
     NotFoundError,
     ObjectMissingError,
+    PublishDeferredError,
     PublishError,
     QuotaExceededError,
     UsageError,
@@ -51,6 +59,7 @@ from casfs.errors import (
 from casfs.store import manifest
 from casfs.store.entry import Entry
 from casfs.store.objects import DIGEST_RE
+from casfs.util import jsonsafe
 from casfs.util.paths import parent_dirs
 
 if TYPE_CHECKING:
@@ -58,7 +67,16 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-RECORD_VERSION = 1
+RECORD_VERSION = 2  # written when a record needs it (options, requires); else 1
+READABLE_VERSIONS = (1, 2)
+# Features a record may ``require`` that this code implements; a record requiring
+# any other is treated as a newer format (a reader ignoring it would serve wrong
+# bytes). Optional keys that are safe to ignore need no entry here.
+SUPPORTED_FEATURES: frozenset[str] = frozenset()
+_CORE_KEYS = frozenset({
+    "casfs_generation", "namespace", "seq", "parent", "base", "deltas", "entries", "bytes",
+    "created", "node", "casfs_version", "fingerprint", "requires",
+})
 _DAMAGE = (HostileManifestError, CorruptObjectError, ObjectMissingError, NotFoundError)
 SEQ_WIDTH = 12
 MAX_RECORD_BYTES = 1 << 20
@@ -105,14 +123,22 @@ class Record:
     node: str
     casfs_version: str
     fingerprint: dict[str, Any] | None = None
+    # Optional top-level keys (docs/format.md), passed through unchanged.
+    options: dict[str, Any] = field(default_factory=dict)
+    requires: tuple[str, ...] = ()
 
     @property
     def parts(self) -> list[Part]:
         return ([self.base] if self.base else []) + list(self.deltas)
 
     def to_json(self) -> bytes:
-        doc = {
-            "casfs_generation": RECORD_VERSION,
+        doc: dict[str, Any] = dict(self.options)
+        if self.requires:
+            doc["requires"] = sorted(self.requires)
+        doc |= {
+            # The oldest version that holds this record: nodes still on the
+            # previous release read v1 and would skip a v2 record as damaged.
+            "casfs_generation": RECORD_VERSION if self.options or self.requires else 1,
             "namespace": self.namespace,
             "seq": self.seq,
             "parent": self.parent,
@@ -148,12 +174,17 @@ def _part(obj: object) -> Part:
 
 def parse_record(data: bytes, namespace: str, seq: int) -> Record:
     """Validate a record; its namespace and seq must match where it was found."""
-    try:
-        doc = json.loads(data)
-    except (ValueError, UnicodeDecodeError) as e:
-        raise HostileManifestError(f"generation {namespace}@{seq}: not valid JSON ({e})") from None
-    if not isinstance(doc, dict) or doc.get("casfs_generation") != RECORD_VERSION:
-        raise HostileManifestError(f"generation {namespace}@{seq}: not a casfs generation record")
+    where = f"generation {namespace}@{seq}"
+    doc = jsonsafe.parse(data, where)
+    manifest.check_version(doc, "casfs_generation", READABLE_VERSIONS, where)
+    requires = doc.get("requires", [])
+    if not isinstance(requires, list) or not all(isinstance(r, str) for r in requires):
+        raise HostileManifestError(f"{where}: bad 'requires'")
+    missing = sorted(set(requires) - SUPPORTED_FEATURES)
+    if missing:
+        raise NewerFormatError(
+            f"{where}: requires {', '.join(m[:40] for m in missing[:4])}, which this casfs"
+            " does not implement; upgrade casfs on this node")
     if doc.get("namespace") != namespace or doc.get("seq") != seq:
         raise HostileManifestError(f"generation {namespace}@{seq}: record names another generation")
     deltas = doc.get("deltas")
@@ -183,6 +214,8 @@ def parse_record(data: bytes, namespace: str, seq: int) -> Record:
         node=str(doc.get("node", ""))[:128],
         casfs_version=str(doc.get("casfs_version", ""))[:64],
         fingerprint=fp if isinstance(fp, dict) else None,
+        options={k: v for k, v in doc.items() if k not in _CORE_KEYS},
+        requires=tuple(requires),
     )
 
 
@@ -224,6 +257,7 @@ class GenerationStore:
         # re-reading the base on every publish.
         self._parts: OrderedDict[str, list[Entry]] = OrderedDict()
         self._cached_entries = 0
+        self._noted: set[tuple[str, int, str]] = set()
 
     # --- enumeration ------------------------------------------------------
     def namespaces(self) -> list[str]:
@@ -276,16 +310,22 @@ class GenerationStore:
         return self.record(ns, seq)
 
     def newest_valid(
-        self, ns: str, hint: int | None = None, max_skip: int = 64
+        self, ns: str, hint: int | None = None, max_skip: int = 64, *, for_publish: bool = False
     ) -> tuple[int | None, Record | None, Snapshot]:
         """(newest seq, newest *readable* record, its snapshot).
 
-        A damaged newest record (hostile JSON, a corrupt manifest; a missing
-        one once the record is older than MISSING_GRACE) is skipped, logged
-        and counted, so one bad record cannot stop a namespace from being
-        served or published to; the next publication supersedes it. I/O
-        errors are raised instead: a passing NFS hiccup must not make a
-        publisher build on an older generation and drop newer entries.
+        A damaged record (hostile JSON, a corrupt manifest; a missing one once
+        the record is older than MISSING_GRACE) is skipped, logged and counted,
+        so one bad record cannot stop a namespace from being served or
+        published to; the next publication supersedes it.
+
+        Two kinds of newer record are *not* damage: one whose manifest is
+        still missing while it is young (NFS negative caching may hide a fresh
+        object) and one of a newer format. Readers skip them too and serve the
+        newest complete generation; with ``for_publish`` they raise instead
+        (PublishDeferredError, NewerFormatError), because building N+1 on an
+        older snapshot would drop their entries for the whole cluster. I/O
+        errors are raised: a passing NFS hiccup must not look like damage.
         """
         newest = self.latest_seq(ns, hint)
         if newest is None:
@@ -295,17 +335,34 @@ class GenerationStore:
             try:
                 rec = self.record(ns, seq)
                 return newest, rec, self.snapshot(rec)
+            except NewerFormatError as e:
+                self._note(ns, seq, "newer_format_generations", e)
+                if for_publish:
+                    raise
             except _DAMAGE as e:
                 if isinstance(e, ObjectMissingError | NotFoundError) and self._young(ns, seq):
-                    # On NFS a fresh manifest can be invisible for a while (cached
-                    # negative lookups): wait rather than drop the newest entries.
-                    raise
-                self.objects.counters.inc("bad_generations")
-                log.warning("skipping damaged generation %s@%d: %s", ns, seq, e)
-                if len(candidates) == 1:
-                    older = [x for x in reversed(self.seqs(ns)) if x < newest]
-                    candidates.extend(older[:max_skip])
+                    self._note(ns, seq, "unresolved_generations", e)
+                    if for_publish:
+                        raise PublishDeferredError(
+                            f"namespace {ns}: generation {seq} names an object not visible"
+                            f" yet ({e.message}); publication waits until it resolves"
+                            f" (at most {MISSING_GRACE:.0f}s)") from None
+                else:
+                    self._note(ns, seq, "bad_generations", e)
+            if len(candidates) == 1:
+                older = [x for x in reversed(self.seqs(ns)) if x < newest]
+                candidates.extend(older[:max_skip])
         return newest, None, Snapshot(None, {})
+
+    def _note(self, ns: str, seq: int, counter: str, err: CasfsError) -> None:
+        """Count every skipped record; log each one once per process (refresh repeats)."""
+        self.objects.counters.inc(counter)
+        if (ns, seq, counter) not in self._noted:
+            self._noted.add((ns, seq, counter))
+            what = {"newer_format_generations": "newer-format",
+                    "unresolved_generations": "unresolved (young, object missing)",
+                    }.get(counter, "damaged")
+            log.warning("skipping %s generation %s@%d: %s", what, ns, seq, err)
 
     def _young(self, ns: str, seq: int) -> bool:
         info = self.backend.info(self._key(ns, seq))
@@ -372,19 +429,26 @@ class GenerationStore:
         max_attempts: int = 20,
         compact_deltas: int = COMPACT_DELTAS,
         select: Callable[[Snapshot, list[Entry]], list[Entry]] | None = None,
+        options: dict[str, Any] | None = None,
+        requires: Iterable[str] = (),
     ) -> PublishResult:
         """Publish ``additions`` (whose objects must already be stored) as a new generation.
 
         ``select`` may drop merged additions against the snapshot they are merged
-        into (re-run on every retry); dropped ones count as conflicts.
+        into (re-run on every retry); dropped ones count as conflicts. ``options``
+        are optional record keys (docs/format.md), ``requires`` the features a
+        reader must implement to read the new record (its parts included).
         """
+        unsupported = set(requires) - SUPPORTED_FEATURES
+        if unsupported:
+            raise UsageError(f"cannot publish a record requiring {sorted(unsupported)}")
         check_name(ns)
         wanted = {e.path: e for e in additions}
         result = PublishResult(ns, None)
         hint: int | None = None
         for attempt in range(1, max_attempts + 1):
             result = PublishResult(ns, None, attempts=attempt)
-            newest, current, snap = self.newest_valid(ns, hint)
+            newest, current, snap = self.newest_valid(ns, hint, for_publish=True)
             new = self._merge(snap, wanted, result)
             if select is not None and new:
                 kept = select(snap, new)
@@ -406,6 +470,9 @@ class GenerationStore:
             seq = (newest or 0) + 1
             record = self._next_record(ns, seq, current, snap, new, node, fingerprint,
                                        compact_deltas)
+            # A record keeps its parent's requirements: its parts may still need them.
+            needs = set(requires) | set(current.requires if current else ())
+            record = replace(record, options=dict(options or {}), requires=tuple(sorted(needs)))
             self.backend.sync()  # every object the record names is durable before it exists
             if self.backend.create_exclusive(self._key(ns, record.seq), record.to_json()):
                 result.seq = record.seq
@@ -523,7 +590,7 @@ class GenerationStore:
                 if type(seq) is not int:
                     raise ValueError("seq is not an integer")
                 out[name] = seq
-            except (OSError, ValueError, KeyError, TypeError) as e:
+            except (OSError, ValueError, KeyError, TypeError, RecursionError) as e:
                 log.warning("unreadable pin %s/%s: %s", ns, name, e)
                 out[name] = -1
         return out

@@ -74,7 +74,7 @@ def check_marker(marker: Path) -> dict[str, object]:
         doc = json.loads(marker.read_bytes())
         version = str(doc["version"])
         major = int(version.split(".")[0])
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError) as e:
         raise StoreFormatError(f"{marker} is unreadable or damaged: {e}") from None
     if doc.get("format") != "casfs":
         raise StoreFormatError(f"{marker} does not describe a casfs root")

@@ -131,7 +131,11 @@ def test_verify_names_every_hostile_generation(
 @pytest.mark.parametrize("blob,what", [
     (b"{not json", "not valid JSON"),
     (_manifest_doc([_row("a")])[:20], "not valid JSON"),  # truncated
-    (b'{"casfs_manifest": 2, "kind": "full", "entries": []}', "unknown manifest version"),
+    (b'{"casfs_manifest": 0, "kind": "full", "entries": []}', "not a casfs manifest"),
+    (b'{"casfs_manifest": "2", "kind": "full", "entries": []}', "not a casfs manifest"),
+    (b'{"casfs_manifest": 1, "kind": "full", "entries": [["a", "' + b"a" * 64
+     + b'", 1, 420, 0, {}]]}', "malformed manifest entry"),  # extras need v2
+    (b"[" * 200_000, "nested too deeply"),
     (b'{"casfs_manifest": 1, "kind": "weird", "entries": []}', "unknown manifest kind"),
     (b'{"casfs_manifest": 1, "kind": "full", "entries": {}}', "not a list"),
     (b"[1, 2, 3]", "not a casfs manifest"),
@@ -177,7 +181,7 @@ RECORD_CASES: dict[str, Callable[[str, int], bytes]] = {
     "base-not-object": lambda d, s: json.dumps(_record_doc("ns", 1, [(d, s, 1)], 1, base=[1]))
     .encode(),
     "manifest-too-large": lambda d, s: json.dumps(
-        _record_doc("ns", 1, [(d, manifest.MAX_MANIFEST_BYTES + 1, 1)], 1)).encode(),
+        _record_doc("ns", 1, [(d, manifest.DEFAULT_MAX_MANIFEST_BYTES + 1, 1)], 1)).encode(),
     "not-an-object": lambda d, s: b"[]",
 }
 
