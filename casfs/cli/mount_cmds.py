@@ -3,19 +3,30 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
+import shlex
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from casfs.cli.output import emit_json
-from casfs.errors import CasfsError, DaemonUnavailableError, UsageError
+from casfs.errors import CasfsError, DaemonUnavailableError, FuseUnavailableError, UsageError
 from casfs.node import control
 from casfs.node.config import MountConfig
-from casfs.util.defaults import default_mountpoint, default_root, default_state_dir
+from casfs.util.defaults import (
+    default_root,
+    default_serve_base,
+    default_state_dir,
+)
+
+if TYPE_CHECKING:
+    from casfs.node.host import HostConfig
 
 ENV_VARS = {"triton": "TRITON_CACHE_DIR", "inductor": "TORCHINDUCTOR_CACHE_DIR"}
 
@@ -61,7 +72,8 @@ def _find(mountpoint: str | None) -> list[dict[str, Any]]:
     live = control.registered(default_state_dir() / "run")
     if mountpoint:
         mp = str(Path(mountpoint).absolute())
-        live = [m for m in live if m["mountpoint"] == mp or m["name"] == mountpoint]
+        live = [m for m in live if m["mountpoint"] == mp or m["name"] == mountpoint
+                or (m.get("host") and mp.startswith(m["mountpoint"] + "/"))]
         if not live:
             raise DaemonUnavailableError(f"no running casfs mount at {mountpoint}")
     elif not live:
@@ -100,7 +112,18 @@ def cmd_umount(args: argparse.Namespace) -> int:
 
 
 def _ask(args: argparse.Namespace, cmd: str) -> list[dict[str, Any]]:
-    return [control.request(m["socket"], cmd) for m in _find(args.mountpoint)]
+    """One reply per namespace: the node's mount process answers for each it serves."""
+    out: list[dict[str, Any]] = []
+    want = str(Path(args.mountpoint).absolute()) if args.mountpoint else None
+    for m in _find(args.mountpoint):
+        r = control.request(m["socket"], cmd)
+        if not r.get("host"):
+            out.append(r)
+            continue
+        for ns in r.get("namespaces", []):
+            if want is None or want == m["mountpoint"] or ns.get("path") == want:
+                out.append(ns)
+    return out
 
 
 def _daemon_status() -> dict[str, Any] | None:
@@ -179,6 +202,9 @@ def cmd_refresh(args: argparse.Namespace) -> int:
 def summary_line(family: str, st: dict[str, Any] | None) -> str:
     if st is None:
         return f"{family}: no statistics (the mount process died)"
+    if st.get("shared"):
+        return (f"{family}: {st.get('namespace')} is still used by another job on this node;"
+                " it publishes when the last one leaves")
     c = st.get("counters", {})
     last = st.get("last_publish") or {}
     hits = c.get("lookup_lower", 0)
@@ -189,27 +215,121 @@ def summary_line(family: str, st: dict[str, Any] | None) -> str:
             + (f" ({st['namespace']}@{last['seq']})" if last.get("seq") else ""))
 
 
+def _families(spec: str, namespace: str | None) -> list[str]:
+    families = [f.strip() for f in spec.split(",") if f.strip()]
+    if namespace and len(families) != 1:
+        raise UsageError("--namespace needs exactly one --family")
+    return families
+
+
+def _caches(families: list[str], namespace: str | None) -> list[dict[str, str]]:
+    """The job's namespaces, computed on the job's side and handed to the node."""
+    from casfs.fingerprint import check_family, resolve_namespace
+
+    return [{"family": check_family(f), "namespace": resolve_namespace(f, namespace)}
+            for f in families]
+
+
+def cache_var(family: str) -> str:
+    return ENV_VARS.get(family, "CASFS_CACHE_DIR")
+
+
+def host_config(args: argparse.Namespace, *, for_run: bool) -> HostConfig:
+    """The node's mount process this command starts when none runs."""
+    from casfs.node.host import HostConfig
+
+    return HostConfig(
+        base=default_serve_base().absolute(), root=default_root().absolute(),
+        state_dir=default_state_dir().absolute(), stable_after=args.stable_after,
+        publish_interval=args.publish_interval, refresh_interval=args.refresh_interval,
+        allow_other=args.allow_other, scratch_patterns=tuple(args.exclude or ()),
+        # casfs run's own mount process: the last job out publishes and unmounts.
+        grace=0.0 if for_run else 60.0, exit_when_idle=True,
+    )
+
+
+def cmd_env(args: argparse.Namespace) -> int:
+    """Lease this job's caches from the node and print the variables pointing at them."""
+    from casfs.node import client
+
+    caches = _caches(_families(args.family, args.namespace), args.namespace)
+    pid = args.pid or client.lease_pid_default()
+    start = host_config(args, for_run=False) if args.start else None
+    reply, _sock = client.lease(default_state_dir().absolute(), caches, pid, start=start)
+    if args.json:
+        emit_json(reply)
+        return 0
+    for c in reply["caches"]:
+        print(f"export {cache_var(c['family'])}={shlex.quote(c['path'])}")
+    print(f"export CASFS_LEASE={shlex.quote(reply['lease'])}")
+    return 0
+
+
+def _why(e: BaseException) -> str:
+    return e.message if isinstance(e, CasfsError) else str(e)
+
+
+def _private_dirs(families: list[str], why: str) -> tuple[dict[str, str], Path]:
+    tmp = Path(tempfile.mkdtemp(prefix="casfs-private-"))
+    print(f"casfs: warning: {why}; the caches of this run are private and temporary ({tmp})",
+          file=sys.stderr)
+    out = {}
+    for fam in families:
+        (tmp / fam).mkdir()
+        out[fam] = str(tmp / fam)
+    return out, tmp
+
+
 def cmd_run(args: argparse.Namespace) -> int:
-    from casfs.node import worker
+    """Run one job with its caches: shared from the node's mount process when one runs."""
+    from casfs.node import client, worker
+    from casfs.node.tenant import tenant_for
 
     cmd = list(args.cmd)
     if cmd and cmd[0] == "--":
         cmd = cmd[1:]
     if not cmd:
         raise UsageError("casfs run needs a command: casfs run [--family F] -- CMD ARGS...")
-    families = [f.strip() for f in args.family.split(",") if f.strip()]
-    if args.namespace and len(families) != 1:
-        raise UsageError("--namespace needs exactly one --family")
+    families = _families(args.family, args.namespace)
+    caches = _caches(families, args.namespace)
+    state = default_state_dir().absolute()
+    paths: dict[str, str] = {}
+    lease: tuple[Path, str] | None = None
     workers: list[worker.Worker] = []
+    private: Path | None = None
+    mode = args.mode
+    if mode == "fuse":
+        try:
+            reply, sock = client.lease(state, caches, os.getpid(),
+                                       start=host_config(args, for_run=True))
+            lease = (sock, reply["lease"])
+            paths = {c["family"]: c["path"] for c in reply["caches"]}
+        except FuseUnavailableError as e:
+            print(f"casfs: warning: {e.message}; serving the caches as plain directories"
+                  " (dir mode)", file=sys.stderr)
+            mode = "dir"
+        except (CasfsError, OSError) as e:
+            paths, private = _private_dirs(families, f"no cache can be served ({_why(e)})")
+    if mode == "dir":
+        base = default_serve_base().absolute() / tenant_for(os.geteuid())
+        try:
+            for c in caches:
+                cfg = dataclasses.replace(make_config(args, c["family"], base / c["namespace"],
+                                                      c["namespace"]), mode="dir")
+                workers.append(worker.spawn(cfg, verbose=args.verbose))
+                paths[c["family"]] = str(cfg.mountpoint)
+        except (CasfsError, OSError) as e:
+            for w in workers:
+                w.stop()
+            workers = []
+            paths, private = _private_dirs(families, f"no cache can be served ({_why(e)})")
     env = dict(os.environ)
+    for fam, path in paths.items():
+        env[cache_var(fam)] = path
+    if lease is not None:
+        env["CASFS_LEASE"] = lease[1]
+    rc = 1
     try:
-        for fam in families:
-            cfg = make_config(args, fam, default_mountpoint(fam), args.namespace)
-            workers.append(worker.spawn(cfg, verbose=args.verbose))
-            if fam in ENV_VARS:
-                env[ENV_VARS[fam]] = str(cfg.mountpoint)
-            else:
-                env["CASFS_CACHE_DIR"] = str(cfg.mountpoint)
         proc = subprocess.Popen(cmd, env=env)
         old = {s: signal.signal(s, lambda n, f: proc.send_signal(n))
                for s in (signal.SIGINT, signal.SIGTERM)}
@@ -222,9 +342,15 @@ def cmd_run(args: argparse.Namespace) -> int:
         rc = 127
         print(f"casfs: error: cannot run {cmd[0]}: {e.strerror}", file=sys.stderr)
     finally:
-        stats = [(w.cfg.family, w.stop()) for w in workers]
+        stats: list[tuple[str, dict[str, Any] | None]] = []
+        if lease is not None:
+            got = {st.get("namespace"): st for st in client.release(*lease, wait=True)}
+            stats = [(c["family"], got.get(c["namespace"])) for c in caches]
+        stats += [(w.cfg.family, w.stop()) for w in workers]
         for fam, st in stats:
             print(f"casfs: {summary_line(fam, st)}", file=sys.stderr)
+        if private is not None:
+            shutil.rmtree(private, ignore_errors=True)
     return rc if rc >= 0 else 128 - rc
 
 
@@ -253,8 +379,19 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--timeout", type=float, default=60.0)
     p.set_defaults(func=cmd_umount)
 
-    p = sub.add_parser("run", help="mount, run one command with the cache variables set,"
-                                   " publish, unmount")
+    p = sub.add_parser("env", help="lease this job's caches from the node; print the"
+                                   " variables (eval \"$(casfs env)\")")
+    p.add_argument("--family", default="triton,inductor", help="comma list (default: both)")
+    p.add_argument("--pid", type=int, help="the process holding the lease (default: the caller)")
+    p.add_argument("--start", action="store_true",
+                   help="start the node's mount process if none runs (it exits after the"
+                        " last lease)")
+    p.add_argument("--json", action="store_true")
+    mount_opts(p)
+    p.set_defaults(func=cmd_env)
+
+    p = sub.add_parser("run", help="run one command with its caches (shared with other jobs"
+                                   " on the node), publish when the last job leaves")
     p.add_argument("--family", default="triton,inductor", help="comma list (default: both)")
     mount_opts(p)
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD ARGS")

@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import socket
+import struct
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -67,6 +68,7 @@ async def _serve_one(conn: trio.socket.SocketType, handler: Handler) -> None:
             req = json.loads(buf.split(b"\n", 1)[0] or b"{}")
             if not isinstance(req, dict):
                 raise ValueError("request is not an object")
+            req["_peer"] = peer_credentials(conn)  # set here only: a client cannot forge it
             reply = await handler(req)
         except Exception as e:  # one bad request must not stop the server
             log.warning("control request failed: %s", e)
@@ -76,6 +78,16 @@ async def _serve_one(conn: trio.socket.SocketType, handler: Handler) -> None:
             while data:
                 sent = await conn.send(data)
                 data = data[sent:]
+
+
+def peer_credentials(conn: Any) -> dict[str, int] | None:
+    """pid, uid, gid of the process at the other end of a unix socket (SO_PEERCRED)."""
+    try:
+        raw = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    except OSError:
+        return None
+    pid, uid, gid = struct.unpack("3i", raw)
+    return {"pid": pid, "uid": uid, "gid": gid}
 
 
 def write_registry(run_dir: Path, name: str, info: dict[str, Any]) -> None:

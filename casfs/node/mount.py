@@ -71,8 +71,17 @@ class _RootSource:
 
 
 class MountService:
-    def __init__(self, cfg: MountConfig) -> None:
-        cfg.check()
+    """One namespace: index, promotion, publication, refresh, and its view.
+
+    ``hosted``: the namespace is one directory of a multi-namespace mount
+    (casfs.node.host), which checked the mount base and owns the FUSE session;
+    its mount point lies inside the host's own mount, so nothing here may touch
+    it (that would wait on the host's FUSE loop).
+    """
+
+    def __init__(self, cfg: MountConfig, *, hosted: bool = False) -> None:
+        if not hosted:
+            cfg.check()
         self.cfg = cfg
         self.counters = Counters()
         self.tracker = WriteTracker()
@@ -92,7 +101,8 @@ class MountService:
         # restores only paths not offered before, so a file the job deleted stays
         # deleted until the next mount start (the whiteout scope rule of view.whiteout).
         self._dir_offered: set[str] = set()
-        session.clear_stale_mount(cfg.mountpoint)  # a dead mount (ENOTCONN) fails mkdir
+        if not hosted:
+            session.clear_stale_mount(cfg.mountpoint)  # a dead mount (ENOTCONN) fails mkdir
         cfg.writable_dir.mkdir(parents=True, exist_ok=True)
         self.cache = LocalObjectCache(
             cfg.state_dir / "objects", self.index, _RootSource(self), cfg.cache_max_bytes
@@ -369,7 +379,10 @@ class MountService:
                         self.cfg.shutdown_timeout)
 
     def serve(self, on_ready: Callable[[], None] | None = None) -> None:
+        from casfs.node import guard
+
         cfg = self.cfg
+        guard.refuse_stacking(cfg.mountpoint, f"namespace {cfg.namespace}")
         cfg.mountpoint.mkdir(parents=True, exist_ok=True)
 
         def ready() -> None:

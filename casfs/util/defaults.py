@@ -42,3 +42,11 @@ def default_mount_base() -> Path:
 
 def default_mountpoint(family: str) -> Path:
     return default_mount_base() / family
+
+
+def default_serve_base() -> Path:
+    """Where the node's mount process serves ``<tenant>/<namespace>`` directories."""
+    env = os.environ.get("CASFS_SERVE_BASE")
+    if env:
+        return Path(env)
+    return default_mount_base() / "ns"

@@ -17,13 +17,20 @@ ROOT_INODE: int = pyfuse3.ROOT_INODE
 
 
 class InodeTable:
-    def __init__(self) -> None:
-        self._path: dict[int, str] = {ROOT_INODE: ""}
-        self._ino: dict[str, int] = {"": ROOT_INODE}
+    """``root``: the number of the top directory; the table hands out ``root + 1`` on.
+
+    A multiplexed mount (casfs.view.mux) gives each namespace its own range, so
+    numbers stay unique across the namespaces of one FUSE session.
+    """
+
+    def __init__(self, root: int = ROOT_INODE) -> None:
+        self.root = root
+        self._path: dict[int, str] = {root: ""}
+        self._ino: dict[str, int] = {"": root}
         self._count: dict[int, int] = {}
         self._detached: set[int] = set()
         self._kids: dict[str, set[str]] = {}  # known paths by parent path
-        self._next = ROOT_INODE + 1
+        self._next = root + 1
 
     def __len__(self) -> int:
         return len(self._path)
@@ -80,17 +87,17 @@ class InodeTable:
     def lookup(self, path: str) -> int:
         """The kernel learned about ``path`` once more (lookup, create, readdirplus)."""
         ino = self.ino(path)
-        if ino != ROOT_INODE:
+        if ino != self.root:
             self._count[ino] = self._count.get(ino, 0) + 1
         return ino
 
     def drop_if_unused(self, ino: int) -> None:
         """Forget an inode assigned speculatively that the kernel never heard of."""
-        if ino != ROOT_INODE and self._count.get(ino, 0) == 0:
+        if ino != self.root and self._count.get(ino, 0) == 0:
             self._remove(ino)
 
     def forget(self, ino: int, n: int) -> None:
-        if ino == ROOT_INODE:
+        if ino == self.root:
             return
         left = self._count.get(ino, 0) - n
         if left > 0:
@@ -121,7 +128,7 @@ class InodeTable:
         """``path`` (and anything below it) is gone; its inodes stay valid as numbers."""
         for p in self._subtree(path):
             ino = self._unname(p)
-            if ino == ROOT_INODE:
+            if ino == self.root:
                 continue
             if self._count.get(ino, 0) > 0:
                 self._detached.add(ino)

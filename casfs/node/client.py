@@ -1,0 +1,93 @@
+"""A job's side of the serving model: find the node's mount process, take a lease.
+
+Order: casfsd's control socket (it forwards to its mount process, which it
+supervises), else the socket of a mount process that another ``casfs run``
+started, else (``start``) start one that exits when its last job is gone.
+Two jobs racing to start one: the mount process holds a lock, the loser's
+start fails, and it takes a lease on the winner's.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from casfs.errors import CasfsError, DaemonUnavailableError, UsageError
+from casfs.node import control
+from casfs.node.host import HostConfig
+
+log = logging.getLogger(__name__)
+
+HOST_NAME = "host"
+START_TRIES = 5
+
+
+def daemon_socket(state_dir: Path) -> Path:
+    return state_dir / "run" / "casfsd.sock"
+
+
+def host_socket(state_dir: Path) -> Path:
+    return state_dir / "run" / f"{HOST_NAME}.sock"
+
+
+def _ask(sock: Path, cmd: str, timeout: float, **kw: Any) -> dict[str, Any] | None:
+    """The reply, or None when nobody serves that socket."""
+    if not sock.exists():
+        return None
+    try:
+        return control.request(sock, cmd, timeout=timeout, **kw)
+    except DaemonUnavailableError:
+        return None
+
+
+def lease(state_dir: Path, caches: list[dict[str, str]], pid: int, *,
+          start: HostConfig | None = None, timeout: float = 120.0) -> tuple[dict[str, Any], Path]:
+    """Lease ``caches`` for process ``pid``; (reply, socket that granted it).
+
+    ``start``: the mount process to start when none serves the node.
+    DaemonUnavailableError when none serves and ``start`` is None.
+    """
+    last: str | None = None
+    for attempt in range(START_TRIES):
+        for sock in (daemon_socket(state_dir), host_socket(state_dir)):
+            reply = _ask(sock, "lease", timeout, caches=caches, pid=pid)
+            if reply is None:
+                continue
+            if reply.get("ok"):
+                return reply, sock
+            last = str(reply.get("error"))
+            if "stopping" not in last:
+                raise CasfsError(f"the node's mount process refused: {last}")
+        if start is None:
+            raise DaemonUnavailableError(last or "no casfs mount process serves this node")
+        try:
+            from casfs.node.host import spawn_host
+
+            spawn_host(start)
+        except UsageError as e:
+            last = e.message  # another job started one first: use it
+        except CasfsError as e:
+            if "already runs" not in e.message and "stopping" not in e.message:
+                raise
+            last = e.message
+        time.sleep(0.2 * (attempt + 1))
+    raise CasfsError(f"could not reach this node's mount process: {last}")
+
+
+def release(sock: Path, lease_id: str, *, wait: bool, timeout: float = 300.0,
+            ) -> list[dict[str, Any]]:
+    """Give the lease back; the per-namespace stats the mount process reports."""
+    reply = _ask(sock, "release", timeout, lease=lease_id, wait=wait)
+    if reply is None or not reply.get("ok"):
+        log.warning("releasing lease %s: %s", lease_id,
+                    (reply or {}).get("error", "the mount process is gone"))
+        return []
+    return list(reply.get("namespaces", []))
+
+
+def lease_pid_default() -> int:
+    """The process a ``casfs env`` lease follows: the shell that runs it."""
+    return os.getppid()

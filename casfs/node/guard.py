@@ -1,0 +1,107 @@
+"""The mount point while nothing serves it: read-only and empty, and no stacking.
+
+A job that writes into its cache directory while the mount process is down
+(killed, restarting) would write into the directory underneath, where its files
+vanish from view once the mount returns. A read-only bind mount of an empty
+directory, put on the mount point once and left under the FUSE mount, turns
+that window into EROFS for writers and ENOENT for readers: a miss, never lost
+bytes. Root ignores permission bits, not EROFS, so a bind mount it must be
+(needs CAP_SYS_ADMIN; without it the guard is skipped).
+
+Mounts are read from /proc/self/mountinfo: never by stat'ing the mount point,
+which may be a dead FUSE mount or our own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from casfs.errors import UsageError
+
+log = logging.getLogger(__name__)
+
+GUARD_DIR_NAME = "casfs-guard-empty"
+
+
+@dataclass(frozen=True)
+class MountEntry:
+    mountpoint: str
+    root: str  # the path inside the mounted filesystem (a bind mount's source)
+    fstype: str
+    source: str
+
+
+def _unescape(s: str) -> str:
+    return s.encode().decode("unicode_escape")
+
+
+def mounts_at(path: Path) -> list[MountEntry]:
+    """Mounts whose mount point is ``path``, bottom first (the last one is visible)."""
+    target = os.path.normpath(os.path.abspath(path))
+    out = []
+    try:
+        with open("/proc/self/mountinfo") as f:
+            for line in f:
+                left, _, right = line.partition(" - ")
+                a = left.split()
+                b = right.split()
+                if len(a) >= 5 and len(b) >= 2 and _unescape(a[4]) == target:
+                    out.append(MountEntry(_unescape(a[4]), _unescape(a[3]), b[0],
+                                          _unescape(b[1])))
+    except OSError:
+        pass
+    return out
+
+
+def is_guard(m: MountEntry) -> bool:
+    return m.root.rstrip("/").endswith("/" + GUARD_DIR_NAME)
+
+
+def refuse_stacking(path: Path, what: str) -> None:
+    """UsageError if a live FUSE mount already serves ``path`` (a dead one is cleared later)."""
+    from casfs.view.session import _is_dead
+
+    found = mounts_at(path)
+    top = found[-1] if found else None
+    if top is None or is_guard(top) or not top.fstype.startswith("fuse"):
+        return
+    if _is_dead(path):
+        return  # a dead mount: clear_stale_mount detaches it
+    raise UsageError(f"{path} is already mounted ({top.source}); refusing to mount {what}"
+                     " on top of it: unmount it first or use another path")
+
+
+def install(path: Path, state_dir: Path) -> bool:
+    """Put the read-only empty guard on ``path`` unless one is there; True if it is there."""
+    if any(is_guard(m) for m in mounts_at(path)):
+        return True
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        return False
+    empty = state_dir / "run" / GUARD_DIR_NAME
+    empty.mkdir(parents=True, exist_ok=True)
+    os.chmod(empty, 0o555)
+    path.mkdir(parents=True, exist_ok=True)
+    for cmd in (["mount", "--bind", str(empty), str(path)],
+                ["mount", "-o", "remount,bind,ro", str(path)]):
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=30, check=False)
+        if r.returncode != 0:
+            log.warning("cannot guard %s while unmounted (%s): %s", path, " ".join(cmd),
+                        r.stderr.strip())
+            remove(path)
+            return False
+    return True
+
+
+def remove(path: Path) -> None:
+    """Take the guard off ``path`` (only if it is the visible mount there)."""
+    found = mounts_at(path)
+    if found and is_guard(found[-1]):
+        with contextlib.suppress(OSError, subprocess.SubprocessError):
+            subprocess.run(["umount", "-l", str(path)], capture_output=True, timeout=30,
+                           check=False)

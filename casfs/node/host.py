@@ -1,0 +1,555 @@
+"""The node's mount process: one FUSE session, a directory per (tenant, namespace).
+
+    <base>/<tenant>/<namespace>/      e.g. /run/casfs/ns/uid-1000/triton-3f2a.../
+
+casfsd runs one (supervised), or ``casfs run`` starts one when no daemon serves
+the node. Jobs ask for their caches on the control socket (``lease``): the
+host starts serving each namespace if needed (a MountService in hosted mode,
+routed to by casfs.view.mux), shares it with every other job of that stack,
+and releases it ``grace`` seconds after its last lease (casfs.node.leases: the
+job's process, then any open file, mapping or cwd under the directory). A
+released namespace is promoted and published first, then detached, without
+remounting. ``casfs run``'s host (``exit_when_idle``) unmounts and exits once
+it serves nothing and holds no lease: the last job out publishes.
+
+Control protocol (JSON lines, casfs.node.control): ``lease`` {pid, caches:
+[{family, namespace}], lease?} -> {lease, caches: [{family, namespace, path,
+tenant}]}; ``release`` {lease, wait?} -> final stats of what it released;
+``status``/``stats``/``publish``/``refresh`` -> {namespaces: [per-namespace
+replies]}. The tenant comes from the peer's credentials (casfs.node.tenant).
+
+What is served is written to ``<state>/run/host-served.json`` so a restarted
+host (after a crash) serves the same namespaces at the same paths at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import errno
+import fcntl
+import functools
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from casfs.errors import CasfsError, UsageError
+from casfs.node import control, guard, leases, logfmt
+from casfs.node.config import MountConfig
+from casfs.node.tenant import tenant_for, tenant_owner
+from casfs.util import atomic
+
+log = logging.getLogger(__name__)
+
+Key = tuple[str, str]  # (tenant, namespace)
+
+
+@dataclass(frozen=True)
+class HostConfig:
+    base: Path  # the mount point: namespaces are served at <base>/<tenant>/<namespace>
+    root: Path
+    state_dir: Path
+    stable_after: float = 2.0
+    publish_interval: float = 10.0
+    refresh_interval: float = 30.0
+    shutdown_timeout: float = 30.0
+    fetch_timeout: float = 20.0
+    allow_other: bool = False
+    cache_max_bytes: int = 20 << 30
+    namespace_max_bytes: int | None = None
+    scratch_patterns: tuple[str, ...] = field(default_factory=tuple)
+    grace: float = 60.0  # a namespace stays served this long after its last lease
+    exit_when_idle: bool = False  # casfs run's host: unmount and exit once nothing is served
+    lease_poll: float = 1.0
+    guard: bool = True  # read-only empty bind mount under the FUSE mount (root only)
+    debug: bool = False
+    name: str = "host"
+
+    # What casfs.node.worker.Worker and the supervisor read from a config.
+    @property
+    def mountpoint(self) -> Path:
+        return self.base
+
+    @property
+    def namespace(self) -> str:
+        return "*"
+
+    @property
+    def family(self) -> str:
+        return "*"
+
+    @property
+    def mode(self) -> str:
+        return "fuse"
+
+    @property
+    def run_dir(self) -> Path:
+        return self.state_dir / "run"
+
+    @property
+    def socket_path(self) -> Path:
+        return self.run_dir / f"{self.name}.sock"
+
+    @property
+    def served_file(self) -> Path:
+        return self.run_dir / f"{self.name}-served.json"
+
+    def ns_config(self, tenant: str, family: str, namespace: str) -> MountConfig:
+        return MountConfig(
+            name=f"{tenant}/{namespace}", family=family, namespace=namespace,
+            mountpoint=self.base / tenant / namespace, root=self.root,
+            state_dir=self.state_dir, stable_after=self.stable_after,
+            publish_interval=self.publish_interval, refresh_interval=self.refresh_interval,
+            shutdown_timeout=self.shutdown_timeout, fetch_timeout=self.fetch_timeout,
+            allow_other=self.allow_other, cache_max_bytes=self.cache_max_bytes,
+            namespace_max_bytes=self.namespace_max_bytes,
+            scratch_patterns=self.scratch_patterns,
+        )
+
+    def check(self) -> None:
+        # The same layout rules as one mount: never inside the state dir or the root.
+        MountConfig(name=self.name, family="generic", namespace="x", mountpoint=self.base,
+                    root=self.root, state_dir=self.state_dir).check()
+
+    def to_json(self) -> str:
+        d = asdict(self)
+        return json.dumps({k: (str(v) if isinstance(v, Path) else
+                               list(v) if isinstance(v, tuple) else v) for k, v in d.items()})
+
+    @classmethod
+    def from_json(cls, text: str) -> HostConfig:
+        d = json.loads(text)
+        kw: dict[str, Any] = {}
+        for f in fields(cls):
+            if f.name in d:
+                v = d[f.name]
+                if f.name in ("base", "root", "state_dir"):
+                    v = Path(v)
+                elif f.name == "scratch_patterns":
+                    v = tuple(v)
+                kw[f.name] = v
+        return cls(**kw)
+
+
+@dataclass
+class Lease:
+    id: str
+    pid: int
+    started: str | None
+    keys: set[Key] = field(default_factory=set)
+
+
+@dataclass
+class Served:
+    key: Key
+    family: str
+    path: Path
+    svc: Any  # MountService
+    scope: trio.CancelScope | None = None
+    idle_since: float | None = None
+    users: set[int] = field(default_factory=set)
+
+
+class NodeHost:
+    def __init__(self, cfg: HostConfig) -> None:
+        from casfs.view.mux import MuxOperations
+
+        cfg.check()
+        self.cfg = cfg
+        self.mux = MuxOperations(owner=tenant_owner, statfs_path=cfg.state_dir)
+        self.served: dict[Key, Served] = {}
+        self.leases: dict[str, Lease] = {}
+        self.final: dict[Key, dict[str, Any]] = {}  # stats of released namespaces
+        self._attaching: dict[Key, trio.Event] = {}
+        self._check_lock: trio.Lock | None = None
+        self._nursery: trio.Nursery | None = None
+        self.stopping = False
+        self.started = time.time()
+        self._lock_fd = self._take_lock()
+
+    def _take_lock(self) -> int:
+        self.cfg.run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        fd = os.open(self.cfg.run_dir / f"{self.cfg.name}.lock",
+                     os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            os.close(fd)
+            if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+                raise UsageError(f"this node's mount process already runs (state dir"
+                                 f" {self.cfg.state_dir})") from None
+            raise
+        return fd
+
+    # --- serving namespaces --------------------------------------------------------
+    async def attach(self, tenant: str, family: str, namespace: str) -> Served:
+        from casfs.node.mount import MountService
+
+        key = (tenant, namespace)
+        while key in self._attaching:
+            await self._attaching[key].wait()
+        s = self.served.get(key)
+        if s is not None:
+            return s
+        if self.stopping:
+            raise UsageError("this node's mount process is stopping; try again")
+        ev = self._attaching[key] = trio.Event()
+        try:
+            mcfg = self.cfg.ns_config(tenant, family, namespace)
+            svc = await trio.to_thread.run_sync(functools.partial(MountService, mcfg,
+                                                                  hosted=True))
+            self.mux.attach(tenant, namespace, svc.ops)
+            s = Served(key, family, mcfg.mountpoint, svc)
+            assert self._nursery is not None
+            await self._nursery.start(self._ns_tasks, s)
+            self.served[key] = s
+            self.final.pop(key, None)
+            log.info("serving %s@%d at %s", namespace, svc.served_seq, mcfg.mountpoint)
+        finally:
+            del self._attaching[key]
+            ev.set()
+        self._persist()
+        return s
+
+    async def _ns_tasks(self, s: Served, task_status: trio.TaskStatus[None]
+                        = trio.TASK_STATUS_IGNORED) -> None:
+        svc, cfg = s.svc, s.svc.cfg
+        with trio.CancelScope() as scope:
+            s.scope = scope
+            task_status.started()
+            async with trio.open_nursery() as n:
+                n.start_soon(svc._every, max(0.2, min(1.0, cfg.stable_after / 2)),
+                             svc.promote_once)
+                n.start_soon(svc._every, cfg.publish_interval, svc._publish_if_pending)
+                n.start_soon(svc._every, cfg.refresh_interval, svc.refresh_once)
+                n.start_soon(svc._every, 2.0, svc.flush_counters)
+
+    async def detach(self, key: Key) -> dict[str, Any] | None:
+        """Stop serving ``key``: stop routing, final promotion and publication, close."""
+        s = self.served.pop(key, None)
+        if s is None:
+            return None
+        self.mux.detach(*key)
+        if s.scope is not None:
+            s.scope.cancel()
+        svc = s.svc
+        with trio.move_on_after(self.cfg.shutdown_timeout) as scope:
+            await trio.to_thread.run_sync(svc.promote_once, True, abandon_on_cancel=True)
+            await trio.to_thread.run_sync(svc.publish_once, abandon_on_cancel=True)
+        if scope.cancelled_caught:
+            log.warning("%s: final publication did not finish within %.0fs", svc.cfg.name,
+                        self.cfg.shutdown_timeout)
+        st: dict[str, Any] = await trio.to_thread.run_sync(svc.final_stats)
+        st["path"] = str(s.path)
+        await trio.to_thread.run_sync(svc.flush_counters)
+        svc.close()
+        self.final[key] = st
+        self._persist()
+        log.info("released %s (%s)", svc.cfg.namespace, s.path)
+        return st
+
+    # --- leases ------------------------------------------------------------------------
+    async def lease(self, req: dict[str, Any]) -> dict[str, Any]:
+        from casfs.fingerprint import check_family, check_namespace
+
+        peer = req.get("_peer") or {}
+        tenant = tenant_for(int(peer.get("uid", os.geteuid())))
+        pid = int(req.get("pid") or peer.get("pid") or 0)
+        if pid <= 0 or not leases.alive(pid, None):
+            raise UsageError(f"no such process to hold the lease: {pid}")
+        caches = req.get("caches")
+        if not isinstance(caches, list) or not caches:
+            raise UsageError("lease needs caches: [{family, namespace}, ...]")
+        lid = str(req.get("lease") or "")
+        lease = self.leases.get(lid)
+        if lease is None:
+            lid = uuid.uuid4().hex[:16]
+            lease = Lease(lid, pid, leases.start_time(pid))
+        out = []
+        for c in caches:
+            family = check_family(str(c.get("family")))
+            namespace = check_namespace(str(c.get("namespace")))
+            s = await self.attach(tenant, family, namespace)
+            lease.keys.add(s.key)
+            s.idle_since = None
+            out.append({"family": family, "namespace": namespace, "tenant": tenant,
+                        "path": str(s.path), "served_seq": s.svc.served_seq,
+                        "restored_entries": s.svc.restored_entries})
+        self.leases[lid] = lease
+        self._persist()
+        return {"ok": True, "lease": lid, "caches": out, "mountpoint": str(self.cfg.base)}
+
+    async def release(self, req: dict[str, Any]) -> dict[str, Any]:
+        lease = self.leases.pop(str(req.get("lease")), None)
+        if lease is None:
+            return {"ok": False, "error": "no such lease"}
+        self._persist()
+        if req.get("wait"):
+            await self.check_leases()
+        out = []
+        for key in sorted(lease.keys):
+            s = self.served.get(key)
+            if s is not None:
+                st = await trio.to_thread.run_sync(s.svc.status)
+                st["shared"] = True  # still served: another job holds it, or its grace runs
+                out.append(st)
+            elif key in self.final:
+                out.append(self.final[key])
+        return {"ok": True, "namespaces": out}
+
+    async def check_leases(self) -> None:
+        """Drop dead leases; release namespaces idle for ``grace`` (or exit when idle)."""
+        if self._check_lock is None:
+            self._check_lock = trio.Lock()
+        async with self._check_lock:
+            await self._check_leases()
+
+    async def _check_leases(self) -> None:
+        for lid, lease in list(self.leases.items()):
+            if not leases.alive(lease.pid, lease.started):
+                log.info("lease %s: process %d is gone", lid, lease.pid)
+                del self.leases[lid]
+                self._persist()
+        held = {k for lease in self.leases.values() for k in lease.keys}
+        idle = {str(s.path): k for k, s in self.served.items() if k not in held}
+        for k, s in self.served.items():
+            if k in held:
+                s.idle_since = None
+        if idle:
+            found = await trio.to_thread.run_sync(leases.users, list(idle))
+            now = time.monotonic()
+            for p, k in idle.items():
+                s = self.served[k]
+                s.users = found.get(p, set())
+                if s.users:
+                    s.idle_since = None  # a mapped .so or an open file holds it
+                    continue
+                if s.idle_since is None:
+                    s.idle_since = now
+                if now - s.idle_since >= self.cfg.grace:
+                    await self.detach(k)
+        if (self.cfg.exit_when_idle and not self.served and not self.leases
+                and not self._attaching and not self.stopping):
+            log.info("nothing left to serve: unmounting")
+            self.stopping = True
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    async def _lease_loop(self) -> None:
+        while True:
+            await trio.sleep(self.cfg.lease_poll)
+            try:
+                await self.check_leases()
+            except Exception:
+                log.exception("lease check failed")
+
+    # --- persistence across a restart ----------------------------------------------------
+    def _persist(self) -> None:
+        data = {
+            "served": [{"tenant": k[0], "namespace": k[1], "family": s.family}
+                       for k, s in sorted(self.served.items())],
+            "leases": [{"id": lease.id, "pid": lease.pid, "started": lease.started,
+                        "keys": sorted(lease.keys)} for lease in self.leases.values()],
+        }
+        try:
+            atomic.write_atomic(self.cfg.served_file, json.dumps(data).encode())
+        except OSError as e:
+            log.warning("cannot record what is served: %s", e)
+
+    async def _restore(self) -> None:
+        """Serve again what a previous (crashed) host served, with its live leases."""
+        try:
+            data = json.loads(self.cfg.served_file.read_bytes())
+        except (OSError, ValueError):
+            return
+        for item in data.get("served", []):
+            try:
+                await self.attach(item["tenant"], item["family"], item["namespace"])
+            except (CasfsError, OSError, KeyError, TypeError) as e:
+                log.warning("could not serve %s again: %s", item, e)
+        for item in data.get("leases", []):
+            try:
+                lease = Lease(item["id"], int(item["pid"]), item.get("started"),
+                              {(k[0], k[1]) for k in item["keys"]})
+            except (KeyError, TypeError, ValueError, IndexError):
+                continue
+            if leases.alive(lease.pid, lease.started):
+                self.leases[lease.id] = lease
+        self._persist()
+
+    # --- control ------------------------------------------------------------------------------
+    async def _handle(self, req: dict[str, Any]) -> dict[str, Any]:
+        cmd = req.get("cmd")
+        if cmd == "lease":
+            return await self.lease(req)
+        if cmd == "release":
+            return await self.release(req)
+        if cmd in ("status", "stats", "publish", "refresh"):
+            out = []
+            for s in list(self.served.values()):
+                r = await s.svc._handle({"cmd": cmd})
+                r["path"] = str(s.path)
+                r["holders"] = sorted(lease.pid for lease in self.leases.values()
+                                      if s.key in lease.keys)
+                r["users"] = sorted(s.users)
+                out.append(r)
+            return {"ok": all(r.get("ok", True) for r in out), "host": True,
+                    "pid": os.getpid(), "mountpoint": str(self.cfg.base),
+                    "uptime": round(time.time() - self.started, 1), "namespaces": out,
+                    "leases": len(self.leases)}
+        return {"ok": False, "error": f"unknown command {cmd!r}"}
+
+    async def _background(self, nursery: trio.Nursery) -> None:
+        self._nursery = nursery
+        await nursery.start(control.serve_control, self.cfg.socket_path, self._handle)
+        await self._restore()
+        nursery.start_soon(self._lease_loop)
+
+    async def _shutdown(self) -> None:
+        self.stopping = True
+        async with trio.open_nursery() as n:
+            for key in list(self.served):
+                n.start_soon(self.detach, key)
+        self.cfg.served_file.unlink(missing_ok=True)  # a clean stop: nothing to restore
+
+    def serve(self, on_ready: Callable[[], None] | None = None) -> None:
+        from casfs.view import session
+
+        cfg = self.cfg
+        guard.refuse_stacking(cfg.base, "this node's namespaces")
+        session.clear_stale_mount(cfg.base)
+        cfg.base.mkdir(parents=True, exist_ok=True)
+        guarded = cfg.guard and guard.install(cfg.base, cfg.state_dir)
+
+        def ready() -> None:
+            control.write_registry(cfg.run_dir, cfg.name, {
+                "name": cfg.name, "pid": os.getpid(), "mountpoint": str(cfg.base),
+                "namespace": "*", "socket": str(cfg.socket_path), "family": "*", "host": True,
+            })
+            log.info("serving namespaces under %s%s", cfg.base,
+                     " (read-only guard underneath)" if guarded else "")
+            if on_ready:
+                on_ready()
+
+        try:
+            session.serve(self.mux, cfg.base, fsname="casfs-ns", allow_other=cfg.allow_other,
+                          debug=cfg.debug, on_ready=ready, background=self._background,
+                          on_shutdown=self._shutdown)
+        finally:
+            control.remove_registry(cfg.run_dir, cfg.name)
+            if guarded:
+                guard.remove(cfg.base)  # a clean stop; a crash leaves it, which is the point
+            os.close(self._lock_fd)
+
+    def final_stats(self) -> dict[str, Any]:
+        return {"host": True, "namespaces": list(self.final.values())}
+
+
+# --- the process ------------------------------------------------------------------------------
+def spawn_host(cfg: HostConfig, *, ready_timeout: float = 120.0, log_to_stderr: bool = False,
+               log_format: str | None = None, log_level: str | None = None,
+               die_with_parent: bool = False, verbose: int = 0) -> Any:
+    """Start the node's mount process; a casfs.node.worker.Worker once it serves."""
+    from casfs.node import worker
+
+    worker.check_fuse()
+    cfg.check()
+    cfg.run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    log_path: Path | None = None
+    if not log_to_stderr:
+        (cfg.state_dir / "log").mkdir(parents=True, exist_ok=True)
+        log_path = cfg.state_dir / "log" / f"{cfg.name}.log"
+    stats_out = cfg.run_dir / f"{cfg.name}.final-stats"
+    stats_out.unlink(missing_ok=True)
+    r, w = os.pipe()
+    cmd = [sys.executable, "-m", "casfs.node.host", "--config-json", cfg.to_json(),
+           "--ready-fd", str(w), "--stats-out", str(stats_out)] + ["-v"] * verbose
+    if log_format:
+        cmd += ["--log-format", log_format]
+    if log_level:
+        cmd += ["--log-level", log_level]
+    pass_fds = [w]
+    life_r = life_w = None
+    if die_with_parent:
+        life_r, life_w = os.pipe()
+        pass_fds.append(life_r)
+        cmd += ["--lifeline-fd", str(life_r)]
+    try:
+        with open(log_path, "ab") if log_path else contextlib.nullcontext() as logf:
+            out: Any = logf if logf is not None else sys.stderr.fileno()
+            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=out,
+                                    pass_fds=pass_fds, start_new_session=True)
+    finally:
+        for fd in (w, life_r):
+            if fd is not None:
+                os.close(fd)
+    try:
+        line = worker._read_line(r, ready_timeout, proc)
+    finally:
+        os.close(r)
+    if line != "READY":
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if life_w is not None:
+            os.close(life_w)
+        last = worker._last_log_line(log_path) if log_path else ""
+        raise CasfsError(f"the mount process at {cfg.base} failed: "
+                         f"{line or last or 'it exited without saying why'}")
+    return worker.Worker(cfg, proc, stats_out, log_path, life_w)  # type: ignore[arg-type]
+
+
+def main(argv: list[str] | None = None) -> int:
+    from casfs.node import worker
+
+    ap = argparse.ArgumentParser(prog="casfs-host")
+    ap.add_argument("--config-json", required=True)
+    ap.add_argument("--ready-fd", type=int)
+    ap.add_argument("--stats-out")
+    ap.add_argument("-v", "--verbose", action="count", default=0)
+    ap.add_argument("--log-format", choices=logfmt.FORMATS, default=logfmt.PLAIN)
+    ap.add_argument("--log-level", choices=sorted(logfmt.LEVELS))
+    ap.add_argument("--lifeline-fd", type=int)
+    args = ap.parse_args(argv)
+    cfg = HostConfig.from_json(args.config_json)
+    level = (logfmt.LEVELS[args.log_level] if args.log_level
+             else logging.DEBUG if args.verbose > 1 else logging.INFO)
+    logfmt.setup(level, args.log_format,
+                 tag=f"[{cfg.name}] " if args.log_format == logfmt.JOURNAL else "")
+    if args.lifeline_fd is not None:
+        worker._watch_lifeline(args.lifeline_fd)
+
+    def tell(msg: str) -> None:
+        if args.ready_fd is not None:
+            with contextlib.suppress(OSError):
+                os.write(args.ready_fd, msg.encode() + b"\n")
+                os.close(args.ready_fd)
+            args.ready_fd = None
+
+    try:
+        host = NodeHost(cfg)
+    except (CasfsError, OSError) as e:
+        return worker._failed(e, tell)
+    try:
+        host.serve(on_ready=lambda: tell("READY"))
+    except (CasfsError, OSError) as e:
+        return worker._failed(e, tell)
+    finally:
+        if args.stats_out:
+            with contextlib.suppress(OSError):
+                Path(args.stats_out).write_text(json.dumps(host.final_stats(), default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

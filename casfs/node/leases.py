@@ -1,0 +1,83 @@
+"""Who still uses a namespace directory: job processes (leases) and open files.
+
+A lease is a job's process. It holds while the process lives (checked by pid
+and its start time, so a reused pid does not keep a lease alive). After the
+process is gone, the namespace is still in use while any process on the node
+has a file open, a file mapped (a dlopen'ed ``.so`` stays mapped after its fd
+is closed) or its working directory under the namespace's path. Everything is
+read from /proc as path strings: nothing here touches the mount itself (the
+mount process must never do that: it would wait on its own FUSE loop).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterable
+
+
+def start_time(pid: int) -> str | None:
+    """The process's start time in clock ticks (field 22 of /proc/PID/stat); None if gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    # comm (field 2) may hold spaces and parentheses: split after the last ')'.
+    rest = data[data.rfind(b")") + 2:].split()
+    return rest[19].decode() if len(rest) > 19 else None
+
+
+def alive(pid: int, started: str | None) -> bool:
+    """``pid`` is the same process that took the lease (not a reused pid)."""
+    now = start_time(pid)
+    return now is not None and (started is None or now == started)
+
+
+def _under(path: str, prefixes: tuple[str, ...]) -> str | None:
+    for p in prefixes:
+        if path == p or path.startswith(p + "/"):
+            return p
+    return None
+
+
+def users(dirs: Iterable[str], skip_pids: Iterable[int] = ()) -> dict[str, set[int]]:
+    """For each of ``dirs``, the pids with an fd, a mapping or their cwd under it."""
+    prefixes = tuple(os.path.normpath(d) for d in dirs)
+    found: dict[str, set[int]] = {}
+    if not prefixes:
+        return found
+    skip = {os.getpid(), *skip_pids}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit() or int(entry.name) in skip:
+            continue
+        pid = int(entry.name)
+        for path in _paths_of(pid):
+            hit = _under(path, prefixes)
+            if hit is not None:
+                found.setdefault(hit, set()).add(pid)
+                break
+    return found
+
+
+def _paths_of(pid: int) -> Iterable[str]:
+    base = f"/proc/{pid}"
+    with contextlib.suppress(OSError):
+        yield os.readlink(f"{base}/cwd")
+    try:
+        fds = os.listdir(f"{base}/fd")
+    except OSError:
+        fds = []
+    for fd in fds:
+        try:
+            yield os.readlink(f"{base}/fd/{fd}").removesuffix(" (deleted)")
+        except OSError:
+            continue
+    try:
+        with open(f"{base}/maps", "rb") as f:
+            for line in f:
+                parts = line.split(maxsplit=5)
+                if len(parts) == 6 and parts[5].startswith(b"/"):
+                    yield os.fsdecode(parts[5].rstrip(b"\n")).removesuffix(" (deleted)")
+    except OSError:
+        pass
