@@ -15,8 +15,8 @@ import subprocess
 
 from bench import tree
 from bench.common import Result, Settings, Target, du_bytes, log, ratio, rmtree
+from casfs.families import rules as family_rules
 from casfs.promote.importer import import_tree
-from casfs.scratch import ScratchRules
 from casfs.store.root import SharedRoot
 
 NODES = 8
@@ -34,7 +34,7 @@ def run(s: Settings) -> list[Result]:
         tree.build(src, shared, seed="shared")
         tree.build(src, per_node - shared, seed=f"own{n}")
         log(f"dedup: node {n + 1}/{NODES} publishes {per_node * tree.FILES_PER_KERNEL} files")
-        import_tree(root, src, "bench-dedup", rules=ScratchRules("triton"), node=f"node{n}")
+        import_tree(root, src, "bench-dedup", rules=family_rules("triton"), node=f"node{n}")
         arc = work / f"node{n}.tar.zst"
         subprocess.run(["bash", "-c", f"tar -C '{src}' -cf - . | zstd -q -3 -T0 -o '{arc}'"],
                        check=True)

@@ -16,8 +16,8 @@ from pathlib import Path
 
 from bench import tree
 from bench.common import log
+from casfs.families import rules as family_rules
 from casfs.promote.importer import import_tree
-from casfs.scratch import ScratchRules
 from casfs.store.entry import Entry
 from casfs.store.root import SharedRoot
 
@@ -69,7 +69,7 @@ def build(workdir: Path, files: int) -> Fixture:
     root = SharedRoot.open(root_path, create=True)
     log(f"fixture: importing it ({nbytes / 1e6:.0f} MB)")
     t0 = time.perf_counter()
-    rep = import_tree(root, src, "bench-big", rules=ScratchRules("triton"), node="bench")
+    rep = import_tree(root, src, "bench-big", rules=family_rules("triton"), node="bench")
     dt = time.perf_counter() - t0
     assert rep.files == nfiles, (rep.files, nfiles, rep.skipped_other[:5])
     fx = Fixture(workdir, root_path, src, kernels, nfiles, nbytes, round(dt, 3))

@@ -43,8 +43,8 @@ from bench.common import (
 )
 from bench.common import run_proc as _run
 from bench.mounts import config, floor_mounted, mounted
+from casfs.families import rules as family_rules
 from casfs.promote.importer import import_tree
-from casfs.scratch import ScratchRules
 from casfs.store.root import SharedRoot
 
 
@@ -76,7 +76,7 @@ def bench_tree(s: Settings, kernels: int, reps: int, floor: bool = True) -> Resu
     src, root = work / "src", work / "root"
     files, nbytes = tree.build(src, kernels, seed=f"read{kernels}")
     ns = f"bench-read-{kernels}"
-    import_tree(SharedRoot.open(root, create=True), src, ns, rules=ScratchRules("triton"),
+    import_tree(SharedRoot.open(root, create=True), src, ns, rules=family_rules("triton"),
                 node="bench")
     sample = sorted(p for p in src.rglob("*") if p.is_file())[:50]
     can_drop = drop_works(sample)

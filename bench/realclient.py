@@ -35,8 +35,8 @@ from bench.common import (
     timed,
 )
 from bench.mounts import config, mounted
+from casfs.families import rules as family_rules
 from casfs.promote.importer import import_tree
-from casfs.scratch import ScratchRules
 from casfs.store.root import SharedRoot
 
 NS = "bench-inductor"
@@ -86,7 +86,7 @@ def run(s: Settings) -> list[Result]:
     casfs_cold: dict[str, Any] | None = None
     if s.quick:
         log("realclient: importing the local cold cache (--quick)")
-        import_tree(SharedRoot.open(root), local, NS, rules=ScratchRules("inductor"),
+        import_tree(SharedRoot.open(root), local, NS, rules=family_rules("inductor"),
                     node="bench")
     else:
         log("realclient: casfs cold (node A)")

@@ -32,8 +32,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from casfs.families import rules as family_rules
 from casfs.promote.importer import import_tree
-from casfs.scratch import ScratchRules
 from casfs.store import maintenance
 from casfs.store.export import export_tree
 from casfs.store.root import SharedRoot
@@ -101,7 +101,7 @@ def tree_bytes(path: Path) -> tuple[int, int]:
 
 def measure(src: Path, family: str, work: Path) -> dict[str, Any]:
     root = SharedRoot.open(work / "root", create=True)
-    rules = ScratchRules(family)
+    rules = family_rules(family)
     t0 = time.perf_counter()
     first = import_tree(root, src, "bench", rules=rules, node="bench")
     t_import = time.perf_counter() - t0

@@ -22,38 +22,18 @@ import platform
 import re
 import shutil
 import subprocess
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import blake3
 
+from casfs import families
 from casfs.errors import UsageError
 
 log = logging.getLogger(__name__)
 
-FAMILIES: tuple[str, ...] = ("triton", "inductor", "generic")
 AUTO = "auto"
 BUILD_KEY_ENV = "CASFS_BUILD_KEY"
-
-# Ingredients per family. The compiler families depend on the whole stack;
-# a generic cache only on what any native tool would depend on.
-_GENERIC_KEYS = ("python", "platform", "arch", "build_key")
-_FULL_KEYS = (
-    "python",
-    "platform",
-    "arch",
-    "libc",
-    "torch",
-    "triton",
-    "cuda",
-    "nvidia_driver",
-    "gpu",
-    "build_key",
-)
-FAMILY_INGREDIENTS: dict[str, tuple[str, ...]] = {
-    "triton": _FULL_KEYS,
-    "inductor": _FULL_KEYS,
-    "generic": _GENERIC_KEYS,
-}
 
 _NAMESPACE_RE = re.compile(r"[A-Za-z0-9._-]{1,128}")
 _NVIDIA_SMI_TIMEOUT_S = 5.0
@@ -90,9 +70,7 @@ class Fingerprint:
 
 
 def check_family(family: str) -> str:
-    if family not in FAMILIES:
-        raise UsageError(f"unknown cache family {family!r}; expected one of {', '.join(FAMILIES)}")
-    return family
+    return families.check(family)
 
 
 def check_namespace(name: str) -> str:
@@ -106,22 +84,21 @@ def check_namespace(name: str) -> str:
 
 def fingerprint(family: str) -> Fingerprint:
     """Collect this host's ingredients for ``family``."""
-    check_family(family)
-    probes = {
+    fam = families.get(family)
+    probes: dict[str, Callable[[], str | None]] = {
         "python": _python,
         "platform": platform.system,
         "arch": platform.machine,
         "libc": _libc,
-        "torch": lambda: _package_version("torch"),
-        "triton": lambda: _package_version("triton"),
         "cuda": _cuda_runtime,
         "nvidia_driver": _nvidia_driver,
         "gpu": _gpus,
         "build_key": lambda: os.environ.get(BUILD_KEY_ENV) or None,
     }
     ingredients: dict[str, str | None] = {}
-    for key in FAMILY_INGREDIENTS[family]:
-        value = probes[key]()
+    for key in fam.ingredients:
+        probe = probes.get(key)
+        value = probe() if probe is not None else _first_version(fam.package_dists(key))
         ingredients[key] = value or None
     return Fingerprint(family=family, ingredients=ingredients)
 
@@ -142,6 +119,14 @@ def _python() -> str:
 def _libc() -> str | None:
     lib, version = platform.libc_ver()
     return f"{lib}-{version}" if lib else None
+
+
+def _first_version(dists: tuple[str, ...]) -> str | None:
+    for name in dists:
+        version = _package_version(name)
+        if version:
+            return version
+    return None
 
 
 def _package_version(name: str) -> str | None:

@@ -8,9 +8,9 @@ import sys
 
 import pytest
 
+from casfs import families
 from casfs.errors import UsageError
 from casfs.fingerprint import (
-    FAMILIES,
     Fingerprint,
     check_namespace,
     fingerprint,
@@ -19,7 +19,7 @@ from casfs.fingerprint import (
 
 
 def test_same_host_gives_same_namespace() -> None:
-    for family in FAMILIES:
+    for family in families.names():
         assert fingerprint(family).namespace == fingerprint(family).namespace
 
 

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from casfs import families
 from casfs.cli.output import emit_json
 from casfs.errors import CasfsError, DaemonUnavailableError, FuseUnavailableError, UsageError
 from casfs.node import control
@@ -28,14 +29,11 @@ from casfs.util.defaults import (
 if TYPE_CHECKING:
     from casfs.node.host import HostConfig
 
-ENV_VARS = {"triton": "TRITON_CACHE_DIR", "inductor": "TORCHINDUCTOR_CACHE_DIR"}
-
-
 def make_config(args: argparse.Namespace, family: str, mountpoint: Path,
                 namespace: str | None) -> MountConfig:
-    from casfs.fingerprint import check_family, resolve_namespace
+    from casfs.fingerprint import resolve_namespace
 
-    check_family(family)
+    families.check(family)
     return MountConfig(
         name=args.name or family,
         family=family,
@@ -216,22 +214,27 @@ def summary_line(family: str, st: dict[str, Any] | None) -> str:
 
 
 def _families(spec: str, namespace: str | None) -> list[str]:
-    families = [f.strip() for f in spec.split(",") if f.strip()]
-    if namespace and len(families) != 1:
+    names = [families.check(f.strip()) for f in spec.split(",") if f.strip()]
+    if namespace and len(names) != 1:
         raise UsageError("--namespace needs exactly one --family")
-    return families
+    return names
 
 
-def _caches(families: list[str], namespace: str | None) -> list[dict[str, str]]:
+def _caches(names: list[str], namespace: str | None) -> list[dict[str, str]]:
     """The job's namespaces, computed on the job's side and handed to the node."""
-    from casfs.fingerprint import check_family, resolve_namespace
+    from casfs.fingerprint import resolve_namespace
 
-    return [{"family": check_family(f), "namespace": resolve_namespace(f, namespace)}
-            for f in families]
+    return [{"family": families.check(f), "namespace": resolve_namespace(f, namespace)}
+            for f in names]
 
 
-def cache_var(family: str) -> str:
-    return ENV_VARS.get(family, "CASFS_CACHE_DIR")
+def cache_vars(paths: dict[str, str], job_env: dict[str, str] | os._Environ[str],
+               companions: bool) -> dict[str, str]:
+    """The variables pointing each family's tools at its directory (the registry says which).
+
+    A variable the job already set is never overridden; companions are opt-in.
+    """
+    return families.env_for(paths, dict(job_env), companions=companions)
 
 
 def host_config(args: argparse.Namespace, *, for_run: bool) -> HostConfig:
@@ -259,8 +262,9 @@ def cmd_env(args: argparse.Namespace) -> int:
     if args.json:
         emit_json(reply)
         return 0
-    for c in reply["caches"]:
-        print(f"export {cache_var(c['family'])}={shlex.quote(c['path'])}")
+    paths = {c["family"]: c["path"] for c in reply["caches"]}
+    for var, value in cache_vars(paths, os.environ, args.companions).items():
+        print(f"export {var}={shlex.quote(value)}")
     print(f"export CASFS_LEASE={shlex.quote(reply['lease'])}")
     return 0
 
@@ -269,12 +273,12 @@ def _why(e: BaseException) -> str:
     return e.message if isinstance(e, CasfsError) else str(e)
 
 
-def _private_dirs(families: list[str], why: str) -> tuple[dict[str, str], Path]:
+def _private_dirs(names: list[str], why: str) -> tuple[dict[str, str], Path]:
     tmp = Path(tempfile.mkdtemp(prefix="casfs-private-"))
     print(f"casfs: warning: {why}; the caches of this run are private and temporary ({tmp})",
           file=sys.stderr)
     out = {}
-    for fam in families:
+    for fam in names:
         (tmp / fam).mkdir()
         out[fam] = str(tmp / fam)
     return out, tmp
@@ -290,8 +294,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         cmd = cmd[1:]
     if not cmd:
         raise UsageError("casfs run needs a command: casfs run [--family F] -- CMD ARGS...")
-    families = _families(args.family, args.namespace)
-    caches = _caches(families, args.namespace)
+    names = _families(args.family, args.namespace)
+    caches = _caches(names, args.namespace)
     state = default_state_dir().absolute()
     paths: dict[str, str] = {}
     lease: tuple[Path, str] | None = None
@@ -309,7 +313,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                   " (dir mode)", file=sys.stderr)
             mode = "dir"
         except (CasfsError, OSError) as e:
-            paths, private = _private_dirs(families, f"no cache can be served ({_why(e)})")
+            paths, private = _private_dirs(names, f"no cache can be served ({_why(e)})")
     if mode == "dir":
         base = default_serve_base().absolute() / tenant_for(os.geteuid())
         try:
@@ -322,10 +326,9 @@ def cmd_run(args: argparse.Namespace) -> int:
             for w in workers:
                 w.stop()
             workers = []
-            paths, private = _private_dirs(families, f"no cache can be served ({_why(e)})")
+            paths, private = _private_dirs(names, f"no cache can be served ({_why(e)})")
     env = dict(os.environ)
-    for fam, path in paths.items():
-        env[cache_var(fam)] = path
+    env.update(cache_vars(paths, env, args.companions))
     if lease is not None:
         env["CASFS_LEASE"] = lease[1]
     rc = 1
@@ -355,6 +358,14 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    def family_opts(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--family", default=",".join(families.DEFAULT_RUN),
+                       help=f"comma list of {', '.join(families.names())}"
+                            f" (default: {','.join(families.DEFAULT_RUN)})")
+        p.add_argument("--companions", action="store_true",
+                       help="also set the families' opt-in companion variables"
+                            " (e.g. FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1)")
+
     def mount_opts(p: argparse.ArgumentParser) -> None:
         p.add_argument("--namespace", "-n", help="explicit namespace (default: auto)")
         p.add_argument("--name", help="mount name (default: the family)")
@@ -369,7 +380,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
     p = sub.add_parser("mount", help="mount a namespace as a writable cache directory")
     p.add_argument("mountpoint")
-    p.add_argument("--family", default="generic", help="triton, inductor or generic")
+    p.add_argument("--family", default=families.FALLBACK, help=", ".join(families.names()))
     p.add_argument("--foreground", "-f", action="store_true")
     mount_opts(p)
     p.set_defaults(func=cmd_mount)
@@ -381,7 +392,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
     p = sub.add_parser("env", help="lease this job's caches from the node; print the"
                                    " variables (eval \"$(casfs env)\")")
-    p.add_argument("--family", default="triton,inductor", help="comma list (default: both)")
+    family_opts(p)
     p.add_argument("--pid", type=int, help="the process holding the lease (default: the caller)")
     p.add_argument("--start", action="store_true",
                    help="start the node's mount process if none runs (it exits after the"
@@ -392,7 +403,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
     p = sub.add_parser("run", help="run one command with its caches (shared with other jobs"
                                    " on the node), publish when the last job leaves")
-    p.add_argument("--family", default="triton,inductor", help="comma list (default: both)")
+    family_opts(p)
     mount_opts(p)
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD ARGS")
     p.set_defaults(func=cmd_run)

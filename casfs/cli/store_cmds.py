@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from casfs import families
 from casfs.cli.output import emit_json, human_bytes, progress, table
 from casfs.errors import CasfsError, NotFoundError, UsageError
 from casfs.store import maintenance
@@ -68,10 +69,9 @@ def cmd_init(args: argparse.Namespace) -> int:
 def cmd_import(args: argparse.Namespace) -> int:
     from casfs.fingerprint import fingerprint
     from casfs.promote.importer import import_tree
-    from casfs.scratch import ScratchRules
 
     root = open_root(create=True)
-    rules = ScratchRules(args.family, args.exclude or ())
+    rules = families.rules(args.family, args.exclude or ())
     ns = args.namespace or fingerprint(args.family).namespace
     check_name(ns)
     with progress("import", enabled=not args.json) as bar:
@@ -309,17 +309,22 @@ def cmd_unpin(args: argparse.Namespace) -> int:
 def cmd_key(args: argparse.Namespace) -> int:
     from casfs.fingerprint import fingerprint
 
-    fams = args.family.split(",")
+    fams = [families.check(f.strip()) for f in args.family.split(",") if f.strip()]
     fps = [fingerprint(f) for f in fams]
     if args.json:
         out = [{"family": fp.family, "namespace": fp.namespace, "ingredients": fp.ingredients}
                for fp in fps]
         emit_json(out[0] if len(out) == 1 else out)
-    else:
-        for fp in fps:
-            print(f"{fp.namespace}")
-            for k, v in sorted(fp.ingredients.items()):
-                print(f"  {k}: {v}")
+        return 0
+    for fp in fps:
+        fam = families.get(fp.family)
+        print(f"{fp.namespace}")
+        for k, v in sorted(fp.ingredients.items()):
+            print(f"  {k}: {v}")
+        print(f"  variables: {', '.join(fam.env_vars)}"
+              + "".join(f"; opt-in {k}={v}" for k, v in fam.companions.items()))
+        for r in families.rules(fp.family).replaced:
+            print(f"  replaced: {r.pattern} ({r.rule.kind})")
     return 0
 
 
@@ -335,7 +340,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = add("import", cmd_import, "publish a plain cache directory as a new generation")
     p.add_argument("src")
     p.add_argument("--namespace", "-n")
-    p.add_argument("--family", default="generic", help="triton, inductor or generic")
+    p.add_argument("--family", default=families.FALLBACK, help=", ".join(families.names()))
     p.add_argument("--exclude", action="append", help="extra scratch glob (repeatable)")
     p = add("export", cmd_export, "materialise a generation as a plain directory")
     p.add_argument("ref", metavar="NS[@SEQ]")
@@ -370,4 +375,5 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("namespace")
     p.add_argument("name")
     p = add("key", cmd_key, "print the ingredients of the auto namespace")
-    p.add_argument("--family", default="generic", help="triton, inductor, generic (comma list)")
+    p.add_argument("--family", default=families.FALLBACK,
+                   help=f"comma list of {', '.join(families.names())}")

@@ -16,8 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from casfs import families
 from casfs.errors import CasfsError, ConfigError
-from casfs.fingerprint import AUTO, FAMILIES, fingerprint
+from casfs.fingerprint import AUTO, fingerprint
 from casfs.node.config import MountConfig
 from casfs.node.logfmt import FORMATS, LEVELS
 from casfs.util.defaults import default_mount_base, default_root, default_state_dir
@@ -273,9 +274,9 @@ def _mount(t: _Table, defaults: MountOptions, mount_base: Path,
     if not NAME_RE.fullmatch(name):
         raise ConfigError(f"{t.key('name')}: {name!r} is not a valid mount name"
                           " (letters, digits, '.', '_', '-'; at most 64)")
-    family = t.get("family", as_str, name if name in FAMILIES else "generic")
-    if family not in FAMILIES:
-        raise ConfigError(f"{t.key('family')}: expected one of {', '.join(FAMILIES)},"
+    family = t.get("family", as_str, name if name in families.names() else families.FALLBACK)
+    if family not in families.names():
+        raise ConfigError(f"{t.key('family')}: expected one of {', '.join(families.names())},"
                           f" got {family!r}")
     setting = t.get("namespace", as_str, AUTO)
     if setting == AUTO:
@@ -297,8 +298,8 @@ def _mount(t: _Table, defaults: MountOptions, mount_base: Path,
 def load(path: Path | None, overrides: Overrides | None = None) -> DaemonConfig:
     """Parse and check the whole configuration; ConfigError naming the key if anything is off.
 
-    ``path`` None means no file: the zero-config daemon (triton and inductor
-    mounts under the default mount base).
+    ``path`` None means no file: the zero-config daemon (a mount per family of
+    ``families.DEFAULT_RUN`` under the default mount base).
     """
     ov = overrides or Overrides()
     data = read_file(path) if path is not None else {}
@@ -324,7 +325,7 @@ def load(path: Path | None, overrides: Overrides | None = None) -> DaemonConfig:
     top.used.add("mounts")
     raw_mounts = data.get("mounts")
     if raw_mounts is None and path is None:
-        raw_mounts = [{"name": "triton"}, {"name": "inductor"}]
+        raw_mounts = [{"name": f} for f in families.DEFAULT_RUN]
     if not isinstance(raw_mounts, list) or not raw_mounts:
         raise ConfigError("mounts: at least one [[mounts]] table is needed")
     resolved: dict[str, str] = {}

@@ -22,7 +22,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from casfs import __version__
+from casfs import __version__, families
 from casfs.daemon import config as dconfig
 from casfs.daemon.controlsock import ControlServer, take_daemon_lock
 from casfs.daemon.notify import Notifier
@@ -40,8 +40,9 @@ def build_parser() -> argparse.ArgumentParser:
                                 " mounts of one node (docs/operations.md).")
     p.add_argument("--version", action="version", version=f"casfsd {__version__}")
     p.add_argument("--config", "-c", metavar="FILE",
-                   help="TOML configuration (docs/configuration.md); without it, triton and"
-                   " inductor mounts with the zero-config defaults")
+                   help="TOML configuration (docs/configuration.md); without it, one mount"
+                        f" per family of {', '.join(families.DEFAULT_RUN)} with the"
+                        " zero-config defaults")
     p.add_argument("--root", metavar="DIR", help="shared root (overrides store.root)")
     p.add_argument("--state-dir", metavar="DIR", help="node state dir (overrides node.state_dir)")
     p.add_argument("--log-level", choices=sorted(logfmt.LEVELS), help="overrides log.level")

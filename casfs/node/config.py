@@ -11,7 +11,7 @@ from casfs.errors import ConfigError
 @dataclass(frozen=True)
 class MountConfig:
     name: str  # the mount's name: control socket, counters, logs
-    family: str  # triton | inductor | generic
+    family: str  # a name in casfs.families
     namespace: str  # concrete (auto already resolved)
     mountpoint: Path
     root: Path  # shared root

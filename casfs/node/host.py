@@ -44,6 +44,7 @@ from typing import Any
 
 import trio
 
+from casfs import families
 from casfs.errors import CasfsError, UsageError
 from casfs.node import control, guard, leases, logfmt
 from casfs.node.config import MountConfig
@@ -119,7 +120,7 @@ class HostConfig:
 
     def check(self) -> None:
         # The same layout rules as one mount: never inside the state dir or the root.
-        MountConfig(name=self.name, family="generic", namespace="x", mountpoint=self.base,
+        MountConfig(name=self.name, family=families.FALLBACK, namespace="x", mountpoint=self.base,
                     root=self.root, state_dir=self.state_dir).check()
 
     def to_json(self) -> str:

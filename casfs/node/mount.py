@@ -27,6 +27,7 @@ from typing import Any
 
 import trio
 
+from casfs import families
 from casfs.errors import CasfsError, UsageError
 from casfs.index.node_index import NodeIndex
 from casfs.index.objcache import LocalObjectCache
@@ -35,7 +36,6 @@ from casfs.node.config import MountConfig
 from casfs.promote.promoter import Promoter
 from casfs.promote.publisher import Publisher
 from casfs.promote.tracker import WriteTracker
-from casfs.scratch import ScratchRules
 from casfs.store.generations import GenerationStore, Record
 from casfs.store.root import SharedRoot
 from casfs.util.counters import Counters
@@ -83,6 +83,7 @@ class MountService:
         if not hosted:
             cfg.check()
         self.cfg = cfg
+        self.rules = families.rules(cfg.family, cfg.scratch_patterns)
         self.counters = Counters()
         self.tracker = WriteTracker()
         self.root: SharedRoot | None = None
@@ -112,7 +113,6 @@ class MountService:
                               fetch_timeout=cfg.fetch_timeout)
             if cfg.mode == "fuse" else None
         )
-        self.rules = ScratchRules(cfg.family, cfg.scratch_patterns)
         self.restore_stamps = (
             dirmode.RestoreStamps(cfg.state_dir / f"restored-{cfg.namespace}.json", self.lower)
             if cfg.mode == "dir" else None
@@ -205,7 +205,7 @@ class MountService:
 
     def _check_mount_path(self, rec: Record) -> None:
         published_at = (rec.fingerprint or {}).get("mountpoint")
-        if (self.cfg.family in ("triton", "inductor") and isinstance(published_at, str)
+        if (self.rules.path_bearing and isinstance(published_at, str)
                 and published_at != str(self.cfg.mountpoint)):
             self.counters.inc("mount_path_mismatch")
             log.warning(
@@ -244,7 +244,7 @@ class MountService:
 
             self.publisher = Publisher(
                 generations=self._gens(), index=self.index, key=self.cfg.namespace,
-                namespace=self.cfg.namespace, counters=self.counters,
+                namespace=self.cfg.namespace, counters=self.counters, rules=self.rules,
                 # The mount path travels with the record: Triton group files hold
                 # absolute paths, so nodes serving another path must be warned.
                 fingerprint={**fingerprint(self.cfg.family).ingredients,

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from casfs.errors import UsageError
-from casfs.scratch import ScratchRules, group_children, is_group_file, walk_files
+from casfs.families import CacheRules, walk_files
 from casfs.store.entry import Entry
 from casfs.store.generations import PublishResult
 from casfs.store.root import SharedRoot
@@ -37,7 +37,7 @@ class ImportReport:
     publish: PublishResult | None = None
 
 
-def scan_tree(src: Path, rules: ScratchRules, report: ImportReport) -> list[tuple[str, Path]]:
+def scan_tree(src: Path, rules: CacheRules, report: ImportReport) -> list[tuple[str, Path]]:
     """(relpath, path) of every regular, non-scratch file under ``src``."""
     out: list[tuple[str, Path]] = []
     for rel, full, scratch in walk_files(src, rules):
@@ -51,15 +51,16 @@ def scan_tree(src: Path, rules: ScratchRules, report: ImportReport) -> list[tupl
 
 
 def complete_groups(
-    files: dict[str, Entry], read: Callable[[str], bytes], report: ImportReport
+    files: dict[str, Entry], read: Callable[[str], bytes], report: ImportReport,
+    rules: CacheRules,
 ) -> dict[str, Entry]:
-    """Drop Triton group files whose children are not all present."""
-    for rel in [r for r in files if is_group_file(r)]:
-        children = group_children(rel, read(rel))
+    """Drop commit records (Triton group files) whose children are not all present."""
+    for rel in [r for r in files if rules.is_commit_record(r)]:
+        children = rules.record_children(rel, read(rel))
         if children is None or any(c not in files for c in children):
             del files[rel]
             report.skipped_other.append(rel)
-            log.warning("skipping incomplete Triton group %s", rel)
+            log.warning("skipping incomplete commit record %s", rel)
     return files
 
 
@@ -68,7 +69,7 @@ def import_tree(
     src: Path,
     namespace: str,
     *,
-    rules: ScratchRules,
+    rules: CacheRules,
     node: str,
     fingerprint: dict[str, Any] | None = None,
     max_bytes: int | None = None,
@@ -100,7 +101,7 @@ def import_tree(
                 report.new_objects += created
             if progress:
                 progress(1)
-    complete_groups(entries, lambda rel: (src / rel).read_bytes(), report)
+    complete_groups(entries, lambda rel: (src / rel).read_bytes(), report, rules)
     report.files = len(entries)
     report.bytes = sum(e.size for e in entries.values())
     report.publish = root.generations().publish(

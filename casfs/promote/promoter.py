@@ -3,10 +3,10 @@
 A file is promoted when it is stable: no open writer, no change for
 ``stable_after`` seconds (both from the WriteTracker the view feeds), and
 its size and mtime unchanged across hashing. Scratch names are never promoted
-(casfs.scratch). A Triton group file (``__grp__*.json``, the commit record of
-a kernel) is promoted only once every child it names is promoted or already
-in the lower layer with the same bytes, so no generation can hold a group
-without its children.
+(the family's rules, casfs.families). A commit record (a Triton group file)
+is promoted only once every child it names is promoted or already in the
+lower layer with the same bytes, so no generation can hold a record without
+its children.
 
 Runs in a worker thread; a slow or failing shared root only delays promotion
 (the path stays dirty and is retried), it never reaches the job.
@@ -24,10 +24,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from casfs.families import CacheRules, walk_files
 from casfs.index.node_index import NodeIndex
 from casfs.index.tree import LowerTree
 from casfs.promote.tracker import WriteTracker
-from casfs.scratch import ScratchRules, group_children, is_group_file, walk_files
 from casfs.store.entry import Entry
 from casfs.store.objects import ObjectStore, PutResult
 from casfs.util.counters import Counters
@@ -64,7 +64,7 @@ class Promoter:
         objects: ObjectStore,
         index: NodeIndex,
         key: str,
-        rules: ScratchRules,
+        rules: CacheRules,
         tracker: WriteTracker,
         counters: Counters,
         lower: LowerTree,
@@ -114,8 +114,8 @@ class Promoter:
             res.deferred += len(held)
             paths = [p for p in paths if p not in held]
         # Commit records last, so a group and its children can go in one round.
-        for wave in ([p for p in paths if not is_group_file(p)],
-                     [p for p in paths if is_group_file(p)]):
+        for wave in ([p for p in paths if not self.rules.is_commit_record(p)],
+                     [p for p in paths if self.rules.is_commit_record(p)]):
             todo = [c for c in (self._guarded(self._check, rel, res) for rel in wave) if c]
             if len(todo) >= PARALLEL_MIN:
                 # Hashing, compression and file I/O release the GIL: overlap them.
@@ -170,7 +170,7 @@ class Promoter:
         if self._settled(rel, st):
             self.tracker.forget(rel, seen_at)
             return None
-        if is_group_file(rel) and not self._group_ready(rel, full):
+        if self.rules.is_commit_record(rel) and not self._group_ready(rel, full):
             res.deferred += 1
             return None
         return _Candidate(rel, full, st, seen_at)
@@ -201,7 +201,7 @@ class Promoter:
 
     def _group_ready(self, rel: str, full: Path) -> bool:
         try:
-            children = group_children(rel, full.read_bytes())
+            children = self.rules.record_children(rel, full.read_bytes())
         except OSError:
             return False
         if children is None:

@@ -4,8 +4,8 @@ Runs in a worker thread, every ``publish_interval`` when something is
 pending and once more at shutdown. Failures are logged, counted and retried
 next round; they never reach the mount.
 
-Group consistency: a Triton group file is published only if every child it
-names ends up in the generation with *our* bytes (published by us now or
+Group consistency: a commit record (a Triton group file) is published only if
+every child it names ends up in the generation with *our* bytes (published by us now or
 earlier). If another node already published different bytes for a child,
 our group is dropped as a conflict, so a published group never mixes the
 files of two writers.
@@ -24,8 +24,8 @@ from casfs.errors import (
     PublishDeferredError,
     QuotaExceededError,
 )
+from casfs.families import CacheRules
 from casfs.index.node_index import NodeIndex
-from casfs.scratch import group_children, is_group_file
 from casfs.store.entry import Entry
 from casfs.store.generations import GenerationStore, PublishResult, Snapshot
 from casfs.store.objects import object_key
@@ -50,6 +50,7 @@ class Publisher:
         key: str,
         namespace: str,
         counters: Counters,
+        rules: CacheRules,
         fingerprint: dict[str, Any] | None,
         max_bytes: int | None,
         on_lost: Callable[[str], None] | None = None,
@@ -59,6 +60,7 @@ class Publisher:
         self.key = key
         self.namespace = namespace
         self.counters = counters
+        self.rules = rules
         self.fingerprint = fingerprint
         self.max_bytes = max_bytes
         self.on_lost = on_lost  # called with a path whose promoted object disappeared
@@ -142,7 +144,7 @@ class Publisher:
         adding = {e.path: e.digest for e in new}
         keep: list[Entry] = []
         for e in new:
-            if is_group_file(e.path) and not self._group_ok(e, snap, adding):
+            if self.rules.is_commit_record(e.path) and not self._group_ok(e, snap, adding):
                 self.counters.inc("groups_dropped")
                 log.info("not publishing group %s: its children are not all ours", e.path)
                 continue
@@ -154,7 +156,7 @@ class Publisher:
             data = self.gens.objects.get_bytes(group.digest, group.size)
         except CasfsError:
             return False
-        children = group_children(group.path, data)
+        children = self.rules.record_children(group.path, data)
         if children is None:
             return False
         for c in children:

@@ -18,7 +18,8 @@ from typing import Any
 
 import pytest
 
-from casfs.scratch import ScratchRules, group_children, group_written_root, is_group_file
+from casfs.families import rules as family_rules
+from casfs.families.triton import group_children, group_written_root, is_group_file
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -64,7 +65,7 @@ def test_inductor_workload_cold_then_warm(tmp_path: Path) -> None:
     assert cold["stable"]
 
     # Of what a real run leaves behind, only the lock files are scratch.
-    rules = ScratchRules("inductor")
+    rules = family_rules("inductor")
     scratch = [f for f in _files(cache) if rules.is_scratch(f)]
     assert scratch and all(f.startswith("locks/") and f.endswith(".lock") for f in scratch)
     assert any(f.startswith("fxgraph/") for f in _files(cache))
@@ -106,7 +107,7 @@ def test_triton_workload_cold_then_warm(tmp_path: Path) -> None:
     assert len({k["hash"] for k in cold["per_kernel"]}) == n
 
     # Every group file names exactly the other files of its kernel directory.
-    rules = ScratchRules("triton")
+    rules = family_rules("triton")
     files = _files(cache)
     groups = [f for f in files if is_group_file(f)]
     assert len(groups) == n

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from casfs.families import rules as family_rules
 from casfs.index.node_index import NodeIndex
 from casfs.promote.publisher import Publisher
 from casfs.promote.tracker import WriteTracker
@@ -19,7 +20,8 @@ def setup(tmp_path: Path) -> tuple[SharedRoot, NodeIndex, Publisher, WriteTracke
     index = NodeIndex.open(tmp_path / "state")
     tracker = WriteTracker()
     pub = Publisher(generations=root.generations(), index=index, key="ns", namespace="ns",
-                    counters=Counters(), fingerprint=None, max_bytes=None,
+                    counters=Counters(), rules=family_rules("triton"), fingerprint=None,
+                    max_bytes=None,
                     on_lost=tracker.modified)
     return root, index, pub, tracker
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from casfs.errors import PublishError, QuotaExceededError
+from casfs.families import rules as family_rules
 from casfs.promote.importer import import_tree
-from casfs.scratch import ScratchRules
 from casfs.store.entry import Entry
 from casfs.store.generations import COMPACT_DELTAS, GenerationStore, check_name
 from casfs.store.root import SharedRoot
@@ -107,7 +107,7 @@ def test_bad_namespace_names(name: str) -> None:
 # --- import dedup ---------------------------------------------------------------
 def test_second_import_of_same_tree_adds_nothing(root: SharedRoot, tmp_path: Path) -> None:
     src = make_tree(tmp_path / "src")
-    rules = ScratchRules("generic")
+    rules = family_rules("generic")
     first = import_tree(root, src, "ns", rules=rules, node="n")
     assert first.publish is not None and first.publish.seq == 1
     assert first.new_objects == first.files > 0
@@ -124,7 +124,7 @@ def test_identical_trees_under_two_namespaces_share_file_objects(
     root: SharedRoot, tmp_path: Path
 ) -> None:
     src = make_tree(tmp_path / "src")
-    rules = ScratchRules("generic")
+    rules = family_rules("generic")
     import_tree(root, src, "one", rules=rules, node="n")
     objects_before = set(root.objects.iter_digests())
     rep = import_tree(root, src, "two", rules=rules, node="n")
@@ -145,7 +145,7 @@ def test_import_skips_scratch_and_keeps_modes(root: SharedRoot, tmp_path: Path) 
     (src / "locks").mkdir()
     (src / "locks" / "x.lock").write_text("")
     (src / "empty").mkdir()
-    rep = import_tree(root, src, "ns", rules=ScratchRules("inductor"), node="n")
+    rep = import_tree(root, src, "ns", rules=family_rules("inductor"), node="n")
     snap = root.generations().entries("ns")
     assert set(snap.entries) == {"ab/c.py", "ab/c.so"}
     assert snap.entries["ab/c.so"].mode == 0o755
@@ -258,7 +258,7 @@ def test_quota_stops_publication_and_publishes_nothing(root: SharedRoot) -> None
 def test_quota_applies_to_import(root: SharedRoot, tmp_path: Path) -> None:
     src = make_tree(tmp_path / "src")
     with pytest.raises(QuotaExceededError):
-        import_tree(root, src, "ns", rules=ScratchRules("generic"), node="n", max_bytes=100)
+        import_tree(root, src, "ns", rules=family_rules("generic"), node="n", max_bytes=100)
     assert root.generations().seqs("ns") == []
 
 

@@ -1,4 +1,4 @@
-"""Scratch rules on real client paths, and Triton group files."""
+"""Triton and Inductor family rules on real client paths, and Triton group files."""
 
 from __future__ import annotations
 
@@ -7,7 +7,13 @@ import json
 import pytest
 
 from casfs.errors import UsageError
-from casfs.scratch import ScratchRules, group_children, group_written_root, is_group_file
+from casfs.families import rules as family_rules
+from casfs.families.triton import (
+    GROUPS,
+    group_children,
+    group_written_root,
+    is_group_file,
+)
 
 KEY = "7NKZN2IV7ZBONWLCSFOQYCSFLUEILF3Z7JGCKATQOW63BQKAVLRQ"
 UUID = "0b5c7e1e-2a43-4c4f-9d0b-3f1f7c1e9a11"
@@ -46,25 +52,36 @@ REAL_PATHS = [
 ]
 
 
-@pytest.mark.parametrize("family", ["triton", "inductor", "generic"])
+# Inductor keeps a Triton cache inside (triton/<dev>/), and a generic cache may
+# hold either: their rules include Triton's.
+@pytest.mark.parametrize("family", ["inductor", "generic", "vllm", "sglang"])
 @pytest.mark.parametrize(("relpath", "scratch"), REAL_PATHS)
 def test_builtin_rules(family: str, relpath: str, scratch: bool) -> None:
-    assert ScratchRules(family).is_scratch(relpath) is scratch
+    assert family_rules(family).is_scratch(relpath) is scratch
+
+
+def test_triton_rules_alone() -> None:
+    rules = family_rules("triton")
+    for relpath, scratch in REAL_PATHS:
+        triton_made = "tmp.pid_" in relpath or relpath.endswith(".lock") or ".wh." in relpath
+        assert rules.is_scratch(relpath) is (scratch and triton_made), relpath
+    assert rules.is_commit_record(f"{KEY}/__grp__k.json")
+    assert rules.replace_rule(f"{KEY}/__grp__k.json") is None  # never replaced
 
 
 def test_user_patterns_match_path_and_components() -> None:
-    rules = ScratchRules("generic", ["*.partial", "cache/old/*"])
+    rules = family_rules("generic", ["*.partial", "cache/old/*"])
     assert rules.is_scratch("a/b/c.partial")
     assert rules.is_scratch("x.partial/inner")
     assert rules.is_scratch("cache/old/f")
     assert not rules.is_scratch("cache/new/f")
     assert not rules.is_scratch("a/b/c.partially")
-    assert not ScratchRules("generic").is_scratch("a/b/c.partial")
+    assert not family_rules("generic").is_scratch("a/b/c.partial")
 
 
 def test_unknown_family() -> None:
     with pytest.raises(UsageError):
-        ScratchRules("nope")
+        family_rules("nope")
 
 
 def test_is_group_file() -> None:
@@ -114,6 +131,23 @@ def test_group_children_unusable(data: bytes) -> None:
 
 def test_group_children_empty_group() -> None:
     assert group_children(f"{KEY}/__grp__k.json", b'{"child_paths": {}}') == []
+
+
+def test_group_relocation_round_trip() -> None:
+    rel = f"triton/0/{KEY}/__grp__k.json"
+    data = _real_group("/mnt/a/triton/0")
+    stored = GROUPS.to_pathfree(rel, data)
+    assert stored is not None and b"/mnt/a" not in stored
+    assert group_children(rel, stored) == group_children(rel, data)
+    # Presented at the path it was written from: byte-identical to Triton's own file.
+    assert GROUPS.present(rel, stored, "/mnt/a") == data
+    moved = GROUPS.present(rel, stored, "/srv/cache/")
+    assert moved == _real_group("/srv/cache/triton/0")
+    assert group_written_root(rel, moved) == "/srv/cache"
+    # Absolute (legacy) groups and garbage are served as stored.
+    assert GROUPS.present(rel, data, "/x") is None
+    assert GROUPS.present(rel, b"{", "/x") is None
+    assert GROUPS.to_pathfree(rel, b"{") is None
 
 
 def test_group_written_root() -> None:

@@ -1,0 +1,146 @@
+"""What a cache family declares, and the rules every family shares.
+
+A family is one frozen ``Family`` value in its own module (``triton.py``,
+``vllm.py``, ...), registered in ``casfs/families/__init__.py``. It says:
+
+- ``env_vars``: the variables a job gets, each pointed at the family's
+  directory; ``companions``: opt-in variables that change the library's
+  behaviour (the CuTe DSL enable flag), set only when asked for;
+- ``ingredients``: what makes its artifacts incompatible (host keys, see
+  ``HOST_INGREDIENTS``, and package versions, see ``packages``);
+- ``scratch``: per-component rules for names that are never published;
+- ``commit_records``: files that make other files a hit (Triton's group
+  files, vLLM's index); published only with every child they name;
+- ``replaced``: paths legitimately rewritten, and their publication rule;
+  everything else is first-writer-wins;
+- ``path_bearing``: files holding absolute paths of the cache, stored
+  path-free and presented with the serving path;
+- ``includes``: families whose caches live inside this one's directory
+  (Inductor keeps a Triton cache under ``triton/<dev>/``): their rules apply too.
+
+Nothing outside ``casfs/families/`` names a family: the rest of the code asks
+the registry (``casfs.families.get``) and a family's ``CacheRules``.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+# Host ingredients every probe knows (casfs/fingerprint.py); any other
+# ingredient is a package, looked up in ``Family.packages``.
+HOST_INGREDIENTS = (
+    "python", "platform", "arch", "libc", "cuda", "nvidia_driver", "gpu", "build_key",
+)
+# The stack compiled Python-side artifacts depend on (Triton/Inductor keys).
+FULL_STACK = (
+    "python", "platform", "arch", "libc", "torch", "triton", "cuda", "nvidia_driver", "gpu",
+    "build_key",
+)
+# Distribution names of the packages the shared ingredients name.
+BASE_PACKAGES: Mapping[str, tuple[str, ...]] = {
+    "torch": ("torch",),
+    "triton": ("triton", "pytorch-triton"),
+}
+
+
+class CommitRecord(Protocol):
+    """A file that makes other files a hit; it must never be published without them."""
+
+    def matches(self, relpath: str) -> bool: ...
+
+    def children(self, relpath: str, data: bytes) -> list[str] | None:
+        """Relative paths of the files it names; None if the client would treat it as a miss."""
+        ...
+
+
+class PathBearing(Protocol):
+    """A file that holds absolute paths of the cache directory it was written in."""
+
+    def matches(self, relpath: str) -> bool: ...
+
+    def to_pathfree(self, relpath: str, data: bytes) -> bytes | None:
+        """The stored form (no absolute paths); None if ``data`` is not in a form we rewrite."""
+        ...
+
+    def present(self, relpath: str, data: bytes, root: str) -> bytes | None:
+        """The stored form rewritten for a cache served at ``root``; None to serve it as is."""
+        ...
+
+    def written_root(self, relpath: str, data: bytes) -> str | None:
+        """The absolute cache root ``data`` was written under, if it says so consistently."""
+        ...
+
+
+RuleKind = Literal["newest", "merge"]
+
+
+@dataclass(frozen=True)
+class ReplaceRule:
+    """How a replaced path is published.
+
+    ``newest``: the version of the newest generation wins (ordered by
+    generation, never by clocks). ``merge``: ``merge(older, newer)`` gives the
+    bytes to publish (for a dict index: the union of keys, newest per key), or
+    None when either side is not in the format, then newest wins.
+    """
+
+    kind: RuleKind
+    merge: Callable[[bytes, bytes], bytes | None] | None = None
+    doc: str = ""
+
+
+NEWEST = ReplaceRule("newest", doc="newest generation wins")
+
+
+@dataclass(frozen=True)
+class ReplacedPath:
+    """A glob on the whole relative path (``fnmatch``: ``*`` crosses ``/``)."""
+
+    pattern: str
+    rule: ReplaceRule
+    why: str = ""
+
+    def matches(self, relpath: str) -> bool:
+        return fnmatch.fnmatchcase(relpath, self.pattern)
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str
+    summary: str
+    env_vars: tuple[str, ...] = ()
+    companions: Mapping[str, str] = field(default_factory=dict)
+    ingredients: tuple[str, ...] = FULL_STACK
+    packages: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    scratch: Callable[[str], bool] | None = None
+    commit_records: tuple[CommitRecord, ...] = ()
+    replaced: tuple[ReplacedPath, ...] = ()
+    path_bearing: tuple[PathBearing, ...] = ()
+    includes: tuple[str, ...] = ()
+
+    @property
+    def subdir(self) -> str:
+        """The family's directory name under a mount base."""
+        return self.name
+
+    def package_dists(self, ingredient: str) -> tuple[str, ...]:
+        """Distribution names whose installed version is ``ingredient``'s value."""
+        return self.packages.get(ingredient) or BASE_PACKAGES.get(ingredient) or (ingredient,)
+
+
+def common_scratch(name: str) -> bool:
+    """Rules for one path component that hold in any cache.
+
+    - ``*.lock``: filelock's lock files (Inductor, FlashInfer, TileLang, ...)
+      are node-local by nature; they never describe content.
+    - ``.wh.*``: OCI/overlayfs whiteout markers describe a layer, not a file.
+    """
+    return name.endswith(".lock") or name.startswith(".wh.")
+
+
+UUID4 = r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
+UUID4_RE = re.compile(UUID4)

@@ -1,0 +1,43 @@
+"""TorchInductor (``TORCHINDUCTOR_CACHE_DIR``), torch 2.x.
+
+Layout: two-character shard dirs of generated ``.py``/``.cpp``/``.so``,
+``fxgraph/``, ``aotautograd/``, and a Triton cache under ``triton/<dev>/``
+(hence ``includes=("triton",)``). Scratch names, each where torch makes it:
+
+- ``.<pid>.<tid>.tmp``: codecache.py ``write_atomic`` writes its temp file
+  beside the target, then renames it;
+- ``locks/``: codecache.py ``get_lock_dir()`` (filelock ``*.lock`` files
+  live there, under ``precompiled_headers/locks/`` and beside directories);
+- ``*_CxxBuild/``: cpp_builder.py runs g++ with its working directory in
+  ``f"{name}_CxxBuild"``, removed after;
+- ``tmp.<uuid4>/``: triton_bundler.py writes bundled kernels to
+  ``triton/<dev>/tmp.<uuid4>/`` and renames it onto ``<KEY>``; on failure the
+  temp dir stays behind.
+"""
+
+from __future__ import annotations
+
+import re
+
+from casfs.families.base import UUID4, Family, common_scratch
+
+_BUNDLER_TMP_RE = re.compile(rf"tmp\.{UUID4}")
+
+
+def is_scratch(name: str) -> bool:
+    return (
+        (name.startswith(".") and name.endswith(".tmp"))
+        or name == "locks"
+        or name.endswith("_CxxBuild")
+        or (name.startswith("tmp.") and _BUNDLER_TMP_RE.fullmatch(name) is not None)
+        or common_scratch(name)
+    )
+
+
+FAMILY = Family(
+    name="inductor",
+    summary="TorchInductor FX-graph, AOTAutograd and generated code (TORCHINDUCTOR_CACHE_DIR)",
+    env_vars=("TORCHINDUCTOR_CACHE_DIR",),
+    scratch=is_scratch,
+    includes=("triton",),
+)

@@ -1,0 +1,99 @@
+"""A family's rules with those of the families it includes, plus user patterns.
+
+The one object promotion, publication, import and the view consult: which
+names are scratch, which files are commit records (and what they name),
+which paths are replaced and how, which files bear absolute paths.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import re
+from collections.abc import Callable, Iterable, Iterator
+
+from casfs.families.base import CommitRecord, Family, PathBearing, ReplacedPath, ReplaceRule
+
+
+class CacheRules:
+    """Decides, per relative cache path, what the family says about it.
+
+    User patterns are fnmatch globs, tested against the whole relative path
+    and against each component (so ``*.partial`` matches at any depth).
+    """
+
+    def __init__(self, families: list[Family], extra_patterns: Iterable[str] = ()) -> None:
+        self.family = families[0].name
+        self.families = tuple(families)
+        self._scratch: tuple[Callable[[str], bool], ...] = tuple(
+            f.scratch for f in families if f.scratch is not None)
+        self.commit_records: tuple[CommitRecord, ...] = tuple(
+            r for f in families for r in f.commit_records)
+        self.replaced: tuple[ReplacedPath, ...] = tuple(r for f in families for r in f.replaced)
+        self.path_bearing: tuple[PathBearing, ...] = tuple(
+            p for f in families for p in f.path_bearing)
+        self.extra_patterns = tuple(extra_patterns)
+        self._extra_re: re.Pattern[str] | None = None
+        if self.extra_patterns:
+            self._extra_re = re.compile(
+                "|".join(f"(?:{fnmatch.translate(p)})" for p in self.extra_patterns))
+
+    # --- scratch -------------------------------------------------------------
+    def is_scratch(self, relpath: str) -> bool:
+        parts = relpath.split("/")
+        if any(rule(part) for part in parts for rule in self._scratch):
+            return True
+        extra = self._extra_re
+        if extra is None:
+            return False
+        return extra.match(relpath) is not None or any(extra.match(p) for p in parts)
+
+    # --- commit records ------------------------------------------------------
+    def commit_record(self, relpath: str) -> CommitRecord | None:
+        for r in self.commit_records:
+            if r.matches(relpath):
+                return r
+        return None
+
+    def is_commit_record(self, relpath: str) -> bool:
+        return self.commit_record(relpath) is not None
+
+    def record_children(self, relpath: str, data: bytes) -> list[str] | None:
+        """What a commit record names (relative paths), or None if it is unusable."""
+        r = self.commit_record(relpath)
+        return r.children(relpath, data) if r is not None else None
+
+    # --- replaced paths ------------------------------------------------------
+    def replace_rule(self, relpath: str) -> ReplaceRule | None:
+        """None: first-writer-wins (the default for every path no family names)."""
+        for r in self.replaced:
+            if r.matches(relpath):
+                return r.rule
+        return None
+
+    # --- path-bearing files --------------------------------------------------
+    def path_bearer(self, relpath: str) -> PathBearing | None:
+        for p in self.path_bearing:
+            if p.matches(relpath):
+                return p
+        return None
+
+
+def walk_files(top: str | os.PathLike[str], rules: CacheRules) -> Iterator[tuple[str, str, bool]]:
+    """(relpath, full path, is_scratch) of every file under ``top``.
+
+    Scratch directories are not descended into: each is reported once, as
+    itself, with is_scratch True (so callers can count what they skip).
+    """
+    top = os.fspath(top)
+    for dirpath, dirnames, filenames in os.walk(top):
+        rel_dir = os.path.relpath(dirpath, top)
+        rel_dir = "" if rel_dir == "." else rel_dir
+        for name in list(dirnames):
+            rel = f"{rel_dir}/{name}" if rel_dir else name
+            if rules.is_scratch(rel):
+                dirnames.remove(name)
+                yield rel, os.path.join(dirpath, name), True
+        for name in filenames:
+            rel = f"{rel_dir}/{name}" if rel_dir else name
+            yield rel, os.path.join(dirpath, name), rules.is_scratch(rel)

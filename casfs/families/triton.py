@@ -1,0 +1,143 @@
+"""Triton (``TRITON_CACHE_DIR``), triton 3.x.
+
+Layout: one directory per kernel key (52 base32 characters) holding
+``.source .ttir .ttgir .llir .ptx .cubin .json`` and ``__grp__<name>.json``,
+the commit record, written last; launchers (``cuda_utils*.so``) at the top.
+
+Scratch (triton/runtime/cache.py ``FileCacheManager.put``): each file is
+written into ``<KEY>/tmp.pid_<pid>_<uuid4>/`` then ``os.replace``d into
+``<KEY>/``; older Triton wrote ``<file>.tmp.pid_<pid>_<uuid>`` files.
+
+Commit records and relocation: ``put_group`` writes
+``{"child_paths": {name: absolute path}}`` after every child. The children
+always live beside the group file, so they are mapped by basename; casfs
+stores the group with paths relative to the cache root (``casfs:`` prefix)
+and presents it with the serving root's absolute paths, so a cache
+published at one path hits at any other.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import posixpath
+
+from casfs.families.base import Family, common_scratch
+from casfs.util.paths import is_valid_relpath
+
+log = logging.getLogger(__name__)
+
+GROUP_PREFIX = "__grp__"
+# Stored group files name their children relative to the cache root with this
+# prefix: never an absolute path, so Triton itself would miss on the raw form.
+RELATIVE_PREFIX = "casfs:"
+
+
+def is_scratch(name: str) -> bool:
+    return name.startswith("tmp.pid_") or ".tmp.pid_" in name or common_scratch(name)
+
+
+def is_group_file(relpath: str) -> bool:
+    """True for a Triton commit record, ``<KEY>/__grp__<name>.json``."""
+    name = posixpath.basename(relpath)
+    return name.startswith(GROUP_PREFIX) and name.endswith(".json")
+
+
+def _child_paths(data: bytes) -> dict[str, str] | None:
+    try:
+        doc = json.loads(data)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    if not isinstance(doc, dict):
+        return None
+    paths = doc.get("child_paths")
+    if not isinstance(paths, dict) or not all(isinstance(p, str) for p in paths.values()):
+        return None
+    return paths
+
+
+def group_children(relpath: str, data: bytes) -> list[str] | None:
+    """Relative paths of the files a group file names, or None if unusable.
+
+    Absolute paths (as Triton writes them) and the stored ``casfs:`` form both
+    map by basename into the group's own directory. Anything Triton itself
+    would treat as a miss (unparsable JSON, no ``child_paths``) gives None, as
+    does a child whose name could escape the directory.
+    """
+    paths = _child_paths(data)
+    if paths is None:
+        return None
+    directory = posixpath.dirname(relpath)
+    children: set[str] = set()
+    for path in paths.values():
+        name = posixpath.basename(path)
+        child = posixpath.join(directory, name) if directory else name
+        if not name or not is_valid_relpath(child):
+            log.warning("group file %s names an unusable child %r", relpath, path[:200])
+            return None
+        children.add(child)
+    return sorted(children)
+
+
+def group_written_root(relpath: str, data: bytes) -> str | None:
+    """The absolute cache root a group file was written under, if consistent."""
+    if not group_children(relpath, data):
+        return None
+    paths = _child_paths(data)
+    assert paths is not None
+    directory = posixpath.dirname(relpath)
+    roots = set()
+    for path in paths.values():
+        suffix = "/" + posixpath.join(directory, posixpath.basename(path)).lstrip("/")
+        if not path.startswith("/") or not path.endswith(suffix):
+            return None
+        roots.add(path[: -len(suffix)] or "/")
+    return roots.pop() if len(roots) == 1 else None
+
+
+class GroupFiles:
+    """Triton's ``__grp__*.json``: a commit record that is also path-bearing."""
+
+    def matches(self, relpath: str) -> bool:
+        return is_group_file(relpath)
+
+    def children(self, relpath: str, data: bytes) -> list[str] | None:
+        return group_children(relpath, data)
+
+    def written_root(self, relpath: str, data: bytes) -> str | None:
+        return group_written_root(relpath, data)
+
+    def to_pathfree(self, relpath: str, data: bytes) -> bytes | None:
+        children = group_children(relpath, data)
+        paths = _child_paths(data)
+        if not children or paths is None:
+            return None
+        directory = posixpath.dirname(relpath)
+        rel = {k: RELATIVE_PREFIX + (posixpath.join(directory, posixpath.basename(v))
+                                     if directory else posixpath.basename(v))
+               for k, v in paths.items()}
+        return json.dumps({"child_paths": rel}).encode()
+
+    def present(self, relpath: str, data: bytes, root: str) -> bytes | None:
+        paths = _child_paths(data)
+        if paths is None or not paths or not all(
+                v.startswith(RELATIVE_PREFIX) for v in paths.values()):
+            return None  # written by an older casfs or by hand: served as stored
+        if group_children(relpath, data) is None:
+            return None
+        base = root.rstrip("/")
+        # json.dumps as FileCacheManager.put_group writes it.
+        return json.dumps({"child_paths": {
+            k: f"{base}/{v[len(RELATIVE_PREFIX):]}" for k, v in paths.items()}}).encode()
+
+
+GROUPS = GroupFiles()
+
+FAMILY = Family(
+    name="triton",
+    summary="Triton kernels (TRITON_CACHE_DIR)",
+    env_vars=("TRITON_CACHE_DIR",),
+    scratch=is_scratch,
+    commit_records=(GROUPS,),
+    path_bearing=(GROUPS,),
+)

@@ -1,0 +1,46 @@
+"""vLLM family: the index merges, the AOT artifact is newest-wins, the rest first-writer."""
+
+from __future__ import annotations
+
+import ast
+import pprint
+
+from casfs import families
+from casfs.families.vllm import merge_dict_literal
+
+RANK = "torch_compile_cache/3f2a1b0c9d/rank_0_0/backbone"
+
+
+def _index(d: dict[object, object]) -> bytes:
+    return pprint.PrettyPrinter(indent=4).pformat(d).encode()  # as vLLM writes it
+
+
+def test_replaced_paths() -> None:
+    rules = families.rules("vllm")
+    index = rules.replace_rule(f"{RANK}/vllm_compile_cache.py")
+    assert index is not None and index.kind == "merge"
+    aot = rules.replace_rule("torch_compile_cache/torch_aot_compile/9a8b/rank_0_0/model")
+    assert aot is not None and aot.kind == "newest"
+    # Inductor artifacts inside vLLM's cache stay first-writer-wins.
+    assert rules.replace_rule(f"{RANK}/inductor_cache/ab/cabc.py") is None
+    assert rules.replace_rule("torch_compile_cache/x/rank_0_0/backbone/computation_graph.py") \
+        is None
+    assert rules.is_scratch(f"{RANK}/inductor_cache/locks/x.lock")
+    assert rules.is_commit_record(f"{RANK}/triton_cache/K/__grp__k.json")
+
+
+def test_merge_is_union_newest_per_key() -> None:
+    old = {("(1, 8)", 0, "inductor"): ("h1", "/a/x.py"), ("(1, 8)", 1, "inductor"): 1}
+    new = {("(1, 8)", 0, "inductor"): ("h2", "/b/x.py"), ("(9, 16)", 0, "inductor"): 3}
+    merged = merge_dict_literal(_index(old), _index(new))
+    assert merged is not None
+    got = ast.literal_eval(merged.decode())
+    assert got == {("(1, 8)", 0, "inductor"): ("h2", "/b/x.py"), ("(1, 8)", 1, "inductor"): 1,
+                   ("(9, 16)", 0, "inductor"): 3}
+
+
+def test_merge_refuses_what_is_not_a_dict_literal() -> None:
+    good = _index({1: 2})
+    for bad in (b"", b"[1, 2]", b"__import__('os').system('true')", b"{1: 2", b"\xff"):
+        assert merge_dict_literal(bad, good) is None
+        assert merge_dict_literal(good, bad) is None
