@@ -1,12 +1,13 @@
 """Client processes for the read and write benchmarks; each prints one JSON line.
 
     python -m bench.clients read DIR            open+read every file under DIR
-    python -m bench.clients write DIR KERNELS SEED
+    python -m bench.clients write DIR KERNELS SEED [CHUNK]
         write a Triton-like tree the way triton.runtime.cache.FileCacheManager.put
         does (triton 3.7.1): makedirs(<KEY>), then per file mkdir
         <KEY>/tmp.pid_<pid>_<uuid>/, write the file there, os.replace it into
         <KEY>/, os.removedirs the temp dir (whose final rmdir of <KEY> fails
-        ENOTEMPTY); the group file last.
+        ENOTEMPTY); the group file last. With CHUNK, each file is written
+        CHUNK bytes per write() call (the linker writes .so files 1-16 KB at a time).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ def read_all(top: str) -> dict[str, float]:
             "files_per_s": round(files / dt, 1)}
 
 
-def write_tree(top: str, kernels: int, seed: str) -> dict[str, float]:
+def write_tree(top: str, kernels: int, seed: str, chunk: int = 0) -> dict[str, float]:
     from bench.tree import kernel_files
 
     todo = [list(kernel_files(seed, i)) for i in range(kernels)]  # generated before timing
@@ -49,8 +50,12 @@ def write_tree(top: str, kernels: int, seed: str) -> dict[str, float]:
             tmp_dir = os.path.join(key_dir, f"tmp.pid_{pid}_{uuid.uuid4()}")
             os.makedirs(tmp_dir, exist_ok=True)
             tmp = os.path.join(tmp_dir, name)
-            with open(tmp, "wb") as f:
-                f.write(data)
+            with open(tmp, "wb", buffering=0) as f:
+                if chunk:
+                    for off in range(0, len(data), chunk):
+                        f.write(data[off:off + chunk])
+                else:
+                    f.write(data)
             os.replace(tmp, os.path.join(key_dir, name))
             with contextlib.suppress(OSError):
                 os.removedirs(tmp_dir)
@@ -64,9 +69,9 @@ def write_tree(top: str, kernels: int, seed: str) -> dict[str, float]:
 def main(argv: list[str]) -> int:
     if argv[:1] == ["read"] and len(argv) == 2:
         out = read_all(argv[1])
-    elif argv[:1] == ["write"] and len(argv) == 4:
+    elif argv[:1] == ["write"] and len(argv) in (4, 5):
         Path(argv[1]).mkdir(parents=True, exist_ok=True)
-        out = write_tree(argv[1], int(argv[2]), argv[3])
+        out = write_tree(argv[1], int(argv[2]), argv[3], int(argv[4]) if len(argv) == 5 else 0)
     else:
         print(__doc__, file=sys.stderr)
         return 2

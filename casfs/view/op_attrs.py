@@ -52,12 +52,25 @@ class AttrOps(CopyUpOps):
         h = self._handles.get(fh) if fh is not None else None
         fd = h.fd if h is not None and h.writable else None
         path = self.inodes.path(inode)
+        times_only = not (fields.update_mode or fields.update_uid or fields.update_gid
+                          or fields.update_size)
         if path is None:
             if fd is None:
+                for other in self._handles.values():
+                    if other.ino == inode and times_only:
+                        # The writeback cache flushing cached times of an unlinked,
+                        # still-open file: nothing left to record them on.
+                        return self._upper_attrs(os.fstat(other.fd), inode)
                 raise err(errno.ENOENT)
             target: str | int = fd
         else:
             node = self._resolve(path)
+            lower = node.lower_file
+            if (node.upper is None and lower is not None and times_only
+                    and not fields.update_atime and attr.st_mtime_ns == lower.mtime_ns):
+                # The kernel writing back times it caches (writeback cache) on a
+                # lower file it never changed: no copy-up for that.
+                return self._attrs(node, inode)
             if node.upper is None:
                 if node.is_dir:
                     self.layers.ensure_upper_dir(path, self.dir_mode)

@@ -14,6 +14,14 @@ from casfs.view.op_base import STRIP_FLAGS, Handle, Miss, err, fuse_errors
 from casfs.view.op_copyup import CopyUpOps
 
 
+def _writeback_flags(flags: int) -> int:
+    """With the kernel's writeback cache it may read any page it writes partially,
+    so a write-only open gets a read-write fd on the upper file."""
+    if flags & os.O_ACCMODE == os.O_WRONLY:
+        return (flags & ~os.O_ACCMODE) | os.O_RDWR
+    return flags
+
+
 class FileOps(CopyUpOps):
     async def _open_node(self, node: Node, ino: int, flags: int) -> pyfuse3.FileInfo:
         accmode = flags & os.O_ACCMODE
@@ -43,7 +51,8 @@ class FileOps(CopyUpOps):
             await self._copy_up(node, empty=bool(flags & os.O_TRUNC))
             self._invalidate_entry(node.path)  # drop the long lower timeouts
         fd = os.open(
-            self.layers.up(node.path), (flags & ~STRIP_FLAGS) | os.O_CLOEXEC | os.O_NOFOLLOW
+            self.layers.up(node.path),
+            _writeback_flags(flags & ~STRIP_FLAGS) | os.O_CLOEXEC | os.O_NOFOLLOW,
         )
         self._handles[fd] = Handle(fd, ino, node.path, writable, None)
         if writable:
@@ -89,7 +98,8 @@ class FileOps(CopyUpOps):
         created = self._initial_perm(ctx, mode, 0o600)
         fd = os.open(
             up,
-            (flags & ~(os.O_APPEND | os.O_NOCTTY)) | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC,
+            _writeback_flags(flags & ~(os.O_APPEND | os.O_NOCTTY))
+            | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC,
             created,
         )
         try:
@@ -118,7 +128,11 @@ class FileOps(CopyUpOps):
         return n
 
     async def flush(self, fh: int) -> None:
-        return None  # writes went straight to the upper file
+        # Writes reach the upper file as they come (the kernel writes its dirty
+        # pages back before it would send FLUSH), so there is nothing to do:
+        # ENOSYS makes the kernel stop sending FLUSH at all (one round trip less
+        # per close, for the rest of the mount).
+        raise err(errno.ENOSYS)
 
     @fuse_errors
     async def fsync(self, fh: int, datasync: bool) -> None:
