@@ -71,7 +71,9 @@ class _Slot:
 
 
 class MuxOperations(pyfuse3.Operations):
-    enable_writeback_cache = False
+    # As the namespaces' OverlayOperations (casfs.view.op_base): the kernel
+    # batches small writes; the flag is read from the session's Operations.
+    enable_writeback_cache = True
 
     def __init__(self, *, owner: Owner = _default_owner, statfs_path: Path | None = None) -> None:
         super().__init__()
