@@ -14,12 +14,15 @@ import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from casfs import families
 from casfs.errors import CasfsError, ConfigError
 from casfs.fingerprint import AUTO, fingerprint
 from casfs.node.config import MountConfig
+
+if TYPE_CHECKING:
+    from casfs.node.host import HostConfig
 from casfs.node.logfmt import FORMATS, LEVELS
 from casfs.util.defaults import default_mount_base, default_root, default_state_dir
 from casfs.util.fsinfo import check_local_fs
@@ -72,6 +75,9 @@ class DaemonConfig:
     metrics_listen: tuple[str, int] | None = None
     mounts: tuple[MountSpec, ...] = ()
     source: Path | None = None  # the file it came from
+    serve_base: Path | None = None  # on-demand namespaces: <serve_base>/<tenant>/<namespace>
+    lease_grace: float = 60.0  # a namespace stays this long after its last lease
+    defaults: MountOptions = MountOptions()
 
     @property
     def run_dir(self) -> Path:
@@ -94,6 +100,22 @@ class DaemonConfig:
 
     def mount_configs(self) -> list[MountConfig]:
         return [self.mount_config(m) for m in self.mounts]
+
+    def host_config(self) -> HostConfig | None:
+        """The node's mount process for namespaces jobs ask for (None: turned off)."""
+        from casfs.node.host import HostConfig
+
+        if self.serve_base is None:
+            return None
+        o = self.defaults
+        return HostConfig(
+            base=self.serve_base, root=self.root, state_dir=self.state_dir,
+            stable_after=o.stable_after, publish_interval=o.publish_interval,
+            refresh_interval=o.refresh_interval, shutdown_timeout=o.shutdown_timeout,
+            fetch_timeout=o.fetch_timeout, allow_other=o.allow_other,
+            cache_max_bytes=self.cache_max_bytes, namespace_max_bytes=o.namespace_max_bytes,
+            scratch_patterns=o.exclude, grace=self.lease_grace,
+        )
 
 
 @dataclass
@@ -311,6 +333,9 @@ def load(path: Path | None, overrides: Overrides | None = None) -> DaemonConfig:
     state_dir = node.get("state_dir", as_abs_path, default_state_dir().absolute())
     mount_base = node.get("mount_base", as_abs_path, default_mount_base().absolute())
     cache_max = node.get("cache_max_bytes", as_bytes, DEFAULT_CACHE_MAX_BYTES)
+    on_demand = node.get("on_demand", as_bool, True)
+    serve_base = node.get("serve_base", as_abs_path, mount_base / "ns") if on_demand else None
+    lease_grace = node.get("lease_grace", as_non_negative, 60.0)
     node.finish()
     logt = top.table("log")
     level = logt.get("level", as_level, "info")
@@ -326,8 +351,11 @@ def load(path: Path | None, overrides: Overrides | None = None) -> DaemonConfig:
     raw_mounts = data.get("mounts")
     if raw_mounts is None and path is None:
         raw_mounts = [{"name": f} for f in families.DEFAULT_RUN]
-    if not isinstance(raw_mounts, list) or not raw_mounts:
-        raise ConfigError("mounts: at least one [[mounts]] table is needed")
+    if raw_mounts is None and on_demand:
+        raw_mounts = []  # namespaces are served when jobs ask for them
+    if not isinstance(raw_mounts, list) or not (raw_mounts or on_demand):
+        raise ConfigError("mounts: at least one [[mounts]] table is needed"
+                          " (or node.on_demand = true)")
     resolved: dict[str, str] = {}
     mounts = tuple(_mount(_Table(m, f"mounts[{i}]"), defaults, mount_base, resolved)
                    for i, m in enumerate(raw_mounts))
@@ -345,7 +373,8 @@ def load(path: Path | None, overrides: Overrides | None = None) -> DaemonConfig:
         listen = as_listen(ov.metrics_listen, "--metrics-listen")
     cfg = DaemonConfig(root=root, state_dir=state_dir, mount_base=mount_base,
                        cache_max_bytes=cache_max, log_level=level, log_format=fmt,
-                       metrics_listen=listen, mounts=mounts, source=path)
+                       metrics_listen=listen, mounts=mounts, source=path,
+                       serve_base=serve_base, lease_grace=lease_grace, defaults=defaults)
     check(cfg)
     return cfg
 
@@ -373,6 +402,11 @@ def check(cfg: DaemonConfig) -> None:
             if j_path in mp.parents or mp in j_path.parents:
                 raise ConfigError(f"{key}.path: {m.path} and mounts[{j}].path are nested")
         seen_paths[mp] = i
+        if cfg.serve_base is not None:
+            sb = cfg.serve_base.resolve()
+            if mp == sb or sb in mp.parents or mp in sb.parents:
+                raise ConfigError(f"{key}.path: {m.path} and node.serve_base {cfg.serve_base}"
+                                  " are nested")
         for what, p in (("node.state_dir", state), ("store.root", root)):
             if mp == p or p in mp.parents:
                 raise ConfigError(f"{key}.path: {m.path} is inside {what} {p}")
@@ -386,3 +420,9 @@ def check(cfg: DaemonConfig) -> None:
             cfg.mount_config(m).check()
         except CasfsError as e:
             raise ConfigError(f"{key}: {e.message}") from None
+    hc = cfg.host_config()
+    if hc is not None:
+        try:
+            hc.check()
+        except CasfsError as e:
+            raise ConfigError(f"node.serve_base: {e.message}") from None

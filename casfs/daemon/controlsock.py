@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from casfs.errors import UsageError
-from casfs.node.control import MAX_REQUEST
+from casfs.node.control import MAX_REQUEST, peer_credentials
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +60,7 @@ class _RequestHandler(socketserver.StreamRequestHandler):
             req = json.loads(line or b"{}")
             if not isinstance(req, dict):
                 raise ValueError("request is not an object")
+            req["_peer"] = peer_credentials(self.connection)  # never from the client
             reply = self.server.handler(req)
         except Exception as e:  # one bad request must not stop the server
             log.warning("daemon control request failed: %s", e)

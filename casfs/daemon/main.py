@@ -55,6 +55,16 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _spawn(cfg: Any, **kw: Any) -> Any:
+    """Start a configured mount, or the node's mount process for on-demand namespaces."""
+    from casfs.node import worker
+    from casfs.node.host import HostConfig, spawn_host
+
+    if isinstance(cfg, HostConfig):
+        return spawn_host(cfg, **kw)
+    return worker.spawn(cfg, **kw)
+
+
 def _say_error(message: str, fmt: str) -> None:
     prefix = "<3>" if logfmt.resolve_format(fmt) == logfmt.JOURNAL else ""
     print(f"{prefix}{PROG}: error: {message}", file=sys.stderr, flush=True)
@@ -62,12 +72,11 @@ def _say_error(message: str, fmt: str) -> None:
 
 class Daemon:
     def __init__(self, cfg: dconfig.DaemonConfig, notifier: Notifier | None = None) -> None:
-        from casfs.node import worker
 
         self.cfg = cfg
         self.notifier = notifier or Notifier.from_environment()
         self.stop_requested = threading.Event()
-        self.supervisor = Supervisor(cfg, worker.spawn, spawn_options={
+        self.supervisor = Supervisor(cfg, _spawn, spawn_options={
             "log_to_stderr": True, "log_format": logfmt.resolve_format(cfg.log_format),
             "log_level": cfg.log_level, "die_with_parent": True,
         })
@@ -78,9 +87,27 @@ class Daemon:
         self.stop_requested.set()
 
     def _control(self, req: dict[str, Any]) -> dict[str, Any]:
-        if req.get("cmd") == "status":
+        cmd = req.get("cmd")
+        if cmd == "status":
             return {"ok": True, **self.supervisor.status()}
-        return {"ok": False, "error": f"unknown command {req.get('cmd')!r}"}
+        if cmd in ("lease", "release"):
+            return self._forward(str(cmd), req)
+        return {"ok": False, "error": f"unknown command {cmd!r}"}
+
+    def _forward(self, cmd: str, req: dict[str, Any]) -> dict[str, Any]:
+        """A job's lease goes to the node's mount process, with the job's credentials."""
+        from casfs.node import control
+
+        hc = self.cfg.host_config()
+        if hc is None:
+            return {"ok": False, "error": "this casfsd serves no namespaces on demand"
+                                          " (node.on_demand = false)"}
+        fwd = {k: v for k, v in req.items() if k not in ("cmd", "_peer", "for_peer")}
+        fwd["for_peer"] = req.get("_peer")
+        try:
+            return control.request(hc.socket_path, cmd, timeout=120, **fwd)
+        except CasfsError as e:
+            return {"ok": False, "error": f"the node's mount process is not serving: {e.message}"}
 
     def run(self) -> int:
         from casfs.node.worker import check_fuse

@@ -71,6 +71,9 @@ class Supervisor:
                  spawn_options: dict[str, Any] | None = None) -> None:
         self.cfg = cfg
         self.slots = [Slot(mc) for mc in cfg.mount_configs()]
+        host = cfg.host_config()
+        if host is not None:
+            self.slots.append(Slot(host))  # type: ignore[arg-type]  # same duck type
         self._spawn = spawn
         self._spawn_options = dict(spawn_options or {})
         self.started = time.time()
@@ -216,20 +219,28 @@ class Supervisor:
 
     def summary(self) -> str:
         """One line for systemd's STATUS= (``systemctl status casfsd``)."""
-        up = [s for s in self.slots if s.state == "up"]
+        static = [s for s in self.slots if s.cfg.namespace != "*"]
+        up = [s for s in static if s.state == "up"]
         parts = []
         pending = 0
+        on_demand = ""
         for s in self.slots:
             st = s.last_status or {}
-            if s.state != "up":
+            if s.cfg.namespace == "*":  # the node's mount process for on-demand namespaces
+                on_demand = (f"; on demand: {len(st.get('namespaces', []))} namespaces at"
+                             f" {s.cfg.mountpoint}" if s.state == "up"
+                             else f"; on demand: {s.state.upper()}")
+            elif s.state != "up":
                 parts.append(f"{s.cfg.name} {s.state.upper()}")
             else:
                 parts.append(f"{s.cfg.name}@{st.get('served_seq', '?')}")
             pending += int(st.get("pending_publication") or 0)
+            pending += sum(int(n.get("pending_publication") or 0)
+                           for n in st.get("namespaces", []))
         failed_pubs = [s.cfg.name for s in self.slots
                        if ((s.last_status or {}).get("last_publish") or {}).get("ok") is False]
         restarts = sum(s.restarts for s in self.slots)
-        line = (f"{len(up)}/{len(self.slots)} mounts up: {', '.join(parts)};"
+        line = (f"{len(up)}/{len(static)} mounts up: {', '.join(parts)}{on_demand};"
                 f" {pending} files pending publication; {restarts} restarts")
         if failed_pubs:
             line += f"; last publication FAILED for {', '.join(failed_pubs)}"

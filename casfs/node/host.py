@@ -48,7 +48,7 @@ from casfs import families
 from casfs.errors import CasfsError, UsageError
 from casfs.node import control, guard, leases, logfmt
 from casfs.node.config import MountConfig
-from casfs.node.tenant import tenant_for, tenant_owner
+from casfs.node.tenant import requester, tenant_of, tenant_owner
 from casfs.util import atomic
 
 log = logging.getLogger(__name__)
@@ -264,8 +264,8 @@ class NodeHost:
     async def lease(self, req: dict[str, Any]) -> dict[str, Any]:
         from casfs.fingerprint import check_family, check_namespace
 
-        peer = req.get("_peer") or {}
-        tenant = tenant_for(int(peer.get("uid", os.geteuid())))
+        peer = requester(req)
+        tenant = tenant_of(req)
         pid = int(req.get("pid") or peer.get("pid") or 0)
         if pid <= 0 or not leases.alive(pid, None):
             raise UsageError(f"no such process to hold the lease: {pid}")

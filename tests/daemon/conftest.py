@@ -97,9 +97,11 @@ def toml_value(v: Any) -> str:
 
 def write_config(path: Path, *, root: Path, state: Path, mounts: list[dict[str, Any]],
                  defaults: dict[str, Any] | None = None, metrics: str | None = None,
-                 extra: str = "") -> Path:
+                 extra: str = "", node: dict[str, Any] | None = None) -> Path:
     lines = ["[store]", f"root = {toml_value(root)}", "[node]",
-             f"state_dir = {toml_value(state)}", "[log]", 'level = "debug"']
+             f"state_dir = {toml_value(state)}"]
+    lines += [f"{k} = {toml_value(v)}" for k, v in (node or {}).items()]
+    lines += ["[log]", 'level = "debug"']
     if metrics:
         lines += ["[metrics]", f"listen = {toml_value(metrics)}"]
     if defaults:
@@ -193,7 +195,8 @@ class Daemon:
         for pid in self.worker_pids:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-        for mp in self.mount_paths:
+        # the configured mounts, and the node's on-demand mount (FUSE over its guard)
+        for mp in [*self.mount_paths, self.state.parent / "mnt-base" / "ns"]:
             lazy_unmount(mp)
 
 
@@ -205,7 +208,8 @@ def daemons(tmp_path: Path) -> Iterator[Callable[..., Daemon]]:
 
     def make(name: str, mounts: list[dict[str, Any]], *, root: Path | None = None,
              defaults: dict[str, Any] | None = None, metrics: str | None = None,
-             start: bool = True, notify_address: str | None = None) -> Daemon:
+             start: bool = True, notify_address: str | None = None,
+             node: dict[str, Any] | None = None) -> Daemon:
         from fusehelpers import require_fuse
 
         require_fuse()
@@ -216,7 +220,7 @@ def daemons(tmp_path: Path) -> Iterator[Callable[..., Daemon]]:
         for m in mounts:
             m.setdefault("path", str(base / "mnt" / m["name"]))
         cfg = write_config(base / "casfs.toml", root=root, state=state, mounts=mounts,
-                           defaults=defaults, metrics=metrics)
+                           defaults=defaults, metrics=metrics, node=node)
         listener = NotifyListener(notify_address or str(base / "notify.sock"))
         listeners.append(listener)
         d = Daemon(cfg, state, root, [Path(m["path"]) for m in mounts], base / "casfsd.log",

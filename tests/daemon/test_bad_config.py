@@ -144,8 +144,10 @@ def make_case(name: str, tmp: Path) -> Path:
         return cfg_file(tmp, [base(tmp, namespace="../evil")])
     if name == "bad-name":
         return cfg_file(tmp, [base(tmp, name="a/b")])
-    if name == "no-mounts":
-        return cfg_file(tmp, [])
+    if name == "no-mounts":  # valid with on-demand namespaces (the default): turned off here
+        p = cfg_file(tmp, [])
+        p.write_text(p.read_text().replace("[node]\n", "[node]\non_demand = false\n"))
+        return p
     if name == "bad-listen":
         return cfg_file(tmp, metrics="localhost")
     if name == "bad-log-level":
