@@ -55,7 +55,7 @@ def cmd_mount(args: argparse.Namespace) -> int:
 
     cfg = make_config(args, args.family, Path(args.mountpoint), args.namespace)
     if args.foreground:
-        if cfg.mode == "fuse":
+        if cfg.mode in ("fuse", "overlay"):
             worker.check_fuse()
         from casfs.node.mount import MountService
 
@@ -314,12 +314,13 @@ def cmd_run(args: argparse.Namespace) -> int:
             mode = "dir"
         except (CasfsError, OSError) as e:
             paths, private = _private_dirs(names, f"no cache can be served ({_why(e)})")
-    if mode == "dir":
+    if mode in ("dir", "overlay"):
+        # One mount process per cache (overlay mounts are per namespace, not muxed).
         base = default_serve_base().absolute() / tenant_for(os.geteuid())
         try:
             for c in caches:
                 cfg = dataclasses.replace(make_config(args, c["family"], base / c["namespace"],
-                                                      c["namespace"]), mode="dir")
+                                                      c["namespace"]), mode=mode)
                 workers.append(worker.spawn(cfg, verbose=args.verbose))
                 paths[c["family"]] = str(cfg.mountpoint)
         except (CasfsError, OSError) as e:
@@ -374,8 +375,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         p.add_argument("--refresh-interval", type=float, default=30.0, metavar="S")
         p.add_argument("--allow-other", action="store_true")
         p.add_argument("--exclude", action="append", help="extra scratch glob (repeatable)")
-        p.add_argument("--mode", choices=("fuse", "dir"), default="fuse",
-                       help="fuse (default): lazy overlay mount; dir: plain directory restored"
+        p.add_argument("--mode", choices=("fuse", "overlay", "dir"), default="fuse",
+                       help="fuse (default): lazy overlay mount; overlay: kernel overlayfs over"
+                            " local objects and a read-only FUSE view (native speed, needs"
+                            " CAP_SYS_ADMIN, else fuse); dir: plain directory restored"
                             " by copy and watched with inotify, for hosts without FUSE")
 
     p = sub.add_parser("mount", help="mount a namespace as a writable cache directory")

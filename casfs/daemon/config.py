@@ -36,7 +36,7 @@ _UNITS = {"": 0, "K": 1, "M": 2, "G": 3, "T": 4}
 # Keys a [[mounts]] table may set, and [defaults] may set for every mount.
 OPTION_KEYS = ("stable_after", "publish_interval", "refresh_interval", "shutdown_timeout",
                "allow_other", "namespace_max_bytes", "exclude", "mode", "fetch_timeout")
-MODES = ("fuse", "dir")
+MODES = ("fuse", "overlay", "dir")
 
 
 @dataclass(frozen=True)

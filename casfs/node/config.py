@@ -26,7 +26,9 @@ class MountConfig:
     namespace_max_bytes: int | None = None
     scratch_patterns: tuple[str, ...] = field(default_factory=tuple)
     debug: bool = False
-    mode: str = "fuse"  # fuse: the FUSE overlay; dir: a plain watched directory (no FUSE)
+    # fuse: the FUSE overlay; overlay: kernel overlayfs over local objects and a read-only
+    # FUSE view (casfs.view.overlay); dir: a plain watched directory (no FUSE)
+    mode: str = "fuse"
 
     @property
     def run_dir(self) -> Path:
@@ -58,7 +60,8 @@ class MountConfig:
                 raise ConfigError(f"mount {self.name}: the {what} {p} is inside mount point {mp}")
         if not self.mountpoint.is_absolute():
             raise ConfigError(f"mount {self.name}: mount point must be absolute: {self.mountpoint}")
-        if self.mode not in ("fuse", "dir"):
-            raise ConfigError(f"mount {self.name}: mode must be 'fuse' or 'dir', not {self.mode!r}")
+        if self.mode not in ("fuse", "overlay", "dir"):
+            raise ConfigError(f"mount {self.name}: mode must be 'fuse', 'overlay' or 'dir',"
+                              f" not {self.mode!r}")
         if self.stable_after < 0 or self.publish_interval <= 0 or self.refresh_interval <= 0:
             raise ConfigError(f"mount {self.name}: intervals must be positive")

@@ -16,6 +16,7 @@ promotion/publication retry in the background.
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import fcntl
 import logging
@@ -36,10 +37,11 @@ from casfs.node.config import MountConfig
 from casfs.promote.promoter import Promoter
 from casfs.promote.publisher import Publisher
 from casfs.promote.tracker import WriteTracker
+from casfs.store.entry import Entry
 from casfs.store.generations import GenerationStore, Record
 from casfs.store.root import SharedRoot
 from casfs.util.counters import Counters
-from casfs.view import dirmode, session
+from casfs.view import dirmode, overlay, session
 from casfs.view.ops import OverlayOperations
 
 log = logging.getLogger(__name__)
@@ -108,10 +110,25 @@ class MountService:
         self.cache = LocalObjectCache(
             cfg.state_dir / "objects", self.index, _RootSource(self), cfg.cache_max_bytes
         )
+        if cfg.mode == "overlay" and (why := overlay.unavailable_reason()) is not None:
+            log.warning("%s: %s: serving in fuse mode instead", cfg.name, why)
+            self.counters.inc("overlay_fallback")
+            cfg = self.cfg = dataclasses.replace(cfg, mode="fuse")
+        self.overlay_paths = (
+            overlay.OverlayPaths(cfg.upper, cfg.state_dir / "overlay" / cfg.namespace)
+            if cfg.mode == "overlay" else None
+        )
+        self._overlay_mounted = False
+        self._watcher: Any = None
+        self._last_scan = 0.0
         self.ops = (
             OverlayOperations(self.lower, self.cache, cfg.upper, self.tracker, self.counters,
                               fetch_timeout=cfg.fetch_timeout)
-            if cfg.mode == "fuse" else None
+            if cfg.mode == "fuse" else
+            # overlay: the FUSE layer serves lower only; its upper stays empty (read-only)
+            OverlayOperations(self.lower, self.cache, self.overlay_paths.fuse_upper,
+                              self.tracker, self.counters, fetch_timeout=cfg.fetch_timeout)
+            if self.overlay_paths is not None else None
         )
         self.restore_stamps = (
             dirmode.RestoreStamps(cfg.state_dir / f"restored-{cfg.namespace}.json", self.lower)
@@ -221,7 +238,7 @@ class MountService:
             upper=self.cfg.writable_dir, objects=self.root.objects, index=self.index,
             key=self.cfg.namespace, rules=self.rules, tracker=self.tracker,
             counters=self.counters, lower=self.lower, stable_after=self.cfg.stable_after,
-            busy=self._dir_writers if self.cfg.mode == "dir" else None,
+            busy=self._dir_writers if self.cfg.mode in ("dir", "overlay") else None,
             unchanged=(self.restore_stamps.unchanged if self.restore_stamps is not None
                        else None),
         )
@@ -263,6 +280,11 @@ class MountService:
             return 0
         if final and self.cfg.mode == "dir":
             p.scan_all()  # inotify events may still be in flight (or overflowed)
+        elif self.cfg.mode == "overlay" and (final or time.monotonic() - self._last_scan >= 5):
+            # overlayfs writes upper files with notifications off: inotify sees
+            # creates and renames, not writes, so the upper is rescanned too.
+            self._last_scan = time.monotonic()
+            p.scan_all()
         return p.run_once(final=final).promoted
 
     def publish_once(self) -> dict[str, Any]:
@@ -399,6 +421,8 @@ class MountService:
         try:
             if self.ops is None:
                 self._serve_dir(ready)
+            elif self.overlay_paths is not None:
+                self._serve_overlay(ready)
             else:
                 session.serve(self.ops, cfg.mountpoint, fsname=f"casfs-{cfg.name}",
                               allow_other=cfg.allow_other, debug=cfg.debug, on_ready=ready,
@@ -407,6 +431,82 @@ class MountService:
             control.remove_registry(cfg.run_dir, cfg.name)
             self.flush_counters()
             self.close()
+
+    # --- overlay mode -----------------------------------------------------------
+    def _serve_overlay(self, ready: Callable[[], None]) -> None:
+        paths = self.overlay_paths
+        assert paths is not None and self.ops is not None
+        cfg = self.cfg
+        from casfs.view import whiteout
+
+        whiteout.sweep(paths.upper)  # whiteouts last as long as the view that made them
+        os.chmod(paths.upper, 0o1777)  # the merged root: any user may create, like /tmp
+        paths.fuse.mkdir(parents=True, exist_ok=True)
+        paths.fuse_upper.mkdir(parents=True, exist_ok=True)
+
+        async def background(nursery: trio.Nursery) -> None:
+            # The FUSE layer serves from here on; mounting the overlay looks up its
+            # root, so it must happen off this (the FUSE) thread.
+            await trio.to_thread.run_sync(self._mount_overlay)
+            await self._background(nursery)
+
+        async def shutdown() -> None:
+            await self._shutdown()
+            await trio.to_thread.run_sync(self._unmount_overlay)
+
+        try:
+            session.serve(self.ops, paths.fuse, fsname=f"casfs-{cfg.name}-lower",
+                          allow_other=True, debug=cfg.debug, read_only=True,
+                          on_ready=ready, background=background, on_shutdown=shutdown)
+        finally:
+            self._unmount_overlay()
+
+    def _mount_overlay(self) -> None:
+        paths = self.overlay_paths
+        assert paths is not None
+        t0 = time.monotonic()
+        present = self._presenter()
+        rep = overlay.build_links(paths.links, self.lower.walk(), self._local_object, present)
+        self.counters.inc("overlay_linked", rep.linked)
+        self.counters.inc("overlay_generated", rep.generated)
+        overlay.mount(self.cfg.mountpoint, paths)
+        self._overlay_mounted = True
+        self._watcher = dirmode.watch(paths.upper, self.tracker)
+        log.info("%s: overlay at %s: %d linked, %d generated, %d via FUSE (%.2fs)",
+                 self.cfg.name, self.cfg.mountpoint, rep.linked, rep.generated, rep.absent,
+                 time.monotonic() - t0)
+
+    def _unmount_overlay(self) -> None:
+        if self._watcher is not None:
+            self._watcher.stop()
+            self._watcher.join(timeout=10)
+            self._watcher = None
+        if self._overlay_mounted:
+            overlay.unmount(self.cfg.mountpoint)
+            self._overlay_mounted = False
+
+    def _local_object(self, e: Entry) -> str | None:
+        """The cached object of ``e`` if it is on the node (no fetch, no pin kept)."""
+        path = self.cache.cached(e)
+        if path is not None:
+            self.cache.unpin(e.digest)
+        return path
+
+    def _presenter(self) -> Callable[[Entry, str], bytes | None] | None:
+        """Bytes to generate for files the family presents differently (never linked)."""
+        bearing = [pb for f in families.closure(self.cfg.family) for pb in f.path_bearing]
+        if not bearing:
+            return None
+        root = str(self.cfg.mountpoint)
+
+        def present(e: Entry, src: str) -> bytes | None:
+            for pb in bearing:
+                if pb.matches(e.path):
+                    with open(src, "rb") as f:
+                        return pb.present(e.path, f.read(), root)
+            return None
+
+        return present
 
     # --- dir mode -------------------------------------------------------------
     def _restore_dir(self) -> None:

@@ -121,7 +121,7 @@ def spawn(cfg: MountConfig, *, ready_timeout: float = 120.0, verbose: int = 0,
     cleanly (final publication, unmount) when the caller's process ends, even
     by SIGKILL, through an inherited pipe whose write end only the caller holds.
     """
-    if cfg.mode == "fuse":
+    if cfg.mode in ("fuse", "overlay"):
         check_fuse()
     cfg.check()
     log_path: Path | None = None

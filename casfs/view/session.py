@@ -25,8 +25,11 @@ from casfs.errors import FuseUnavailableError
 log = logging.getLogger(__name__)
 
 
-def mount_options(fsname: str, *, allow_other: bool, debug: bool) -> set[str]:
+def mount_options(fsname: str, *, allow_other: bool, debug: bool,
+                  read_only: bool = False) -> set[str]:
     opts = {"default_permissions", f"fsname={fsname}", "subtype=casfs"}
+    if read_only:
+        opts.add("ro")
     if allow_other:
         opts.add("allow_other")
     if debug:
@@ -41,6 +44,7 @@ def serve(
     fsname: str = "casfs",
     allow_other: bool = False,
     debug: bool = False,
+    read_only: bool = False,
     on_ready: Callable[[], None] | None = None,
     background: Callable[[trio.Nursery], Awaitable[None]] | None = None,
     on_shutdown: Callable[[], Awaitable[None]] | None = None,
@@ -59,7 +63,7 @@ def serve(
     clear_stale_mount(mountpoint)
     try:
         pyfuse3.init(ops, str(mountpoint), mount_options(fsname, allow_other=allow_other,
-                                                         debug=debug))
+                                                         debug=debug, read_only=read_only))
     except RuntimeError as e:
         raise FuseUnavailableError(f"cannot mount {mountpoint}: {e}") from e
     unmounted = False

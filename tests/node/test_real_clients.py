@@ -21,12 +21,13 @@ from .conftest import require_fuse
 pytestmark = [pytest.mark.fuse, pytest.mark.real_client, pytest.mark.slow]
 
 
-def casfs_run(tmp: Path, node: str, family: str, *cmd: str) -> tuple[dict[str, Any], str]:
+def casfs_run(tmp: Path, node: str, family: str, *cmd: str, mode: str = "fuse"
+              ) -> tuple[dict[str, Any], str]:
     require_fuse()
     env = dict(os.environ, CASFS_ROOT=str(tmp / "root"), CASFS_STATE_DIR=str(tmp / node),
                CASFS_MOUNT_BASE=str(tmp / "mnt"))
     r = subprocess.run(
-        [sys.executable, "-m", "casfs.cli.main", "run", "--family", family,
+        [sys.executable, "-m", "casfs.cli.main", "run", "--family", family, "--mode", mode,
          "--stable-after", "0.3", "--", sys.executable, *cmd],
         env=env, capture_output=True, text=True, timeout=900, check=False,
     )
@@ -60,3 +61,26 @@ def test_triton_compile_served_from_the_cache_on_a_fresh_node(tmp_path: Path) ->
                         "--kernels", str(n), "--json")
     assert warm["hits"] == n and warm["misses"] == 0  # Triton's own cache manager says so
     assert warm["cubin_sha256s"] == cold["cubin_sha256s"]
+
+
+def test_clients_through_overlay_mode(tmp_path: Path) -> None:
+    """Triton cold and warm through kernel overlayfs mounts, then warm again with the
+    objects on the node (served from hard links); torch.compile warm through overlay."""
+    from casfs.view import overlay
+
+    if (why := overlay.unavailable_reason()) is not None:
+        pytest.skip(why)
+    n = 3
+    args = ("-m", "casfs.demo.triton_workload", "--kernels", str(n), "--json")
+    cold, _ = casfs_run(tmp_path, "node-a", "triton", *args, mode="overlay")
+    assert cold["misses"] == n and cold["hits"] == 0
+    for _ in range(2):  # fresh node (through FUSE), then objects local (hard links)
+        warm, _ = casfs_run(tmp_path, "node-b", "triton", *args, mode="overlay")
+        assert warm["hits"] == n and warm["misses"] == 0
+        assert warm["cubin_sha256s"] == cold["cubin_sha256s"]
+    ind = ("-m", "casfs.demo.inductor_workload", "--json")
+    cold, _ = casfs_run(tmp_path, "node-c", "inductor", *ind)
+    warm, _ = casfs_run(tmp_path, "node-d", "inductor", *ind, mode="overlay")
+    assert warm["counters"]["fxgraph_cache_hit"] == cold["counters"]["fxgraph_cache_miss"]
+    assert warm["counters"]["fxgraph_cache_miss"] == 0
+    assert warm["checksum"] == cold["checksum"]

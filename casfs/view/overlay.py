@@ -1,0 +1,184 @@
+"""The ``overlay`` view mode: the kernel's overlayfs, so warm reads and writes run natively.
+
+Layers, top to bottom (all on node-local disk except where said)::
+
+    upper   <state>/upper/<ns>              the job's writes (overlayfs upperdir)
+    links   <state>/overlay/<ns>/links      one hard link into the local object cache
+                                            per lower entry whose object was on the
+                                            node at mount time
+    fuse    <state>/overlay/<ns>/fuse       the read-only casfs FUSE view of the
+                                            served generation: everything else,
+                                            fetched lazily on first open
+    work    <state>/overlay/<ns>/work       overlayfs workdir (same fs as upper)
+
+A file whose object is local is served by the kernel from ``links`` without a
+FUSE round trip; overlayfs copies it up before any write, so a job (the linker
+rewriting a ``.so`` in place) can never modify a shared cache object. Files a
+family presents differently from their stored bytes (``PathBearing``: Triton
+group files name absolute paths) are generated into ``links`` as copies of the
+presented bytes, never linked. A linked file shows the cache object's inode
+(mode 0444, owner of the daemon, mtime of the fetch): contents are what
+compilers check, not these.
+
+Whiteouts and opaque directories are overlayfs's own (casfs.view.whiteout uses
+the same format in every mode), and the upper is swept at each activation.
+
+Refresh under a mounted overlay: the kernel calls changes to a lower layer of a
+mounted overlay undefined. casfs changes only the FUSE layer, and only by
+adding entries (published paths never change bytes); ``links`` is fixed for
+the life of the mount. An added entry is visible through the overlay at a name
+the overlay has not looked up yet (tested); a name it already looked up and
+found absent may stay absent (a cached negative dentry) until the kernel
+drops it or the next mount. That is a cache miss, never wrong bytes: the job
+recompiles. Jobs that must see every new entry remount between jobs.
+
+Needs CAP_SYS_ADMIN (mount(2)); without it, callers fall back to ``fuse``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import ctypes.util
+import errno
+import logging
+import os
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from casfs.store.entry import Entry
+
+log = logging.getLogger(__name__)
+
+CAP_SYS_ADMIN = 21
+MNT_DETACH = 2
+_libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+
+
+def unavailable_reason() -> str | None:
+    """Why an overlay cannot be mounted here (one line), or None if it can."""
+    try:
+        with open("/proc/self/status") as f:
+            caps = next((ln.split()[1] for ln in f if ln.startswith("CapEff:")), "0")
+        if not int(caps, 16) >> CAP_SYS_ADMIN & 1:
+            return "overlay mode needs CAP_SYS_ADMIN to mount overlayfs"
+        with open("/proc/filesystems") as f:
+            if not any(ln.split()[-1:] == ["overlay"] for ln in f):
+                return "the kernel has no overlayfs (modprobe overlay)"
+    except (OSError, ValueError) as e:
+        return f"cannot check for overlayfs: {e}"
+    return None
+
+
+@dataclass(frozen=True)
+class OverlayPaths:
+    upper: Path
+    base: Path  # <state>/overlay/<ns>
+
+    @property
+    def links(self) -> Path:
+        return self.base / "links"
+
+    @property
+    def fuse(self) -> Path:
+        return self.base / "fuse"
+
+    @property
+    def fuse_upper(self) -> Path:
+        """The FUSE layer's upper: always empty (the layer is mounted read-only)."""
+        return self.base / "fuse-upper"
+
+    @property
+    def work(self) -> Path:
+        return self.base / "work"
+
+
+@dataclass
+class LinkReport:
+    linked: int = 0
+    generated: int = 0
+    absent: int = 0  # object not on the node: served by the FUSE layer
+
+
+def build_links(
+    links: Path,
+    entries: Iterable[Entry],
+    local_path: Callable[[Entry], str | None],
+    present: Callable[[Entry, str], bytes | None] | None = None,
+) -> LinkReport:
+    """Fill ``links`` (emptied first) with the entries whose objects are local.
+
+    ``local_path(entry)`` is the cached object's path or None; ``present(entry,
+    path)`` returns bytes to write instead of a link (a family rewrites the
+    file for this mount) or None to link the object as is.
+    """
+    import shutil
+
+    shutil.rmtree(links, ignore_errors=True)
+    links.mkdir(parents=True)
+    os.chmod(links, 0o777)
+    made: set[str] = {""}
+    rep = LinkReport()
+    for e in entries:
+        src = local_path(e)
+        if src is None:
+            rep.absent += 1
+            continue
+        parent = os.path.dirname(e.path)
+        if parent not in made:
+            _mkdirs(links, parent, made)
+        target = links / e.path
+        data = present(e, src) if present is not None else None
+        try:
+            if data is not None:
+                fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, e.mode & 0o777)
+                with os.fdopen(fd, "wb") as f:
+                    f.write(data)
+                os.utime(target, ns=(e.mtime_ns, e.mtime_ns))
+                rep.generated += 1
+            else:
+                os.link(src, target)
+                rep.linked += 1
+        except OSError as err:  # EXDEV, EMLINK, a vanished object: FUSE serves it
+            log.debug("not linking %s: %s", e.path, err)
+            rep.absent += 1
+    return rep
+
+
+def _mkdirs(links: Path, rel: str, made: set[str]) -> None:
+    parent = os.path.dirname(rel)
+    if parent not in made:
+        _mkdirs(links, parent, made)
+    p = links / rel
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(p)
+        os.chmod(p, 0o777)  # like the FUSE view's lower dirs: any user may add entries
+    made.add(rel)
+
+
+def _check_path(p: Path) -> str:
+    s = str(p)
+    if any(c in s for c in ",:\\\n"):
+        raise OSError(errno.EINVAL, f"overlay layer path may not contain , : or \\: {s}")
+    return s
+
+
+def mount(mountpoint: Path, paths: OverlayPaths) -> None:
+    """Mount the overlay at ``mountpoint``. Call from a thread other than the one
+    serving the FUSE layer: the kernel looks up the FUSE root while mounting."""
+    paths.work.mkdir(parents=True, exist_ok=True)
+    opts = (f"lowerdir={_check_path(paths.links)}:{_check_path(paths.fuse)},"
+            f"upperdir={_check_path(paths.upper)},workdir={_check_path(paths.work)}")
+    rc = _libc.mount(b"casfs-overlay", os.fsencode(mountpoint), b"overlay", 0, opts.encode())
+    if rc != 0:
+        e = ctypes.get_errno()
+        raise OSError(e, f"mount overlay at {mountpoint}: {os.strerror(e)}")
+
+
+def unmount(mountpoint: Path) -> None:
+    """Detach the overlay now (lazily: open files keep working until closed)."""
+    if _libc.umount2(os.fsencode(mountpoint), MNT_DETACH) != 0:
+        e = ctypes.get_errno()
+        if e not in (errno.EINVAL, errno.ENOENT):  # EINVAL: not mounted
+            log.warning("unmount overlay %s: %s", mountpoint, os.strerror(e))
