@@ -14,7 +14,7 @@ may initialise CUDA in the daemon).
 
 from __future__ import annotations
 
-import importlib.metadata
+import functools
 import json
 import logging
 import os
@@ -22,8 +22,9 @@ import platform
 import re
 import shutil
 import subprocess
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import blake3
 
@@ -82,15 +83,145 @@ def check_namespace(name: str) -> str:
     return name
 
 
-def fingerprint(family: str) -> Fingerprint:
-    """Collect this host's ingredients for ``family``."""
+# Run by the job's interpreter: its Python, libc and package versions, from
+# metadata only (nothing is imported). Works on any Python 3.8+.
+_PROBE = r"""
+import json, platform, sys
+out = {"python": "%s-%d.%d" % ((platform.python_implementation().lower(),)
+                               + tuple(sys.version_info[:2])),
+       "libc": "-".join(platform.libc_ver()).strip("-") or None, "packages": {}}
+try:
+    from importlib import metadata
+except ImportError:
+    metadata = None
+for name in sys.argv[1:]:
+    try:
+        out["packages"][name] = metadata.version(name) if metadata else None
+    except Exception:
+        out["packages"][name] = None
+print(json.dumps(out))
+"""
+_PROBE_TIMEOUT_S = 30.0
+# Wheels: nvidia-cuda-runtime-cu12 (CUDA 12) and nvidia-cuda-runtime (CUDA 13).
+_CUDA_WHEELS = ("nvidia-cuda-runtime", "nvidia-cuda-runtime-cu13", "nvidia-cuda-runtime-cu12",
+                "nvidia-cuda-runtime-cu11")
+
+
+@dataclass(frozen=True)
+class JobEnv:
+    """What the job's interpreter says about itself (None values: not installed)."""
+
+    interpreter: str | None
+    python: str | None
+    libc: str | None
+    packages: dict[str, str | None]
+
+    def version(self, dists: tuple[str, ...]) -> str | None:
+        for name in dists:
+            if self.packages.get(name):
+                return self.packages[name]
+        return None
+
+
+def _all_dists() -> list[str]:
+    names = {d for f in families.names() for k in families.get(f).ingredients
+             if k not in families.HOST_INGREDIENTS for d in families.get(f).package_dists(k)}
+    return sorted(names | {"torch", *_CUDA_WHEELS})
+
+
+def _is_python(path: str) -> bool:
+    return re.fullmatch(r"(python|pypy)[0-9.]*", os.path.basename(path)) is not None
+
+
+def _which(name: str, env: Mapping[str, str]) -> str | None:
+    if "/" in name:
+        return name if os.access(name, os.X_OK) else None
+    return shutil.which(name, path=env.get("PATH", os.defpath))
+
+
+def _shebang_python(path: str, env: Mapping[str, str]) -> str | None:
+    """The interpreter a script's ``#!`` line names, if it is a Python."""
+    try:
+        with open(path, "rb") as f:
+            line = f.readline(512)
+    except OSError:
+        return None
+    if not line.startswith(b"#!"):
+        return None
+    parts = line[2:].decode("utf-8", "replace").split()
+    if parts and os.path.basename(parts[0]) == "env":
+        parts = [p for p in parts[1:] if not p.startswith("-")]
+    if not parts or not _is_python(parts[0]):
+        return None
+    return _which(parts[0], env)
+
+
+def resolve_interpreter(cmd: Sequence[str] = (), env: Mapping[str, str] | None = None,
+                        python: str | None = None) -> str | None:
+    """The interpreter the job's command resolves to.
+
+    ``python`` (``--python``), else the command itself when it is a Python or
+    a script whose ``#!`` names one, else ``$VIRTUAL_ENV/bin/python``, else
+    ``python3`` on the job's PATH. None if there is none.
+    """
+    env = os.environ if env is None else env
+    if python:
+        found = _which(python, env)
+        if found is None:
+            raise UsageError(f"--python {python}: no such executable")
+        return found
+    if cmd:
+        exe = _which(cmd[0], env)
+        if exe is not None:
+            if _is_python(exe) or _is_python(os.path.realpath(exe)):
+                return exe
+            found = _shebang_python(exe, env)
+            if found is not None:
+                return found
+    venv = env.get("VIRTUAL_ENV")
+    if venv and os.access(os.path.join(venv, "bin", "python"), os.X_OK):
+        return os.path.join(venv, "bin", "python")
+    return _which("python3", env)
+
+
+@functools.lru_cache(maxsize=16)
+def _probe(interpreter: str, env_items: tuple[tuple[str, str], ...]) -> JobEnv:
+    try:
+        proc = subprocess.run([interpreter, "-c", _PROBE, *_all_dists()],
+                              capture_output=True, text=True, timeout=_PROBE_TIMEOUT_S,
+                              env=dict(env_items), check=False, stdin=subprocess.DEVNULL)
+        doc = json.loads(proc.stdout)
+        return JobEnv(interpreter, doc.get("python"), doc.get("libc"),
+                      {k: v for k, v in doc.get("packages", {}).items() if isinstance(k, str)})
+    except (OSError, subprocess.SubprocessError, ValueError, AttributeError) as e:
+        log.warning("cannot read the packages of %s (left out of the fingerprint): %s",
+                    interpreter, e)
+        return JobEnv(interpreter, None, None, {})
+
+
+def job_env(cmd: Sequence[str] = (), env: Mapping[str, str] | None = None,
+            python: str | None = None) -> JobEnv:
+    """The job's interpreter and its package versions (see ``resolve_interpreter``)."""
+    env = dict(os.environ if env is None else env)
+    interpreter = resolve_interpreter(cmd, env, python)
+    if interpreter is None:
+        return JobEnv(None, None, None, {})
+    # The job's PYTHONPATH counts (packages found through it are the job's).
+    keep = {k: v for k, v in env.items() if k in ("PATH", "PYTHONPATH", "PYTHONHOME",
+                                                  "VIRTUAL_ENV", "HOME", "LD_LIBRARY_PATH")}
+    return _probe(interpreter, tuple(sorted(keep.items())))
+
+
+def fingerprint(family: str, job: JobEnv | None = None) -> Fingerprint:
+    """The ingredients of ``family`` for a job (default: the caller's environment's job)."""
     fam = families.get(family)
+    jenv = job if job is not None else job_env()
     probes: dict[str, Callable[[], str | None]] = {
-        "python": _python,
+        "python": lambda: jenv.python,
         "platform": platform.system,
         "arch": platform.machine,
-        "libc": _libc,
-        "cuda": _cuda_runtime,
+        "libc": lambda: jenv.libc,
+        "cuda": lambda: _cuda_runtime(jenv),
         "nvidia_driver": _nvidia_driver,
         "gpu": _gpus,
         "build_key": lambda: os.environ.get(BUILD_KEY_ENV) or None,
@@ -98,61 +229,34 @@ def fingerprint(family: str) -> Fingerprint:
     ingredients: dict[str, str | None] = {}
     for key in fam.ingredients:
         probe = probes.get(key)
-        value = probe() if probe is not None else _first_version(fam.package_dists(key))
+        value = probe() if probe is not None else jenv.version(fam.package_dists(key))
         ingredients[key] = value or None
     return Fingerprint(family=family, ingredients=ingredients)
 
 
-def resolve_namespace(family: str, namespace: str | None) -> str:
-    """An explicit namespace wins; ``None`` or ``"auto"`` means this host's fingerprint."""
+def differences(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[tuple[str, Any, Any]]:
+    """(ingredient, value in a, value in b) for every ingredient that differs."""
+    return [(k, a.get(k), b.get(k)) for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+
+
+def resolve_namespace(family: str, namespace: str | None, job: JobEnv | None = None) -> str:
+    """An explicit namespace wins; ``None`` or ``"auto"`` means the job's fingerprint."""
     check_family(family)
     if namespace is None or namespace == AUTO:
-        return fingerprint(family).namespace
+        return fingerprint(family, job).namespace
     return check_namespace(namespace)
 
 
-def _python() -> str:
-    major, minor, _ = platform.python_version_tuple()
-    return f"{platform.python_implementation().lower()}-{major}.{minor}"
-
-
-def _libc() -> str | None:
-    lib, version = platform.libc_ver()
-    return f"{lib}-{version}" if lib else None
-
-
-def _first_version(dists: tuple[str, ...]) -> str | None:
-    for name in dists:
-        version = _package_version(name)
-        if version:
-            return version
-    return None
-
-
-def _package_version(name: str) -> str | None:
-    try:
-        return importlib.metadata.version(name)
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
-def _cuda_runtime() -> str | None:
-    """CUDA runtime torch was built for, else the installed nvidia runtime wheel."""
-    torch_version = _package_version("torch")
+def _cuda_runtime(job: JobEnv) -> str | None:
+    """CUDA runtime the job's torch was built for, else its nvidia runtime wheel."""
+    torch_version = job.packages.get("torch")
     if torch_version:
         match = _TORCH_CUDA_SUFFIX_RE.search(torch_version)
         if match:
             return f"{match.group(1)}.{match.group(2)}"
         if "+cpu" in torch_version:
             return None
-    # Wheels: nvidia-cuda-runtime-cu12 (CUDA 12) and nvidia-cuda-runtime (CUDA 13).
-    versions = sorted(
-        {
-            dist.version
-            for dist in importlib.metadata.distributions()
-            if (dist.metadata["Name"] or "").lower().startswith("nvidia-cuda-runtime")
-        }
-    )
+    versions = sorted({v for n in _CUDA_WHEELS if (v := job.packages.get(n))})
     return ",".join(versions) or None
 
 

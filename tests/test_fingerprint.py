@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -13,14 +14,19 @@ from casfs.errors import UsageError
 from casfs.fingerprint import (
     Fingerprint,
     check_namespace,
+    differences,
     fingerprint,
+    job_env,
+    resolve_interpreter,
     resolve_namespace,
 )
+
+JOB = job_env(python=sys.executable)  # the job: this interpreter (it has torch and triton)
 
 
 def test_same_host_gives_same_namespace() -> None:
     for family in families.names():
-        assert fingerprint(family).namespace == fingerprint(family).namespace
+        assert fingerprint(family, JOB).namespace == fingerprint(family, JOB).namespace
 
 
 def test_namespace_format_and_key_order_independence() -> None:
@@ -36,18 +42,18 @@ def test_namespace_format_and_key_order_independence() -> None:
 
 def test_build_key_changes_namespace(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("CASFS_BUILD_KEY", raising=False)
-    base = fingerprint("inductor")
+    base = fingerprint("inductor", JOB)
     assert base.ingredients["build_key"] is None
     monkeypatch.setenv("CASFS_BUILD_KEY", "image-1234")
-    keyed = fingerprint("inductor")
+    keyed = fingerprint("inductor", JOB)
     assert keyed.ingredients["build_key"] == "image-1234"
     assert keyed.namespace != base.namespace
     monkeypatch.setenv("CASFS_BUILD_KEY", "image-5678")
-    assert fingerprint("inductor").namespace not in (base.namespace, keyed.namespace)
+    assert fingerprint("inductor", JOB).namespace not in (base.namespace, keyed.namespace)
 
 
 def test_family_ingredients() -> None:
-    full = fingerprint("triton").ingredients
+    full = fingerprint("triton", JOB).ingredients
     for key in (
         "python",
         "platform",
@@ -61,23 +67,24 @@ def test_family_ingredients() -> None:
         "build_key",
     ):
         assert key in full
-    assert set(fingerprint("generic").ingredients) == {"python", "platform", "arch", "build_key"}
-    assert fingerprint("triton").namespace.startswith("triton-")
-    assert fingerprint("generic").namespace.startswith("generic-")
+    generic = set(fingerprint("generic", JOB).ingredients)
+    assert generic == {"python", "platform", "arch", "build_key"}
+    assert fingerprint("triton", JOB).namespace.startswith("triton-")
+    assert fingerprint("generic", JOB).namespace.startswith("generic-")
 
 
 def test_versions_come_from_metadata() -> None:
     from importlib.metadata import version
 
-    ingredients = fingerprint("inductor").ingredients
+    ingredients = fingerprint("inductor", JOB).ingredients
     assert ingredients["torch"] == version("torch")
     assert ingredients["triton"] == version("triton")
 
 
 def test_explicit_namespace_overrides() -> None:
     assert resolve_namespace("triton", "team-a.v2") == "team-a.v2"
-    assert resolve_namespace("triton", None) == fingerprint("triton").namespace
-    assert resolve_namespace("triton", "auto") == fingerprint("triton").namespace
+    assert resolve_namespace("triton", None, JOB) == fingerprint("triton", JOB).namespace
+    assert resolve_namespace("triton", "auto", JOB) == fingerprint("triton", JOB).namespace
 
 
 @pytest.mark.parametrize("bad", ["", ".hidden", "a/b", "..", "a b", "x" * 129, "ns\n", "é", "a\0b"])
@@ -104,8 +111,9 @@ def test_unknown_family_rejected() -> None:
 def test_does_not_import_torch_or_triton() -> None:
     code = (
         "import json, sys\n"
-        "from casfs.fingerprint import fingerprint\n"
-        "ns = [fingerprint(f).namespace for f in ('triton', 'inductor', 'generic')]\n"
+        "from casfs.fingerprint import fingerprint, job_env\n"
+        "job = job_env(python=sys.executable)\n"
+        "ns = [fingerprint(f, job).namespace for f in ('triton', 'inductor', 'generic')]\n"
         "mods = [m for m in ('torch', 'triton') if m in sys.modules]\n"
         "print(json.dumps({'ns': ns, 'mods': mods}))\n"
     )
@@ -114,4 +122,82 @@ def test_does_not_import_torch_or_triton() -> None:
     )
     result = json.loads(out.stdout)
     assert result["mods"] == []
-    assert result["ns"][0] == fingerprint("triton").namespace
+    assert result["ns"][0] == fingerprint("triton", JOB).namespace
+
+
+def _script(path: Path, text: str) -> Path:
+    path.write_text(text)
+    path.chmod(0o755)
+    return path
+
+
+def test_interpreter_resolution_order(tmp_path: Path) -> None:
+    """--python, else the command or its shebang, else $VIRTUAL_ENV, else python3 on PATH."""
+    venv, bindir = tmp_path / "venv", tmp_path / "bin"
+    (venv / "bin").mkdir(parents=True)
+    bindir.mkdir()
+    vpy = _script(venv / "bin" / "python", "#!/bin/sh\n")
+    py3 = _script(bindir / "python3", "#!/bin/sh\n")
+    _script(bindir / "train", f"#!{vpy}\nprint('hi')\n")
+    _script(bindir / "serve", "#!/usr/bin/env python3\n")
+    shell = _script(bindir / "job.sh", "#!/bin/sh\n")
+    env = {"PATH": str(bindir)}
+    assert resolve_interpreter(["python3", "x.py"], env) == str(py3)
+    assert resolve_interpreter(["train"], env) == str(vpy)  # console script: its shebang
+    assert resolve_interpreter(["serve"], env) == str(py3)  # env python3 on the job's PATH
+    assert resolve_interpreter(["job.sh"], env) == str(py3)  # not Python: python3 on PATH
+    assert resolve_interpreter(["job.sh"], {**env, "VIRTUAL_ENV": str(venv)}) == str(vpy)
+    assert resolve_interpreter(["train"], env, python=str(py3)) == str(py3)
+    assert resolve_interpreter([], {"PATH": str(tmp_path / "empty")}) is None
+    assert shell.exists()
+    with pytest.raises(UsageError, match="no such executable"):
+        resolve_interpreter([], env, python=str(tmp_path / "nope"))
+
+
+def test_the_jobs_packages_not_casfs_own(tmp_path: Path) -> None:
+    """Another interpreter's metadata makes the key: a venv without torch has torch None."""
+    venv = tmp_path / "jobvenv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True,
+                   timeout=120)
+    bare = job_env(python=str(venv / "bin" / "python"), env={"PATH": "/usr/bin:/bin"})
+    assert bare.python == JOB.python and bare.packages.get("torch") is None
+    fp = fingerprint("inductor", bare)
+    assert fp.ingredients["torch"] is None and fp.ingredients["triton"] is None
+    assert fp.namespace != fingerprint("inductor", JOB).namespace
+    # Found through the job's PYTHONPATH, the packages count (it is the job's environment).
+    site = next((Path(sys.prefix) / "lib").glob("python3*/site-packages"))
+    withpath = job_env(python=str(venv / "bin" / "python"),
+                       env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(site)})
+    assert withpath.packages["torch"] == JOB.packages["torch"]
+    # The job's command decides: `casfs run -- <venv>/bin/python train.py`.
+    assert job_env([str(venv / "bin" / "python"), "train.py"]).interpreter == str(
+        venv / "bin" / "python")
+
+
+def test_differences() -> None:
+    assert differences({"torch": "2.13.0", "gpu": None}, {"torch": "2.14.0", "gpu": None}) == [
+        ("torch", "2.13.0", "2.14.0")]
+    assert differences({"a": "1"}, {}) == [("a", "1", None)]
+
+
+def test_key_compare_exit_status(tmp_path: Path) -> None:
+    def key(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "casfs.cli.main", "key", "--family",
+                               "triton,inductor", *args], capture_output=True, text=True,
+                              timeout=120, check=False)
+
+    mine = key("--json", "--python", sys.executable)
+    assert mine.returncode == 0
+    (tmp_path / "a.json").write_text(mine.stdout)
+    other = json.loads(mine.stdout)
+    other[0]["namespace"], other[0]["ingredients"]["torch"] = "triton-0000000000000000", "9.9"
+    (tmp_path / "b.json").write_text(json.dumps(other))
+    same = key("--python", sys.executable, "--compare", str(tmp_path / "a.json"))
+    assert same.returncode == 0 and "same key" in same.stdout
+    differ = key("--python", sys.executable, "--compare", str(tmp_path / "a.json"),
+                 str(tmp_path / "b.json"))
+    assert differ.returncode == 1
+    assert "triton:" in differ.stdout and "9.9" in differ.stdout and "inductor" not in differ.stdout
+    (tmp_path / "bad.json").write_text("{")
+    bad = key("--compare", str(tmp_path / "bad.json"))
+    assert bad.returncode == 2 and "not a casfs key --json output" in bad.stderr

@@ -27,6 +27,7 @@ from casfs.util.defaults import (
 )
 
 if TYPE_CHECKING:
+    from casfs.fingerprint import JobEnv
     from casfs.node.host import HostConfig
 
 def make_config(args: argparse.Namespace, family: str, mountpoint: Path,
@@ -220,12 +221,18 @@ def _families(spec: str, namespace: str | None) -> list[str]:
     return names
 
 
-def _caches(names: list[str], namespace: str | None) -> list[dict[str, str]]:
-    """The job's namespaces, computed on the job's side and handed to the node."""
-    from casfs.fingerprint import resolve_namespace
+def _caches(names: list[str], namespace: str | None, job: JobEnv) -> list[dict[str, Any]]:
+    """The job's namespaces and their ingredients, computed on the job's side for the node."""
+    from casfs.fingerprint import AUTO, check_namespace, fingerprint
 
-    return [{"family": families.check(f), "namespace": resolve_namespace(f, namespace)}
-            for f in names]
+    out: list[dict[str, Any]] = []
+    for f in names:
+        if namespace is None or namespace == AUTO:
+            fp = fingerprint(f, job)
+            out.append({"family": f, "namespace": fp.namespace, "ingredients": fp.ingredients})
+        else:
+            out.append({"family": f, "namespace": check_namespace(namespace)})
+    return out
 
 
 def cache_vars(paths: dict[str, str], job_env: dict[str, str] | os._Environ[str],
@@ -253,9 +260,11 @@ def host_config(args: argparse.Namespace, *, for_run: bool) -> HostConfig:
 
 def cmd_env(args: argparse.Namespace) -> int:
     """Lease this job's caches from the node and print the variables pointing at them."""
+    from casfs.fingerprint import job_env
     from casfs.node import client
 
-    caches = _caches(_families(args.family, args.namespace), args.namespace)
+    caches = _caches(_families(args.family, args.namespace), args.namespace,
+                     job_env((), os.environ, args.python))
     pid = args.pid or client.lease_pid_default()
     start = host_config(args, for_run=False) if args.start else None
     reply, _sock = client.lease(default_state_dir().absolute(), caches, pid, start=start)
@@ -294,8 +303,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         cmd = cmd[1:]
     if not cmd:
         raise UsageError("casfs run needs a command: casfs run [--family F] -- CMD ARGS...")
+    from casfs.fingerprint import job_env
+
     names = _families(args.family, args.namespace)
-    caches = _caches(names, args.namespace)
+    caches = _caches(names, args.namespace, job_env(cmd, os.environ, args.python))
     state = default_state_dir().absolute()
     paths: dict[str, str] = {}
     lease: tuple[Path, str] | None = None
@@ -363,6 +374,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         p.add_argument("--family", default=",".join(families.DEFAULT_RUN),
                        help=f"comma list of {', '.join(families.names())}"
                             f" (default: {','.join(families.DEFAULT_RUN)})")
+        p.add_argument("--python", metavar="PATH",
+                       help="the job's interpreter, whose packages make the namespace"
+                            " (default: the command's, else $VIRTUAL_ENV's, else python3)")
         p.add_argument("--companions", action="store_true",
                        help="also set the families' opt-in companion variables"
                             " (e.g. FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1)")

@@ -306,19 +306,38 @@ def cmd_unpin(args: argparse.Namespace) -> int:
     return 0
 
 
+def _load_keys(path: str) -> list[dict[str, Any]]:
+    """The keys in a ``casfs key --json`` output (one object or a list); UsageError if not."""
+    import json
+
+    try:
+        text = sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
+        doc = json.loads(text)
+    except (OSError, ValueError) as e:
+        raise UsageError(f"--compare {path}: not a casfs key --json output ({e})") from None
+    keys = doc if isinstance(doc, list) else [doc]
+    if not all(isinstance(k, dict) and isinstance(k.get("family"), str)
+               and isinstance(k.get("namespace"), str) for k in keys):
+        raise UsageError(f"--compare {path}: not a casfs key --json output")
+    return keys
+
+
 def cmd_key(args: argparse.Namespace) -> int:
-    from casfs.fingerprint import fingerprint
+    from casfs.fingerprint import differences, fingerprint, job_env
 
     fams = [families.check(f.strip()) for f in args.family.split(",") if f.strip()]
-    fps = [fingerprint(f) for f in fams]
+    job = job_env(python=args.python)
+    fps = [fingerprint(f, job) for f in fams]
+    if args.compare:
+        return _compare_keys(fps, args.compare, args.json, differences)
     if args.json:
-        out = [{"family": fp.family, "namespace": fp.namespace, "ingredients": fp.ingredients}
-               for fp in fps]
+        out = [{**fp.as_dict(), "interpreter": job.interpreter} for fp in fps]
         emit_json(out[0] if len(out) == 1 else out)
         return 0
     for fp in fps:
         fam = families.get(fp.family)
         print(f"{fp.namespace}")
+        print(f"  (from the interpreter {job.interpreter})")
         for k, v in sorted(fp.ingredients.items()):
             print(f"  {k}: {v}")
         print(f"  variables: {', '.join(fam.env_vars)}"
@@ -326,6 +345,40 @@ def cmd_key(args: argparse.Namespace) -> int:
         for r in families.rules(fp.family).replaced:
             print(f"  replaced: {r.pattern} ({r.rule.kind})")
     return 0
+
+
+def _compare_keys(fps: list[Any], files: list[str], as_json: bool, differences: Any) -> int:
+    """This node's keys against other nodes' (``casfs key --json`` files): 0 if all equal."""
+    mine = {fp.family: fp for fp in fps}
+    report = []
+    for path in files:
+        for key in _load_keys(path):
+            fp = mine.get(key["family"])
+            if fp is None:
+                continue
+            diff = differences(fp.ingredients, key.get("ingredients") or {})
+            report.append({"file": path, "family": key["family"], "namespace": key["namespace"],
+                           "same": key["namespace"] == fp.namespace,
+                           "differs": [{"ingredient": k, "here": a, "there": b}
+                                       for k, a, b in diff]})
+    missing = [f for f in mine if not any(r["family"] == f for r in report)]
+    ok = bool(report) and all(r["same"] for r in report) and not missing
+    if as_json:
+        emit_json({"same": ok, "keys": report, "missing": missing})
+    else:
+        for r in report:
+            if r["same"]:
+                continue
+            what = ", ".join(f"{d['ingredient']} {d['here']} here vs {d['there']}"
+                             for d in r["differs"]) or "ingredients not given"
+            print(f"{r['family']}: {r['file']} has {r['namespace']}, this node"
+                  f" {mine[r['family']].namespace}: {what}")
+        for f in missing:
+            print(f"{f}: no key in {', '.join(files)}")
+        if ok:
+            print(f"same key: {', '.join(fp.namespace for fp in fps)}"
+                  f" ({len(report)} compared)")
+    return 0 if ok else 1
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -374,6 +427,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = add("unpin", cmd_unpin, "remove a pin", json=False)
     p.add_argument("namespace")
     p.add_argument("name")
-    p = add("key", cmd_key, "print the ingredients of the auto namespace")
+    p = add("key", cmd_key, "print the ingredients of the auto namespace (of the job's"
+                            " interpreter); --compare: exit 1 unless other nodes' keys match")
+    p.add_argument("--python", metavar="PATH",
+                   help="the job's interpreter (default: $VIRTUAL_ENV's, else python3 on PATH)")
+    p.add_argument("--compare", nargs="+", metavar="FILE",
+                   help="casfs key --json outputs of other nodes ('-': stdin)")
     p.add_argument("--family", default=families.FALLBACK,
                    help=f"comma list of {', '.join(families.names())}")

@@ -12,12 +12,13 @@ import importlib
 from collections.abc import Iterable, Mapping
 
 from casfs.errors import UsageError
-from casfs.families.base import Family
+from casfs.families.base import HOST_INGREDIENTS, Family
 from casfs.families.rules import CacheRules, walk_files
 
 __all__ = [
     "DEFAULT_RUN",
     "FALLBACK",
+    "HOST_INGREDIENTS",
     "CacheRules",
     "Family",
     "check",

@@ -43,7 +43,7 @@ def _ask(sock: Path, cmd: str, timeout: float, **kw: Any) -> dict[str, Any] | No
         return None
 
 
-def lease(state_dir: Path, caches: list[dict[str, str]], pid: int, *,
+def lease(state_dir: Path, caches: list[dict[str, Any]], pid: int, *,
           start: HostConfig | None = None, timeout: float = 120.0) -> tuple[dict[str, Any], Path]:
     """Lease ``caches`` for process ``pid``; (reply, socket that granted it).
 

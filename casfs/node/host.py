@@ -282,6 +282,7 @@ class NodeHost:
             family = check_family(str(c.get("family")))
             namespace = check_namespace(str(c.get("namespace")))
             s = await self.attach(tenant, family, namespace)
+            s.svc.set_ingredients(c.get("ingredients"))
             lease.keys.add(s.key)
             s.idle_since = None
             out.append({"family": family, "namespace": namespace, "tenant": tenant,

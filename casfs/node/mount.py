@@ -135,6 +135,7 @@ class MountService:
             if cfg.mode == "dir" else None
         )
         self.publisher: Publisher | None = None
+        self._ingredients: dict[str, Any] | None = None
         self.last_publish: dict[str, Any] | None = None
         self._flushed: dict[str, int] = {}
         recovered = self._promoter_or_none()
@@ -257,19 +258,44 @@ class MountService:
         if self.root is None:
             return None
         if self.publisher is None or self.publisher.gens.root is not self.root:
-            from casfs.fingerprint import fingerprint
-
             self.publisher = Publisher(
                 generations=self._gens(), index=self.index, key=self.cfg.namespace,
                 namespace=self.cfg.namespace, counters=self.counters, rules=self.rules,
                 # The mount path travels with the record: Triton group files hold
                 # absolute paths, so nodes serving another path must be warned.
-                fingerprint={**fingerprint(self.cfg.family).ingredients,
-                             "mountpoint": str(self.cfg.mountpoint)},
+                fingerprint=None,
                 max_bytes=self.cfg.namespace_max_bytes,
                 on_lost=self.tracker.modified,
             )
+        self.publisher.fingerprint = self._record_fingerprint()
         return self.publisher
+
+    def set_ingredients(self, ingredients: object) -> None:
+        """The job's ingredients of this namespace, computed on the job's side.
+
+        Kept only if they hash to the namespace served (an explicit namespace
+        has none): generation records carry them so ``casfs explain`` can say
+        which ingredients differ between namespaces.
+        """
+        from casfs.fingerprint import Fingerprint
+
+        if self._ingredients is not None or not isinstance(ingredients, dict):
+            return
+        if all(isinstance(k, str) and (v is None or isinstance(v, str))
+               for k, v in ingredients.items()) and (
+                Fingerprint(self.cfg.family, ingredients).namespace == self.cfg.namespace):
+            self._ingredients = dict(ingredients)
+
+    def _record_fingerprint(self) -> dict[str, Any]:
+        if self._ingredients is None:
+            # No job said: this process's environment, if it is the namespace's.
+            from casfs.fingerprint import fingerprint
+
+            fp = fingerprint(self.cfg.family)
+            self._ingredients = fp.ingredients if fp.namespace == self.cfg.namespace else {}
+        # The mount path travels with the record: Triton group files hold
+        # absolute paths, so nodes serving another path must be warned.
+        return {**self._ingredients, "mountpoint": str(self.cfg.mountpoint)}
 
     # --- background work (worker threads) ---------------------------------
     def promote_once(self, final: bool = False) -> int:
