@@ -7,6 +7,12 @@ zero). Unlinking or replacing a path *detaches* its inode: the number keeps
 working for open handles but the path now belongs to the next inode created
 there. A directory rename moves the paths of every known descendant; a children
 index keeps that (and unlink) proportional to the subtree, not to the table.
+
+Hard links: an inode may have several names. ``path`` answers its primary
+name (any name reaches the same file); unlinking one name keeps the inode
+attached through the others. A name first seen for an upper file with more
+than one link is matched to the inode of its siblings by ``key`` (the upper
+file's device and inode number), so every name reports one inode number.
 """
 
 from __future__ import annotations
@@ -30,6 +36,9 @@ class InodeTable:
         self._count: dict[int, int] = {}
         self._detached: set[int] = set()
         self._kids: dict[str, set[str]] = {}  # known paths by parent path
+        self._aliases: dict[int, set[str]] = {}  # hard links: names besides the primary
+        self._by_key: dict[tuple[int, int], int] = {}  # upper (st_dev, st_ino) -> inode
+        self._key_of: dict[int, tuple[int, int]] = {}
         self._next = root + 1
 
     def __len__(self) -> int:
@@ -45,15 +54,52 @@ class InodeTable:
         """The path ``ino`` had, even if it is detached since."""
         return self._path.get(ino)
 
-    def ino(self, path: str) -> int:
-        """The inode of ``path``, assigning a new one (with no lookup count) if needed."""
+    def ino(self, path: str, key: tuple[int, int] | None = None) -> int:
+        """The inode of ``path``, assigning a new one (with no lookup count) if needed.
+
+        ``key``: the upper file's (st_dev, st_ino) when it has several links;
+        a name of an inode already known under that key becomes its alias.
+        """
         ino = self._ino.get(path)
-        if ino is None:
-            ino = self._next
-            self._next += 1
-            self._name(path, ino)
-            self._path[ino] = path
+        if ino is not None:
+            return ino
+        if key is not None:
+            known = self._by_key.get(key)
+            if known is not None and self.path(known) is not None:
+                self.add_name(known, path)
+                return known
+        ino = self._next
+        self._next += 1
+        self._name(path, ino)
+        self._path[ino] = path
+        if key is not None:
+            self._set_key(ino, key)
         return ino
+
+    def _set_key(self, ino: int, key: tuple[int, int]) -> None:
+        old = self._key_of.pop(ino, None)
+        if old is not None and self._by_key.get(old) == ino:
+            del self._by_key[old]
+        self._by_key[key] = ino
+        self._key_of[ino] = key
+
+    def add_name(self, ino: int, path: str, key: tuple[int, int] | None = None) -> None:
+        """``path`` is a new hard link to ``ino`` (replacing whatever the table had there)."""
+        if self._ino.get(path) == ino:
+            return
+        if path in self._ino:
+            self.detach(path)
+        self._name(path, ino)
+        self._aliases.setdefault(ino, set()).add(path)
+        if key is not None:
+            self._set_key(ino, key)
+
+    def names(self, ino: int) -> list[str]:
+        """Every current name of ``ino`` (primary first)."""
+        primary = self.path(ino)
+        if primary is None:
+            return []
+        return [primary, *sorted(self._aliases.get(ino, ()))]
 
     def _name(self, path: str, ino: int) -> None:
         self._ino[path] = ino
@@ -84,9 +130,9 @@ class InodeTable:
     def find(self, path: str) -> int | None:
         return self._ino.get(path)
 
-    def lookup(self, path: str) -> int:
-        """The kernel learned about ``path`` once more (lookup, create, readdirplus)."""
-        ino = self.ino(path)
+    def lookup(self, path: str, key: tuple[int, int] | None = None) -> int:
+        """The kernel learned about ``path`` once more (lookup, create, readdirplus, link)."""
+        ino = self.ino(path, key)
         if ino != self.root:
             self._count[ino] = self._count.get(ino, 0) + 1
         return ino
@@ -108,10 +154,30 @@ class InodeTable:
     def _remove(self, ino: int) -> None:
         self._count.pop(ino, None)
         path = self._path.pop(ino, None)
+        for alias in self._aliases.pop(ino, ()):
+            if self._ino.get(alias) == ino:
+                self._unname(alias)
+        key = self._key_of.pop(ino, None)
+        if key is not None and self._by_key.get(key) == ino:
+            del self._by_key[key]
         if ino in self._detached:
             self._detached.discard(ino)
         elif path is not None and self._ino.get(path) == ino:
             self._unname(path)
+
+    def _drop_name(self, ino: int, path: str) -> bool:
+        """Remove one of several names of ``ino``; False if ``path`` is its only name."""
+        aliases = self._aliases.get(ino)
+        if not aliases:
+            return False
+        self._unname(path)
+        if path in aliases:
+            aliases.discard(path)
+        else:  # the primary goes: an alias takes its place
+            self._path[ino] = aliases.pop()
+        if not aliases:
+            del self._aliases[ino]
+        return True
 
     def _subtree(self, path: str) -> list[str]:
         """``path`` (if known) and every known path below it."""
@@ -127,6 +193,8 @@ class InodeTable:
     def detach(self, path: str) -> None:
         """``path`` (and anything below it) is gone; its inodes stay valid as numbers."""
         for p in self._subtree(path):
+            if self._drop_name(self._ino[p], p):
+                continue
             ino = self._unname(p)
             if ino == self.root:
                 continue
@@ -144,7 +212,12 @@ class InodeTable:
         for p, ino in moved:
             np = new + p[len(old):]
             self._name(np, ino)
-            self._path[ino] = np
+            aliases = self._aliases.get(ino)
+            if aliases is not None and p in aliases:
+                aliases.discard(p)
+                aliases.add(np)
+            else:
+                self._path[ino] = np
 
 
 def _parent(path: str) -> str:

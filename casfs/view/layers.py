@@ -187,6 +187,15 @@ class Layers:
             lower_hidden=lambda name: join(node.path, name) in self.failed,
         )
 
+    def subdir_count(self, node: Node) -> int:
+        n = 0
+        for _, child in self.children(node):
+            if child is DIR or (
+                isinstance(child, os.DirEntry) and child.is_dir(follow_symlinks=False)
+            ):
+                n += 1
+        return n
+
     # --- mutations of upper ---------------------------------------------
     def ensure_upper_dir(self, path: str, dir_mode: int) -> None:
         """Make ``path`` and its ancestors exist as upper directories (copy-up of dirs)."""

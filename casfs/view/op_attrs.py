@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 import pyfuse3
 
-from casfs.view.op_base import err, fuse_errors
+from casfs.view.op_base import err, fuse_errors, link_key
 from casfs.view.op_copyup import CopyUpOps
 
 
@@ -24,7 +24,7 @@ class AttrOps(CopyUpOps):
             self.counters.inc("lookup_miss")
             raise err(errno.ENOENT)
         self.counters.inc("lookup_upper" if node.upper is not None else "lookup_lower")
-        return self._attrs(node, self.inodes.lookup(path))
+        return self._attrs(node, self.inodes.lookup(path, link_key(node)))
 
     async def forget(self, inode_list: Sequence[tuple[int, int]]) -> None:
         for ino, n in inode_list:
@@ -104,6 +104,8 @@ class AttrOps(CopyUpOps):
         st = os.stat(target, follow_symlinks=False) if isinstance(target, str) else os.fstat(target)
         if path is not None:
             self.tracker.modified(path)
+        if path is not None:
+            return self._attrs(self._resolve(path), inode)  # merged dirs: their link count
         return self._upper_attrs(st, inode)
 
     @fuse_errors

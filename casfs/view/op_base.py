@@ -83,6 +83,14 @@ class Handle:
     digest: str | None  # set for a lower object: unpin on release
 
 
+def link_key(node: Node) -> tuple[int, int] | None:
+    """The upper file's identity when it has hard links (names of one inode share it)."""
+    st = node.upper
+    if st is None or st.st_nlink < 2 or stat.S_ISDIR(st.st_mode):
+        return None
+    return (st.st_dev, st.st_ino)
+
+
 class OpsBase(pyfuse3.Operations):
     # The kernel merges small writes (the linker writes .so files 1-16 KB at a
     # time) into page-sized batches and answers reads of just-written pages
@@ -172,9 +180,15 @@ class OpsBase(pyfuse3.Operations):
 
     def _attrs(self, node: Node, ino: int) -> pyfuse3.EntryAttributes:
         if node.upper is not None:
-            return self._upper_attrs(node.upper, ino)
-        assert node.lower is not None
-        return self._lower_attrs(node.lower, ino)
+            a = self._upper_attrs(node.upper, ino)
+        else:
+            assert node.lower is not None
+            a = self._lower_attrs(node.lower, ino)
+        if node.has_lower_dir:
+            # A directory's link count is 2 + its subdirectories, lower ones included
+            # (find(1) and rename tests rely on it); lower-only dirs are cached long.
+            a.st_nlink = 2 + self.layers.subdir_count(node)
+        return a
 
     def _upper_attrs(self, st: os.stat_result, ino: int) -> pyfuse3.EntryAttributes:
         return upper_attrs(st, ino, self.upper_timeout)
@@ -254,8 +268,8 @@ class OpsBase(pyfuse3.Operations):
         self.layers.remove_whiteout(path)
 
     def _entry_reply(self, path: str) -> pyfuse3.EntryAttributes:
-        ino = self.inodes.lookup(path)
-        return self._attrs(self._resolve(path), ino)
+        node = self._resolve(path)
+        return self._attrs(node, self.inodes.lookup(path, link_key(node)))
 
 
     def _handle(self, fh: int) -> Handle:

@@ -9,8 +9,9 @@ import stat
 import pyfuse3
 
 from casfs.view.layers import join, split
-from casfs.view.op_base import err, fuse_errors
+from casfs.view.op_base import err, fuse_errors, link_key
 from casfs.view.op_copyup import CopyUpOps
+from casfs.view.whiteout import WHITEOUT_DEV
 
 
 class DirOps(CopyUpOps):
@@ -31,12 +32,13 @@ class DirOps(CopyUpOps):
     async def mknod(
         self, parent_inode: int, name: bytes, mode: int, rdev: int, ctx: pyfuse3.RequestContext
     ) -> pyfuse3.EntryAttributes:
-        if not (stat.S_ISREG(mode) or stat.S_ISFIFO(mode)):
-            raise err(errno.EPERM)
+        if stat.S_ISCHR(mode) and rdev == WHITEOUT_DEV:
+            raise err(errno.EPERM)  # the 0/0 device is the whiteout marker (docs/format.md)
         path = self._new_child(parent_inode, name)
         self._prepare_new(path)
         created = self._initial_perm(ctx, mode, 0o600)
-        os.mknod(self.layers.up(path), stat.S_IFMT(mode) | created)
+        # The kernel already checked the caller's CAP_MKNOD for device nodes.
+        os.mknod(self.layers.up(path), stat.S_IFMT(mode) | created, rdev)
         self._own(path, ctx, mode, created)
         if stat.S_ISREG(mode):
             self.tracker.modified(path)
@@ -56,7 +58,25 @@ class DirOps(CopyUpOps):
     async def link(
         self, inode: int, new_parent_inode: int, new_name: bytes, ctx: pyfuse3.RequestContext
     ) -> pyfuse3.EntryAttributes:
-        raise err(errno.EPERM)  # no hard links (like vfat): callers fall back to copies
+        """A hard link in the upper; a lower file is copied up first, as overlayfs does."""
+        path = self._path(inode)
+        node = self._resolve(path)
+        if node.is_dir:
+            raise err(errno.EPERM)
+        new = self._new_child(new_parent_inode, new_name)
+        self._prepare_new(new)
+        if node.lower_file is not None:
+            await self._copy_up(node)
+            self._invalidate_entry(path)  # its long lower timeouts no longer hold
+            node = self._resolve(path)
+            self._prepare_new(new)  # the copy-up awaited: check the name again
+        os.link(self.layers.up(path), self.layers.up(new), follow_symlinks=False)
+        st = os.lstat(self.layers.up(new))
+        self.inodes.add_name(inode, new, (st.st_dev, st.st_ino))
+        self.inodes.lookup(new)  # the reply counts as a lookup of the inode
+        if stat.S_ISREG(st.st_mode):
+            self.tracker.modified(new)
+        return self._upper_attrs(st, inode)
 
 
     @fuse_errors
@@ -158,12 +178,13 @@ class DirOps(CopyUpOps):
             node = self.layers.resolve(cpath)
             if node is None:
                 continue  # removed since opendir
-            ino = self.inodes.ino(cpath)
+            key = link_key(node)
+            ino = self.inodes.ino(cpath, key)
             attrs = self._attrs(node, ino)
             if not pyfuse3.readdir_reply(token, os.fsencode(names[i]), attrs, i + 1):
                 self.inodes.drop_if_unused(ino)
                 return
-            self.inodes.lookup(cpath)  # readdirplus counts as a lookup
+            self.inodes.lookup(cpath, key)  # readdirplus counts as a lookup
 
     async def releasedir(self, fh: int) -> None:
         self._dirs.pop(fh, None)

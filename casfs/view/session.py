@@ -27,7 +27,9 @@ log = logging.getLogger(__name__)
 
 def mount_options(fsname: str, *, allow_other: bool, debug: bool,
                   read_only: bool = False) -> set[str]:
-    opts = {"default_permissions", f"fsname={fsname}", "subtype=casfs"}
+    # nodev: device nodes may be created (as on any directory) but never opened through
+    # a cache directory.
+    opts = {"default_permissions", "nodev", f"fsname={fsname}", "subtype=casfs"}
     if read_only:
         opts.add("ro")
     if allow_other:

@@ -16,9 +16,10 @@ One format for every view mode that has an upper layer (``fuse`` here, and
   so at its new place it must not merge with lower entries).
 
 Creating a 0/0 character device needs no privilege since Linux 5.8 (the
-kernel allows exactly this device for whiteouts); the view refuses device
-nodes from users (see docs/format.md), so a 0/0 device in the upper is
-always a marker. Copy-up staging lives outside the upper directory
+kernel allows exactly this device for whiteouts); through the view, ``mknod``
+of that one device is refused (EPERM; other device nodes are allowed to
+CAP_MKNOD callers, as on any directory, and the mount is ``nodev``), so a
+0/0 device in the upper is always a marker. Copy-up staging lives outside the upper directory
 (``work_dir_for``), as overlayfs's workdir does, so it takes no name either.
 
 Scope (shared decision 3): a whiteout hides published entries only for the

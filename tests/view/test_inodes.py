@@ -92,3 +92,21 @@ def test_children_index_matches_a_full_scan() -> None:
             assert t.path(ino) == p
             if p is not None:
                 assert t.find(p) == ino
+
+
+def test_hard_links_share_one_inode() -> None:
+    t = InodeTable()
+    a = t.lookup("a", key=(1, 99))
+    assert t.lookup("d/b", key=(1, 99)) == a  # a name first seen later joins its sibling
+    t.add_name(a, "c")
+    assert t.names(a) == ["a", "c", "d/b"]
+    t.detach("a")  # unlink the primary: the inode lives on under its other names
+    assert t.path(a) in {"c", "d/b"} and t.find("a") is None
+    t.rename("d", "e")
+    assert sorted(t.names(a)) == ["c", "e/b"]
+    t.detach("c")
+    assert t.names(a) == ["e/b"]
+    t.detach("e/b")
+    assert t.path(a) is None and t.last_path(a) is not None  # detached: open handles only
+    t.forget(a, 2)
+    assert t.lookup("x", key=(1, 99)) != a  # a forgotten inode's key is gone too
