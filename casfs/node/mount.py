@@ -495,6 +495,7 @@ class MountService:
         rep = overlay.build_links(paths.links, self.lower.walk(), self._local_object, present)
         self.counters.inc("overlay_linked", rep.linked)
         self.counters.inc("overlay_generated", rep.generated)
+        self.counters.inc("overlay_sealed_dirs", rep.sealed_dirs)
         overlay.mount(self.cfg.mountpoint, paths)
         self._overlay_mounted = True
         self._watcher = dirmode.watch(paths.upper, self.tracker)

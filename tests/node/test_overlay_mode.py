@@ -53,6 +53,7 @@ def test_overlay_mode(cluster: dict[str, Any], tmp_path: Path) -> None:
     assert _fstype(mnt) == "overlay"
     st = b.ask(w, "stats")["counters"]
     assert st["overlay_linked"] == 1  # K0's object; the rest comes through FUSE
+    assert st["overlay_sealed_dirs"] == 1  # K0/ is wholly local: not merged with FUSE
     for rel, data in files.items():
         assert (mnt / rel).read_bytes() == data
 
