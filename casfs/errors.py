@@ -57,6 +57,12 @@ class HostileManifestError(CasfsError):
     exit_code = 3
 
 
+class UntrustedError(CasfsError):
+    """A namespace's records may come from outside its tenant: not served."""
+
+    exit_code = 3
+
+
 class NotFoundError(CasfsError):
     """No such namespace, generation or path."""
 

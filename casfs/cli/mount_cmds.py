@@ -30,15 +30,23 @@ if TYPE_CHECKING:
     from casfs.fingerprint import JobEnv
     from casfs.node.host import HostConfig
 
+
 def make_config(args: argparse.Namespace, family: str, mountpoint: Path,
                 namespace: str | None) -> MountConfig:
+    from casfs.daemon.config import load_tenants
     from casfs.fingerprint import resolve_namespace
+    from casfs.tenants import Credentials
 
     families.check(family)
+    # This process's own tenant: a mount it starts is served to it alone.
+    policy = load_tenants()
+    tenant = policy.resolve(Credentials.of_self())
     return MountConfig(
         name=args.name or family,
         family=family,
-        namespace=resolve_namespace(family, namespace),
+        namespace=tenant.store_namespace(resolve_namespace(family, namespace)),
+        tenant=tenant.id,
+        tenants=policy.to_dict(),
         mountpoint=mountpoint.absolute(),
         root=default_root().absolute(),
         state_dir=default_state_dir().absolute(),

@@ -62,7 +62,13 @@ def entry_json(e: Entry) -> dict[str, Any]:
 # --- commands -------------------------------------------------------------
 def cmd_init(args: argparse.Namespace) -> int:
     root = open_root(create=True)
-    print(f"casfs shared root ready at {root.path}")
+    if args.multi_user:
+        from casfs.store.root import open_to_users
+
+        open_to_users(root.path)
+    print(f"casfs shared root ready at {root.path}"
+          + (" (every user may publish: namespaces/, objects/ and tmp/ are 1777)"
+             if args.multi_user else ""))
     return 0
 
 
@@ -389,7 +395,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
             p.add_argument("--json", action="store_true", help="machine-readable output")
         return p
 
-    add("init", cmd_init, "create the shared root", json=False)
+    p = add("init", cmd_init, "create the shared root", json=False)
+    p.add_argument("--multi-user", action="store_true",
+                   help="let every user publish directly (casfs run without casfsd):"
+                        " shared directories become 1777, each tenant's stay its own")
     p = add("import", cmd_import, "publish a plain cache directory as a new generation")
     p.add_argument("src")
     p.add_argument("--namespace", "-n")

@@ -12,7 +12,7 @@ import os
 import re
 import tomllib
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -24,6 +24,17 @@ from casfs.node.config import MountConfig
 if TYPE_CHECKING:
     from casfs.node.host import HostConfig
 from casfs.node.logfmt import FORMATS, LEVELS
+from casfs.tenants import (
+    CLUSTER,
+    DEFAULT_POLICY,
+    TRUSTS,
+    USER_RE,
+    Domain,
+    TenantPolicy,
+    group_id,
+    user_id,
+)
+from casfs.tenants import MODES as TENANT_MODES
 from casfs.util.defaults import default_mount_base, default_root, default_state_dir
 from casfs.util.fsinfo import check_local_fs
 
@@ -31,6 +42,7 @@ DEFAULT_METRICS_PORT = 9464
 DEFAULT_CACHE_MAX_BYTES = 20 << 30
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 NAMESPACE_RE = re.compile(r"[A-Za-z0-9._-]{1,128}")
+TENANT_NAME_RE = re.compile(r"[a-z0-9][a-z0-9_-]{0,31}")
 _BYTES_RE = re.compile(r"(\d+(?:\.\d+)?)\s*([KMGT]?)(i?B?)", re.IGNORECASE)
 _UNITS = {"": 0, "K": 1, "M": 2, "G": 3, "T": 4}
 # Keys a [[mounts]] table may set, and [defaults] may set for every mount.
@@ -62,6 +74,7 @@ class MountSpec:
     namespace_setting: str  # as configured: "auto" or the explicit name
     path: Path
     options: MountOptions
+    tenant: str = ""  # who may use (and so has written) this mount; "" until load() decides
 
 
 @dataclass(frozen=True)
@@ -78,6 +91,7 @@ class DaemonConfig:
     serve_base: Path | None = None  # on-demand namespaces: <serve_base>/<tenant>/<namespace>
     lease_grace: float = 60.0  # a namespace stays this long after its last lease
     defaults: MountOptions = MountOptions()
+    tenants: TenantPolicy = DEFAULT_POLICY
 
     @property
     def run_dir(self) -> Path:
@@ -89,8 +103,11 @@ class DaemonConfig:
 
     def mount_config(self, m: MountSpec) -> MountConfig:
         o = m.options
+        tenant = self.tenants.tenant(m.tenant) if m.tenant else None
         return MountConfig(
-            name=m.name, family=m.family, namespace=m.namespace, mountpoint=m.path,
+            name=m.name, family=m.family,
+            namespace=tenant.store_namespace(m.namespace) if tenant else m.namespace,
+            tenant=m.tenant, tenants=self.tenants.to_dict(), mountpoint=m.path,
             root=self.root, state_dir=self.state_dir, stable_after=o.stable_after,
             publish_interval=o.publish_interval, refresh_interval=o.refresh_interval,
             shutdown_timeout=o.shutdown_timeout, allow_other=o.allow_other,
@@ -311,10 +328,105 @@ def _mount(t: _Table, defaults: MountOptions, mount_base: Path,
         raise ConfigError(f"{t.key('namespace')}: {setting!r} is not \"auto\" or a valid"
                           " namespace (1-128 of [A-Za-z0-9._-], not starting with '.')")
     path = t.get("path", as_abs_path, mount_base / name)
+    tenant = t.get("tenant", as_str, "")
     opts = _options(t, defaults)
     t.finish()
     return MountSpec(name=name, family=family, namespace=namespace, namespace_setting=setting,
-                     path=path, options=opts)
+                     path=path, options=opts, tenant=tenant)
+
+
+def _tenants(t: _Table) -> TenantPolicy:
+    mode = t.get("mode", as_str, "uid")
+    if mode not in TENANT_MODES:
+        raise ConfigError(f"{t.key('mode')}: expected one of {', '.join(TENANT_MODES)},"
+                          f" got {mode!r}")
+    trust = t.get("trust", as_str, "owner")
+    if trust not in TRUSTS:
+        raise ConfigError(f"{t.key('trust')}: expected one of {', '.join(TRUSTS)}, got {trust!r}")
+    signing_key = t.get("signing_key", as_abs_path, None)
+    trusted = t.get("trusted_keys", as_str_list, ())
+    pod_tenants = t.get("pod_tenants", as_abs_path, None)
+    t.used.add("domains")
+    raw = t.data.get("domains", [])
+    if not isinstance(raw, list):
+        raise ConfigError(f"{t.key('domains')}: expected an array of tables ([[tenants.domains]])")
+    domains = tuple(_domain(_Table(d, f"{t.key('domains')}[{i}]")) for i, d in enumerate(raw))
+    t.finish()
+    from casfs.store import tenancy
+
+    for i, k in enumerate(trusted):
+        tenancy.check_public_key(k, f"{t.key('trusted_keys')}[{i}]")
+    if signing_key is not None:
+        tenancy.load_signing_key(signing_key)  # refuse a bad key now, not at the first publish
+    seen: set[str] = set()
+    for i, d in enumerate(domains):
+        if d.name in seen:
+            raise ConfigError(f"{t.key('domains')}[{i}].name: {d.name!r} is declared twice")
+        seen.add(d.name)
+    if trust == "signature" and not trusted and not any(d.keys for d in domains):
+        raise ConfigError(f"{t.key('trust')}: \"signature\" needs tenants.trusted_keys or a"
+                          " domain's keys (no record could be served)")
+    return TenantPolicy(mode=mode, trust=trust, domains=domains, signing_key=signing_key,
+                        trusted_keys=trusted, pod_tenants=pod_tenants)
+
+
+def _ids(t: _Table, name: str, conv: Callable[[int | str], int]) -> frozenset[int]:
+    out: set[int] = set()
+    for i, v in enumerate(t.get(name, _int_or_str_list, [])):
+        try:
+            out.add(conv(v))
+        except CasfsError as e:
+            raise ConfigError(f"{t.key(name)}[{i}]: {e.message}") from None
+    return frozenset(out)
+
+
+def _int_or_str_list(v: Any, key: str) -> list[int | str]:
+    if not isinstance(v, list) or not all(
+            (isinstance(x, int) and not isinstance(x, bool) and x >= 0)
+            or (isinstance(x, str) and x) for x in v):
+        raise ConfigError(f"{key}: expected an array of ids or names, got {_describe(v)}")
+    return list(v)
+
+
+def _domain(t: _Table) -> Domain:
+    from casfs.store import tenancy
+
+    name = t.get("name", as_str)
+    if name is None:
+        raise ConfigError(f"{t.key('name')}: every [[tenants.domains]] table needs a name")
+    if not TENANT_NAME_RE.fullmatch(name) or USER_RE.fullmatch(name) or name == CLUSTER:
+        raise ConfigError(f"{t.key('name')}: {name!r} is not a valid domain name (1-32 of"
+                          " [a-z0-9_-]; not u<number>, not \"cluster\")")
+    uids = _ids(t, "users", user_id)
+    gids = _ids(t, "groups", group_id)
+    cgroups = t.get("cgroups", as_str_list, ())
+    keys = t.get("keys", as_str_list, ())
+    for i, k in enumerate(keys):
+        tenancy.check_public_key(k, f"{t.key('keys')}[{i}]")
+    t.finish()
+    if len(uids) > 1 and not gids:
+        raise ConfigError(f"{t.key('groups')}: a domain of several users needs a group they"
+                          " share (its directories are 2770 with that group)")
+    if not (uids or gids or cgroups):
+        raise ConfigError(f"{t.key('name')}: domain {name!r} has no users, groups or cgroups")
+    return Domain(name, uids, gids, cgroups, keys)
+
+
+def _mount_tenant(m: MountSpec, policy: TenantPolicy, key: str) -> MountSpec:
+    """A static mount's tenant: as set, else cluster (cluster mode) or the daemon's own uid.
+
+    A static mount is one directory at one path: only its tenant may use it
+    (its root is that tenant's, 0700 or 2770), never every user of the node.
+    """
+    name = m.tenant or (CLUSTER if policy.mode == CLUSTER else f"u{os.geteuid()}")
+    if policy.mode == CLUSTER and name != CLUSTER:
+        raise ConfigError(f"{key}.tenant: tenants.mode is \"cluster\": every mount is the"
+                          f" cluster's, got {name!r}")
+    try:
+        policy.tenant(name)
+    except CasfsError as e:
+        raise ConfigError(f"{key}.tenant: {e.message}") from None
+    return replace(m, tenant=name)
 
 
 def load(path: Path | None, overrides: Overrides | None = None) -> DaemonConfig:
@@ -344,6 +456,7 @@ def load(path: Path | None, overrides: Overrides | None = None) -> DaemonConfig:
     metrics = top.table("metrics")
     listen = metrics.get("listen", as_listen, None)
     metrics.finish()
+    tenants = _tenants(top.table("tenants"))
     dt = top.table("defaults")
     defaults = _options(dt, MountOptions())
     dt.finish()
@@ -357,7 +470,8 @@ def load(path: Path | None, overrides: Overrides | None = None) -> DaemonConfig:
         raise ConfigError("mounts: at least one [[mounts]] table is needed"
                           " (or node.on_demand = true)")
     resolved: dict[str, str] = {}
-    mounts = tuple(_mount(_Table(m, f"mounts[{i}]"), defaults, mount_base, resolved)
+    mounts = tuple(_mount_tenant(_mount(_Table(m, f"mounts[{i}]"), defaults, mount_base,
+                                        resolved), tenants, f"mounts[{i}]")
                    for i, m in enumerate(raw_mounts))
     top.finish()
 
@@ -374,9 +488,28 @@ def load(path: Path | None, overrides: Overrides | None = None) -> DaemonConfig:
     cfg = DaemonConfig(root=root, state_dir=state_dir, mount_base=mount_base,
                        cache_max_bytes=cache_max, log_level=level, log_format=fmt,
                        metrics_listen=listen, mounts=mounts, source=path,
-                       serve_base=serve_base, lease_grace=lease_grace, defaults=defaults)
+                       serve_base=serve_base, lease_grace=lease_grace, defaults=defaults,
+                       tenants=tenants)
     check(cfg)
     return cfg
+
+
+DEFAULT_CONFIG = Path("/etc/casfs/casfs.toml")
+
+
+def load_tenants(path: Path | None = None) -> TenantPolicy:
+    """The node's [tenants] settings, for commands that run without casfsd (casfs run).
+
+    ``path`` None: ``$CASFS_CONFIG``, else /etc/casfs/casfs.toml; a file this user
+    cannot read (or none at all) means the defaults: every uid is its own tenant.
+    """
+    if path is None:
+        env = os.environ.get("CASFS_CONFIG")
+        path = Path(env) if env else DEFAULT_CONFIG
+        if not env and not os.access(path, os.R_OK):
+            return DEFAULT_POLICY
+    data = read_file(path)
+    return _tenants(_Table(data.get("tenants", {}), "tenants"))
 
 
 def check(cfg: DaemonConfig) -> None:
@@ -412,10 +545,11 @@ def check(cfg: DaemonConfig) -> None:
                 raise ConfigError(f"{key}.path: {m.path} is inside {what} {p}")
             if mp in p.parents:
                 raise ConfigError(f"{key}.path: {what} {p} is inside the mount point {m.path}")
-        if m.namespace in seen_ns:
+        ns = cfg.mount_config(m).namespace  # per tenant: two tenants may share a name
+        if ns in seen_ns:
             raise ConfigError(f"{key}.namespace: {m.namespace} is already served by"
-                              f" mounts[{seen_ns[m.namespace]}] (one mount per namespace)")
-        seen_ns[m.namespace] = i
+                              f" mounts[{seen_ns[ns]}] (one mount per namespace)")
+        seen_ns[ns] = i
         try:
             cfg.mount_config(m).check()
         except CasfsError as e:

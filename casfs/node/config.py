@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from casfs.errors import ConfigError
 
@@ -12,7 +13,7 @@ from casfs.errors import ConfigError
 class MountConfig:
     name: str  # the mount's name: control socket, counters, logs
     family: str  # a name in casfs.families
-    namespace: str  # concrete (auto already resolved)
+    namespace: str  # concrete (auto already resolved), as named on the root: "<tenant>~<ns>"
     mountpoint: Path
     root: Path  # shared root
     state_dir: Path  # node state (LMDB index, object cache, uppers, run files)
@@ -29,6 +30,8 @@ class MountConfig:
     # fuse: the FUSE overlay; overlay: kernel overlayfs over local objects and a read-only
     # FUSE view (casfs.view.overlay); dir: a plain watched directory (no FUSE)
     mode: str = "fuse"
+    tenant: str = ""  # who uses this mount (casfs.tenants); "" = no tenants (as before)
+    tenants: dict[str, Any] = field(default_factory=dict)  # TenantPolicy.to_dict()
 
     @property
     def run_dir(self) -> Path:

@@ -24,6 +24,7 @@ import os
 import signal
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import trio
@@ -40,6 +41,7 @@ from casfs.promote.tracker import WriteTracker
 from casfs.store.entry import Entry
 from casfs.store.generations import GenerationStore, Record
 from casfs.store.root import SharedRoot
+from casfs.tenants import TenantPolicy
 from casfs.util.counters import Counters
 from casfs.view import dirmode, overlay, session
 from casfs.view.ops import OverlayOperations
@@ -94,6 +96,10 @@ class MountService:
         self.started = time.time()
         self._lock_fd: int | None = None
         self._gens_store: GenerationStore | None = None
+        # Tenants: the root trusts only what this mount's tenant could have written,
+        # and the directory handed to jobs is the tenant's alone (casfs.tenants).
+        self.policy = TenantPolicy.from_dict(cfg.tenants) if cfg.tenant else None
+        self.tenant = self.policy.tenant(cfg.tenant) if self.policy else None
         self.index = NodeIndex.open(cfg.state_dir)
         self._take_namespace_lock()
         self._open_root()
@@ -107,6 +113,7 @@ class MountService:
         if not hosted:
             session.clear_stale_mount(cfg.mountpoint)  # a dead mount (ENOTCONN) fails mkdir
         cfg.writable_dir.mkdir(parents=True, exist_ok=True)
+        root_mode = self._give_to_tenant(cfg.writable_dir)
         self.cache = LocalObjectCache(
             cfg.state_dir / "objects", self.index, _RootSource(self), cfg.cache_max_bytes
         )
@@ -123,7 +130,7 @@ class MountService:
         self._last_scan = 0.0
         self.ops = (
             OverlayOperations(self.lower, self.cache, cfg.upper, self.tracker, self.counters,
-                              fetch_timeout=cfg.fetch_timeout)
+                              fetch_timeout=cfg.fetch_timeout, root_mode=root_mode)
             if cfg.mode == "fuse" else
             # overlay: the FUSE layer serves lower only; its upper stays empty (read-only)
             OverlayOperations(self.lower, self.cache, self.overlay_paths.fuse_upper,
@@ -145,6 +152,19 @@ class MountService:
                 log.info("%s: %d upper files from before are awaiting promotion", cfg.name, n)
 
     # --- start-up ---------------------------------------------------------
+    def _give_to_tenant(self, path: Path) -> int:
+        """Owner and mode of the directory jobs get: the tenant's, never world-writable.
+
+        Without tenants (a MountConfig without one) it stays 1777, as before.
+        """
+        t = self.tenant
+        if t is None:
+            return 0o1777
+        if os.geteuid() == 0:
+            os.chown(path, t.uid, t.gid)
+        os.chmod(path, t.dir_mode)  # after chown, which clears setgid
+        return t.dir_mode
+
     def _take_namespace_lock(self) -> None:
         self.cfg.run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         path = self.cfg.run_dir / f"ns-{self.cfg.namespace}.lock"
@@ -162,7 +182,8 @@ class MountService:
 
     def _open_root(self) -> None:
         try:
-            self.root = SharedRoot.open(self.cfg.root, create=True, counters=self.counters)
+            self.root = SharedRoot.open(self.cfg.root, create=True, counters=self.counters,
+                                        tenants=self.policy)
             self.root_error = None
         except (CasfsError, OSError) as e:
             self.root = None

@@ -86,11 +86,14 @@ MISSING_GRACE = 600.0
 # Parsed manifest parts kept in memory (LRU), in entries: bounds a daemon's RSS.
 PART_CACHE_ENTRIES = 400_000
 NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,127}\Z")  # \Z: "$" lets "x\n" through
+# A namespace on the root may carry its tenant: "<tenant>~<name>" (casfs.tenants).
+NS_RE = re.compile(r"^(?:[a-z0-9][a-z0-9_-]{0,31}~)?[A-Za-z0-9_][A-Za-z0-9._-]{0,127}\Z")
 
 
 def check_name(name: str, what: str = "namespace") -> str:
-    if not isinstance(name, str) or not NAME_RE.match(name):
-        raise UsageError(f"invalid {what} name {name!r:.80}: use 1-128 of [A-Za-z0-9._-]")
+    if not isinstance(name, str) or not (NS_RE if what == "namespace" else NAME_RE).match(name):
+        raise UsageError(f"invalid {what} name {name!r:.80}: use 1-128 of [A-Za-z0-9._-],"
+                         " after an optional <tenant>~")
     return name
 
 
@@ -253,6 +256,7 @@ class GenerationStore:
         self.root = root
         self.backend = root.backend
         self.objects = root.objects
+        self.trust = root.trust
         # Parsed manifest parts by digest: immutable, so safe to keep; saves
         # re-reading the base on every publish.
         self._parts: OrderedDict[str, list[Entry]] = OrderedDict()
@@ -261,7 +265,7 @@ class GenerationStore:
 
     # --- enumeration ------------------------------------------------------
     def namespaces(self) -> list[str]:
-        return [n for n in self.backend.list("namespaces") if NAME_RE.match(n)]
+        return [n for n in self.backend.list("namespaces") if NS_RE.match(n)]
 
     def seqs(self, ns: str) -> list[int]:
         check_name(ns)
@@ -273,6 +277,7 @@ class GenerationStore:
 
     def latest_seq(self, ns: str, hint: int | None = None) -> int | None:
         """Newest seq. With ``hint`` (a seq known to exist) probe forward instead of listing."""
+        self.trust.check_namespace(ns)
         if hint is not None and self.backend.info(self._key(ns, hint)) is not None:
             seq = hint
             while self.backend.info(self._key(ns, seq + 1)) is not None:
@@ -294,6 +299,7 @@ class GenerationStore:
             raise NotFoundError(f"no generation {ns}@{seq}") from None
         if len(data) > MAX_RECORD_BYTES:
             raise HostileManifestError(f"generation {ns}@{seq}: record too large")
+        self.trust.check_record(ns, data)
         return parse_record(data, ns, seq)
 
     def latest(self, ns: str, hint: int | None = None) -> Record | None:
@@ -443,6 +449,7 @@ class GenerationStore:
         if unsupported:
             raise UsageError(f"cannot publish a record requiring {sorted(unsupported)}")
         check_name(ns)
+        self.trust.prepare_namespace(ns)  # the tenant's own directories, before reading
         wanted = {e.path: e for e in additions}
         result = PublishResult(ns, None)
         hint: int | None = None
@@ -474,7 +481,9 @@ class GenerationStore:
             needs = set(requires) | set(current.requires if current else ())
             record = replace(record, options=dict(options or {}), requires=tuple(sorted(needs)))
             self.backend.sync()  # every object the record names is durable before it exists
-            if self.backend.create_exclusive(self._key(ns, record.seq), record.to_json()):
+            self.trust.check_namespace(ns)  # nobody slipped their own directory in meanwhile
+            data = self.trust.seal(ns, record.to_json())
+            if self.backend.create_exclusive(self._key(ns, record.seq), data):
                 result.seq = record.seq
                 log.info(
                     "published %s@%d: +%d files (%d bytes), %d conflicts, attempt %d",
@@ -564,6 +573,7 @@ class GenerationStore:
     def pin(self, ns: str, seq: int, name: str) -> None:
         check_name(name, "pin")
         self.record(ns, seq)  # must exist
+        self.trust.prepare_namespace(ns)
         doc = json.dumps({"seq": seq, "created": time.time()}).encode() + b"\n"
         key = f"namespaces/{ns}/pins/{name}"
         if not self.backend.create_exclusive(key, doc):

@@ -1,9 +1,11 @@
 """Whole-store maintenance: garbage collection, verification and usage accounting.
 
 GC is mark-and-sweep. Marking reads every kept generation (the newest ``keep``
-of each namespace plus every pinned one) and collects the manifest objects and
-entry objects they name. If anything needed for marking cannot be read, GC
-deletes nothing: a damaged record must never turn into deleted objects.
+of each namespace plus every pinned one) of *every tenant* and collects the
+manifest objects and entry objects they name: objects are shared across
+tenants, so one tenant's gc must see the others' references or delete
+nothing. If anything needed for marking cannot be read, GC deletes nothing:
+a damaged record must never turn into deleted objects.
 Sweeping removes unmarked objects, unkept records and staging files, each
 only when older than ``grace`` seconds: a publisher on another node may have
 just uploaded an object (or refreshed a re-used one, see ObjectStore.put) and
@@ -79,6 +81,12 @@ def gc(
         live, drop = mark(gens, keep)
     except CasfsError as e:
         raise CasfsError(f"gc aborted, nothing deleted: cannot read a kept generation: {e}") from e
+    except OSError as e:
+        # Typically another tenant's 0700 namespace: its generations cannot be
+        # marked, so nothing may be swept (their objects would look unreferenced).
+        raise CasfsError(f"gc aborted, nothing deleted: {e.filename or 'the root'}:"
+                         f" {e.strerror}; run gc as a user who can read every namespace"
+                         " (root, or casfsd's user)") from e
     report.live_objects = len(live)
     now = time.time()
     for ns, seqs in drop.items():

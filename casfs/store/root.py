@@ -29,6 +29,8 @@ from casfs.util.counters import Counters
 
 if TYPE_CHECKING:
     from casfs.store.generations import GenerationStore
+    from casfs.store.tenancy import RecordTrust
+    from casfs.tenants import TenantPolicy
 
 FORMAT_MAJOR = 1
 FORMAT_VERSION = f"{FORMAT_MAJOR}.0"
@@ -38,7 +40,10 @@ MARKER = "casfs.json"
 class SharedRoot:
     """An opened shared root."""
 
-    def __init__(self, path: Path, counters: Counters | None = None, root_id: str = "") -> None:
+    def __init__(self, path: Path, counters: Counters | None = None, root_id: str = "",
+                 tenants: TenantPolicy | None = None) -> None:
+        from casfs.store.tenancy import OpenTrust, TenantTrust
+
         self.path = path
         # Identifies this root (not its path): a node index remembers which root
         # its lower entries came from, and starts over if pointed at another.
@@ -46,10 +51,15 @@ class SharedRoot:
         self.backend = LocalBackend(path)
         self.counters = counters or Counters()
         self.objects = ObjectStore(self.backend, self.counters)
+        # Who may have written each namespace's records (casfs.store.tenancy); store
+        # tools (gc, verify, ls) open the root without a policy and see everything.
+        self.trust: RecordTrust = (TenantTrust(tenants, path, self.counters)
+                                   if tenants is not None else OpenTrust())
 
     @classmethod
     def open(cls, path: str | os.PathLike[str], *, create: bool = False,
-             counters: Counters | None = None) -> SharedRoot:
+             counters: Counters | None = None,
+             tenants: TenantPolicy | None = None) -> SharedRoot:
         """Open the root at ``path``; with ``create``, initialise it if it does not exist yet."""
         p = Path(path).expanduser().absolute()
         marker = p / MARKER
@@ -61,7 +71,7 @@ class SharedRoot:
             init_root(p)
         doc = check_marker(marker)
         root_id = str(doc.get("id") or f"{doc.get('host', '')}@{doc.get('created', '')}")
-        return cls(p, counters, root_id)
+        return cls(p, counters, root_id, tenants)
 
     def generations(self) -> GenerationStore:
         from casfs.store.generations import GenerationStore
@@ -83,6 +93,25 @@ def check_marker(marker: Path) -> dict[str, object]:
             f"{marker.parent} has format version {version}; this casfs reads {FORMAT_MAJOR}.x"
         )
     return dict(doc)
+
+
+def open_to_users(path: Path) -> None:
+    """Let every user of the node publish here directly (``casfs init --multi-user``).
+
+    ``namespaces``, ``tmp`` and ``objects`` with its 256 fan-out directories
+    become 1777, like /tmp: anyone may add, only an entry's owner may remove or
+    rename it. Each tenant's namespace directories are its own (0700/2770,
+    casfs.store.tenancy), so sharing these parents lets users add objects,
+    which are verified by content, but never write into each other's records.
+    Not needed where only casfsd (root) writes the root.
+    """
+    for sub in ("namespaces", "tmp", "objects"):
+        (path / sub).mkdir(parents=True, exist_ok=True)
+        os.chmod(path / sub, 0o1777)
+    for i in range(256):
+        d = path / "objects" / f"{i:02x}"
+        d.mkdir(exist_ok=True)
+        os.chmod(d, 0o1777)
 
 
 def init_root(path: Path) -> bool:
