@@ -254,9 +254,11 @@ def cache_vars(paths: dict[str, str], job_env: dict[str, str] | os._Environ[str]
 
 def host_config(args: argparse.Namespace, *, for_run: bool) -> HostConfig:
     """The node's mount process this command starts when none runs."""
+    from casfs.daemon.config import load_tenants
     from casfs.node.host import HostConfig
 
     return HostConfig(
+        tenants=load_tenants().to_dict(),
         base=default_serve_base().absolute(), root=default_root().absolute(),
         state_dir=default_state_dir().absolute(), stable_after=args.stable_after,
         publish_interval=args.publish_interval, refresh_interval=args.refresh_interval,
@@ -303,8 +305,9 @@ def _private_dirs(names: list[str], why: str) -> tuple[dict[str, str], Path]:
 
 def cmd_run(args: argparse.Namespace) -> int:
     """Run one job with its caches: shared from the node's mount process when one runs."""
+    from casfs.daemon.config import load_tenants
     from casfs.node import client, worker
-    from casfs.node.tenant import tenant_for
+    from casfs.node.tenant import own_tenant
 
     cmd = list(args.cmd)
     if cmd and cmd[0] == "--":
@@ -335,7 +338,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             paths, private = _private_dirs(names, f"no cache can be served ({_why(e)})")
     if mode in ("dir", "overlay"):
         # One mount process per cache (overlay mounts are per namespace, not muxed).
-        base = default_serve_base().absolute() / tenant_for(os.geteuid())
+        base = default_serve_base().absolute() / own_tenant(load_tenants()).id
         try:
             for c in caches:
                 cfg = dataclasses.replace(make_config(args, c["family"], base / c["namespace"],

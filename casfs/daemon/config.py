@@ -132,6 +132,7 @@ class DaemonConfig:
             fetch_timeout=o.fetch_timeout, allow_other=o.allow_other,
             cache_max_bytes=self.cache_max_bytes, namespace_max_bytes=o.namespace_max_bytes,
             scratch_patterns=o.exclude, grace=self.lease_grace,
+            tenants=self.tenants.to_dict(),
         )
 
 

@@ -49,6 +49,7 @@ from casfs.errors import CasfsError, UsageError
 from casfs.node import control, guard, leases, logfmt
 from casfs.node.config import MountConfig
 from casfs.node.tenant import requester, tenant_of, tenant_owner
+from casfs.tenants import TenantPolicy
 from casfs.util import atomic
 
 log = logging.getLogger(__name__)
@@ -76,6 +77,7 @@ class HostConfig:
     guard: bool = True  # read-only empty bind mount under the FUSE mount (root only)
     debug: bool = False
     name: str = "host"
+    tenants: dict[str, Any] = field(default_factory=dict)  # TenantPolicy.to_dict()
 
     # What casfs.node.worker.Worker and the supervisor read from a config.
     @property
@@ -106,9 +108,17 @@ class HostConfig:
     def served_file(self) -> Path:
         return self.run_dir / f"{self.name}-served.json"
 
+    @property
+    def policy(self) -> TenantPolicy:
+        return TenantPolicy.from_dict(self.tenants)
+
     def ns_config(self, tenant: str, family: str, namespace: str) -> MountConfig:
+        # On the root the namespace carries its tenant ("<tenant>~<ns>"); the
+        # path a job gets is <base>/<tenant>/<ns>, the tenant's own directory.
         return MountConfig(
-            name=f"{tenant}/{namespace}", family=family, namespace=namespace,
+            name=f"{tenant}/{namespace}", family=family,
+            namespace=self.policy.tenant(tenant).store_namespace(namespace),
+            tenant=tenant, tenants=self.tenants,
             mountpoint=self.base / tenant / namespace, root=self.root,
             state_dir=self.state_dir, stable_after=self.stable_after,
             publish_interval=self.publish_interval, refresh_interval=self.refresh_interval,
@@ -168,7 +178,8 @@ class NodeHost:
 
         cfg.check()
         self.cfg = cfg
-        self.mux = MuxOperations(owner=tenant_owner, statfs_path=cfg.state_dir)
+        self.policy = cfg.policy
+        self.mux = MuxOperations(owner=tenant_owner(self.policy), statfs_path=cfg.state_dir)
         self.served: dict[Key, Served] = {}
         self.leases: dict[str, Lease] = {}
         self.final: dict[Key, dict[str, Any]] = {}  # stats of released namespaces
@@ -265,7 +276,7 @@ class NodeHost:
         from casfs.fingerprint import check_family, check_namespace
 
         peer = requester(req)
-        tenant = tenant_of(req)
+        tenant = tenant_of(req, self.policy).id
         pid = int(req.get("pid") or peer.get("pid") or 0)
         if pid <= 0 or not leases.alive(pid, None):
             raise UsageError(f"no such process to hold the lease: {pid}")

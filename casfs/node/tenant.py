@@ -1,23 +1,22 @@
-"""Which tenant a request belongs to: the one place that decides it.
+"""Which tenant a request belongs to: the one place the node decides it.
 
-Namespaces belong to a tenant (docs/architecture.md, "One serving model"): a
-job is served, and writes into, only its tenant's directories. Until an
-operator declares other trust domains, the tenant is the requesting uid,
-taken from the socket's peer credentials (never from the request's body).
+Namespaces belong to a tenant (casfs.tenants, docs/security.md): a job is
+served, and writes into, only its tenant's directories. The tenant of a
+request on the control socket comes from the kernel's word about the peer
+(SO_PEERCRED: uid, gid, pid; then /proc for its groups and cgroup), never
+from the request's body; the operator's [tenants] policy maps that to a
+tenant (``u<uid>``, a declared domain, or ``cluster``).
 """
 
 from __future__ import annotations
 
 import os
-import pwd
-import re
+from collections.abc import Callable
 from typing import Any
 
-_UID_TENANT = re.compile(r"uid-(\d+)")
+from casfs.tenants import Credentials, Tenant, TenantPolicy
 
-
-def tenant_for(uid: int) -> str:
-    return f"uid-{uid}"
+Owner = Callable[[str], tuple[int, int, int]]
 
 
 def requester(req: dict[str, Any]) -> dict[str, int]:
@@ -35,23 +34,32 @@ def requester(req: dict[str, Any]) -> dict[str, int]:
     return dict(peer)
 
 
-def tenant_of(req: dict[str, Any]) -> str:
-    """The tenant a control request is served as: the one place that decides it."""
-    return tenant_for(int(requester(req).get("uid", os.geteuid())))
+def tenant_of(req: dict[str, Any], policy: TenantPolicy) -> Tenant:
+    """The tenant a control request is served as (UsageError: a pod with no tenant)."""
+    who = requester(req)
+    uid, gid = int(who.get("uid", os.geteuid())), int(who.get("gid", os.getegid()))
+    pid = int(who.get("pid", 0))
+    if pid <= 0:  # no process to ask /proc about: the kernel's uid and gid alone
+        return policy.resolve(Credentials(uid, gid, frozenset({gid})))
+    return policy.resolve(Credentials.of_pid(pid, uid, gid))
 
 
-def tenant_owner(tenant: str) -> tuple[int, int, int]:
-    """uid, gid and permission bits of the tenant's directory under the mount base.
+def own_tenant(policy: TenantPolicy) -> Tenant:
+    """This process's tenant, for a mount it serves to itself (casfs run, dir mode)."""
+    return policy.resolve(Credentials.of_self())
 
-    A uid tenant's directory is private to it (0700): other users can neither
-    read its caches nor place bytes its jobs will load.
+
+def tenant_owner(policy: TenantPolicy) -> Owner:
+    """uid, gid and permission bits of each tenant's directory under the mount base.
+
+    0700 for a user, 2770 with the group for a group domain: nobody outside the
+    tenant can read its caches or place bytes its jobs will load. The legacy
+    ``cluster`` directory is 1777, as every user's directory was before tenants.
     """
-    m = _UID_TENANT.fullmatch(tenant)
-    if m is None:
-        return os.geteuid(), os.getegid(), 0o755
-    uid = int(m.group(1))
-    try:
-        gid = pwd.getpwuid(uid).pw_gid
-    except KeyError:
-        gid = uid
-    return uid, gid, 0o700
+    def owner(name: str) -> tuple[int, int, int]:
+        try:
+            t = policy.tenant(name)
+        except Exception:  # a tenant the policy no longer knows: nobody's
+            return os.geteuid(), os.getegid(), 0o700
+        return t.uid, t.gid, t.dir_mode
+    return owner

@@ -30,7 +30,7 @@ from .conftest import require_fuse
 
 pytestmark = [pytest.mark.fuse]
 
-UID = f"uid-{os.geteuid()}"
+UID = f"u{os.geteuid()}"  # casfs.tenants: the default tenant of a uid
 
 
 def wait_for(pred: Callable[[], Any], what: str, timeout: float = 60.0) -> Any:
