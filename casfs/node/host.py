@@ -1,6 +1,6 @@
 """The node's mount process: one FUSE session, a directory per (tenant, namespace).
 
-    <base>/<tenant>/<namespace>/      e.g. /run/casfs/ns/uid-1000/triton-3f2a.../
+    <base>/<tenant>/<namespace>/      e.g. /run/casfs/ns/u1000/triton-3f2a.../
 
 casfsd runs one (supervised), or ``casfs run`` starts one when no daemon serves
 the node. Jobs ask for their caches on the control socket (``lease``): the

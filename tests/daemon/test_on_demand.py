@@ -51,7 +51,7 @@ def test_jobs_get_their_own_namespaces_from_the_daemon(daemons: Callable[..., Da
         j3, p3 = start_job(d, "stack-1")
         jobs = [j1, j2, j3]
         assert p1 != p2 and p1 == p3  # different keys: different namespaces; same: shared
-        base = d.state.parent / "mnt-base" / "ns" / f"uid-{os.geteuid()}"
+        base = d.state.parent / "mnt-base" / "ns" / f"u{os.geteuid()}"
         assert p1.parent == base and p2.parent == base
         assert sorted(os.listdir(p1)) == ["stack-1"] and os.listdir(p2) == ["stack-2"]
         assert os.stat(p1).st_dev == os.stat(p2).st_dev  # one mount process, one session
