@@ -15,6 +15,8 @@ import os
 import shutil
 import stat
 import time
+import weakref
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -103,14 +105,94 @@ class Layers:
         self.work_dir = wh.work_dir_for(self.upper_dir)
         shutil.rmtree(self.work_dir, ignore_errors=True)
         self.work_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        # Upper entries are reached relative to this fd: a path of the mount up to
+        # PATH_MAX stays within PATH_MAX in the upper, whatever the upper's own path.
+        self.fd = os.open(self.upper_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        weakref.finalize(self, os.close, self.fd)
 
     def up(self, path: str) -> str:
+        """Absolute upper path (logs, tests, worker threads); handlers use ``rel`` + ``fd``."""
         return os.path.join(self.upper_dir, path) if path else str(self.upper_dir)
+
+    @staticmethod
+    def rel(path: str) -> str:
+        return path or "."
+
+    # --- upper operations, relative to the upper's fd ------------------------------
+    def lstat(self, path: str) -> os.stat_result:
+        return os.stat(self.rel(path), dir_fd=self.fd, follow_symlinks=False)
+
+    def open(self, path: str, flags: int, mode: int = 0o777) -> int:
+        return os.open(self.rel(path), flags, mode, dir_fd=self.fd)
+
+    def mkdir(self, path: str, mode: int) -> None:
+        os.mkdir(self.rel(path), mode, dir_fd=self.fd)
+
+    def mknod(self, path: str, mode: int, rdev: int = 0) -> None:
+        os.mknod(self.rel(path), mode, rdev, dir_fd=self.fd)
+
+    def symlink(self, target: bytes, path: str) -> None:
+        os.symlink(target, os.fsencode(self.rel(path)), dir_fd=self.fd)
+
+    def readlink(self, path: str) -> bytes:
+        return os.readlink(os.fsencode(self.rel(path)), dir_fd=self.fd)
+
+    def link(self, src: str, dst: str) -> None:
+        os.link(self.rel(src), self.rel(dst), src_dir_fd=self.fd, dst_dir_fd=self.fd,
+                follow_symlinks=False)
+
+    def unlink(self, path: str) -> None:
+        os.unlink(self.rel(path), dir_fd=self.fd)
+
+    def rmdir(self, path: str) -> None:
+        os.rmdir(self.rel(path), dir_fd=self.fd)
+
+    def rename(self, old: str, new: str) -> None:
+        os.rename(self.rel(old), self.rel(new), src_dir_fd=self.fd, dst_dir_fd=self.fd)
+
+    def chmod(self, path: str, mode: int) -> None:
+        """chmod (follows a symlink: callers never chmod one)."""
+        os.chmod(self.rel(path), mode, dir_fd=self.fd)
+
+    def lchown(self, path: str, uid: int, gid: int) -> None:
+        os.chown(self.rel(path), uid, gid, dir_fd=self.fd, follow_symlinks=False)
+
+    def utime(self, path: str, ns: tuple[int, int]) -> None:
+        os.utime(self.rel(path), ns=ns, dir_fd=self.fd, follow_symlinks=False)
+
+    def truncate(self, path: str, size: int) -> None:
+        fd = self.open(path, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            os.ftruncate(fd, size)
+        finally:
+            os.close(fd)
+
+    def scandir(self, path: str) -> Iterator[os.DirEntry[str]]:
+        """Entries of an upper directory (``entry.path`` is a name; ``entry.stat`` only
+        works while the iteration runs: the directory's fd is closed at its end)."""
+        fd = self.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            with os.scandir(fd) as it:
+                yield from it
+        finally:
+            os.close(fd)
+
+    def _opaque(self, path: str) -> bool:
+        try:
+            return wh.is_opaque(self.up(path), runtime=True)
+        except OSError as e:
+            if e.errno != errno.ENAMETOOLONG:
+                raise
+        fd = self.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            return wh.is_opaque(fd, runtime=True)
+        finally:
+            os.close(fd)
 
     def raw_stat(self, path: str) -> os.stat_result | None:
         """lstat of the upper entry at ``path``, whiteouts included."""
         try:
-            return os.lstat(self.up(path))
+            return self.lstat(path)
         except (FileNotFoundError, NotADirectoryError):
             return None
 
@@ -132,7 +214,7 @@ class Layers:
         parts = path.split("/")
         cur = ""
         for i, name in enumerate(parts):
-            if cur and wh.is_opaque(self.up(cur)):
+            if cur and self._opaque(cur):
                 return False
             cur = join(cur, name)
             st = self.raw_stat(cur)
@@ -163,19 +245,18 @@ class Layers:
         return Node(path, st, lnode)
 
     def is_opaque(self, path: str) -> bool:
-        return bool(path) and wh.is_opaque(self.up(path))
+        return bool(path) and self._opaque(path)
 
     def children(self, node: Node) -> list[tuple[str, UpperOrLower]]:
         """Visible children of a merged directory, sorted, without duplicates."""
         upper: list[tuple[str, os.DirEntry[str]]] = []
         whiteouts: list[str] = []
         if node.upper is not None:
-            with os.scandir(self.up(node.path)) as it:
-                for e in it:
-                    if wh.entry_is_whiteout(e):
-                        whiteouts.append(e.name)
-                    else:
-                        upper.append((e.name, e))
+            for e in self.scandir(node.path):
+                if wh.entry_is_whiteout(e):
+                    whiteouts.append(e.name)
+                else:
+                    upper.append((e.name, e))
         opaque = node.upper is not None and self.is_opaque(node.path)
         lower_iter = (
             self.lower.children(node.path) if node.has_lower_dir and not opaque else iter(())
@@ -204,10 +285,10 @@ class Layers:
         parent, _ = split(path)
         self.ensure_upper_dir(parent, dir_mode)
         try:
-            os.mkdir(self.up(path), dir_mode)
+            self.mkdir(path, dir_mode)
         except FileExistsError:
             return
-        os.chmod(self.up(path), dir_mode)  # not subject to the daemon's umask
+        self.chmod(path, dir_mode)  # not subject to the daemon's umask
 
     def add_whiteout(self, path: str, dir_mode: int) -> None:
         """Hide lower ``path``, replacing a non-directory upper entry there atomically.
@@ -225,7 +306,7 @@ class Layers:
         tmp = os.path.join(self.work_dir, f"wh-{os.urandom(8).hex()}")
         wh.make_whiteout(tmp)
         try:
-            os.rename(tmp, self.up(path))
+            os.rename(tmp, self.rel(path), dst_dir_fd=self.fd)
         except BaseException:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
@@ -237,7 +318,7 @@ class Layers:
         if st is None or not wh.is_whiteout(st):
             return False
         with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.up(path))
+            self.unlink(path)
         return True
 
     def has_whiteout(self, path: str) -> bool:
@@ -245,14 +326,17 @@ class Layers:
         return st is not None and wh.is_whiteout(st)
 
     def make_opaque(self, path: str) -> None:
-        wh.make_opaque(self.up(path))
+        fd = self.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            wh.make_opaque(fd)
+        finally:
+            os.close(fd)
 
     def clear_markers(self, path: str) -> None:
         """Drop the whiteouts of an upper dir with no visible children (before rmdir or rename)."""
-        with os.scandir(self.up(path)) as it:
-            for e in it:
-                if wh.entry_is_whiteout(e):
-                    os.unlink(e.path)
+        markers = [e.name for e in self.scandir(path) if wh.entry_is_whiteout(e)]
+        for name in markers:
+            self.unlink(join(path, name))
 
     def stage_copy(self, src: str | None, entry: Entry) -> str:
         """Copy ``src`` (None: empty file) into the work dir with the entry's mode/mtime.
@@ -277,7 +361,7 @@ class Layers:
     def install_staged(self, tmp: str, path: str) -> bool:
         """Link a staged copy into place unless upper already has ``path``; always drops tmp."""
         try:
-            os.link(tmp, self.up(path))
+            os.link(tmp, self.rel(path), dst_dir_fd=self.fd)
             return True
         except FileExistsError:
             return False

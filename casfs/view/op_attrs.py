@@ -78,30 +78,36 @@ class AttrOps(CopyUpOps):
                     to_zero = fields.update_size and attr.st_size == 0
                     await self._copy_up(node, empty=to_zero)
                     self._invalidate_entry(path)
-            target = fd if fd is not None else self.layers.up(path)
-        is_link = isinstance(target, str) and os.path.islink(target)
-        if fields.update_mode and not is_link:
-            os.chmod(target, stat.S_IMODE(attr.st_mode))
+            target = fd if fd is not None else path  # an fd, or a path in the upper
+        up = self.layers
+
+        def stat_target() -> os.stat_result:
+            return os.fstat(target) if isinstance(target, int) else up.lstat(target)
+
+        if fields.update_mode and not stat.S_ISLNK(stat_target().st_mode):
+            mode = stat.S_IMODE(attr.st_mode)
+            os.fchmod(target, mode) if isinstance(target, int) else up.chmod(target, mode)
         if fields.update_uid or fields.update_gid:
             uid = attr.st_uid if fields.update_uid else -1
             gid = attr.st_gid if fields.update_gid else -1
             if isinstance(target, int):
                 os.fchown(target, uid, gid)
             else:
-                os.lchown(target, uid, gid)
+                up.lchown(target, uid, gid)
         if fields.update_size:
-            os.truncate(target, attr.st_size)
+            if isinstance(target, int):
+                os.ftruncate(target, attr.st_size)
+            else:
+                up.truncate(target, attr.st_size)
         if fields.update_atime or fields.update_mtime:
-            st = os.stat(target, follow_symlinks=False) if isinstance(target, str) else os.fstat(
-                target
-            )
+            st = stat_target()
             atime = attr.st_atime_ns if fields.update_atime else st.st_atime_ns
             mtime = attr.st_mtime_ns if fields.update_mtime else st.st_mtime_ns
             if isinstance(target, int):
                 os.utime(target, ns=(atime, mtime))
             else:
-                os.utime(target, ns=(atime, mtime), follow_symlinks=False)
-        st = os.stat(target, follow_symlinks=False) if isinstance(target, str) else os.fstat(target)
+                up.utime(target, (atime, mtime))
+        st = stat_target()
         if path is not None:
             self.tracker.modified(path)
         if path is not None:
@@ -110,12 +116,12 @@ class AttrOps(CopyUpOps):
 
     @fuse_errors
     async def readlink(self, inode: int, ctx: pyfuse3.RequestContext) -> bytes:
-        return os.readlink(os.fsencode(self.layers.up(self._path(inode))))
+        return self.layers.readlink(self._path(inode))
 
 
     @fuse_errors
     async def statfs(self, ctx: pyfuse3.RequestContext) -> pyfuse3.StatvfsData:
-        s = os.statvfs(self.layers.up(""))
+        s = os.statvfs(self.layers.fd)
         d = pyfuse3.StatvfsData()
         d.f_bsize = s.f_bsize
         d.f_frsize = s.f_frsize

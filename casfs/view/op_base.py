@@ -133,7 +133,7 @@ class OpsBase(pyfuse3.Operations):
         os.umask(self._umask)
         self._start_ns = time.time_ns()
         self._mounted = False  # kernel notifications only once a session exists
-        os.chmod(self.layers.up(""), root_mode)  # any user may create entries, like /tmp
+        os.fchmod(self.layers.fd, root_mode)  # any user may create entries, like /tmp
 
     # --- lifecycle / refresh --------------------------------------------
     def init(self) -> None:
@@ -245,20 +245,20 @@ class OpsBase(pyfuse3.Operations):
         ``created`` is the permission the entry was created with; only the
         syscalls that change something are made.
         """
-        up = self.layers.up(path)
+        up = self.layers
         if self._is_root:
             gid = ctx.gid
-            pst = os.lstat(self.layers.up(split(path)[0]))
+            pst = up.lstat(split(path)[0])
             created_gid = self._owner[1]
             if pst.st_mode & stat.S_ISGID:
                 gid = created_gid = pst.st_gid  # the kernel already gave it the dir's group
                 if stat.S_ISDIR(mode):
                     mode |= stat.S_ISGID
             if (ctx.uid, gid) != (self._owner[0], created_gid):
-                os.lchown(up, ctx.uid, gid)
+                up.lchown(path, ctx.uid, gid)
         perm = stat.S_IMODE(mode)
         if not stat.S_ISLNK(mode) and (created & ~self._umask != perm):
-            os.chmod(up, perm)  # exact mode: the daemon's umask must not apply
+            up.chmod(path, perm)  # exact mode: the daemon's umask must not apply
 
     def _prepare_new(self, path: str) -> None:
         """Make room for a new entry: EEXIST if visible, else free the name of a whiteout."""

@@ -22,7 +22,7 @@ class DirOps(CopyUpOps):
         path = self._new_child(parent_inode, name)
         self._prepare_new(path)
         created = self._initial_perm(ctx, mode, 0o700)
-        os.mkdir(self.layers.up(path), created)
+        self.layers.mkdir(path, created)
         self._own(path, ctx, stat.S_IFDIR | stat.S_IMODE(mode), created)
         if self.layers.lower.lookup(path) is not None:
             self.layers.make_opaque(path)  # re-created over a removed lower dir: starts empty
@@ -38,7 +38,7 @@ class DirOps(CopyUpOps):
         self._prepare_new(path)
         created = self._initial_perm(ctx, mode, 0o600)
         # The kernel already checked the caller's CAP_MKNOD for device nodes.
-        os.mknod(self.layers.up(path), stat.S_IFMT(mode) | created, rdev)
+        self.layers.mknod(path, stat.S_IFMT(mode) | created, rdev)
         self._own(path, ctx, mode, created)
         if stat.S_ISREG(mode):
             self.tracker.modified(path)
@@ -50,7 +50,7 @@ class DirOps(CopyUpOps):
     ) -> pyfuse3.EntryAttributes:
         path = self._new_child(parent_inode, name)
         self._prepare_new(path)
-        os.symlink(target, os.fsencode(self.layers.up(path)))
+        self.layers.symlink(target, path)
         self._own(path, ctx, stat.S_IFLNK, 0)
         return self._entry_reply(path)
 
@@ -70,8 +70,8 @@ class DirOps(CopyUpOps):
             self._invalidate_entry(path)  # its long lower timeouts no longer hold
             node = self._resolve(path)
             self._prepare_new(new)  # the copy-up awaited: check the name again
-        os.link(self.layers.up(path), self.layers.up(new), follow_symlinks=False)
-        st = os.lstat(self.layers.up(new))
+        self.layers.link(path, new)
+        st = self.layers.lstat(new)
         self.inodes.add_name(inode, new, (st.st_dev, st.st_ino))
         self.inodes.lookup(new)  # the reply counts as a lookup of the inode
         if stat.S_ISREG(st.st_mode):
@@ -89,7 +89,7 @@ class DirOps(CopyUpOps):
             # Renamed over the upper file (if any): the lower entry never shows in between.
             self.layers.add_whiteout(path, self.dir_mode)
         elif node.upper is not None:
-            os.unlink(self.layers.up(path))
+            self.layers.unlink(path)
         self.inodes.detach(path)
         self.tracker.removed(path)
 
@@ -103,7 +103,7 @@ class DirOps(CopyUpOps):
             raise err(errno.ENOTEMPTY)
         if node.upper is not None:
             self.layers.clear_markers(path)
-            os.rmdir(self.layers.up(path))
+            self.layers.rmdir(path)
         if self._needs_whiteout(path):
             self.layers.add_whiteout(path, self.dir_mode)
         self.inodes.detach(path)
@@ -152,7 +152,7 @@ class DirOps(CopyUpOps):
         self.layers.ensure_upper_dir(split(new)[0], self.dir_mode)
         self.layers.remove_whiteout(new)
         whiteout_old = self._needs_whiteout(old)
-        os.rename(self.layers.up(old), self.layers.up(new))
+        self.layers.rename(old, new)
         if whiteout_old:
             self.layers.add_whiteout(old, self.dir_mode)
         self.inodes.rename(old, new)

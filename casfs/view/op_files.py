@@ -50,9 +50,8 @@ class FileOps(CopyUpOps):
         if entry is not None:
             await self._copy_up(node, empty=bool(flags & os.O_TRUNC))
             self._invalidate_entry(node.path)  # drop the long lower timeouts
-        fd = os.open(
-            self.layers.up(node.path),
-            _writeback_flags(flags & ~STRIP_FLAGS) | os.O_CLOEXEC | os.O_NOFOLLOW,
+        fd = self.layers.open(
+            node.path, _writeback_flags(flags & ~STRIP_FLAGS) | os.O_CLOEXEC | os.O_NOFOLLOW
         )
         self._handles[fd] = Handle(fd, ino, node.path, writable, None)
         if writable:
@@ -94,10 +93,9 @@ class FileOps(CopyUpOps):
             return fi, self._attrs(self._resolve(path), ino)
         self.layers.ensure_upper_dir(split(path)[0], self.dir_mode)
         self.layers.remove_whiteout(path)
-        up = self.layers.up(path)
         created = self._initial_perm(ctx, mode, 0o600)
-        fd = os.open(
-            up,
+        fd = self.layers.open(
+            path,
             _writeback_flags(flags & ~(os.O_APPEND | os.O_NOCTTY))
             | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC,
             created,
@@ -106,7 +104,7 @@ class FileOps(CopyUpOps):
             self._own(path, ctx, stat.S_IFREG | stat.S_IMODE(mode), created)
         except BaseException:
             os.close(fd)
-            os.unlink(up)
+            self.layers.unlink(path)
             raise
         ino = self.inodes.lookup(path)
         writable = flags & os.O_ACCMODE != os.O_RDONLY

@@ -84,10 +84,16 @@ def make_whiteout(path: str) -> None:
     os.mknod(path, stat.S_IFCHR | 0o000, WHITEOUT_DEV)
 
 
-def is_opaque(path: str) -> bool:
-    for name in OPAQUE_XATTRS:
+def is_opaque(path: str | int, *, runtime: bool = False) -> bool:
+    """Whether the upper directory ``path`` (or open fd) is opaque.
+
+    ``runtime``: only the attribute this process writes is read (every view
+    sweeps older markers at start), one syscall per check on the lookup path.
+    """
+    names = (opaque_xattr(),) if runtime else OPAQUE_XATTRS
+    for name in names:
         try:
-            if os.getxattr(path, name, follow_symlinks=False) == b"y":
+            if os.getxattr(path, name, follow_symlinks=isinstance(path, int)) == b"y":
                 return True
         except OSError as e:
             if e.errno not in (errno.ENODATA, errno.ENOTSUP, errno.EPERM, errno.EACCES):
@@ -95,8 +101,8 @@ def is_opaque(path: str) -> bool:
     return False
 
 
-def make_opaque(path: str) -> None:
-    os.setxattr(path, opaque_xattr(), b"y", follow_symlinks=False)
+def make_opaque(path: str | int) -> None:
+    os.setxattr(path, opaque_xattr(), b"y", follow_symlinks=isinstance(path, int))
 
 
 def clear_opaque(path: str) -> None:

@@ -525,7 +525,41 @@ def s_bind(c: Ctx) -> Transcript:
     return out
 
 
+def s_pathmax(c: Ctx) -> Transcript:
+    """Paths close to PATH_MAX (4096), relative to the directory: the view's own
+    upper path must not count against them."""
+    out: Transcript = []
+    cwd = os.getcwd()
+    os.chdir(c.base)
+    try:
+        chain = "/".join(["d" * 255] * 15)  # 3,839 bytes
+        parts = chain.split("/")
+        for i in range(1, len(parts) + 1):
+            os.mkdir("/".join(parts[:i]))
+        leaf = chain + "/" + "e" * 200  # 4,040 bytes
+        rec(out, "mkdir", lambda: os.mkdir(leaf))
+        f = leaf + "/" + "f" * 40  # 4,081 bytes
+        rec(out, "create", lambda: touch(f))
+        rec(out, "stat", lambda: st(f)[:3])
+        rec(out, "chmod", lambda: (os.chmod(f, 0o600), st(f))[1])
+        rec(out, "truncate", lambda: (os.truncate(f, 7), st(f))[1])
+        rec(out, "utime", lambda: (os.utime(f, ns=(1, 2)), os.lstat(f).st_mtime_ns)[1])
+        rec(out, "link", lambda: os.link(f, leaf + "/" + "g" * 40))
+        rec(out, "symlink", lambda: os.symlink("x", leaf + "/" + "s" * 40))
+        rec(out, "readlink", lambda: os.readlink(leaf + "/" + "s" * 40))
+        rec(out, "rename", lambda: os.rename(f, leaf + "/" + "h" * 40))
+        rec(out, "too-long", lambda: touch(leaf + "/" + "i" * 60))
+        rec(out, "ls", lambda: ls(leaf))
+        for name in ls(leaf):
+            os.unlink(leaf + "/" + name)
+        rec(out, "rmdir", lambda: os.rmdir(leaf))
+    finally:
+        os.chdir(cwd)
+    return out
+
+
 FAMILIES: dict[str, Callable[[Ctx], Transcript]] = {
+    "pathmax": s_pathmax,
     "open": s_open, "mkdir": s_mkdir, "rmdir": s_rmdir, "unlink": s_unlink,
     "rename": s_rename, "link": s_link, "symlink": s_symlink, "chmod": s_chmod,
     "chown": s_chown, "truncate": s_truncate, "utimensat": s_utimensat,
