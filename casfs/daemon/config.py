@@ -39,6 +39,7 @@ from casfs.util.defaults import default_mount_base, default_root, default_state_
 from casfs.util.fsinfo import check_local_fs
 
 DEFAULT_METRICS_PORT = 9464
+JOBS_SOCKET_NAME = "casfsd.sock"
 DEFAULT_CACHE_MAX_BYTES = 20 << 30
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 NAMESPACE_RE = re.compile(r"[A-Za-z0-9._-]{1,128}")
@@ -100,6 +101,11 @@ class DaemonConfig:
     @property
     def control_socket(self) -> Path:
         return self.run_dir / "casfsd.sock"
+
+    @property
+    def jobs_socket(self) -> Path:
+        """Where every user's ``casfs env`` asks for its caches (casfs.node.client)."""
+        return self.mount_base / JOBS_SOCKET_NAME
 
     def mount_config(self, m: MountSpec) -> MountConfig:
         o = m.options

@@ -80,12 +80,14 @@ class _Server(socketserver.ThreadingUnixStreamServer):
 class ControlServer:
     """Serves ``handler`` on ``path`` in a background thread until ``close``."""
 
-    def __init__(self, path: Path, handler: Handler) -> None:
+    def __init__(self, path: Path, handler: Handler, *, public: bool = False) -> None:
+        """``public``: every user may connect (0666, in a 0755 directory): the jobs socket,
+        whose handler decides by the peer's credentials (SO_PEERCRED) alone."""
         self.path = path
-        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o755 if public else 0o700)
         with contextlib.suppress(FileNotFoundError):
             path.unlink()  # stale: we hold the daemon lock
-        old = os.umask(0o177)
+        old = os.umask(0o111 if public else 0o177)
         try:
             self._server = _Server(str(path), handler)
         finally:

@@ -86,6 +86,12 @@ class Daemon:
             log.info("%s: stopping", signal.Signals(signum).name)
         self.stop_requested.set()
 
+    def _jobs(self, req: dict[str, Any]) -> dict[str, Any]:
+        """The socket every user may reach: leases only, served as the peer's tenant."""
+        if req.get("cmd") in ("lease", "release"):
+            return self._forward(str(req["cmd"]), req)
+        return {"ok": False, "error": f"unknown command {req.get('cmd')!r} (jobs socket)"}
+
     def _control(self, req: dict[str, Any]) -> dict[str, Any]:
         cmd = req.get("cmd")
         if cmd == "status":
@@ -116,10 +122,12 @@ class Daemon:
             signal.signal(s, self._on_signal)
         check_fuse()
         lock_fd = take_daemon_lock(self.cfg.run_dir)
-        control = metrics = None
+        control = metrics = jobs = None
         sup = self.supervisor
         try:
             control = ControlServer(self.cfg.control_socket, self._control)
+            if self.cfg.serve_base is not None:
+                jobs = ControlServer(self.cfg.jobs_socket, self._jobs, public=True)
             if self.cfg.metrics_listen is not None:
                 from casfs.daemon.metrics import serve_metrics
 
@@ -146,6 +154,8 @@ class Daemon:
                 metrics.shutdown()
             if control is not None:
                 control.close()
+            if jobs is not None:
+                jobs.close()
             os.close(lock_fd)
             self.notifier.close()
 

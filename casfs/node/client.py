@@ -33,9 +33,21 @@ def host_socket(state_dir: Path) -> Path:
     return state_dir / "run" / f"{HOST_NAME}.sock"
 
 
+# casfsd's socket for every user's jobs (casfs.daemon: <node.mount_base>/casfsd.sock).
+JOBS_SOCKET = Path("/run/casfs/casfsd.sock")
+
+
+def jobs_socket() -> Path:
+    env = os.environ.get("CASFS_SOCKET")
+    return Path(env) if env else JOBS_SOCKET
+
+
 def _ask(sock: Path, cmd: str, timeout: float, **kw: Any) -> dict[str, Any] | None:
     """The reply, or None when nobody serves that socket."""
-    if not sock.exists():
+    try:
+        if not sock.exists():
+            return None
+    except OSError:  # another user's state dir
         return None
     try:
         return control.request(sock, cmd, timeout=timeout, **kw)
@@ -52,7 +64,9 @@ def lease(state_dir: Path, caches: list[dict[str, Any]], pid: int, *,
     """
     last: str | None = None
     for attempt in range(START_TRIES):
-        for sock in (daemon_socket(state_dir), host_socket(state_dir)):
+        # casfsd's own socket (root's CLI), the jobs socket every user reaches, then
+        # the mount process another casfs run of this user started.
+        for sock in (daemon_socket(state_dir), jobs_socket(), host_socket(state_dir)):
             reply = _ask(sock, "lease", timeout, caches=caches, pid=pid)
             if reply is None:
                 continue

@@ -209,7 +209,7 @@ def daemons(tmp_path: Path) -> Iterator[Callable[..., Daemon]]:
     def make(name: str, mounts: list[dict[str, Any]], *, root: Path | None = None,
              defaults: dict[str, Any] | None = None, metrics: str | None = None,
              start: bool = True, notify_address: str | None = None,
-             node: dict[str, Any] | None = None) -> Daemon:
+             node: dict[str, Any] | None = None, extra: str = "") -> Daemon:
         from fusehelpers import require_fuse
 
         require_fuse()
@@ -220,7 +220,7 @@ def daemons(tmp_path: Path) -> Iterator[Callable[..., Daemon]]:
         for m in mounts:
             m.setdefault("path", str(base / "mnt" / m["name"]))
         cfg = write_config(base / "casfs.toml", root=root, state=state, mounts=mounts,
-                           defaults=defaults, metrics=metrics, node=node)
+                           defaults=defaults, metrics=metrics, node=node, extra=extra)
         listener = NotifyListener(notify_address or str(base / "notify.sock"))
         listeners.append(listener)
         d = Daemon(cfg, state, root, [Path(m["path"]) for m in mounts], base / "casfsd.log",

@@ -1,0 +1,60 @@
+"""Tenants through ``casfs run`` (no daemon), with real users on one shared root.
+
+Each user's ``casfs run`` serves its own caches (here plain directories: users
+cannot mount FUSE on every test machine) and publishes into its own
+``u<uid>~<namespace>``: what u1 plants is never what u2's job loads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from casfs.store.root import SharedRoot, open_to_users
+from tests.users import RealUser, open_tmp, real_users
+
+pytestmark = [pytest.mark.slow]
+
+
+@pytest.fixture
+def shared() -> Iterator[Path]:
+    with open_tmp() as d:
+        SharedRoot.open(d / "root", create=True)
+        open_to_users(d / "root")
+        yield d
+
+
+def run(user: RealUser, root: Path, script: str) -> tuple[int, str]:
+    env = user.env(CASFS_ROOT=str(root), CASFS_STATE_DIR=str(user.home / "state"),
+                   CASFS_MOUNT_BASE=str(user.home / "mnt"), CASFS_BUILD_KEY="stack-1",
+                   CASFS_SOCKET=str(user.home / "no-daemon.sock"))
+    # dir mode: unprivileged users cannot mount FUSE on every machine (/dev/fuse 0600).
+    r = user.casfs("run", "--mode", "dir", "--family", "generic", "--publish-interval", "0.5",
+                   "--stable-after", "0", "--", "/bin/sh", "-c", script, env=env)
+    return r.returncode, r.stdout + r.stderr
+
+
+def test_casfs_run_serves_each_user_its_own_tenant(shared: Path) -> None:
+    root = shared / "root"
+    with real_users(2, shared) as (u1, u2):
+        rc, out = run(u1, root, 'mkdir -p "$CASFS_CACHE_DIR/KEYDIR" &&'
+                                ' echo evil > "$CASFS_CACHE_DIR/KEYDIR/kernel.so"')
+        assert rc == 0, out
+        names = {p.name for p in (root / "namespaces").iterdir()}
+        assert names, out
+        (ns1,) = names
+        assert ns1.startswith(f"{u1.tenant}~generic-")
+        # u2's job, same stack: misses, and can cache the same key path itself.
+        rc, out = run(u2, root, 'test ! -e "$CASFS_CACHE_DIR/KEYDIR/kernel.so" &&'
+                                ' mkdir -p "$CASFS_CACHE_DIR/KEYDIR" &&'
+                                ' echo good > "$CASFS_CACHE_DIR/KEYDIR/kernel.so"')
+        assert rc == 0, out
+        ns2 = ns1.replace(u1.tenant, u2.tenant, 1)
+        assert {p.name for p in (root / "namespaces").iterdir()} == {ns1, ns2}
+        # Each user's next job is served its own bytes from the root.
+        rc, out = run(u1, root, 'cat "$CASFS_CACHE_DIR/KEYDIR/kernel.so"')
+        assert rc == 0 and "evil" in out, out
+        rc, out = run(u2, root, 'cat "$CASFS_CACHE_DIR/KEYDIR/kernel.so"')
+        assert rc == 0 and "good" in out and "evil" not in out, out

@@ -1,0 +1,150 @@
+"""Tenants through casfsd, with real users: the issue's attack, tried and refused.
+
+Two users on one node ask casfsd for the same namespace (same stack) with
+``casfs env`` over the jobs socket. Each gets a directory of its own (the
+tenant comes from SO_PEERCRED), neither can read or write the other's, a
+directory one creates never makes the other's writes fail, and what one
+publishes is never served to the other: not on this node, not on another
+node of the same shared root. A declared group domain shares as before.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.users import RealUser, open_tmp, real_users, user_python
+
+from .conftest import Daemon, wait_until
+
+pytestmark = [pytest.mark.fuse, pytest.mark.slow]
+
+FAST = {"stable_after": 0.2, "publish_interval": 0.5, "refresh_interval": 0.5}
+
+
+@pytest.fixture
+def tmp_path() -> Iterator[Path]:
+    """Overrides pytest's (root-only 0700) so the users can reach the mounts."""
+    with open_tmp() as d:
+        yield d
+
+
+class Job:
+    """A user's job holding a lease: ``eval "$(casfs env)"``, then sleep."""
+
+    def __init__(self, user: RealUser, d: Daemon, build: str = "stack-1") -> None:
+        py, _ = user_python()
+        env = user.env(CASFS_SOCKET=str(d.state.parent / "mnt-base" / "casfsd.sock"),
+                       CASFS_ROOT=str(d.root), CASFS_STATE_DIR=str(user.home / "state"),
+                       CASFS_BUILD_KEY=build)
+        script = (f'eval "$({py} -m casfs.cli.main env --family generic)" || exit 1; '
+                  'echo "$CASFS_CACHE_DIR"; exec sleep 600')
+        self.proc = subprocess.Popen(
+            ["setpriv", f"--reuid={user.uid}", f"--regid={user.gid}", "--init-groups", "--",
+             "/bin/sh", "-c", script], env=env, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, text=True, cwd=str(user.home))
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline().strip()
+        if not line:
+            self.proc.kill()
+            raise AssertionError(f"casfs env failed: {self.proc.stderr.read()}")  # type: ignore[union-attr]
+        self.path = Path(line)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(30)
+
+
+def ok(r: subprocess.CompletedProcess[str]) -> str:
+    assert r.returncode == 0, (r.args, r.stdout, r.stderr)
+    return r.stdout
+
+
+def denied(r: subprocess.CompletedProcess[str]) -> None:
+    assert r.returncode != 0 and "Permission denied" in r.stderr, (r.args, r.stdout, r.stderr)
+
+
+def test_one_user_cannot_make_anothers_job_load_its_bytes(
+        daemons: Callable[..., Daemon], tmp_path: Path) -> None:
+    a = daemons("a", [], defaults=FAST, node={"lease_grace": 0.5})
+    jobs: list[Job] = []
+    with real_users(2, tmp_path) as (u1, u2):
+        try:
+            j1 = Job(u1, a)
+            j2 = Job(u2, a)
+            jobs += [j1, j2]
+            p1, p2 = j1.path, j2.path
+            # Same stack, same namespace name; each tenant its own directory.
+            assert p1.name == p2.name and p1 != p2
+            assert p1.parent.name == u1.tenant and p2.parent.name == u2.tenant
+            st1 = os.stat(p1)
+            assert (st1.st_uid, st1.st_mode & 0o7777) == (u1.uid, 0o700)
+            # The issue's attack: u1 plants bytes at a key path...
+            ok(u1.sh(f"mkdir {p1}/KEYDIR && echo evil > {p1}/KEYDIR/kernel.so"))
+            # ...u2's compiler does not find them, cannot reach u1's directory at all,
+            # and u1 cannot reach u2's.
+            r = u2.sh(f"cat {p2}/KEYDIR/kernel.so")
+            assert r.returncode != 0 and "No such file" in r.stderr
+            denied(u2.sh(f"cat {p1}/KEYDIR/kernel.so"))
+            denied(u1.sh(f"mkdir {p2}/KEYDIR"))
+            denied(u1.sh(f"ls {p2.parent}"))
+            # u2's writes never fail because of u1's directories.
+            ok(u2.sh(f"mkdir {p2}/KEYDIR && echo good > {p2}/KEYDIR/other.cubin"))
+
+            ns = p1.name
+            ns1, ns2 = f"{u1.tenant}~{ns}", f"{u2.tenant}~{ns}"
+            wait_until(lambda: "KEYDIR/kernel.so" in a.published(ns1), "u1's publication")
+            wait_until(lambda: "KEYDIR/other.cubin" in a.published(ns2), "u2's publication")
+            assert a.published(ns2) == {"KEYDIR/other.cubin"}
+            assert a.published(ns) == set()  # nothing under the plain (root's) name
+        finally:
+            for j in jobs:
+                j.stop()
+
+        # Another node of the same root: u2's job is served u2's bytes only, u1's
+        # job gets u1's (publication itself works).
+        b = daemons("b", [], root=a.root, defaults=FAST, node={"lease_grace": 0.5})
+        jobs = []
+        try:
+            k2 = Job(u2, b)
+            k1 = Job(u1, b)
+            jobs += [k1, k2]
+            assert ok(u2.sh(f"find {k2.path} -type f")).split() == [
+                f"{k2.path}/KEYDIR/other.cubin"]
+            assert ok(u1.sh(f"cat {k1.path}/KEYDIR/kernel.so")) == "evil\n"
+            r = u2.sh(f"cat {k2.path}/KEYDIR/kernel.so")
+            assert r.returncode != 0 and "No such file" in r.stderr
+        finally:
+            for j in jobs:
+                j.stop()
+
+
+def test_a_declared_group_domain_shares_as_before(
+        daemons: Callable[..., Daemon], tmp_path: Path) -> None:
+    with real_users(3, tmp_path, in_group=(0, 1)) as (u1, u2, outsider):
+        group = u1.name.rsplit("u", 1)[0] + "g"
+        extra = f'[[tenants.domains]]\nname = "team"\ngroups = ["{group}"]\n'
+        a = daemons("a", [], defaults=FAST, node={"lease_grace": 0.5}, extra=extra)
+        jobs: list[Job] = []
+        try:
+            j1, j2, j3 = Job(u1, a), Job(u2, a), Job(outsider, a)
+            jobs += [j1, j2, j3]
+            assert j1.path == j2.path and j1.path.parent.name == "team"
+            assert j3.path.parent.name == outsider.tenant
+            # Members share with umask 002, as in any shared group directory.
+            ok(u1.sh(f"umask 002; mkdir {j1.path}/KEYDIR && echo shared > "
+                     f"{j1.path}/KEYDIR/kernel.so"))
+            assert ok(u2.sh(f"cat {j2.path}/KEYDIR/kernel.so")) == "shared\n"
+            ok(u2.sh(f"echo two > {j2.path}/KEYDIR/other.cubin"))
+            denied(outsider.sh(f"cat {j1.path}/KEYDIR/kernel.so"))
+            ns = f"team~{j1.path.name}"
+            wait_until(lambda: a.published(ns) == {"KEYDIR/kernel.so", "KEYDIR/other.cubin"},
+                       "the domain's publication")
+        finally:
+            for j in jobs:
+                j.stop()
