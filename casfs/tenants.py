@@ -109,18 +109,21 @@ class Credentials:
 
     @classmethod
     def of_pid(cls, pid: int, uid: int, gid: int) -> Credentials:
-        """uid/gid come from the kernel (SO_PEERCRED); groups and cgroup from /proc."""
-        groups: set[int] = {gid}
-        cgroup = ""
+        """uid/gid come from the kernel (SO_PEERCRED); groups and cgroup from /proc.
+
+        /proc is believed only while the process there still has the peer's uid
+        (checked before and after reading): a pid reused by another user's
+        process must not lend it its groups or its pod.
+        """
+        bare = cls(uid, gid, frozenset({gid}), "", pid)
         try:
-            with open(f"/proc/{pid}/status") as f:
-                for line in f:
-                    if line.startswith("Groups:"):
-                        groups.update(int(g) for g in line.split()[1:])
+            groups, owner = _proc_status(pid)
             cgroup = read_cgroup(pid)
+            if owner != uid or _proc_status(pid)[1] != uid:
+                return bare
         except (OSError, ValueError):
-            pass  # the process went away: uid/gid are still the kernel's word
-        return cls(uid, gid, frozenset(groups), cgroup, pid)
+            return bare  # the process went away: uid/gid are still the kernel's word
+        return cls(uid, gid, frozenset({gid, *groups}), cgroup, pid)
 
     @classmethod
     def of_self(cls) -> Credentials:
@@ -131,6 +134,19 @@ class Credentials:
         """
         return cls(os.geteuid(), os.getegid(), frozenset({os.getegid(), *os.getgroups()}),
                    "", os.getpid())
+
+
+def _proc_status(pid: int) -> tuple[set[int], int]:
+    """(supplementary groups, real uid) of ``pid``."""
+    groups: set[int] = set()
+    uid = -1
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("Groups:"):
+                groups.update(int(g) for g in line.split()[1:])
+            elif line.startswith("Uid:"):
+                uid = int(line.split()[1])
+    return groups, uid
 
 
 def read_cgroup(pid: int) -> str:

@@ -135,3 +135,10 @@ def test_bad_tenants_config(tmp_path: Path, tenants: str, mount_extra: str, key:
     with pytest.raises(ConfigError) as e:
         load(tmp_path, tenants, mount_extra)
     assert key in e.value.message and "\n" not in e.value.message
+
+
+def test_proc_is_not_believed_for_another_uid() -> None:
+    """A pid reused by another user's process must not lend its groups or pod."""
+    me = os.getpid()
+    other = Credentials.of_pid(me, os.getuid() + 12345, 777)
+    assert other.groups == frozenset({777}) and other.cgroup == ""
