@@ -142,3 +142,18 @@ def test_proc_is_not_believed_for_another_uid() -> None:
     me = os.getpid()
     other = Credentials.of_pid(me, os.getuid() + 12345, 777)
     assert other.groups == frozenset({777}) and other.cgroup == ""
+
+
+def test_a_users_command_drops_a_signing_key_it_cannot_read(tmp_path: Path) -> None:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from casfs.store.tenancy import public_key_b64
+
+    key = Ed25519PrivateKey.generate()
+    cfg = tmp_path / "casfs.toml"
+    cfg.write_text(f'[tenants]\ntrust = "signature"\nsigning_key = "{tmp_path}/none.key"\n'
+                   f'trusted_keys = ["{public_key_b64(key)}"]\n')
+    p = dconfig.load_tenants(cfg)  # casfs run as a user: unsigned records, never a failure
+    assert p.signing_key is None and p.trust == "signature"
+    with pytest.raises(ConfigError, match="cannot read"):
+        load(tmp_path, cfg.read_text())  # casfsd itself refuses a key it cannot read

@@ -342,7 +342,9 @@ def _mount(t: _Table, defaults: MountOptions, mount_base: Path,
                      path=path, options=opts, tenant=tenant)
 
 
-def _tenants(t: _Table) -> TenantPolicy:
+def _tenants(t: _Table, *, own_key: bool = True) -> TenantPolicy:
+    """``own_key`` False (a user's command): a signing key this user cannot read is
+    dropped instead of refused; only casfsd signs, a user's records stay unsigned."""
     mode = t.get("mode", as_str, "uid")
     if mode not in TENANT_MODES:
         raise ConfigError(f"{t.key('mode')}: expected one of {', '.join(TENANT_MODES)},"
@@ -363,6 +365,8 @@ def _tenants(t: _Table) -> TenantPolicy:
 
     for i, k in enumerate(trusted):
         tenancy.check_public_key(k, f"{t.key('trusted_keys')}[{i}]")
+    if signing_key is not None and not own_key and not os.access(signing_key, os.R_OK):
+        signing_key = None
     if signing_key is not None:
         tenancy.load_signing_key(signing_key)  # refuse a bad key now, not at the first publish
     seen: set[str] = set()
@@ -516,7 +520,7 @@ def load_tenants(path: Path | None = None) -> TenantPolicy:
         if not env and not os.access(path, os.R_OK):
             return DEFAULT_POLICY
     data = read_file(path)
-    return _tenants(_Table(data.get("tenants", {}), "tenants"))
+    return _tenants(_Table(data.get("tenants", {}), "tenants"), own_key=False)
 
 
 def check(cfg: DaemonConfig) -> None:
