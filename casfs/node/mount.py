@@ -130,7 +130,8 @@ class MountService:
         self._last_scan = 0.0
         self.ops = (
             OverlayOperations(self.lower, self.cache, cfg.upper, self.tracker, self.counters,
-                              fetch_timeout=cfg.fetch_timeout, root_mode=root_mode)
+                              fetch_timeout=cfg.fetch_timeout, root_mode=root_mode,
+                              group_shared=bool(self.tenant and self.tenant.group_shared))
             if cfg.mode == "fuse" else
             # overlay: the FUSE layer serves lower only; its upper stays empty (read-only)
             OverlayOperations(self.lower, self.cache, self.overlay_paths.fuse_upper,

@@ -111,8 +111,13 @@ class OpsBase(pyfuse3.Operations):
         fetch_threads: int = 16,
         lower_dir_mode: int = 0o777,
         root_mode: int = 0o1777,
+        group_shared: bool = False,
     ) -> None:
         super().__init__()
+        # A group domain's cache (casfs.tenants): what one member creates, the
+        # others may write too (group bits follow the owner's, as with umask 002),
+        # so one member's directory never makes another's cache writes fail.
+        self.group_shared = group_shared
         self.layers = Layers(lower, Path(upper_dir))
         self.fetcher = fetcher
         self.tracker = tracker
@@ -257,6 +262,8 @@ class OpsBase(pyfuse3.Operations):
             if (ctx.uid, gid) != (self._owner[0], created_gid):
                 up.lchown(path, ctx.uid, gid)
         perm = stat.S_IMODE(mode)
+        if self.group_shared and not stat.S_ISLNK(mode):
+            perm |= (perm & 0o700) >> 3
         if not stat.S_ISLNK(mode) and (created & ~self._umask != perm):
             up.chmod(path, perm)  # exact mode: the daemon's umask must not apply
 

@@ -136,8 +136,8 @@ def test_a_declared_group_domain_shares_as_before(
             jobs += [j1, j2, j3]
             assert j1.path == j2.path and j1.path.parent.name == "team"
             assert j3.path.parent.name == outsider.tenant
-            # Members share with umask 002, as in any shared group directory.
-            ok(u1.sh(f"umask 002; mkdir {j1.path}/KEYDIR && echo shared > "
+            # u1's directory (made with umask 022) never stops u2 from caching in it.
+            ok(u1.sh(f"umask 022; mkdir {j1.path}/KEYDIR && echo shared > "
                      f"{j1.path}/KEYDIR/kernel.so"))
             assert ok(u2.sh(f"cat {j2.path}/KEYDIR/kernel.so")) == "shared\n"
             ok(u2.sh(f"echo two > {j2.path}/KEYDIR/other.cubin"))
