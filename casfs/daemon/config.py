@@ -119,6 +119,7 @@ class DaemonConfig:
             shutdown_timeout=o.shutdown_timeout, allow_other=o.allow_other,
             cache_max_bytes=self.cache_max_bytes, namespace_max_bytes=o.namespace_max_bytes,
             scratch_patterns=o.exclude, mode=o.mode, fetch_timeout=o.fetch_timeout,
+            guard=True,  # supervised: a restart follows a crash, so guard the gap
         )
 
     def mount_configs(self) -> list[MountConfig]:

@@ -6,10 +6,12 @@ serves. The supervisor runs in the daemon's main thread:
 
 - ``start`` spawns every mount in parallel and returns once all serve (or
   stops the ones that came up and raises, so a failed start mounts nothing);
-- ``run`` polls the workers once a second until told to stop: a worker that
-  died is restarted with exponential backoff (1 s doubling to 60 s, reset
-  after a minute of good service), after its dead mount (ENOTCONN) is cleared;
-  the new worker promotes and publishes what the old one left in the upper dir;
+- ``run`` polls the workers every 0.1 s until told to stop: a worker that
+  died is restarted at once, then with exponential backoff if it keeps dying
+  (1 s doubling to 60 s, reset after a minute of good service), after its dead
+  mount (ENOTCONN) is cleared, which uncovers the read-only guard
+  (casfs.node.guard): in the gap readers miss and writers get EROFS; the new
+  worker promotes and publishes what the old one left in the upper dir;
 - ``stop`` SIGTERMs every worker at once: each publishes (bounded by its
   ``shutdown_timeout``), unmounts and exits; a worker that overruns is killed
   and its mount detached.
@@ -56,7 +58,7 @@ class Slot:
     restarts: int = 0
     started: float = 0.0  # monotonic time the current worker became ready
     next_start: float = 0.0  # monotonic time of the next restart attempt
-    backoff: float = BACKOFF_FIRST
+    backoff: float = 0.0  # the first restart is immediate: every second of it is a gap
     last_exit: str | None = None
     last_status: dict[str, Any] | None = None
     last_final: dict[str, Any] | None = field(default=None, repr=False)
@@ -120,7 +122,7 @@ class Supervisor:
 
     # --- supervision ------------------------------------------------------------
     def run(self, stop: threading.Event, on_status: Callable[[str], object] | None = None,
-            poll: float = 1.0) -> None:
+            poll: float = 0.1) -> None:
         """Watch the workers until ``stop`` is set."""
         next_status = time.monotonic()
         while not stop.is_set():
@@ -162,7 +164,7 @@ class Supervisor:
             slot.state = "restarting"
             slot.last_exit = how
             if slot.started and now - slot.started >= HEALTHY_AFTER:
-                slot.backoff = BACKOFF_FIRST
+                slot.backoff = 0.0
         self._schedule(slot, now)
         log.error("%s: worker pid %d %s; restarting in %.0fs", slot.cfg.name, w.proc.pid, how,
                   slot.next_start - now)
@@ -171,7 +173,7 @@ class Supervisor:
 
     def _schedule(self, slot: Slot, now: float) -> None:
         slot.next_start = now + slot.backoff
-        slot.backoff = min(slot.backoff * 2, BACKOFF_MAX)
+        slot.backoff = min(max(slot.backoff * 2, BACKOFF_FIRST), BACKOFF_MAX)
 
     # --- stop -------------------------------------------------------------------
     def stop(self) -> None:

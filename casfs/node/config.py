@@ -32,6 +32,7 @@ class MountConfig:
     mode: str = "fuse"
     tenant: str = ""  # who uses this mount (casfs.tenants); "" = no tenants (as before)
     tenants: dict[str, Any] = field(default_factory=dict)  # TenantPolicy.to_dict()
+    guard: bool = False  # read-only empty bind mount under the mount (casfs.node.guard)
 
     @property
     def run_dir(self) -> Path:

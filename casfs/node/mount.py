@@ -466,6 +466,9 @@ class MountService:
             if on_ready:
                 on_ready()
 
+        # Under a supervisor the mount point stays read-only and empty between workers.
+        guarded = self.ops is not None and cfg.guard and guard.install(cfg.mountpoint,
+                                                                      cfg.state_dir)
         try:
             if self.ops is None:
                 self._serve_dir(ready)
@@ -476,6 +479,8 @@ class MountService:
                               allow_other=cfg.allow_other, debug=cfg.debug, on_ready=ready,
                               background=self._background, on_shutdown=self._shutdown)
         finally:
+            if guarded:
+                guard.remove(cfg.mountpoint)  # a clean stop; a crash leaves it (the point)
             control.remove_registry(cfg.run_dir, cfg.name)
             self.flush_counters()
             self.close()

@@ -1,0 +1,250 @@
+"""What a job sees when casfsd's mount process dies (kill -9), measured.
+
+    python -m bench.worker_death [--trials N] [--json]
+
+A real casfsd in a tmp dir serves a namespace a job leased (``casfs env``) and
+one configured mount. Probe processes read a published file and create new
+files in both, every millisecond, and log each outcome. Then the mount
+processes are killed with SIGKILL; the supervisor clears the dead mounts
+(uncovering the read-only guard), starts new ones, and the node's mount
+process serves the leased namespace again at the same path.
+
+Per trial: how long readers saw errors (ENOTCONN: the dead connection) and
+misses (ENOENT: the guard), what writers got (EROFS on the guard instead of
+files that would vanish under the returning mount), wrong bytes (must be 0)
+and lost writes (a create that succeeded but whose file is gone after the
+restart: must be 0).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import errno
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+PROBE = r'''
+import errno, os, sys, time
+read_path, write_dir, log_path, stop_path, want = sys.argv[1:6]
+want = want.encode()
+i = 0
+with open(log_path, "w", buffering=1) as log:
+    while not os.path.exists(stop_path):
+        t = time.monotonic()
+        try:
+            with open(read_path, "rb") as f:
+                got = f.read()
+            r = "ok" if got == want else "WRONG"
+        except OSError as e:
+            r = errno.errorcode.get(e.errno, str(e.errno))
+        name = f"w-{os.getpid()}-{i}"
+        try:
+            with open(os.path.join(write_dir, name), "wb") as f:
+                f.write(name.encode())
+            w = "ok"
+        except OSError as e:
+            w = errno.errorcode.get(e.errno, str(e.errno))
+        log.write(f"{t:.6f} {r} {w} {name}\n")
+        i += 1
+        time.sleep(0.001)
+'''
+
+
+def _wait(pred: Any, what: str, timeout: float = 60.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        v = pred()
+        if v:
+            return v
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out waiting for {what}")
+        time.sleep(0.02)
+
+
+class Node:
+    """casfsd over tmp dirs, with one configured mount and on-demand namespaces."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        self.state = tmp / "state"
+        self.base = tmp / "mnt-base"
+        self.static = tmp / "static"
+        self.cfg = tmp / "casfs.toml"
+        self.cfg.write_text(
+            f'[store]\nroot = "{tmp / "root"}"\n[node]\nstate_dir = "{self.state}"\n'
+            f'mount_base = "{self.base}"\nlease_grace = 5\n'
+            '[defaults]\nstable_after = 0.2\npublish_interval = 0.5\n'
+            f'[[mounts]]\nname = "kern"\nfamily = "generic"\nnamespace = "kern-test"\n'
+            f'path = "{self.static}"\n')
+        self.env = dict(os.environ, CASFS_ROOT=str(tmp / "root"), CASFS_STATE_DIR=str(self.state),
+                        CASFS_MOUNT_BASE=str(self.base))
+        self.env.pop("NOTIFY_SOCKET", None)
+        self.log = open(tmp / "casfsd.log", "ab")  # noqa: SIM115
+        self.proc = subprocess.Popen([sys.executable, "-m", "casfs.daemon.main", "--config",
+                                      str(self.cfg)], env=self.env, stdout=self.log,
+                                     stderr=self.log, start_new_session=True)
+        _wait(lambda: self.status_or_none() is not None, "casfsd")
+
+    def cli(self, *args: str) -> str:
+        r = subprocess.run([sys.executable, "-m", "casfs.cli.main", *args], env=self.env,
+                           capture_output=True, text=True, timeout=120, check=False)
+        return r.stdout
+
+    def status_or_none(self) -> list[dict[str, Any]] | None:
+        if self.proc.poll() is not None:
+            raise RuntimeError(f"casfsd exited: {self.proc.returncode}")
+        r = subprocess.run([sys.executable, "-m", "casfs.cli.main", "status", "--json"],
+                           env=self.env, capture_output=True, text=True, timeout=60, check=False)
+        if r.returncode != 0:
+            return None
+        return list(json.loads(r.stdout))
+
+    def worker_pids(self) -> dict[str, int]:
+        """Mount name (or a served path) -> pid of the process serving it."""
+        return {str(m.get("path") or m["name"]): int(m["pid"])
+                for m in (self.status_or_none() or [])}
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(90)
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        for mp in (self.base / "ns", self.static):
+            for _ in range(3):
+                subprocess.run(["umount", "-l", str(mp)], capture_output=True, check=False)
+        self.log.close()
+
+
+def _parse(log: Path) -> list[tuple[float, str, str, str]]:
+    out = []
+    for line in log.read_text().splitlines():
+        parts = line.split()
+        if len(parts) == 4:
+            out.append((float(parts[0]), parts[1], parts[2], parts[3]))
+    return out
+
+
+def _summarise(rows: list[tuple[float, str, str, str]], killed_at: float) -> dict[str, Any]:
+    after = [r for r in rows if r[0] >= killed_at]
+    reads: dict[str, int] = {}
+    writes: dict[str, int] = {}
+    for _, r, w, _ in after:
+        reads[r] = reads.get(r, 0) + 1
+        writes[w] = writes.get(w, 0) + 1
+    bad = [r for r in after if r[1] != "ok"]
+    first_bad = bad[0][0] if bad else killed_at
+    back = next((r[0] for r in after if r[0] > first_bad and r[1] == "ok"), None)
+    by_kind: dict[str, float] = {}
+    for kind in ("ENOTCONN", "ECONNABORTED", "ENOENT", "EROFS", "EIO"):
+        ts = [r[0] for r in after if r[1] == kind or r[2] == kind]
+        if ts:
+            by_kind[kind + "_ms"] = round((max(ts) - min(ts)) * 1000, 1)
+    return {
+        "read_outcomes": reads, "write_outcomes": writes,
+        "reads_failing_ms": round(((back or first_bad) - first_bad) * 1000, 1),
+        "served_again": back is not None, **by_kind,
+    }
+
+
+def trial(node: Node, ns_path: Path, job_pid: int) -> dict[str, Any]:
+    """Kill every mount process once; what the probes saw and what was lost."""
+    tmp = Path(tempfile.mkdtemp(dir=node.tmp))
+    stop = tmp / "stop"
+    targets = {"on_demand": (ns_path / "published", ns_path),
+               "configured": (node.static / "published", node.static)}
+    probes = {}
+    for name, (read_path, write_dir) in targets.items():
+        probes[name] = subprocess.Popen([sys.executable, "-c", PROBE, str(read_path),
+                                         str(write_dir), str(tmp / f"{name}.log"), str(stop),
+                                         "published bytes"])
+    _wait(lambda: all((tmp / f"{n}.log").exists() and (tmp / f"{n}.log").stat().st_size
+                      for n in targets), "the probes")
+    time.sleep(0.3)
+    pids = node.worker_pids()
+    killed_at = time.monotonic()
+    for pid in set(pids.values()):
+        os.kill(pid, signal.SIGKILL)
+
+    def restarted() -> bool:
+        now = node.worker_pids()
+        return bool(now) and all(p not in pids.values() for p in now.values()) and \
+            str(ns_path) in now
+    _wait(restarted, "the mount processes to come back")
+    time.sleep(0.5)
+    stop.touch()
+    for p in probes.values():
+        p.wait(30)
+    out: dict[str, Any] = {}
+    for name, (_, write_dir) in targets.items():
+        rows = _parse(tmp / f"{name}.log")
+        s = _summarise(rows, killed_at)
+        # A create that succeeded must still be there, with its bytes, after the restart.
+        lost = 0
+        for _, _, w, fname in rows:
+            if w == "ok":
+                try:
+                    if (write_dir / fname).read_bytes() != fname.encode():
+                        lost += 1
+                except OSError:
+                    lost += 1
+        s["lost_writes"] = lost
+        s["wrong_bytes"] = s["read_outcomes"].get("WRONG", 0)
+        out[name] = s
+    out["job_lease_kept"] = str(ns_path) in node.worker_pids() and \
+        os.path.exists(f"/proc/{job_pid}")
+    return out
+
+
+def setup(node: Node) -> tuple[Path, subprocess.Popen[str]]:
+    """A job holding a lease on one namespace; a published file in both mounts."""
+    job = subprocess.Popen(
+        ["sh", "-c", 'eval "$(casfs env --family generic -n ondemand-test)" && '
+         'echo "$CASFS_CACHE_DIR" && exec sleep 3600'],
+        env=dict(node.env, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}"),
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    assert job.stdout is not None
+    ns_path = Path(job.stdout.readline().strip())
+    for d, ns in ((ns_path, "ondemand-test"), (node.static, "kern-test")):
+        (d / "published").write_bytes(b"published bytes")
+        _wait(lambda ns=ns: "published" in node.cli("ls", ns), f"publication in {ns}")
+    return ns_path, job
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="bench.worker_death")
+    ap.add_argument("--trials", type=int, default=3)
+    args = ap.parse_args(argv)
+    if not os.path.exists("/dev/fuse") or os.geteuid() != 0:
+        print(json.dumps({"skipped": "needs root and /dev/fuse"}))
+        return 0
+    with tempfile.TemporaryDirectory(prefix="casfs-worker-death-") as t:
+        node = Node(Path(t))
+        job = None
+        try:
+            ns_path, job = setup(node)
+            trials = [trial(node, ns_path, job.pid) for _ in range(args.trials)]
+        finally:
+            if job is not None:
+                job.kill()
+                job.wait()
+            node.close()
+    print(json.dumps({"bench": "worker_death", "trials": trials}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+
+
+__all__ = ["Node", "errno", "setup", "trial"]
