@@ -124,13 +124,16 @@ def cmd_namespaces(args: argparse.Namespace) -> int:
     for ns in gens.namespaces():
         try:
             rec = gens.latest(ns)
+            count = len(gens.seqs(ns))
         except CasfsError as e:  # one damaged or newer record must not hide the others
             print(f"casfs: warning: {e}", file=sys.stderr)
-            rec = None
+            rec, count = None, 0
+        except PermissionError:
+            continue  # another tenant's namespace (0700): not this user's to list
         rows.append({"namespace": ns, "latest": rec.seq if rec else None,
                      "entries": rec.entries if rec else 0,
                      "bytes": rec.logical_bytes if rec else 0,
-                     "generations": len(gens.seqs(ns))})
+                     "generations": count})
     if args.json:
         emit_json(rows)
     else:

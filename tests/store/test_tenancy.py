@@ -157,6 +157,9 @@ def test_gc_by_one_tenant_never_removes_anothers_objects(shared: Path) -> None:
         assert r.returncode != 0
         assert "nothing deleted" in r.stderr and "Permission denied" in r.stderr
         assert all(p.exists() for p in objects)
+        # u1 lists only what it may read; u2's namespace is not its to list.
+        r = u1.casfs("namespaces", "--json", env=u1.env(CASFS_ROOT=str(root_path)))
+        assert r.returncode == 0 and r.stdout.strip() == "[]", r.stderr
         # root's gc sees every tenant's generations and keeps their objects.
         rep = maintenance.gc(SharedRoot.open(root_path), grace=0)
         assert rep.removed_objects == 0 and all(p.exists() for p in objects)
