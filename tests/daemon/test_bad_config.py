@@ -87,7 +87,7 @@ CASES: dict[str, tuple[str, ...]] = {
     "bad-listen": ("metrics.listen", "HOST:PORT"),
     "bad-log-level": ("log.level", "expected one of"),
     "bad-toml": ("invalid TOML",),
-    "bad-mode": ("mounts[0].mode", "fuse, dir"),
+    "bad-mode": ("mounts[0].mode", "fuse, overlay, dir"),
 }
 
 
@@ -104,7 +104,7 @@ def make_case(name: str, tmp: Path) -> Path:
     if name == "wrong-type-bool":
         return cfg_file(tmp, defaults={"allow_other": "yes"})
     if name == "bad-mode":
-        return cfg_file(tmp, [base(tmp, mode="overlay")])
+        return cfg_file(tmp, [base(tmp, mode="tmpfs")])
     if name == "wrong-type-list":
         return cfg_file(tmp, [base(tmp, exclude="*.tmp")])
     if name == "wrong-type-mounts":
