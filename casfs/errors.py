@@ -103,10 +103,22 @@ class FuseUnavailableError(CasfsError):
     exit_code = 8
 
 
-class NewerFormatError(CasfsError):
-    """A record or manifest has a format newer than this casfs reads (not damage)."""
+class UnreadableHereError(CasfsError):
+    """A record or manifest this node cannot read, though it is not damaged.
+
+    Readers serve the newest generation they can read; publishers refuse the
+    namespace (building on an older snapshot would drop entries).
+    """
 
     exit_code = 3
+
+
+class NewerFormatError(UnreadableHereError):
+    """A record or manifest has a format newer than this casfs reads (not damage)."""
+
+
+class OverLimitError(UnreadableHereError):
+    """A manifest is larger than this node's configured limit."""
 
 
 class PublishDeferredError(PublishError):

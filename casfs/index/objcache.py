@@ -31,6 +31,7 @@ import logging
 import os
 import re
 import shutil
+import stat
 import threading
 import time
 from collections import Counter
@@ -180,9 +181,20 @@ class LocalObjectCache:
 
     def _present(self, path: Path, size: int) -> bool:
         try:
-            actual = path.stat().st_size
+            st = path.lstat()  # never follow: a symlink here could point anywhere
         except FileNotFoundError:
             return False
+        if not stat.S_ISREG(st.st_mode):
+            # Not ours (fills only ever rename regular files here): remove it so
+            # the fill's rename can take its place, and never open it.
+            log.warning("cached object %s is not a regular file: removing, refetching", path)
+            with contextlib.suppress(OSError):
+                if stat.S_ISDIR(st.st_mode):
+                    shutil.rmtree(path)
+                else:
+                    os.unlink(path)
+            return False
+        actual = st.st_size
         if actual != size:
             # A torn or damaged local copy: the fill's rename replaces it.
             log.warning(

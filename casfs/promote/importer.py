@@ -21,6 +21,7 @@ from casfs.errors import UsageError
 from casfs.families import CacheRules, walk_files
 from casfs.store.entry import Entry
 from casfs.store.generations import PublishResult
+from casfs.store.objects import max_object_bytes
 from casfs.store.root import SharedRoot
 from casfs.util.paths import is_valid_relpath
 
@@ -37,13 +38,18 @@ class ImportReport:
     publish: PublishResult | None = None
 
 
+def _storable(rel: str, st: os.stat_result) -> bool:
+    # Over the object size limit: every reader would refuse it.
+    return is_valid_relpath(rel) and stat.S_ISREG(st.st_mode) and st.st_size <= max_object_bytes()
+
+
 def scan_tree(src: Path, rules: CacheRules, report: ImportReport) -> list[tuple[str, Path]]:
     """(relpath, path) of every regular, non-scratch file under ``src``."""
     out: list[tuple[str, Path]] = []
     for rel, full, scratch in walk_files(src, rules):
         if scratch:
             report.skipped_scratch += 1
-        elif not is_valid_relpath(rel) or not stat.S_ISREG(os.lstat(full).st_mode):
+        elif not _storable(rel, os.lstat(full)):
             report.skipped_other.append(rel)
         else:
             out.append((rel, Path(full)))

@@ -29,7 +29,7 @@ from casfs.index.node_index import NodeIndex
 from casfs.index.tree import LowerTree
 from casfs.promote.tracker import WriteTracker
 from casfs.store.entry import Entry
-from casfs.store.objects import ObjectStore, PutResult
+from casfs.store.objects import ObjectStore, PutResult, max_object_bytes
 from casfs.util.counters import Counters
 from casfs.util.paths import is_valid_relpath
 
@@ -166,6 +166,13 @@ class Promoter:
         if (not stat.S_ISREG(st.st_mode) or self.rules.is_scratch(rel)
                 or not is_valid_relpath(rel)):
             self.tracker.forget(rel, seen_at)
+            return None
+        if st.st_size > max_object_bytes():
+            # Every reader would refuse it (objects.max_object_bytes): keep it local.
+            self.tracker.forget(rel, seen_at)
+            self.counters.inc("promote_skipped_too_large")
+            log.warning("not promoting %s: %d bytes is over the object size limit", rel,
+                        st.st_size)
             return None
         if self._settled(rel, st):
             self.tracker.forget(rel, seen_at)

@@ -20,9 +20,9 @@ from typing import Any
 
 from casfs.errors import (
     CasfsError,
-    NewerFormatError,
     PublishDeferredError,
     QuotaExceededError,
+    UnreadableHereError,
 )
 from casfs.families import CacheRules
 from casfs.index.node_index import NodeIndex
@@ -86,7 +86,7 @@ class Publisher:
             self.counters.inc("publish_refused_quota")
             log.error("%s", e)
             out = PublishOutcome(False, str(e))
-        except NewerFormatError as e:
+        except UnreadableHereError as e:
             # Not damage: a newer casfs published here. Publishing on the older
             # snapshot this node can read would drop its entries for everyone.
             self.counters.inc("publish_refused_newer_format")

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import stat
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -25,6 +26,14 @@ from pathlib import Path
 from typing import BinaryIO, Protocol
 
 from casfs.util import atomic
+
+
+class NotRegularFileError(OSError):
+    """A key names something that is not a regular file (symlink, FIFO, directory, device).
+
+    Never followed, never read: for an object it means corrupt (a miss, repaired
+    by writing the object again); for a record, damage.
+    """
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,6 +112,11 @@ class LocalBackend:
     def replace(self, key: str, staged: Path) -> None:
         target = self._path(key)
         target.parent.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            if stat.S_ISDIR(os.lstat(target).st_mode):
+                # rename() cannot replace a directory: move it into staging,
+                # where gc removes it after the grace period.
+                os.rename(target, atomic.temp_name(self.staging_dir, "damaged-"))
         atomic.replace_file(staged, target, sync=False)
 
     def create_exclusive(self, key: str, data: bytes) -> bool:
@@ -111,18 +125,35 @@ class LocalBackend:
         return atomic.create_exclusive(target, data, self.staging_dir)
 
     def open(self, key: str) -> BinaryIO:
-        return open(self._path(key), "rb")
+        path = self._path(key)
+        # Not following links and not blocking: a FIFO planted under objects/
+        # must not hang a reader, nor a symlink make it read /etc/passwd. lstat
+        # first so a device node is never even opened; fstat after, so a name
+        # swapped in between is caught too.
+        st = os.lstat(path)
+        if not stat.S_ISREG(st.st_mode):
+            raise NotRegularFileError(errno.EINVAL, "not a regular file", str(path))
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError as e:
+            if e.errno == errno.ELOOP:
+                raise NotRegularFileError(errno.EINVAL, "not a regular file", str(path)) from None
+            raise
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise NotRegularFileError(errno.EINVAL, "not a regular file", str(path))
+        return os.fdopen(fd, "rb")
 
     def info(self, key: str) -> KeyInfo | None:
         try:
-            st = os.stat(self._path(key))
+            st = os.lstat(self._path(key))  # the name itself: a dangling symlink exists too
         except (FileNotFoundError, NotADirectoryError):
             return None
         return KeyInfo(st.st_size, st.st_mtime)
 
     def touch(self, key: str) -> None:
         with contextlib.suppress(OSError):  # best effort: read-only roots still serve
-            os.utime(self._path(key))
+            os.utime(self._path(key), follow_symlinks=False)
 
     def list(self, prefix: str) -> Iterator[str]:
         try:

@@ -54,9 +54,11 @@ from casfs.errors import (
     PublishDeferredError,
     PublishError,
     QuotaExceededError,
+    UnreadableHereError,
     UsageError,
 )
 from casfs.store import manifest
+from casfs.store.backend import NotRegularFileError
 from casfs.store.entry import Entry
 from casfs.store.objects import DIGEST_RE
 from casfs.util import jsonsafe
@@ -297,6 +299,8 @@ class GenerationStore:
                 data = f.read(MAX_RECORD_BYTES + 1)
         except (FileNotFoundError, NotADirectoryError):
             raise NotFoundError(f"no generation {ns}@{seq}") from None
+        except NotRegularFileError:
+            raise HostileManifestError(f"generation {ns}@{seq}: not a regular file") from None
         if len(data) > MAX_RECORD_BYTES:
             raise HostileManifestError(f"generation {ns}@{seq}: record too large")
         self.trust.check_record(ns, data)
@@ -341,8 +345,9 @@ class GenerationStore:
             try:
                 rec = self.record(ns, seq)
                 return newest, rec, self.snapshot(rec)
-            except NewerFormatError as e:
-                self._note(ns, seq, "newer_format_generations", e)
+            except UnreadableHereError as e:  # newer format, over a limit: not damage
+                self._note(ns, seq, "newer_format_generations"
+                           if isinstance(e, NewerFormatError) else "oversize_generations", e)
                 if for_publish:
                     raise
             except _DAMAGE as e:
@@ -366,6 +371,7 @@ class GenerationStore:
         if (ns, seq, counter) not in self._noted:
             self._noted.add((ns, seq, counter))
             what = {"newer_format_generations": "newer-format",
+                    "oversize_generations": "over-limit",
                     "unresolved_generations": "unresolved (young, object missing)",
                     }.get(counter, "damaged")
             log.warning("skipping %s generation %s@%d: %s", what, ns, seq, err)

@@ -26,7 +26,7 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
-from casfs.errors import HostileManifestError, NewerFormatError
+from casfs.errors import HostileManifestError, NewerFormatError, OverLimitError
 from casfs.store.entry import Entry
 from casfs.store.objects import DIGEST_RE, ObjectStore
 from casfs.util import jsonsafe
@@ -133,7 +133,7 @@ def load(store: ObjectStore, digest: str, size: int) -> tuple[str, list[Entry]]:
     """Fetch, verify and decode one manifest object (memory bounded by max_manifest_bytes)."""
     limit = max_manifest_bytes()
     if size > limit:
-        raise HostileManifestError(
+        raise OverLimitError(
             f"manifest {digest} is too large ({size} bytes, limit {limit};"
             " raise CASFS_MAX_MANIFEST_BYTES if it is genuine)")
     return decode(store.get_bytes(digest, size))

@@ -21,9 +21,11 @@ turn into a miss.
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 import re
+import stat
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -34,7 +36,7 @@ import blake3
 import zstandard
 
 from casfs.errors import CorruptObjectError, ObjectMissingError
-from casfs.store.backend import Backend
+from casfs.store.backend import Backend, NotRegularFileError
 from casfs.util import atomic
 from casfs.util.counters import Counters
 
@@ -57,6 +59,27 @@ IN_MEMORY_LIMIT = 16 << 20
 CHUNK = 1 << 20
 # A hostile frame may ask for a huge window; casfs writes level 3 (2 MiB windows).
 MAX_WINDOW = 8 << 20
+# The largest object (uncompressed) a reader accepts and a writer stores: what a
+# cache entry may reasonably be. Bounds the disk a lying manifest can make a
+# node fill. CASFS_MAX_OBJECT_BYTES changes it (every node should agree).
+DEFAULT_MAX_OBJECT_BYTES = 1 << 30
+
+
+def max_object_bytes() -> int:
+    env = os.environ.get("CASFS_MAX_OBJECT_BYTES", "")
+    return int(env) if env.isdigit() else DEFAULT_MAX_OBJECT_BYTES
+
+
+class ObjectTooLargeError(CorruptObjectError):
+    """An object is larger than the configured object size limit."""
+
+
+def check_object_size(size: int, what: str) -> None:
+    limit = max_object_bytes()
+    if size > limit:
+        raise ObjectTooLargeError(
+            f"{what}: {size} bytes is over the object size limit of {limit} bytes"
+            " (CASFS_MAX_OBJECT_BYTES)")
 
 
 def digest_bytes(data: bytes) -> str:
@@ -103,6 +126,19 @@ def parse_header(raw: bytes, digest: str) -> Header:
     return Header(codec, size)
 
 
+def open_regular(path: str | os.PathLike[str]) -> BinaryIO:
+    """Open a local file to store it: no link following, no blocking, regular files only.
+
+    A job can leave a FIFO or a symlink where a file was; storing must refuse
+    it (OSError), never hang on it or store what it points at.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(errno.EINVAL, "not a regular file", str(path))
+    return os.fdopen(fd, "rb")
+
+
 class ObjectStore:
     """Put, get and verify objects through a Backend."""
 
@@ -137,16 +173,17 @@ class ObjectStore:
 
     def put_file(self, path: str | os.PathLike[str]) -> PutResult:
         """Store a local file's content. The caller checks the file did not change meanwhile."""
-        size = os.path.getsize(path)
+        with open_regular(path) as f:
+            size = os.fstat(f.fileno()).st_size
+            check_object_size(size, str(path))
+            data = f.read() if size <= IN_MEMORY_LIMIT else b""
         if size <= IN_MEMORY_LIMIT:
-            with open(path, "rb") as f:
-                data = f.read()
             return self._put_known(digest_bytes(data), data)
         return self._put_large(Path(path))
 
     def _put_large(self, path: Path) -> PutResult:
         h = blake3.blake3(max_threads=blake3.blake3.AUTO)  # multi-MB: threads pay here
-        with open(path, "rb") as f:
+        with open_regular(path) as f:
             while chunk := f.read(CHUNK):
                 h.update(chunk)
         digest = h.hexdigest()
@@ -158,7 +195,7 @@ class ObjectStore:
         with atomic.staged_file(self.backend.staging_dir, "obj-", 0o444, sync=False) as (out, tmp):
             out.write(b"\0" * HEADER_SIZE)
             cctx = zstandard.ZstdCompressor(level=self._level)
-            with open(path, "rb") as f, cctx.stream_writer(out, closefd=False) as zw:
+            with open_regular(path) as f, cctx.stream_writer(out, closefd=False) as zw:
                 while chunk := f.read(CHUNK):
                     size += len(chunk)
                     zw.write(chunk)
@@ -167,7 +204,7 @@ class ObjectStore:
                 codec = CODEC_RAW
                 out.seek(HEADER_SIZE)
                 out.truncate()
-                with open(path, "rb") as f:
+                with open_regular(path) as f:
                     while chunk := f.read(CHUNK):
                         out.write(chunk)
             out.seek(0)
@@ -204,11 +241,17 @@ class ObjectStore:
     # --- reading ----------------------------------------------------------
     def header(self, digest: str) -> Header:
         check_digest(digest)
+        with self._open(digest) as f:
+            return parse_header(f.read(HEADER_SIZE), digest)
+
+    def _open(self, digest: str) -> BinaryIO:
         try:
-            with self.backend.open(object_key(digest)) as f:
-                return parse_header(f.read(HEADER_SIZE), digest)
+            return self.backend.open(object_key(digest))
         except (FileNotFoundError, NotADirectoryError):
+            self.counters.inc("objects_missing")
             raise ObjectMissingError(f"object {digest} is missing") from None
+        except NotRegularFileError:
+            raise CorruptObjectError(f"object {digest}: not a regular file") from None
 
     def get_into(self, digest: str, expected_size: int | None, out: BinaryIO) -> int:
         """Stream the verified content of ``digest`` into ``out``; return its size.
@@ -225,13 +268,11 @@ class ObjectStore:
 
     def _get_into(self, digest: str, expected_size: int | None, out: BinaryIO) -> int:
         check_digest(digest)
-        try:
-            f = self.backend.open(object_key(digest))
-        except (FileNotFoundError, NotADirectoryError):
-            self.counters.inc("objects_missing")
-            raise ObjectMissingError(f"object {digest} is missing") from None
-        with f:
+        if expected_size is not None:
+            check_object_size(expected_size, f"object {digest}")  # before any I/O
+        with self._open(digest) as f:
             hdr = parse_header(f.read(HEADER_SIZE), digest)
+            check_object_size(hdr.size, f"object {digest}")
             if expected_size is not None and hdr.size != expected_size:
                 raise CorruptObjectError(
                     f"object {digest}: header says {hdr.size} bytes, manifest says {expected_size}"

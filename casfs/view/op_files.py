@@ -22,6 +22,15 @@ def _writeback_flags(flags: int) -> int:
     return flags
 
 
+def _open_cached(path: str) -> int:
+    """Open a local cache file: never following a link, never blocking, regular only."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(errno.EINVAL, "cached object is not a regular file", path)
+    return fd
+
+
 class FileOps(CopyUpOps):
     async def _open_node(self, node: Node, ino: int, flags: int) -> pyfuse3.FileInfo:
         accmode = flags & os.O_ACCMODE
@@ -31,13 +40,13 @@ class FileOps(CopyUpOps):
             # Warm: the object is local, open it inline. Cold: fetch in a thread.
             src = self.fetcher.cached(entry) or await self._fetch(node.path, entry)
             try:
-                fd = os.open(src, os.O_RDONLY | os.O_CLOEXEC)
+                fd = _open_cached(src)
             except FileNotFoundError:
                 # Evicted by another mount process between fetch and open: once more.
                 self.fetcher.unpin(entry.digest)
                 src = await self._fetch(node.path, entry)
                 try:
-                    fd = os.open(src, os.O_RDONLY | os.O_CLOEXEC)
+                    fd = _open_cached(src)
                 except OSError as e:
                     self.fetcher.unpin(entry.digest)
                     raise self._lower_failed(node.path, e) from None

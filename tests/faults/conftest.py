@@ -11,6 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.node.conftest import cluster  # noqa: F401  (real-mount nodes, reused)
+from tests.store.conftest import root  # noqa: F401  (a fresh shared root)
+
 REPO = Path(__file__).resolve().parents[2]
 PREVIOUS_RELEASE = "97902a3"  # the release before the format step (docs/format.md)
 
@@ -44,3 +47,29 @@ def cli_for(code: Path, env: dict[str, str]) -> CliRun:
                               capture_output=True, text=True, timeout=timeout, env=e, cwd=code)
 
     return run
+
+
+CORRUPTIONS = ("bitflip", "truncate", "zero", "other-object", "symlink", "fifo", "directory")
+
+
+def corrupt(path: Path, kind: str, other: Path) -> None:
+    """Damage the object file at ``path`` as ``kind``; ``other`` is another valid object."""
+    data = path.read_bytes()
+    path.unlink()
+    if kind == "bitflip":
+        path.write_bytes(data[:-1] + bytes([data[-1] ^ 0x01]))
+    elif kind == "truncate":
+        path.write_bytes(data[: len(data) // 2])
+    elif kind == "zero":
+        path.write_bytes(b"")
+    elif kind == "other-object":
+        path.write_bytes(other.read_bytes())
+    elif kind == "symlink":
+        path.symlink_to(other)  # a valid object, or /etc/passwd: never followed
+    elif kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "directory":
+        path.mkdir()
+        (path / "x").write_bytes(data)
+    else:
+        raise AssertionError(kind)
