@@ -96,7 +96,9 @@ class FailedPaths:
 
 class Layers:
     def __init__(self, lower: LowerTree, upper_dir: Path) -> None:
-        self.lower = lower
+        self.lower_version = 0  # bumped whenever the lower tree may have changed
+        self._lower = lower
+        self._nlink: dict[str, tuple[tuple[int, ...], int]] = {}
         self.upper_dir = Path(upper_dir)
         self.failed = FailedPaths()  # lower paths whose object failed: absent for now
         self.upper_dir.mkdir(parents=True, exist_ok=True)
@@ -109,6 +111,15 @@ class Layers:
         # PATH_MAX stays within PATH_MAX in the upper, whatever the upper's own path.
         self.fd = os.open(self.upper_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         weakref.finalize(self, os.close, self.fd)
+
+    @property
+    def lower(self) -> LowerTree:
+        return self._lower
+
+    @lower.setter
+    def lower(self, lower: LowerTree) -> None:
+        self._lower = lower
+        self.lower_version += 1
 
     def up(self, path: str) -> str:
         """Absolute upper path (logs, tests, worker threads); handlers use ``rel`` + ``fd``."""
@@ -125,7 +136,13 @@ class Layers:
     def open(self, path: str, flags: int, mode: int = 0o777) -> int:
         return os.open(self.rel(path), flags, mode, dir_fd=self.fd)
 
+    def _touched(self, path: str) -> None:
+        """``path`` was created, removed or hidden: its directory's subdir count is stale."""
+        self._nlink.pop(split(path)[0], None)
+        self._nlink.pop(path, None)
+
     def mkdir(self, path: str, mode: int) -> None:
+        self._touched(path)
         os.mkdir(self.rel(path), mode, dir_fd=self.fd)
 
     def mknod(self, path: str, mode: int, rdev: int = 0) -> None:
@@ -145,9 +162,12 @@ class Layers:
         os.unlink(self.rel(path), dir_fd=self.fd)
 
     def rmdir(self, path: str) -> None:
+        self._touched(path)
         os.rmdir(self.rel(path), dir_fd=self.fd)
 
     def rename(self, old: str, new: str) -> None:
+        self._touched(old)
+        self._touched(new)
         os.rename(self.rel(old), self.rel(new), src_dir_fd=self.fd, dst_dir_fd=self.fd)
 
     def chmod(self, path: str, mode: int) -> None:
@@ -269,12 +289,27 @@ class Layers:
         )
 
     def subdir_count(self, node: Node) -> int:
+        """Visible subdirectories of a merged or lower directory (its link count - 2).
+
+        Cached until a change through these methods touches the directory
+        (``_touched``) or the lower tree changes: a stat of a large cache root
+        must not merge its whole listing every time. (Not keyed on ctime: its
+        clock is coarse, two changes may share one value.)
+        """
+        up = node.upper
+        key = (self.lower_version,) if up is None else (self.lower_version, up.st_ino)
+        hit = self._nlink.get(node.path)
+        if hit is not None and hit[0] == key:
+            return hit[1]
         n = 0
         for _, child in self.children(node):
             if child is DIR or (
                 isinstance(child, os.DirEntry) and child.is_dir(follow_symlinks=False)
             ):
                 n += 1
+        if len(self._nlink) > 10_000:
+            self._nlink.clear()
+        self._nlink[node.path] = (key, n)
         return n
 
     # --- mutations of upper ---------------------------------------------
@@ -303,6 +338,7 @@ class Layers:
             return
         if st is not None and stat.S_ISDIR(st.st_mode):
             raise IsADirectoryError(errno.EISDIR, "remove the directory first", path)
+        self._touched(path)
         tmp = os.path.join(self.work_dir, f"wh-{os.urandom(8).hex()}")
         wh.make_whiteout(tmp)
         try:
@@ -317,6 +353,7 @@ class Layers:
         st = self.raw_stat(path)
         if st is None or not wh.is_whiteout(st):
             return False
+        self._touched(path)
         with contextlib.suppress(FileNotFoundError):
             self.unlink(path)
         return True
@@ -326,6 +363,7 @@ class Layers:
         return st is not None and wh.is_whiteout(st)
 
     def make_opaque(self, path: str) -> None:
+        self._touched(path)
         fd = self.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
         try:
             wh.make_opaque(fd)

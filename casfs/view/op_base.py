@@ -149,12 +149,15 @@ class OpsBase(pyfuse3.Operations):
         self.layers.lower = lower
 
     def lower_changed(self) -> None:
-        """The LowerTree grew in place: nothing to do (kept as the refresh hook).
+        """The LowerTree grew in place: only cached directory link counts change.
 
         New paths appear on the next lookup/readdir because negative lookups and
         directory listings are never cached; lower directory attributes are
-        synthesized constants, so no cached attribute goes stale.
+        synthesized (their link counts, recounted here, may lag in the kernel's
+        attribute cache until it expires; nothing relies on them: find(1) trusts
+        link counts only on filesystems it knows).
         """
+        self.layers.lower_version += 1
 
 
     def _path(self, ino: int) -> str:

@@ -177,6 +177,12 @@ def s_mkdir(c: Ctx) -> Transcript:
     rec(out, "rm-lowerdir", lambda: os.rmdir(c.p("empty_after")))
     rec(out, "re-mkdir", lambda: os.mkdir(c.p("empty_after")))
     rec(out, "re-ls", lambda: ls(c.p("empty_after")))
+    # Directory link counts follow changes at once (lower subdirs included).
+    rec(out, "nlink", lambda: [st(c.p("ld"))[2], (os.mkdir(c.p("ld/x")), st(c.p("ld"))[2])[1],
+                               (os.unlink(c.p("ld/sub/deep")), os.rmdir(c.p("ld/sub")),
+                                st(c.p("ld"))[2])[2],
+                               (os.rename(c.p("ld/x"), c.p("x")), st(c.p("ld"))[2],
+                                st(c.base)[2])[1:]])
     os.mkdir(c.p("closed"), 0o755)
 
     def as_user() -> Transcript:
