@@ -380,6 +380,20 @@ def cmd_run(args: argparse.Namespace) -> int:
     return rc if rc >= 0 else 128 - rc
 
 
+def cmd_reclaim(args: argparse.Namespace) -> int:
+    """Publish what is left of idle namespaces on this node, then drop their node state."""
+    from casfs.node.reclaim import reclaim_idle
+
+    out = reclaim_idle(default_state_dir().absolute(), args.idle)
+    if args.json:
+        emit_json(out)
+    else:
+        for r in out:
+            print(f"{r['namespace']}: reclaimed ({r.get('published', 0)} files published first)"
+                  if r["reclaimed"] else f"{r['namespace']}: kept ({r['why']})")
+    return 0 if all(r["reclaimed"] for r in out) else 1
+
+
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     def family_opts(p: argparse.ArgumentParser) -> None:
         p.add_argument("--family", default=",".join(families.DEFAULT_RUN),
@@ -435,6 +449,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     mount_opts(p)
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD ARGS")
     p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("reclaim", help="publish, then drop the node state of namespaces not"
+                                       " served for --idle seconds")
+    p.add_argument("--idle", type=float, default=7 * 86400.0, metavar="S",
+                   help="idle time before a namespace is reclaimed (default: 7 days)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_reclaim)
 
     for name, fn, help in (
         ("status", cmd_status, "show running mounts"),

@@ -91,6 +91,7 @@ class DaemonConfig:
     source: Path | None = None  # the file it came from
     serve_base: Path | None = None  # on-demand namespaces: <serve_base>/<tenant>/<namespace>
     lease_grace: float = 60.0  # a namespace stays this long after its last lease
+    reclaim_after: float = 7 * 86400.0  # node state of namespaces idle this long; 0: never
     defaults: MountOptions = MountOptions()
     tenants: TenantPolicy = DEFAULT_POLICY
 
@@ -139,6 +140,7 @@ class DaemonConfig:
             fetch_timeout=o.fetch_timeout, allow_other=o.allow_other,
             cache_max_bytes=self.cache_max_bytes, namespace_max_bytes=o.namespace_max_bytes,
             scratch_patterns=o.exclude, grace=self.lease_grace,
+            reclaim_after=self.reclaim_after,
             tenants=self.tenants.to_dict(),
         )
 
@@ -460,6 +462,7 @@ def load(path: Path | None, overrides: Overrides | None = None) -> DaemonConfig:
     on_demand = node.get("on_demand", as_bool, True)
     serve_base = node.get("serve_base", as_abs_path, mount_base / "ns") if on_demand else None
     lease_grace = node.get("lease_grace", as_non_negative, 60.0)
+    reclaim_after = node.get("reclaim_after", as_non_negative, 7 * 86400.0)
     node.finish()
     logt = top.table("log")
     level = logt.get("level", as_level, "info")
@@ -501,6 +504,7 @@ def load(path: Path | None, overrides: Overrides | None = None) -> DaemonConfig:
                        cache_max_bytes=cache_max, log_level=level, log_format=fmt,
                        metrics_listen=listen, mounts=mounts, source=path,
                        serve_base=serve_base, lease_grace=lease_grace, defaults=defaults,
+                       reclaim_after=reclaim_after,
                        tenants=tenants)
     check(cfg)
     return cfg

@@ -46,7 +46,7 @@ import trio
 
 from casfs import families
 from casfs.errors import CasfsError, UsageError
-from casfs.node import control, guard, leases, logfmt
+from casfs.node import control, guard, leases, logfmt, reclaim
 from casfs.node.config import MountConfig
 from casfs.node.tenant import requester, tenant_of, tenant_owner
 from casfs.tenants import TenantPolicy
@@ -75,6 +75,7 @@ class HostConfig:
     exit_when_idle: bool = False  # casfs run's host: unmount and exit once nothing is served
     lease_poll: float = 1.0
     guard: bool = True  # read-only empty bind mount under the FUSE mount (root only)
+    reclaim_after: float = 7 * 86400.0  # node state of namespaces idle this long; 0: never
     debug: bool = False
     name: str = "host"
     tenants: dict[str, Any] = field(default_factory=dict)  # TenantPolicy.to_dict()
@@ -227,6 +228,7 @@ class NodeHost:
             await self._nursery.start(self._ns_tasks, s)
             self.served[key] = s
             self.final.pop(key, None)
+            reclaim.record_served(mcfg)
             log.info("serving %s@%d at %s", namespace, svc.served_seq, mcfg.mountpoint)
         finally:
             del self._attaching[key]
@@ -266,6 +268,7 @@ class NodeHost:
         st["path"] = str(s.path)
         await trio.to_thread.run_sync(svc.flush_counters)
         svc.close()
+        reclaim.record_served(svc.cfg)
         self.final[key] = st
         self._persist()
         log.info("released %s (%s)", svc.cfg.namespace, s.path)
@@ -366,6 +369,19 @@ class NodeHost:
             except Exception:
                 log.exception("lease check failed")
 
+    async def _reclaim_loop(self) -> None:
+        """Reclaim the node state of namespaces idle for ``reclaim_after`` (item: disk)."""
+        every = max(1.0, min(600.0, self.cfg.reclaim_after / 4))
+        while True:
+            await trio.sleep(every)
+            skip = {s.svc.cfg.namespace for s in self.served.values()}
+            try:
+                await trio.to_thread.run_sync(reclaim.reclaim_idle, self.cfg.state_dir,
+                                              self.cfg.reclaim_after, skip,
+                                              abandon_on_cancel=True)
+            except Exception:
+                log.exception("reclaiming idle namespaces failed")
+
     # --- persistence across a restart ----------------------------------------------------
     def _persist(self) -> None:
         data = {
@@ -427,6 +443,8 @@ class NodeHost:
         await nursery.start(control.serve_control, self.cfg.socket_path, self._handle)
         await self._restore()
         nursery.start_soon(self._lease_loop)
+        if self.cfg.reclaim_after > 0:
+            nursery.start_soon(self._reclaim_loop)
 
     async def _shutdown(self) -> None:
         self.stopping = True

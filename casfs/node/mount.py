@@ -466,6 +466,9 @@ class MountService:
             if on_ready:
                 on_ready()
 
+        from casfs.node.reclaim import record_served
+
+        record_served(cfg)  # idle namespaces' node state is reclaimed (casfs.node.reclaim)
         # Under a supervisor the mount point stays read-only and empty between workers.
         guarded = self.ops is not None and cfg.guard and guard.install(cfg.mountpoint,
                                                                       cfg.state_dir)
@@ -481,6 +484,7 @@ class MountService:
         finally:
             if guarded:
                 guard.remove(cfg.mountpoint)  # a clean stop; a crash leaves it (the point)
+            record_served(cfg)
             control.remove_registry(cfg.run_dir, cfg.name)
             self.flush_counters()
             self.close()

@@ -74,3 +74,29 @@ def cluster(tmp_path: Path) -> Iterator[dict[str, Any]]:
     finally:
         for n in nodes.values():
             n.stop_all()
+
+
+@pytest.fixture
+def node(tmp_path: Path) -> Iterator[dict[str, Any]]:
+    """One node for the serving model (casfs run / casfs env), cleaned up whatever happens."""
+    from fusehelpers import lazy_unmount
+
+    from casfs.node.guard import mounts_at
+
+    require_fuse()
+    env = dict(os.environ, CASFS_ROOT=str(tmp_path / "root"),
+               CASFS_STATE_DIR=str(tmp_path / "state"), CASFS_MOUNT_BASE=str(tmp_path / "mnt"))
+    base = tmp_path / "mnt" / "ns"
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        yield {"tmp": tmp_path, "env": env, "base": base, "root": tmp_path / "root",
+               "state": tmp_path / "state", "procs": procs}
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        for _ in range(3):  # the FUSE mount, then the read-only guard under it
+            lazy_unmount(base)
+            if mounts_at(base):
+                subprocess.run(["umount", "-l", str(base)], capture_output=True, check=False)

@@ -13,20 +13,18 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from fusehelpers import lazy_unmount, mounted
+from fusehelpers import mounted
 
 from casfs.errors import NotFoundError
 from casfs.node import control
 from casfs.node.guard import mounts_at
 from casfs.node.host import HostConfig, spawn_host
 from casfs.store.root import SharedRoot
-
-from .conftest import require_fuse
 
 pytestmark = [pytest.mark.fuse]
 
@@ -51,27 +49,6 @@ def published(root: Path, ns: str) -> dict[str, bytes]:
     except NotFoundError:  # not published (yet)
         return {}
     return {p: r.objects.get_bytes(e.digest) for p, e in entries.items()}
-
-
-@pytest.fixture
-def node(tmp_path: Path) -> Iterator[dict[str, Any]]:
-    require_fuse()
-    env = dict(os.environ, CASFS_ROOT=str(tmp_path / "root"),
-               CASFS_STATE_DIR=str(tmp_path / "state"), CASFS_MOUNT_BASE=str(tmp_path / "mnt"))
-    base = tmp_path / "mnt" / "ns"
-    procs: list[subprocess.Popen[bytes]] = []
-    try:
-        yield {"tmp": tmp_path, "env": env, "base": base, "root": tmp_path / "root",
-               "state": tmp_path / "state", "procs": procs}
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-        for _ in range(3):  # the FUSE mount, then the read-only guard under it
-            lazy_unmount(base)
-            if mounts_at(base):
-                subprocess.run(["umount", "-l", str(base)], capture_output=True, check=False)
 
 
 def host_cfg(node: dict[str, Any], **kw: Any) -> HostConfig:

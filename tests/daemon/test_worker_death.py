@@ -1,0 +1,48 @@
+"""kill -9 of casfsd's mount processes while jobs read and write: what they see (I1, I2).
+
+Probes read a published file and create files every millisecond, through a
+leased on-demand namespace and a configured mount, while every mount process
+is killed. Invariants: no wrong byte ever; a create that succeeded is never
+lost (the read-only guard turns writes in the gap into EROFS instead of files
+that would vanish under the returning mount); the leased namespace is served
+again at the same path, its job's lease intact. The durations are measured by
+``python -m bench.worker_death``, not asserted here.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from fusehelpers import require_fuse
+
+from bench.worker_death import Node, setup, trial
+
+pytestmark = [pytest.mark.fuse, pytest.mark.slow]
+
+
+def test_kill_9_of_the_mount_processes(tmp_path: Path) -> None:
+    require_fuse()
+    if os.geteuid() != 0:
+        pytest.skip("the read-only guard needs root (CAP_SYS_ADMIN)")
+    node = Node(tmp_path)
+    job = None
+    try:
+        ns_path, job = setup(node)
+        out = trial(node, ns_path, job.pid)
+    finally:
+        if job is not None:
+            job.kill()
+            job.wait()
+        node.close()
+    assert out["job_lease_kept"]
+    for name in ("on_demand", "configured"):
+        r = out[name]
+        assert r["served_again"], (name, r)
+        assert r["wrong_bytes"] == 0 and r["lost_writes"] == 0, (name, r)
+        assert set(r["read_outcomes"]) <= {"ok", "ENOTCONN", "ECONNABORTED", "ENOENT"}, r
+        assert set(r["write_outcomes"]) <= {"ok", "ENOTCONN", "ECONNABORTED", "ENOENT",
+                                            "EROFS"}, r
+    # The configured mount's gap is the guard: writes there fail instead of vanishing.
+    assert out["configured"]["write_outcomes"].get("EROFS", 0) > 0
