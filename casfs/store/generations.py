@@ -264,6 +264,7 @@ class GenerationStore:
         self._parts: OrderedDict[str, list[Entry]] = OrderedDict()
         self._cached_entries = 0
         self._noted: set[tuple[str, int, str]] = set()
+        self._latest: dict[str, Snapshot] = {}  # ns -> newest snapshot seen (_snapshot_of)
 
     # --- enumeration ------------------------------------------------------
     def namespaces(self) -> list[str]:
@@ -344,7 +345,7 @@ class GenerationStore:
         for seq in candidates:
             try:
                 rec = self.record(ns, seq)
-                return newest, rec, self.snapshot(rec)
+                return newest, rec, self._snapshot_of(rec)
             except UnreadableHereError as e:  # newer format, over a limit: not damage
                 self._note(ns, seq, "newer_format_generations"
                            if isinstance(e, NewerFormatError) else "oversize_generations", e)
@@ -397,6 +398,64 @@ class GenerationStore:
                 self._cached_entries -= len(old)
         return cached
 
+    def _snapshot_of(self, record: Record) -> Snapshot:
+        """The snapshot of the newest record, advanced from the last one seen when it can be.
+
+        Publication storms re-read the namespace after every lost race; a
+        record that only appends deltas to the one seen before costs only its
+        new deltas (read, validated, merged), not the whole snapshot. The
+        returned Snapshot belongs to this store and is advanced in place by
+        later calls for the same namespace.
+        """
+        base = self._latest.pop(record.namespace, None)  # taken: a failure must not reuse it
+        snap = None
+        if base is not None:
+            try:
+                snap = self._advance(base, record)
+            except CasfsError:
+                snap = None  # the full build below decides (and names the damage)
+        if snap is None:
+            snap = self.snapshot(record)
+        self._latest[record.namespace] = snap
+        return snap
+
+    def _advance(self, base: Snapshot, record: Record) -> Snapshot | None:
+        prev = base.record
+        if (prev is None or record.seq < prev.seq or record.base != prev.base
+                or record.deltas[:len(prev.deltas)] != prev.deltas):
+            return None
+        where = f"{record.namespace}@{record.seq}"
+        merged, dirs = base.entries, base.dirs
+        for part in record.deltas[len(prev.deltas):]:
+            try:
+                part_entries = self.part_entries(part)
+            except CasfsError as err:
+                raise type(err)(f"generation {where}: {err.message}") from err
+            for e in part_entries:
+                parents = parent_dirs(e.path)
+                if e.path in merged:
+                    raise HostileManifestError(f"generation {where}: {e.path!r} appears twice")
+                if e.path in dirs or any(d in merged for d in parents):
+                    raise HostileManifestError(
+                        f"generation {where}: {e.path!r} is a file and a directory")
+                merged[e.path] = e
+                dirs.update(parents)
+        if len(merged) != record.entries:
+            raise HostileManifestError(
+                f"generation {where}: {len(merged)} entries, record says {record.entries}")
+        base.record = record
+        return base
+
+    def _published(self, snap: Snapshot, record: Record, new: list[Entry]) -> None:
+        """Advance our own snapshot to the record just created (the next publish starts there)."""
+        if self._latest.get(record.namespace) is not snap:
+            return
+        dirs = snap.dirs
+        for e in new:
+            snap.entries[e.path] = e
+            dirs.update(parent_dirs(e.path))
+        snap.record = record
+
     def snapshot(self, record: Record | None) -> Snapshot:
         """Load every part of ``record`` and merge them (validated as a whole)."""
         if record is None:
@@ -439,6 +498,7 @@ class GenerationStore:
         fingerprint: dict[str, Any] | None = None,
         max_bytes: int | None = None,
         max_attempts: int = 20,
+        deadline: float = 600.0,
         compact_deltas: int = COMPACT_DELTAS,
         select: Callable[[Snapshot, list[Entry]], list[Entry]] | None = None,
         options: dict[str, Any] | None = None,
@@ -447,7 +507,13 @@ class GenerationStore:
         """Publish ``additions`` (whose objects must already be stored) as a new generation.
 
         ``select`` may drop merged additions against the snapshot they are merged
-        into (re-run on every retry); dropped ones count as conflicts. ``options``
+        into (re-run on every retry); dropped ones count as conflicts.
+
+        A lost race means another publisher made progress, so retries go on
+        while the namespace advances (a storm of 1,000 nodes all land); only
+        ``max_attempts`` races lost *without* the newest seq moving (a backend
+        that says EEXIST for a record nobody can see), or ``deadline`` seconds,
+        give up. Each retry reads only what changed (_snapshot_of). ``options``
         are optional record keys (docs/format.md), ``requires`` the features a
         reader must implement to read the new record (its parts included).
         """
@@ -459,7 +525,11 @@ class GenerationStore:
         wanted = {e.path: e for e in additions}
         result = PublishResult(ns, None)
         hint: int | None = None
-        for attempt in range(1, max_attempts + 1):
+        stalled = 0
+        give_up = time.monotonic() + deadline
+        attempt = 0
+        while True:
+            attempt += 1
             result = PublishResult(ns, None, attempts=attempt)
             newest, current, snap = self.newest_valid(ns, hint, for_publish=True)
             new = self._merge(snap, wanted, result)
@@ -491,14 +561,22 @@ class GenerationStore:
             data = self.trust.seal(ns, record.to_json())
             if self.backend.create_exclusive(self._key(ns, record.seq), data):
                 result.seq = record.seq
+                self._published(snap, record, new)
                 log.info(
                     "published %s@%d: +%d files (%d bytes), %d conflicts, attempt %d",
                     ns, record.seq, result.added, result.added_bytes, result.conflicts, attempt,
                 )
                 return result
-            hint = record.seq  # another node won this seq: re-read from there and retry
-            time.sleep(random.uniform(0.005, 0.05) * min(attempt, 8))
-        raise PublishError(f"namespace {ns}: lost the publication race {max_attempts} times")
+            # Another node won this seq: re-read from there and retry.
+            hint = record.seq
+            later = self.latest_seq(ns, hint)
+            stalled = stalled + 1 if later is None or later <= (newest or 0) else 0
+            if stalled >= max_attempts or time.monotonic() > give_up:
+                raise PublishError(
+                    f"namespace {ns}: lost the publication race {attempt} times"
+                    f" ({stalled} without the namespace advancing)")
+            # Full jitter, growing to ~1 s: a herd of publishers spreads out.
+            time.sleep(random.uniform(0, min(1.0, 0.01 * 2 ** min(attempt, 7))))
 
     def _merge(
         self, snap: Snapshot, wanted: dict[str, Entry], result: PublishResult
