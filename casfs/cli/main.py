@@ -13,7 +13,7 @@ import sys
 from collections.abc import Sequence
 
 from casfs import __version__
-from casfs.cli import doctor, mount_cmds, store_cmds
+from casfs.cli import doctor, explain, mount_cmds, store_cmds
 from casfs.errors import CasfsError
 
 log = logging.getLogger("casfs")
@@ -34,6 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
     store_cmds.register(sub)
     mount_cmds.register(sub)
     doctor.register(sub)
+    explain.register(sub)
     return p
 
 

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping
 
 from casfs.errors import UsageError
 from casfs.families.base import HOST_INGREDIENTS, Family
-from casfs.families.rules import CacheRules, walk_files
+from casfs.families.rules import CacheRules, Relocator, walk_files
 
 __all__ = [
     "DEFAULT_RUN",
@@ -21,6 +21,7 @@ __all__ = [
     "HOST_INGREDIENTS",
     "CacheRules",
     "Family",
+    "Relocator",
     "check",
     "env_for",
     "get",

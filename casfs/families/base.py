@@ -70,6 +70,14 @@ class PathBearing(Protocol):
         """The stored form rewritten for a cache served at ``root``; None to serve it as is."""
         ...
 
+    def count(self, relpath: str, data: bytes) -> int | None:
+        """How many paths the stored form ``data`` holds; None if it is not a stored form."""
+        ...
+
+    def present_size(self, stored_size: int, count: int, root: str) -> int:
+        """The size ``present`` gives, from the stored size and ``count`` alone."""
+        ...
+
     def written_root(self, relpath: str, data: bytes) -> str | None:
         """The absolute cache root ``data`` was written under, if it says so consistently."""
         ...

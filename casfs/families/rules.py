@@ -11,6 +11,7 @@ import fnmatch
 import os
 import re
 from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 from casfs.families.base import CommitRecord, Family, PathBearing, ReplacedPath, ReplaceRule
 
@@ -77,6 +78,41 @@ class CacheRules:
             if p.matches(relpath):
                 return p
         return None
+
+
+class Relocator:
+    """Presents a family's path-bearing files, stored path-free, for a serving root.
+
+    An entry is presented when its manifest row says how many paths it holds
+    (extras ``relocate``, set at publication); its presented size then follows
+    from the stored size alone, so a lookup needs no object. Anything else is
+    served as stored.
+    """
+
+    def __init__(self, rules: CacheRules, root: str) -> None:
+        self.rules = rules
+        self.root = root
+
+    def _count(self, entry: Any) -> int | None:
+        n = (entry.extras or {}).get("relocate")
+        return n if type(n) is int and n > 0 else None
+
+    def size(self, entry: Any) -> int | None:
+        """The presented size, or None if ``entry`` is served as stored."""
+        n = self._count(entry)
+        bearer = self.rules.path_bearer(entry.path) if n else None
+        if n is None or bearer is None:
+            return None
+        return bearer.present_size(entry.size, n, self.root)
+
+    def content(self, entry: Any, stored: bytes) -> bytes | None:
+        """The presented bytes; None if ``stored`` does not match what ``size`` promised."""
+        size = self.size(entry)
+        bearer = self.rules.path_bearer(entry.path)
+        if size is None or bearer is None:
+            return stored
+        shown = bearer.present(entry.path, stored, self.root)
+        return shown if shown is not None and len(shown) == size else None
 
 
 def walk_files(top: str | os.PathLike[str], rules: CacheRules) -> Iterator[tuple[str, str, bool]]:

@@ -118,13 +118,25 @@ class GroupFiles:
                for k, v in paths.items()}
         return json.dumps({"child_paths": rel}).encode()
 
-    def present(self, relpath: str, data: bytes, root: str) -> bytes | None:
+    def count(self, relpath: str, data: bytes) -> int | None:
         paths = _child_paths(data)
-        if paths is None or not paths or not all(
-                v.startswith(RELATIVE_PREFIX) for v in paths.values()):
+        if not paths or not all(v.startswith(RELATIVE_PREFIX) for v in paths.values()):
             return None  # written by an older casfs or by hand: served as stored
         if group_children(relpath, data) is None:
             return None
+        return len(paths)
+
+    def present_size(self, stored_size: int, count: int, root: str) -> int:
+        # Each "casfs:<rel>" becomes "<root>/<rel>"; json escapes a string char by
+        # char, so the difference per path is the escaped root's length + 1 - 6.
+        escaped = json.dumps(root.rstrip("/"))[1:-1]
+        return stored_size + count * (len(escaped) + 1 - len(RELATIVE_PREFIX))
+
+    def present(self, relpath: str, data: bytes, root: str) -> bytes | None:
+        if self.count(relpath, data) is None:
+            return None
+        paths = _child_paths(data)
+        assert paths is not None
         base = root.rstrip("/")
         # json.dumps as FileCacheManager.put_group writes it.
         return json.dumps({"child_paths": {

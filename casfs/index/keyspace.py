@@ -21,7 +21,10 @@ Named databases
     key   ``ns \\0 encode_path(parent_dir) \\0 name``; top-level entries have
           parent_dir ''. The root '' itself is implicit (always a directory).
     value ``LOWER_NODE``: kind u8 (1 file, 2 dir), digest 32 raw bytes (zero for
-          dirs), size u64, mode u32, mtime_ns i64, seq_added u64.
+          dirs), size u64, mode u32, mtime_ns i64, seq_added u64. ``mode``'s
+          low 16 bits are the permission bits; its high 16 bits hold the
+          manifest row's ``relocate`` count (a path-bearing file stored
+          path-free: how many paths the view writes back), 0 for others.
     Invariants: every file's ancestor directories exist as kind-2 nodes; a
     path holds one node (first writer wins: a later different file, or a
     file where a directory is, is ignored); a directory's seq_added is the
@@ -96,6 +99,8 @@ PARENT_INLINE_MAX = 120  # 128 + 1 + 120 + 1 + 255 (NAME_MAX) <= 511
 PROMOTED_PATH_INLINE_MAX = 380  # 128 + 1 + 380 <= 511
 _HASHED = b"\x01"  # cannot start a valid path (control characters are refused)
 
+RELOCATE_SHIFT = 16  # mode bits above this: the relocate count (see ``lower``)
+RELOCATE_MAX = 0xFFFF
 KIND_FILE = 1
 KIND_DIR = 2
 STATE_PENDING = 1

@@ -19,6 +19,7 @@ from casfs.index import keyspace as ks
 from casfs.index.lmdbenv import IndexEnv, scan_prefix, txn_get
 from casfs.index.tree import DIR, LowerNode
 from casfs.store.entry import Entry
+from casfs.store.generations import RELOCATE, is_replace
 from casfs.util.paths import is_valid_relpath, parent_dirs
 
 log = logging.getLogger(__name__)
@@ -34,16 +35,23 @@ class AddResult:
     kept: int = 0
     conflicts: int = 0  # a different file already held the path, or blocked a directory
     invalid: int = 0
+    replaced: tuple[str, ...] = ()  # replaced paths now holding a newer version
 
 
 def add_entries(env: IndexEnv, ns: str, seq: int, entries: Iterable[Entry]) -> AddResult:
-    """Add the files of generation ``seq`` (idempotent; first writer wins)."""
+    """Add the files of generation ``seq`` (idempotent; first writer wins).
+
+    Except for replaced paths (casfs.store.generations.is_replace): their
+    entry overrides the row in place. Parts must be added in
+    generation order (a record's parts in their order), as ``_ingest`` does.
+    """
     nsb = ks.check_name(ns, "namespace")
     todo = list(entries)  # the transaction may be rerun after a map resize
     lower = env.dbs[ks.DB_LOWER]
 
     def txn_fn(txn: lmdb.Transaction) -> AddResult:
         added = kept = conflicts = invalid = 0
+        replaced: list[str] = []
         dirs_ok: set[str] = set()  # directories known to exist with seq_added <= seq
         for e in todo:
             if not is_valid_relpath(e.path):
@@ -55,8 +63,9 @@ def add_entries(env: IndexEnv, ns: str, seq: int, entries: Iterable[Entry]) -> A
             key = ks.lower_key(nsb, e.path)
             old = txn_get(txn, key, lower)
             raw = ks.digest_to_raw(e.digest)
+            mode = _packed_mode(e)
             if old is None:
-                txn.put(key, ks.pack_lower(ks.KIND_FILE, raw, e.size, e.mode, e.mtime_ns, seq),
+                txn.put(key, ks.pack_lower(ks.KIND_FILE, raw, e.size, mode, e.mtime_ns, seq),
                         db=lower)  # fmt: skip
                 added += 1
                 continue
@@ -66,14 +75,34 @@ def add_entries(env: IndexEnv, ns: str, seq: int, entries: Iterable[Entry]) -> A
                 if seq < oseq:  # ingested out of order: visible from the earlier seq
                     txn.put(key, ks.pack_lower(kind, odigest, osize, omode, omtime, seq),
                             db=lower)  # fmt: skip
+            elif kind == ks.KIND_FILE and is_replace(e):
+                # Keeps its seq_added: the path never disappears between this write
+                # and the view's refresh; the view then invalidates the kernel's cache.
+                txn.put(key, ks.pack_lower(ks.KIND_FILE, raw, e.size, mode, e.mtime_ns, oseq),
+                        db=lower)  # fmt: skip
+                replaced.append(e.path)
             else:
                 conflicts += 1
-        return AddResult(added, kept, conflicts, invalid)
+        return AddResult(added, kept, conflicts, invalid, tuple(replaced))
 
     result = env.write(txn_fn)
     if result.conflicts or result.invalid:
         log.debug("namespace %s seq %d: %s", ns, seq, result)
     return result
+
+
+def _packed_mode(e: Entry) -> int:
+    """Permission bits, and the manifest's ``relocate`` count above them (keyspace: lower)."""
+    n = (e.extras or {}).get(RELOCATE)
+    if type(n) is int and 0 < n <= ks.RELOCATE_MAX:
+        return e.mode | (n << ks.RELOCATE_SHIFT)
+    return e.mode
+
+
+def _entry(path: str, raw: bytes, size: int, mode: int, mtime_ns: int) -> Entry:
+    n = mode >> ks.RELOCATE_SHIFT
+    return Entry(path, raw.hex(), size, mode & 0o7777, mtime_ns,
+                 {RELOCATE: n} if n else None)
 
 
 def _ensure_dirs(
@@ -144,7 +173,7 @@ class LmdbLowerTree:
             return None
         if kind == ks.KIND_DIR:
             return DIR
-        return Entry(path, raw.hex(), size, mode, mtime_ns)
+        return _entry(path, raw, size, mode, mtime_ns)
 
     def lookup(self, path: str) -> LowerNode | None:
         if path == "":

@@ -222,6 +222,10 @@ class NodeHost:
             mcfg = self.cfg.ns_config(tenant, family, namespace)
             svc = await trio.to_thread.run_sync(functools.partial(MountService, mcfg,
                                                                   hosted=True))
+            if svc.ops is not None:
+                # Lower entries appear as the tenant's: its jobs may rewrite a
+                # replaced path they did not write.
+                svc.ops.lower_owner = tenant_owner(self.cfg.policy)(tenant)[:2]
             self.mux.attach(tenant, namespace, svc.ops)
             s = Served(key, family, mcfg.mountpoint, svc)
             assert self._nursery is not None

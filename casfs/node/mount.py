@@ -22,6 +22,7 @@ import fcntl
 import logging
 import os
 import signal
+import stat
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -128,14 +129,20 @@ class MountService:
         self._overlay_mounted = False
         self._watcher: Any = None
         self._last_scan = 0.0
+        # Path-bearing files (Triton groups) are stored path-free and presented with
+        # the path this namespace is served at: a cache works at any path.
+        self.relocator = (families.Relocator(self.rules, str(cfg.mountpoint))
+                          if self.rules.path_bearing else None)
         self.ops = (
             OverlayOperations(self.lower, self.cache, cfg.upper, self.tracker, self.counters,
                               fetch_timeout=cfg.fetch_timeout, root_mode=root_mode,
-                              group_shared=bool(self.tenant and self.tenant.group_shared))
+                              group_shared=bool(self.tenant and self.tenant.group_shared),
+                              replaced=self._is_replaced, presenter=self.relocator)
             if cfg.mode == "fuse" else
             # overlay: the FUSE layer serves lower only; its upper stays empty (read-only)
             OverlayOperations(self.lower, self.cache, self.overlay_paths.fuse_upper,
-                              self.tracker, self.counters, fetch_timeout=cfg.fetch_timeout)
+                              self.tracker, self.counters, fetch_timeout=cfg.fetch_timeout,
+                              replaced=self._is_replaced, presenter=self.relocator)
             if self.overlay_paths is not None else None
         )
         self.restore_stamps = (
@@ -146,6 +153,7 @@ class MountService:
         self._ingredients: dict[str, Any] | None = None
         self.last_publish: dict[str, Any] | None = None
         self._flushed: dict[str, int] = {}
+        self.release_published_replaced()
         recovered = self._promoter_or_none()
         if recovered is not None:
             n = recovered.scan_all()
@@ -236,22 +244,80 @@ class MountService:
         state = self.index.ns_state(ns) or {}
         have = set(state.get("parts", []))
         new_parts = [gens.part_entries(p) for p in rec.parts if p.digest not in have]
+        replaced: list[str] = []
         for entries in new_parts:
-            self.index.add_entries(ns, rec.seq, entries)
+            replaced += self.index.add_entries(ns, rec.seq, entries).replaced
         self.index.set_ns_state(ns, {"seq": rec.seq, "parts": [p.digest for p in rec.parts],
                                      "entries": rec.entries, "root": self._gens().root.root_id})
         log.info("%s: indexed %s@%d (%d files)", self.cfg.name, ns, rec.seq, rec.entries)
         self._check_mount_path(rec)
+        if replaced:
+            self._replaced_changed(sorted(set(replaced)))
+
+    # --- replaced paths ------------------------------------------------------
+    def _is_replaced(self, path: str) -> bool:
+        return self.rules.replace_rule(path) is not None
+
+    def _replaced_changed(self, paths: list[str]) -> None:
+        """Newer versions of replaced paths were ingested (worker thread, or start-up)."""
+        self.counters.inc("replaced_refreshed", len(paths))
+        if getattr(self, "lower", None) is None:
+            return  # start-up: release_published_replaced runs once the view exists
+        for p in paths:
+            self._release_published_upper(p)
+        ops = getattr(self, "ops", None)
+        if ops is not None:
+            ops.replaced_changed(paths)
+
+    def _release_published_upper(self, path: str) -> bool:
+        """This node's upper copy of a replaced path stops shadowing a newer published one.
+
+        Only a copy that was published and is unchanged since (same size and
+        mtime, no writer) is removed; a version the job wrote after that stays,
+        is promoted and published, and wins in its turn.
+        """
+        if self.cfg.mode != "fuse":
+            return False
+        up = self.cfg.upper / path
+        try:
+            st = os.lstat(up)
+        except OSError:
+            return False
+        rec = self.index.get_promoted(self.cfg.namespace, path)
+        lower = self.lower.lookup(path)
+        if (rec is None or rec.state != "published" or not stat.S_ISREG(st.st_mode)
+                or (rec.entry.size, rec.entry.mtime_ns) != (st.st_size, st.st_mtime_ns)
+                or self.tracker.has_writers(path) or not isinstance(lower, Entry)
+                or lower.digest == rec.entry.digest):
+            return False
+        try:
+            os.unlink(up)
+        except OSError as e:
+            log.warning("%s: cannot release %s: %s", self.cfg.name, path, e)
+            return False
+        self.counters.inc("replaced_upper_released")
+        return True
+
+    def release_published_replaced(self) -> int:
+        """At start: published upper copies of replaced paths a newer version supersedes."""
+        if not self.rules.replaced or self.cfg.mode != "fuse":
+            return 0
+        return sum(self._release_published_upper(r.entry.path)
+                   for r in list(self.index.iter_promoted(self.cfg.namespace))
+                   if r.state == "published" and self._is_replaced(r.entry.path))
 
     def _check_mount_path(self, rec: Record) -> None:
+        """Records of older casfs releases name their mount path: their path-bearing
+        files hold absolute paths, which only hit at that path (newer ones are
+        stored path-free and need no check)."""
         published_at = (rec.fingerprint or {}).get("mountpoint")
         if (self.rules.path_bearing and isinstance(published_at, str)
                 and published_at != str(self.cfg.mountpoint)):
             self.counters.inc("mount_path_mismatch")
             log.warning(
                 "%s: %s@%d was published from a mount at %s but is served here at %s:"
-                " Triton group files hold absolute paths, so Triton kernels will miss;"
-                " use the same mount path on every node",
+                " its Triton group files (from an older casfs) hold absolute paths,"
+                " so those kernels will miss here",
                 self.cfg.name, rec.namespace, rec.seq, published_at, self.cfg.mountpoint)
 
     def _promoter_or_none(self) -> Promoter | None:
@@ -315,9 +381,8 @@ class MountService:
 
             fp = fingerprint(self.cfg.family)
             self._ingredients = fp.ingredients if fp.namespace == self.cfg.namespace else {}
-        # The mount path travels with the record: Triton group files hold
-        # absolute paths, so nodes serving another path must be warned.
-        return {**self._ingredients, "mountpoint": str(self.cfg.mountpoint)}
+        # No mount path: path-bearing files are stored path-free (relocated on read).
+        return dict(self._ingredients)
 
     # --- background work (worker threads) ---------------------------------
     def promote_once(self, final: bool = False) -> int:
@@ -552,17 +617,16 @@ class MountService:
 
     def _presenter(self) -> Callable[[Entry, str], bytes | None] | None:
         """Bytes to generate for files the family presents differently (never linked)."""
-        bearing = [pb for f in families.closure(self.cfg.family) for pb in f.path_bearing]
-        if not bearing:
+        relocator = self.relocator
+        if relocator is None:
             return None
-        root = str(self.cfg.mountpoint)
 
         def present(e: Entry, src: str) -> bytes | None:
-            for pb in bearing:
-                if pb.matches(e.path):
-                    with open(src, "rb") as f:
-                        return pb.present(e.path, f.read(), root)
-            return None
+            if relocator.size(e) is None:
+                return None
+            with open(src, "rb") as f:
+                # Not the announced stored form: an empty file, which Triton takes for a miss.
+                return relocator.content(e, f.read()) or b""
 
         return present
 
@@ -570,7 +634,7 @@ class MountService:
     def _restore_dir(self) -> None:
         fresh = [e for e in self.lower.walk() if e.path not in self._dir_offered]
         written = dirmode.restore(self.cfg.mountpoint, fresh, self.cache, self.counters,
-                                  self.restore_stamps)
+                                  self.restore_stamps, present=self._presenter())
         # Offered = now in the directory; a failed fetch is tried again on the next refresh.
         self._dir_offered.update(
             e.path for e in fresh if os.path.lexists(self.cfg.mountpoint / e.path))

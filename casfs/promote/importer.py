@@ -20,7 +20,7 @@ from typing import Any
 from casfs.errors import UsageError
 from casfs.families import CacheRules, walk_files
 from casfs.store.entry import Entry
-from casfs.store.generations import PublishResult
+from casfs.store.generations import RELOCATE, PublishResult
 from casfs.store.objects import max_object_bytes
 from casfs.store.root import SharedRoot
 from casfs.util.paths import is_valid_relpath
@@ -93,11 +93,23 @@ def import_tree(
     def put(item: tuple[str, Path]) -> tuple[Entry | None, bool]:
         rel, path = item
         st = os.stat(path)
-        res = root.objects.put_file(path)
-        if os.stat(path).st_mtime_ns != st.st_mtime_ns or res.size != st.st_size:
+        bearer = rules.path_bearer(rel)
+        data = path.read_bytes() if bearer is not None else None
+        stored = bearer.to_pathfree(rel, data) if bearer is not None and data is not None else None
+        count = bearer.count(rel, stored) if bearer is not None and stored is not None else None
+        if stored is not None and count and data is not None:
+            # Stored path-free (casfs.families): served at any path.
+            res = root.objects.put_bytes(stored)
+            read = len(data)
+        else:
+            res = root.objects.put_file(path)
+            read = res.size
+        if os.stat(path).st_mtime_ns != st.st_mtime_ns or read != st.st_size:
             report.skipped_other.append(rel)  # changed while being read: not stable
             return None, False
-        return Entry(rel, res.digest, res.size, st.st_mode & 0o7777, st.st_mtime_ns), res.created
+        extras = {RELOCATE: count} if stored is not None and count else None
+        return (Entry(rel, res.digest, res.size, st.st_mode & 0o7777, st.st_mtime_ns, extras),
+                res.created)
 
     entries: dict[str, Entry] = {}
     with ThreadPoolExecutor(threads) as pool:  # blake3 and zstd release the GIL

@@ -87,6 +87,7 @@ class Promoter:
         # Files casfs itself put in place (dir mode's restore): published already.
         self.unchanged = unchanged
         self._batch: dict[str, tuple[Entry, float]] = {}  # promoted this round, not yet indexed
+        self._read_sizes: dict[str, int] = {}  # path-bearing files: bytes read, before rewriting
 
     def scan_all(self) -> int:
         """Mark every upper file not yet promoted as dirty (start-up, crash recovery)."""
@@ -187,17 +188,29 @@ class Promoter:
         if self.unchanged is not None and self.unchanged(rel, st):
             return True
         rec = self.index.get_promoted(self.key, rel)
-        return bool(rec and rec.entry.size == st.st_size and rec.entry.mtime_ns == st.st_mtime_ns)
+        if rec is None or rec.entry.mtime_ns != st.st_mtime_ns:
+            return False
+        # A path-bearing file is stored path-free (another size): its mtime tells.
+        return rec.entry.size == st.st_size or self.rules.path_bearer(rel) is not None
 
     def _put(self, c: _Candidate, res: RoundResult) -> PutResult:
+        bearer = self.rules.path_bearer(c.rel)
+        if bearer is not None:
+            # Stored path-free, so the cache works at any path (casfs.families).
+            data = c.full.read_bytes()
+            stored = bearer.to_pathfree(c.rel, data) if len(data) == c.st.st_size else None
+            if stored is not None:
+                self._read_sizes[c.rel] = len(data)
+                return self.objects.put_bytes(stored)
         return self.objects.put_file(c.full)
 
     def _finish(self, item: tuple[_Candidate, PutResult], res: RoundResult) -> None:
         c, put = item
         st = c.st
         after = os.lstat(c.full)
+        read_size = self._read_sizes.pop(c.rel, put.size)
         if (after.st_size, after.st_mtime_ns) != (st.st_size, st.st_mtime_ns) or (
-            put.size != st.st_size or self.tracker.has_writers(c.rel)
+            read_size != st.st_size or self.tracker.has_writers(c.rel)
         ):
             res.deferred += 1  # changed while hashing: not stable yet
             return

@@ -4,6 +4,11 @@ Runs in a worker thread, every ``publish_interval`` when something is
 pending and once more at shutdown. Failures are logged, counted and retried
 next round; they never reach the mount.
 
+Replaced paths (declared by the family, casfs.families): published with
+extras ``{"replace": true}``, so the newest generation's version wins; a
+``merge`` rule first combines the published version with ours (vLLM's index:
+union of keys, ours per key). Every other path is first-writer-wins.
+
 Group consistency: a commit record (a Triton group file) is published only if
 every child it names ends up in the generation with *our* bytes (published by us now or
 earlier). If another node already published different bytes for a child,
@@ -15,7 +20,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from casfs.errors import (
@@ -27,7 +32,13 @@ from casfs.errors import (
 from casfs.families import CacheRules
 from casfs.index.node_index import NodeIndex
 from casfs.store.entry import Entry
-from casfs.store.generations import GenerationStore, PublishResult, Snapshot
+from casfs.store.generations import (
+    RELOCATE,
+    REPLACE,
+    GenerationStore,
+    PublishResult,
+    Snapshot,
+)
 from casfs.store.objects import object_key
 from casfs.util.counters import Counters
 
@@ -76,11 +87,11 @@ class Publisher:
         try:
             res = self.gens.publish(
                 self.namespace,
-                pending,
+                [self._mark(e) for e in pending],
                 node=self.index.node_id,
                 fingerprint=self.fingerprint,
                 max_bytes=self.max_bytes,
-                select=self._consistent_groups,
+                select=self._select,
             )
         except QuotaExceededError as e:
             self.counters.inc("publish_refused_quota")
@@ -108,6 +119,7 @@ class Publisher:
             if res.added:
                 self.counters.inc("generations_published")
                 self.counters.inc("files_published", res.added)
+                self.counters.inc("replaced_published", res.replaced)
             self.counters.inc("publish_conflicts", res.conflicts)
             out = PublishOutcome(
                 True,
@@ -139,6 +151,43 @@ class Publisher:
             present.append(e)
         return present
 
+    def _mark(self, e: Entry) -> Entry:
+        """The extras a reader needs: replaced path, path count of a path-free file."""
+        extras = dict(e.extras or {})
+        if self.rules.replace_rule(e.path) is not None:
+            extras[REPLACE] = True
+        bearer = self.rules.path_bearer(e.path)
+        if bearer is not None:
+            try:
+                n = bearer.count(e.path, self.gens.objects.get_bytes(e.digest, e.size))
+            except CasfsError:
+                n = None
+            if n:
+                extras[RELOCATE] = n
+        return replace(e, extras=extras or None)
+
+    def _select(self, snap: Snapshot, new: list[Entry]) -> list[Entry]:
+        return self._consistent_groups(snap, [self._merged(e, snap) for e in new])
+
+    def _merged(self, e: Entry, snap: Snapshot) -> Entry:
+        """A merge-rule path: the published version combined with ours (ours wins per key)."""
+        rule = self.rules.replace_rule(e.path)
+        have = snap.entries.get(e.path)
+        if rule is None or rule.merge is None or have is None or have.digest == e.digest:
+            return e
+        try:
+            older = self.gens.objects.get_bytes(have.digest, have.size)
+            newer = self.gens.objects.get_bytes(e.digest, e.size)
+        except CasfsError as err:
+            log.warning("cannot merge %s, publishing ours: %s", e.path, err)
+            return e
+        merged = rule.merge(older, newer)
+        if merged is None or merged == newer:
+            return e  # not in the format (newest wins) or nothing to add
+        put = self.gens.objects.put_bytes(merged)
+        self.counters.inc("replaced_merged")
+        return replace(e, digest=put.digest, size=put.size)
+
     def _consistent_groups(self, snap: Snapshot, new: list[Entry]) -> list[Entry]:
         """Drop group files whose children would not all be this writer's bytes."""
         adding = {e.path: e.digest for e in new}
@@ -160,7 +209,7 @@ class Publisher:
         if children is None:
             return False
         for c in children:
-            final = snap.entries[c].digest if c in snap.entries else adding.get(c)
+            final = adding.get(c) or (snap.entries[c].digest if c in snap.entries else None)
             rec = self.index.get_promoted(self.key, c)  # one lookup per child, not a scan
             mine = rec.entry.digest if rec else None  # None: unchanged from the lower layer
             if final is None or (mine is not None and final != mine):

@@ -17,9 +17,12 @@ feature this code lacks, is not damage (NewerFormatError): readers serve the
 newest generation they can read and publishers refuse the namespace, since
 building N+1 on an older snapshot would drop the newer entries for everyone.
 
-The snapshot is the union of ``base`` and every delta. Because publication is
-first-writer-wins, a path once published never changes, so a delta only ever
-adds paths and the union needs no precedence rules. Publishing 10 files on
+The snapshot is the union of ``base`` and every delta. Publication is
+first-writer-wins, so a path once published never changes, except a
+*replaced* path: an entry whose extras hold ``"replace": true`` (a path a
+cache family declares rewritten, casfs.families) overrides the same path in
+an earlier part, and a record holding one ``requires`` the ``replace``
+feature. Every other duplicate is damage. Publishing 10 files on
 top of 100,000 writes one 10-entry delta object and one record; every
 ``COMPACT_DELTAS`` deltas (or when deltas grow past a quarter of the base) the
 publisher writes a new full base instead, so readers never chase long chains.
@@ -74,7 +77,9 @@ READABLE_VERSIONS = (1, 2)
 # Features a record may ``require`` that this code implements; a record requiring
 # any other is treated as a newer format (a reader ignoring it would serve wrong
 # bytes). Optional keys that are safe to ignore need no entry here.
-SUPPORTED_FEATURES: frozenset[str] = frozenset()
+SUPPORTED_FEATURES: frozenset[str] = frozenset({"replace"})
+REPLACE = "replace"  # extras key and feature: a later version of the path overrides
+RELOCATE = "relocate"  # extras key: a path-bearing file stored path-free, with N paths
 _CORE_KEYS = frozenset({
     "casfs_generation", "namespace", "seq", "parent", "base", "deltas", "entries", "bytes",
     "created", "node", "casfs_version", "fingerprint", "requires",
@@ -234,6 +239,12 @@ class PublishResult:
     attempts: int = 0
     added_bytes: int = 0
     conflict_paths: list[str] = field(default_factory=list)
+    replaced: int = 0  # replaced paths whose newer version overrides the published one
+
+
+def is_replace(e: Entry) -> bool:
+    """Whether ``e`` is a version of a replaced path (it overrides earlier versions)."""
+    return bool(e.extras and e.extras.get(REPLACE) is True)
 
 
 class Snapshot:
@@ -469,6 +480,9 @@ class GenerationStore:
                 raise type(err)(f"generation {where}: {err.message}") from err
             for e in part_entries:
                 if merged.setdefault(e.path, e) is not e:
+                    if is_replace(e):  # a newer version of a replaced path
+                        merged[e.path] = e
+                        continue
                     raise HostileManifestError(
                         f"generation {record.namespace}@{record.seq}: {e.path!r} appears twice"
                     )
@@ -523,6 +537,8 @@ class GenerationStore:
         check_name(ns)
         self.trust.prepare_namespace(ns)  # the tenant's own directories, before reading
         wanted = {e.path: e for e in additions}
+        if any(is_replace(e) for e in wanted.values()):
+            requires = {*requires, REPLACE}  # older readers must not take it for damage
         result = PublishResult(ns, None)
         hint: int | None = None
         stalled = 0
@@ -588,6 +604,11 @@ class GenerationStore:
             if have is not None:
                 if have.digest == e.digest:
                     result.already += 1
+                elif is_replace(e):
+                    new.append(e)  # the newest generation's version wins
+                    result.added += 1
+                    result.replaced += 1
+                    result.added_bytes += e.size
                 else:
                     result.conflicts += 1
                     result.conflict_paths.append(path)
@@ -627,8 +648,8 @@ class GenerationStore:
             or delta_entries + len(new) > max(1024, base_entries // 4)
         )
         if compact:
-            full = list(snap.entries.values()) + new
-            base = self._store_part(full, "full")
+            full = {**snap.entries, **{e.path: e for e in new}}
+            base = self._store_part(list(full.values()), "full")
             deltas = ()
         else:
             assert current is not None
@@ -640,8 +661,10 @@ class GenerationStore:
             parent=current.seq if current else None,
             base=base,
             deltas=deltas,
-            entries=len(snap.entries) + len(new),
-            logical_bytes=(current.logical_bytes if current else 0) + sum(e.size for e in new),
+            entries=len(snap.entries) + sum(e.path not in snap.entries for e in new),
+            logical_bytes=(current.logical_bytes if current else 0) + sum(
+                e.size - (snap.entries[e.path].size if e.path in snap.entries else 0)
+                for e in new),
             created=time.time(),
             node=node,
             casfs_version=__version__,

@@ -376,14 +376,18 @@ class Layers:
         for name in markers:
             self.unlink(join(path, name))
 
-    def stage_copy(self, src: str | None, entry: Entry) -> str:
-        """Copy ``src`` (None: empty file) into the work dir with the entry's mode/mtime.
+    def stage_copy(self, src: str | None, entry: Entry, content: bytes | None = None) -> str:
+        """Copy ``src`` (None: empty file; ``content``: these bytes instead) into the work
+        dir with the entry's mode/mtime.
 
         Blocking: runs in a worker thread. Returns the staged path.
         """
         fd, tmp = _mkstemp(self.work_dir)
         try:
-            if src is not None:
+            if content is not None:
+                with os.fdopen(os.dup(fd), "wb") as fout:
+                    fout.write(content)
+            elif src is not None:
                 with open(src, "rb") as fin, os.fdopen(os.dup(fd), "wb") as fout:
                     shutil.copyfileobj(fin, fout, 1 << 20)
             os.fchmod(fd, entry.mode & 0o777)

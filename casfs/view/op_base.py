@@ -8,21 +8,23 @@ mixins of op_attrs, op_files, op_dirs and op_copyup.
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import functools
 import logging
 import os
 import stat
 import time
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Concatenate, ParamSpec, TypeVar
+from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar
 
 import pyfuse3
 import trio
 
 from casfs.promote.tracker import WriteTracker
+from casfs.store.entry import Entry
 from casfs.util.counters import Counters
 from casfs.view.attrs import lower_attrs, upper_attrs
 from casfs.view.inodes import InodeTable
@@ -91,6 +93,15 @@ def link_key(node: Node) -> tuple[int, int] | None:
     return (st.st_dev, st.st_ino)
 
 
+class Presenter(Protocol):
+    """Lower files served with other bytes than stored (a family's path-bearing
+    files, stored path-free): ``size`` must equal ``len(content(...))``."""
+
+    def size(self, entry: Entry) -> int | None: ...
+
+    def content(self, entry: Entry, stored: bytes) -> bytes | None: ...
+
+
 class OpsBase(pyfuse3.Operations):
     # The kernel merges small writes (the linker writes .so files 1-16 KB at a
     # time) into page-sized batches and answers reads of just-written pages
@@ -112,6 +123,9 @@ class OpsBase(pyfuse3.Operations):
         lower_dir_mode: int = 0o777,
         root_mode: int = 0o1777,
         group_shared: bool = False,
+        replaced: Callable[[str], bool] | None = None,
+        replaced_timeout: float = 1.0,
+        presenter: Presenter | None = None,
     ) -> None:
         super().__init__()
         # A group domain's cache (casfs.tenants): what one member creates, the
@@ -123,6 +137,13 @@ class OpsBase(pyfuse3.Operations):
         self.tracker = tracker
         self.counters = counters
         self.lower_timeout = lower_timeout
+        # Paths whose bytes may change on refresh (a family's replaced paths).
+        self.replaced = replaced or (lambda path: False)
+        self.replaced_timeout = replaced_timeout
+        self.presenter = presenter
+        # Lower entries appear owned by this (uid, gid): the tenant's, so its jobs
+        # may rewrite a replaced path they did not write (the daemon runs as root).
+        self.lower_owner: tuple[int, int] | None = None
         self.upper_timeout = upper_timeout
         self.fetch_timeout = fetch_timeout
         # Fetches get their own threads: stuck ones must not starve fsync or copy-up.
@@ -202,14 +223,38 @@ class OpsBase(pyfuse3.Operations):
         return upper_attrs(st, ino, self.upper_timeout)
 
     def _lower_attrs(self, node: LowerNode, ino: int) -> pyfuse3.EntryAttributes:
+        timeout = self.lower_timeout
+        if isinstance(node, Entry):
+            if self.replaced(node.path):
+                timeout = self.replaced_timeout
+            shown = self.presenter.size(node) if self.presenter is not None else None
+            if shown is not None:
+                node = dataclasses.replace(node, size=shown)
         return lower_attrs(
             node,
             ino,
-            self.lower_timeout,
-            owner=self._owner,
+            timeout,
+            owner=self.lower_owner or self._owner,
             dir_mode=self.dir_mode,
             dir_time_ns=self._start_ns,
         )
+
+    def replaced_changed(self, paths: Sequence[str]) -> None:
+        """Newer versions of these replaced paths are served: the kernel forgets the old.
+
+        Called from a worker thread (``invalidate_inode`` may block on writeback).
+        """
+        if not self._mounted:
+            return
+        for path in paths:
+            ino = self.inodes.find(path)
+            if ino is not None:
+                try:
+                    pyfuse3.invalidate_inode(ino)
+                except OSError as e:
+                    if e.errno != errno.ENOENT:
+                        log.warning("invalidating %r: %s", path, e)
+            self._invalidate_entry(path)
 
     def _invalidate_entry(self, path: str) -> None:
         """Make the kernel forget the dentry of ``path`` (asynchronously: no deadlock)."""

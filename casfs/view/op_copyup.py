@@ -77,8 +77,16 @@ class CopyUpOps(OpsBase):
         if entry is None:
             return
         src = None if empty else await self._fetch(node.path, entry)
+        content = None
+        if src is not None and self.presenter is not None and (
+                self.presenter.size(entry) is not None):
+            with open(src, "rb") as f:  # small (a group file): presented, as readers see it
+                content = self.presenter.content(entry, f.read())
+            if content is None:
+                self.fetcher.unpin(entry.digest)
+                raise self._lower_failed(node.path, ValueError("not a path-free stored form"))
         try:
-            tmp = await trio.to_thread.run_sync(self.layers.stage_copy, src, entry)
+            tmp = await trio.to_thread.run_sync(self.layers.stage_copy, src, entry, content)
         finally:
             if src is not None:
                 self.fetcher.unpin(entry.digest)
@@ -91,6 +99,9 @@ class CopyUpOps(OpsBase):
             return
         self.layers.ensure_upper_dir(split(node.path)[0], self.dir_mode)
         self.layers.install_staged(tmp, node.path)
+        owner = self.lower_owner
+        if self._is_root and owner is not None and owner != self._owner:
+            os.lchown(self.layers.up(node.path), *owner)  # as the lower entry appeared
         self.counters.inc("copy_up")
 
     async def _copy_up_tree(self, node: Node) -> None:

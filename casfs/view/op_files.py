@@ -9,6 +9,7 @@ import stat
 import pyfuse3
 import trio
 
+from casfs.store.entry import Entry
 from casfs.view.layers import Node, split
 from casfs.view.op_base import STRIP_FLAGS, Handle, Miss, err, fuse_errors
 from casfs.view.op_copyup import CopyUpOps
@@ -39,6 +40,11 @@ class FileOps(CopyUpOps):
         if entry is not None and not writable:
             # Warm: the object is local, open it inline. Cold: fetch in a thread.
             src = self.fetcher.cached(entry) or await self._fetch(node.path, entry)
+            if self.presenter is not None and self.presenter.size(entry) is not None:
+                fd = self._presented_fd(node.path, entry, src)
+                self.counters.inc("open_lower")
+                self._handles[fd] = Handle(fd, ino, node.path, False, None)
+                return pyfuse3.FileInfo(fh=fd, keep_cache=True)
             try:
                 fd = _open_cached(src)
             except FileNotFoundError:
@@ -55,7 +61,8 @@ class FileOps(CopyUpOps):
                 raise self._lower_failed(node.path, e) from None
             self.counters.inc("open_lower")
             self._handles[fd] = Handle(fd, ino, node.path, False, entry.digest)
-            return pyfuse3.FileInfo(fh=fd, keep_cache=True)
+            # A replaced path's pages may hold an older version: never keep them.
+            return pyfuse3.FileInfo(fh=fd, keep_cache=not self.replaced(node.path))
         if entry is not None:
             await self._copy_up(node, empty=bool(flags & os.O_TRUNC))
             self._invalidate_entry(node.path)  # drop the long lower timeouts
@@ -69,6 +76,24 @@ class FileOps(CopyUpOps):
             self.tracker.modified(node.path)
         return pyfuse3.FileInfo(fh=fd)
 
+
+    def _presented_fd(self, path: str, entry: Entry, src: str) -> int:
+        """A sealed in-memory file with the presented bytes (small: a group file)."""
+        try:
+            with open(src, "rb") as f:
+                stored = f.read(entry.size + 1)
+        except OSError as e:
+            raise self._lower_failed(path, e) from None
+        finally:
+            self.fetcher.unpin(entry.digest)
+        assert self.presenter is not None
+        shown = self.presenter.content(entry, stored)
+        if shown is None:  # not the stored form its manifest row announced: a miss
+            raise self._lower_failed(path, ValueError("not a path-free stored form"))
+        fd = os.memfd_create("casfs-presented", os.MFD_CLOEXEC)
+        os.write(fd, shown)
+        self.counters.inc("presented_opens")
+        return fd
 
     @fuse_errors
     async def open(self, inode: int, flags: int, ctx: pyfuse3.RequestContext) -> pyfuse3.FileInfo:

@@ -17,7 +17,11 @@ Refresh: ``set_lower`` swaps in a newer generation. Negative lookups are not
 cached by the kernel (ENOENT replies carry no entry timeout) and readdir is
 not cached (no FOPEN_CACHE_DIR), and published paths never change bytes
 (first writer wins), so newly published paths simply appear: nothing to
-invalidate.
+invalidate. Except replaced paths (declared by the cache family): they get
+short timeouts and no ``keep_cache``, and when a newer version is ingested
+``replaced_changed`` makes the kernel forget the old attributes, pages and
+dentry. A reader that opened the old version keeps reading it whole (its
+handle holds that object).
 
 The handlers are split by concern, one mixin each (the way S3QL keeps its
 operations readable): op_base (shared state and helpers), op_attrs (lookup and

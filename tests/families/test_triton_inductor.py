@@ -144,6 +144,12 @@ def test_group_relocation_round_trip() -> None:
     moved = GROUPS.present(rel, stored, "/srv/cache/")
     assert moved == _real_group("/srv/cache/triton/0")
     assert group_written_root(rel, moved) == "/srv/cache"
+    # The presented size follows from the stored size and the count alone.
+    n = GROUPS.count(rel, stored)
+    assert n == 7 and GROUPS.count(rel, data) is None
+    for root in ("/mnt/a", "/srv/cache/", "/run/casfs/uid-0/triton-0123", '/odd "dir"/é'):
+        shown = GROUPS.present(rel, stored, root)
+        assert shown is not None and len(shown) == GROUPS.present_size(len(stored), n, root)
     # Absolute (legacy) groups and garbage are served as stored.
     assert GROUPS.present(rel, data, "/x") is None
     assert GROUPS.present(rel, b"{", "/x") is None

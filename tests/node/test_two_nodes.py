@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from casfs.store.entry import Entry
 from casfs.store.generations import GenerationStore
 from casfs.store.objects import object_key
 from casfs.store.root import SharedRoot
@@ -217,18 +218,24 @@ def test_unreachable_root_serves_local_state(cluster: dict[str, Any], tmp_path: 
         moved.rename(cluster["root"])
 
 
-def test_serving_triton_at_another_path_is_warned(cluster: dict[str, Any]) -> None:
-    a, b = cluster["a"], cluster["b"]
+def test_serving_triton_at_another_path_is_warned_only_for_legacy_records(
+        cluster: dict[str, Any]) -> None:
+    a, c = cluster["a"], cluster["c"]
     w = a.mount(family="triton")
     (w.cfg.mountpoint / "f").write_text("x")
     a.stop(w)
-    same = b.mount(family="triton")
-    assert b.ask(same, "stats")["counters"].get("mount_path_mismatch", 0) == 0
-    b.stop(same)
-    c = cluster["c"]
+    # Group files are stored path-free now: another path is fine (tests/node/test_relocation.py).
     other = c.mount(family="triton", mountpoint=cluster["mnt"] / "elsewhere")
-    assert c.ask(other, "stats")["counters"]["mount_path_mismatch"] == 1
-    assert "Triton kernels will miss" in (c.state / "log" / "triton.log").read_text()
+    assert c.ask(other, "stats")["counters"].get("mount_path_mismatch", 0) == 0
+    c.stop(other)
+    # A record of an older casfs names its mount path: its groups hold absolute paths.
+    root = SharedRoot.open(cluster["root"])
+    put = root.objects.put_bytes(b"legacy")
+    root.generations().publish("testns", [Entry("g", put.digest, put.size, 0o644, 1)],
+                               node="old", fingerprint={"mountpoint": "/old/path"})
+    legacy = c.mount(family="triton", mountpoint=cluster["mnt"] / "elsewhere")
+    assert c.ask(legacy, "stats")["counters"]["mount_path_mismatch"] == 1
+    assert "hold absolute paths" in (c.state / "log" / "triton.log").read_text()
 
 
 def test_a_fifo_in_the_store_is_an_immediate_miss(cluster: dict[str, Any],

@@ -1,0 +1,64 @@
+"""Replaced paths: a later generation's version overrides, everything else first-writer-wins."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from casfs.errors import HostileManifestError
+from casfs.store import manifest
+from casfs.store.entry import Entry
+from casfs.store.generations import COMPACT_DELTAS, REPLACE, is_replace
+from casfs.store.root import SharedRoot
+
+
+def put(root: SharedRoot, path: str, data: bytes, replace: bool = False) -> Entry:
+    res = root.objects.put_bytes(data)
+    return Entry(path, res.digest, res.size, 0o644, 1, {REPLACE: True} if replace else None)
+
+
+def test_newest_generation_wins_for_replaced_paths_only(root: SharedRoot) -> None:
+    gens = root.generations()
+    gens.publish("ns", [put(root, "idx", b"v1", True), put(root, "k/a", b"a1")], node="A")
+    res = gens.publish("ns", [put(root, "idx", b"v2", True), put(root, "k/a", b"a2")], node="B")
+    assert (res.added, res.replaced, res.conflicts) == (1, 1, 1)
+    snap = gens.entries("ns")
+    assert root.objects.get_bytes(snap.entries["idx"].digest) == b"v2"
+    assert root.objects.get_bytes(snap.entries["k/a"].digest) == b"a1"  # first writer stays
+    assert snap.record is not None and snap.record.entries == 2
+    assert snap.record.requires == (REPLACE,)  # an older reader must not take it for damage
+    assert snap.record.logical_bytes == 4
+    # The same bytes again: already published, no new generation.
+    again = gens.publish("ns", [put(root, "idx", b"v2", True)], node="A")
+    assert again.already == 1 and again.seq == snap.record.seq
+
+
+def test_compaction_keeps_the_newest_version(root: SharedRoot) -> None:
+    gens = root.generations()
+    for i in range(COMPACT_DELTAS + 2):
+        gens.publish("ns", [put(root, "idx", f"v{i}".encode(), True),
+                            put(root, f"f{i}", b"x")], node="A")
+    rec = gens.latest("ns")
+    assert rec is not None and len(rec.deltas) < COMPACT_DELTAS
+    snap = gens.snapshot(rec)
+    assert root.objects.get_bytes(snap.entries["idx"].digest) == f"v{COMPACT_DELTAS + 1}".encode()
+    assert rec.entries == COMPACT_DELTAS + 3 == len(snap.entries)
+    assert is_replace(snap.entries["idx"])
+
+
+def test_a_duplicate_without_replace_is_damage(root: SharedRoot) -> None:
+    gens = root.generations()
+    gens.publish("ns", [put(root, "idx", b"v1")], node="A")
+    gens.publish("ns", [put(root, "other", b"o")], node="A")
+    rec = gens.latest("ns")
+    assert rec is not None
+    # A hand-made delta naming "idx" again without the replace flag.
+    data = manifest.encode([put(root, "idx", b"evil")], "delta")
+    part = root.objects.put_bytes(data)
+    doc = json.loads(rec.to_json())
+    doc["deltas"][-1].update(digest=part.digest, size=part.size, entries=1)
+    from casfs.store.generations import parse_record
+    forged = parse_record(json.dumps(doc).encode(), "ns", rec.seq)
+    with pytest.raises(HostileManifestError, match="appears twice"):
+        gens.snapshot(forged)
