@@ -42,17 +42,20 @@ class Related:
         return f"{self.namespace} ({self.entries} files): {what}"
 
 
-def _family_of(namespace: str) -> str:
-    bare = namespace.rsplit("~", 1)[-1]  # tenant-scoped names: <tenant>~<namespace>
-    return bare.rsplit("-", 1)[0]
+def related(gens: Any, fp: Fingerprint,
+            tenant: str | None = None) -> tuple[Related | None, list[Related]]:
+    """(this job's namespace if it has generations, the nearest others of its family).
 
+    ``tenant``: only that tenant's namespaces (and legacy ones without a tenant).
+    """
+    from casfs.tenants import split_store_namespace
 
-def related(gens: Any, fp: Fingerprint) -> tuple[Related | None, list[Related]]:
-    """(this job's namespace if it has generations, the nearest others of its family)."""
     mine: Related | None = None
     others: list[Related] = []
     for ns in gens.namespaces():
-        if _family_of(ns) != fp.family:
+        owner, bare = split_store_namespace(ns)
+        if bare.rsplit("-", 1)[0] != fp.family or (
+                tenant is not None and owner not in (None, tenant)):
             continue
         try:
             rec = gens.latest(ns)
@@ -64,7 +67,7 @@ def related(gens: Any, fp: Fingerprint) -> tuple[Related | None, list[Related]]:
                        if k in families.get(fp.family).ingredients}
         r = Related(ns, rec.seq, rec.entries, differences(fp.ingredients, ingredients),
                     known=bool(ingredients))
-        if ns.rsplit("~", 1)[-1] == fp.namespace:
+        if bare == fp.namespace:
             mine = r
         else:
             others.append(r)
@@ -72,15 +75,13 @@ def related(gens: Any, fp: Fingerprint) -> tuple[Related | None, list[Related]]:
     return mine, others[:NEAREST]
 
 
-def hint(gens: Any, fp: Fingerprint) -> str | None:
+def hint(gens: Any, fp: Fingerprint, tenant: str | None = None) -> str | None:
     """One line for ``casfs run`` when nothing was restored, or None if nothing is related."""
-    mine, others = related(gens, fp)
-    if mine is not None and mine.entries:
-        return None
+    _, others = related(gens, fp, tenant)
     if not others:
         return None
-    return (f"{fp.family}: nothing restored: {fp.namespace} has no generation yet;"
-            f" nearest: {others[0].describe()}")
+    return (f"{fp.family}: nothing restored: {fp.namespace} had no generation;"
+            f" nearest: {others[0].describe()} (casfs explain)")
 
 
 def cmd_explain(args: argparse.Namespace) -> int:

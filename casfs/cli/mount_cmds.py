@@ -316,6 +316,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise UsageError("casfs run needs a command: casfs run [--family F] -- CMD ARGS...")
     from casfs.fingerprint import job_env
 
+    started = time.time()
     names = _families(args.family, args.namespace)
     caches = _caches(names, args.namespace, job_env(cmd, os.environ, args.python))
     state = default_state_dir().absolute()
@@ -355,6 +356,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     if lease is not None:
         env["CASFS_LEASE"] = lease[1]
     rc = 1
+    job_started = time.time()
+    job_ended = job_started
     try:
         proc = subprocess.Popen(cmd, env=env)
         old = {s: signal.signal(s, lambda n, f: proc.send_signal(n))
@@ -362,6 +365,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         try:
             rc = proc.wait()
         finally:
+            job_ended = time.time()
             for s, h in old.items():
                 signal.signal(s, h)
     except FileNotFoundError as e:
@@ -375,6 +379,12 @@ def cmd_run(args: argparse.Namespace) -> int:
         stats += [(w.cfg.family, w.stop()) for w in workers]
         for fam, st in stats:
             print(f"casfs: {summary_line(fam, st)}", file=sys.stderr)
+        for line in _miss_hints(caches, stats):
+            print(f"casfs: {line}", file=sys.stderr)
+        if args.report:
+            _write_report(Path(args.report), cmd, rc, caches, stats,
+                          {"setup_s": job_started - started, "job_s": job_ended - job_started,
+                           "publish_s": time.time() - job_ended}, private is not None)
         if private is not None:
             shutil.rmtree(private, ignore_errors=True)
     return rc if rc >= 0 else 128 - rc
@@ -392,6 +402,65 @@ def cmd_reclaim(args: argparse.Namespace) -> int:
             print(f"{r['namespace']}: reclaimed ({r.get('published', 0)} files published first)"
                   if r["reclaimed"] else f"{r['namespace']}: kept ({r['why']})")
     return 0 if all(r["reclaimed"] for r in out) else 1
+
+
+def _miss_hints(caches: list[dict[str, Any]],
+                stats: list[tuple[str, dict[str, Any] | None]]) -> list[str]:
+    """One line per family that restored nothing while related namespaces exist."""
+    from casfs.cli.explain import hint
+    from casfs.daemon.config import load_tenants
+    from casfs.fingerprint import Fingerprint
+    from casfs.node.tenant import own_tenant
+    from casfs.store.root import SharedRoot
+
+    todo = [c for c, (_, st) in zip(caches, stats, strict=False)
+            if st is not None and not st.get("restored_entries") and c.get("ingredients")]
+    if not todo:
+        return []
+    try:
+        gens = SharedRoot.open(default_root()).generations()
+        tenant = own_tenant(load_tenants()).id
+        out = [hint(gens, Fingerprint(c["family"], c["ingredients"]), tenant) for c in todo]
+    except (CasfsError, OSError):
+        return []  # a hint is a courtesy: never a failure of the run
+    return [line for line in out if line]
+
+
+def _write_report(path: Path, cmd: list[str], rc: int, caches: list[dict[str, Any]],
+                  stats: list[tuple[str, dict[str, Any] | None]], timings: dict[str, float],
+                  private: bool) -> None:
+    """``casfs run --report FILE``: the job's outcome per family, for a launcher to collect."""
+    import json
+    import socket
+
+    from casfs.util.atomic import write_atomic
+
+    fams = []
+    for c, (fam, st) in zip(caches, stats, strict=False):
+        cnt = (st or {}).get("counters", {})
+        last = (st or {}).get("last_publish") or {}
+        fams.append({
+            "family": fam, "namespace": c["namespace"],
+            "served": st is not None and not private,
+            "restored_entries": (st or {}).get("restored_entries", 0),
+            "hits": cnt.get("lookup_lower", 0), "opens_from_cache": cnt.get("open_lower", 0),
+            "misses": cnt.get("lookup_miss", 0),
+            "fetched_objects": cnt.get("objects_fetched", 0),
+            "fetched_bytes": cnt.get("bytes_fetched", 0),
+            "promoted": cnt.get("promoted_files", 0),
+            "published": cnt.get("files_published", 0),
+            "published_seq": last.get("seq"),
+            "errors": sum(v for k, v in cnt.items()
+                          if k.endswith(("_errors", "_timeouts")) or k == "rejections"),
+            "conflicts": cnt.get("publish_conflicts", 0),
+        })
+    doc = {"casfs_run_report": 1, "host": socket.gethostname(), "command": cmd,
+           "exit_status": rc, "time": time.time(),
+           "timings": {k: round(v, 3) for k, v in timings.items()}, "families": fams}
+    try:
+        write_atomic(path, (json.dumps(doc, indent=1) + "\n").encode())
+    except OSError as e:
+        print(f"casfs: warning: cannot write the report {path}: {e}", file=sys.stderr)
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -447,6 +516,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                                    " on the node), publish when the last job leaves")
     family_opts(p)
     mount_opts(p)
+    p.add_argument("--report", metavar="FILE",
+                   help="write the job's outcome per family as JSON (namespace, restored"
+                        " entries, hits, misses, fetched bytes, promoted, published, errors,"
+                        " timings)")
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD ARGS")
     p.set_defaults(func=cmd_run)
 
