@@ -87,7 +87,11 @@ class AttrOps(CopyUpOps):
         if fields.update_mode and not stat.S_ISLNK(stat_target().st_mode):
             mode = stat.S_IMODE(attr.st_mode)
             os.fchmod(target, mode) if isinstance(target, int) else up.chmod(target, mode)
-        if fields.update_uid or fields.update_gid:
+        changes = (fields.update_mode or fields.update_uid or fields.update_gid
+                   or fields.update_size or fields.update_atime or fields.update_mtime)
+        if fields.update_uid or fields.update_gid or not changes:
+            # Nothing else to change (chown(-1, -1)): a no-op chown still sets ctime,
+            # as on a local filesystem.
             uid = attr.st_uid if fields.update_uid else -1
             gid = attr.st_gid if fields.update_gid else -1
             if isinstance(target, int):
