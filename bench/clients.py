@@ -1,6 +1,6 @@
 """Client processes for the read and write benchmarks; each prints one JSON line.
 
-    python -m bench.clients read DIR            open+read every file under DIR
+    python -m bench.clients read DIR [DIR...]   open+read every file under the DIRs
     python -m bench.clients write DIR KERNELS SEED [CHUNK]
         write a Triton-like tree the way triton.runtime.cache.FileCacheManager.put
         does (triton 3.7.1): makedirs(<KEY>), then per file mkdir
@@ -21,10 +21,10 @@ import uuid
 from pathlib import Path
 
 
-def read_all(top: str) -> dict[str, float]:
+def read_all(*tops: str) -> dict[str, float]:
     t0 = time.perf_counter()
     files = nbytes = 0
-    for dirpath, _, names in os.walk(top):
+    for dirpath, _, names in (w for top in tops for w in os.walk(top)):
         for n in names:
             with open(os.path.join(dirpath, n), "rb") as f:
                 while chunk := f.read(1 << 20):
@@ -67,8 +67,8 @@ def write_tree(top: str, kernels: int, seed: str, chunk: int = 0) -> dict[str, f
 
 
 def main(argv: list[str]) -> int:
-    if argv[:1] == ["read"] and len(argv) == 2:
-        out = read_all(argv[1])
+    if argv[:1] == ["read"] and len(argv) >= 2:
+        out = read_all(*argv[1:])
     elif argv[:1] == ["write"] and len(argv) in (4, 5):
         Path(argv[1]).mkdir(parents=True, exist_ok=True)
         out = write_tree(argv[1], int(argv[2]), argv[3], int(argv[4]) if len(argv) == 5 else 0)

@@ -177,10 +177,13 @@ def cmd_stats(args: argparse.Namespace) -> int:
     replies = _ask(args, "stats")
     if args.json:
         emit_json([{"name": r["name"], "mountpoint": r["mountpoint"],
+                    "warm_ready_s": r.get("warm_ready_s"),
                     "counters": r["counters"]} for r in replies])
         return 0
     for r in replies:
         print(f"{r['name']} ({r['mountpoint']}):")
+        if r.get("warm_ready_s") is not None:  # the profile's hot set is local
+            print(f"  {'warm_ready_s':<24} {r['warm_ready_s']}")
         for k, v in sorted(r["counters"].items()):
             print(f"  {k:<24} {v}")
     return 0

@@ -22,6 +22,7 @@ class MountConfig:
     refresh_interval: float = 30.0
     shutdown_timeout: float = 30.0
     fetch_timeout: float = 20.0  # a lower object not fetched by then is a miss
+    prefetch: bool = True  # fetch the namespace's access profile in the background
     allow_other: bool = False
     cache_max_bytes: int = 20 << 30
     namespace_max_bytes: int | None = None

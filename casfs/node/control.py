@@ -18,9 +18,10 @@ import socket
 import struct
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import trio
+if TYPE_CHECKING:
+    import trio  # imported where used: the CLI asks mounts without loading trio
 
 from casfs.errors import DaemonUnavailableError
 from casfs.util import atomic
@@ -32,7 +33,9 @@ MAX_REQUEST = 64 << 10
 
 
 async def serve_control(sock_path: Path, handler: Handler,
-                        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+                        task_status: trio.TaskStatus[None] | None = None) -> None:
+    import trio
+
     sock_path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     with contextlib.suppress(FileNotFoundError):
         sock_path.unlink()
@@ -43,7 +46,8 @@ async def serve_control(sock_path: Path, handler: Handler,
     finally:
         os.umask(old)
     listener.listen(16)
-    task_status.started()
+    if task_status is not None:
+        task_status.started()
     try:
         async with trio.open_nursery() as nursery:
             while True:
@@ -56,6 +60,8 @@ async def serve_control(sock_path: Path, handler: Handler,
 
 
 async def _serve_one(conn: trio.socket.SocketType, handler: Handler) -> None:
+    import trio
+
     with conn:
         buf = b""
         with trio.move_on_after(10):

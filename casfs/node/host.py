@@ -252,6 +252,7 @@ class NodeHost:
                 n.start_soon(svc._every, cfg.publish_interval, svc._publish_if_pending)
                 n.start_soon(svc._every, cfg.refresh_interval, svc.refresh_once)
                 n.start_soon(svc._every, 2.0, svc.flush_counters)
+                svc.start_prefetch()  # the namespace's hot set, in the background
 
     async def detach(self, key: Key) -> dict[str, Any] | None:
         """Stop serving ``key``: stop routing, final promotion and publication, close."""
@@ -262,6 +263,7 @@ class NodeHost:
         if s.scope is not None:
             s.scope.cancel()
         svc = s.svc
+        await trio.to_thread.run_sync(svc.stop_prefetch)  # cancelled with the namespace
         with trio.move_on_after(self.cfg.shutdown_timeout) as scope:
             await trio.to_thread.run_sync(svc.promote_once, True, abandon_on_cancel=True)
             await trio.to_thread.run_sync(svc.publish_once, abandon_on_cancel=True)

@@ -34,11 +34,12 @@ from casfs import families
 from casfs.errors import CasfsError, UsageError
 from casfs.index.node_index import NodeIndex
 from casfs.index.objcache import LocalObjectCache
-from casfs.node import control
+from casfs.node import control, prefetch
 from casfs.node.config import MountConfig
 from casfs.promote.promoter import Promoter
 from casfs.promote.publisher import Publisher
 from casfs.promote.tracker import WriteTracker
+from casfs.store import profile
 from casfs.store.entry import Entry
 from casfs.store.generations import GenerationStore, Record
 from casfs.store.root import SharedRoot
@@ -70,7 +71,14 @@ class _RootSource:
         if root is None:
             return _NoSource().get_into(digest, expected_size, out)
         self._svc.counters.inc("objects_fetched")
-        n = root.objects.get_into(digest, expected_size, out)
+        ondemand = not prefetch.in_prefetch_thread()
+        if ondemand:
+            self._svc.ondemand_fetches += 1  # prefetch threads wait while this is > 0
+        try:
+            n = root.objects.get_into(digest, expected_size, out)
+        finally:
+            if ondemand:
+                self._svc.ondemand_fetches -= 1
         self._svc.counters.inc("bytes_fetched", n)
         return n
 
@@ -149,6 +157,11 @@ class MountService:
             dirmode.RestoreStamps(cfg.state_dir / f"restored-{cfg.namespace}.json", self.lower)
             if cfg.mode == "dir" else None
         )
+        self.ondemand_fetches = 0  # the job's own fetches in flight (a rough count)
+        self.recorder = profile.Recorder()
+        self.prefetcher: prefetch.Prefetcher | None = None
+        if self.ops is not None:
+            self.ops.on_lower_open = self._lower_opened
         self.publisher: Publisher | None = None
         self._ingredients: dict[str, Any] | None = None
         self.last_publish: dict[str, Any] | None = None
@@ -355,6 +368,7 @@ class MountService:
                 max_bytes=self.cfg.namespace_max_bytes,
                 on_lost=self.tracker.modified,
             )
+            self.publisher.options_for = self._profile_options
         self.publisher.fingerprint = self._record_fingerprint()
         return self.publisher
 
@@ -465,6 +479,7 @@ class MountService:
             "pending_promotion": self.tracker.pending(),
             "pending_publication": self.pending_publication(),
             "last_publish": self.last_publish,
+            "warm_ready_s": self.prefetcher.warm_ready_s if self.prefetcher else None,
             "counters": self.counters.snapshot(),
         }
 
@@ -499,6 +514,62 @@ class MountService:
         nursery.start_soon(self._every, cfg.publish_interval, self._publish_if_pending)
         nursery.start_soon(self._every, cfg.refresh_interval, self.refresh_once)
         nursery.start_soon(self._every, 2.0, self.flush_counters)
+        self.start_prefetch()
+
+    # --- access profiles and prefetch ------------------------------------------
+    def _lower_opened(self, path: str, digest: str) -> None:
+        self.recorder.opened(path)
+        if self.prefetcher is not None:
+            self.prefetcher.opened(digest)
+
+    def _profile_options(self, published: list[Entry]) -> dict[str, Any]:
+        """The record's ``profile``: the newest record's, merged with what this mount's
+        jobs opened and the files it publishes now (a cold run's hot set is what it
+        wrote). Runs in the publishing thread; any failure only drops the profile."""
+        try:
+            assert self.root is not None
+            rec = self._gens().latest(self.cfg.namespace)
+            old = rec.options.get("profile") if rec is not None else None
+            older: list[tuple[str, int]] = []
+            runs = 0
+            if isinstance(old, str):
+                try:
+                    older, runs = profile.decode(self.root.objects.get_bytes(old))
+                except (CasfsError, OSError, ValueError) as e:
+                    log.warning("%s: ignoring the profile %s: %s", self.cfg.name, old, e)
+            paths = self.recorder.paths()
+            merged, runs = profile.merge(older, runs, [*paths, *(e.path for e in published)])
+            put = self.root.objects.put_bytes(profile.encode(merged, runs))
+            self.recorder.mark_published(len(paths))
+            self.counters.inc("profiles_published")
+            return {"profile": put.digest}
+        except (CasfsError, OSError) as e:
+            log.warning("%s: publishing without a profile: %s", self.cfg.name, e)
+            return {}
+
+    def _hot_set(self) -> list[str]:
+        """The paths of the served generation's profile, hottest first ([] if none)."""
+        if self.root is None or not self.served_seq:
+            return []
+        rec = self._gens().record(self.cfg.namespace, self.served_seq)
+        digest = rec.options.get("profile")
+        if not isinstance(digest, str):
+            return []
+        paths, _ = profile.decode(self.root.objects.get_bytes(digest))
+        return [p for p, _ in paths]
+
+    def start_prefetch(self) -> None:
+        if not self.cfg.prefetch or self.prefetcher is not None or self.root is None:
+            return
+        self.prefetcher = prefetch.Prefetcher(
+            self.cache, self.lower, self.counters,
+            ondemand_busy=lambda: self.ondemand_fetches > 0,
+            max_bytes=min(self.cfg.cache_max_bytes, 4 << 30) // 2)
+        self.prefetcher.start(self._hot_set)
+
+    def stop_prefetch(self) -> None:
+        if self.prefetcher is not None:
+            self.prefetcher.stop()
 
     def _publish_if_pending(self) -> None:
         if self.pending_publication():
@@ -506,6 +577,7 @@ class MountService:
 
     async def _shutdown(self) -> None:
         """Final promotion and publication, bounded by shutdown_timeout."""
+        await trio.to_thread.run_sync(self.stop_prefetch)
         with trio.move_on_after(self.cfg.shutdown_timeout) as scope:
             await trio.to_thread.run_sync(self.promote_once, True, abandon_on_cancel=True)
             await trio.to_thread.run_sync(self.publish_once, abandon_on_cancel=True)
@@ -588,7 +660,19 @@ class MountService:
         assert paths is not None
         t0 = time.monotonic()
         present = self._presenter()
-        rep = overlay.build_links(paths.links, self.lower.walk(), self._local_object, present)
+        local = self._local_digests()  # one listing, not a stat per entry
+        entries = self.lower.walk() if local else iter(())  # a fresh node: nothing to link
+
+        def local_path(e: Entry) -> str | None:
+            if e.digest not in local:
+                return None
+            p = str(self.cache.path_of(e.digest))
+            try:  # a damaged local copy is never linked (the FUSE layer refetches it)
+                return p if os.stat(p).st_size == e.size else None
+            except OSError:
+                return None
+
+        rep = overlay.build_links(paths.links, entries, local_path, present)
         self.counters.inc("overlay_linked", rep.linked)
         self.counters.inc("overlay_generated", rep.generated)
         self.counters.inc("overlay_sealed_dirs", rep.sealed_dirs)
@@ -608,12 +692,18 @@ class MountService:
             overlay.unmount(self.cfg.mountpoint)
             self._overlay_mounted = False
 
-    def _local_object(self, e: Entry) -> str | None:
-        """The cached object of ``e`` if it is on the node (no fetch, no pin kept)."""
-        path = self.cache.cached(e)
-        if path is not None:
-            self.cache.unpin(e.digest)
-        return path
+    def _local_digests(self) -> set[str]:
+        """Digests of every object in the local cache (a listing of its fan-out dirs)."""
+        out: set[str] = set()
+        try:
+            fans = list(os.scandir(self.cache.directory))
+        except FileNotFoundError:
+            return out
+        for fan in fans:
+            if len(fan.name) == 2 and fan.is_dir(follow_symlinks=False):
+                with os.scandir(fan.path) as it:
+                    out.update(fan.name + f.name for f in it if len(f.name) == 62)
+        return out
 
     def _presenter(self) -> Callable[[Entry, str], bytes | None] | None:
         """Bytes to generate for files the family presents differently (never linked)."""

@@ -76,6 +76,8 @@ class Publisher:
         self.max_bytes = max_bytes
         self.on_lost = on_lost  # called with a path whose promoted object disappeared
         self.last: PublishOutcome | None = None
+        # Optional record keys for a publication of these entries (the access profile).
+        self.options_for: Callable[[list[Entry]], dict[str, Any]] | None = None
 
     def pending(self) -> list[Entry]:
         return list(self.index.pending(self.key))
@@ -92,6 +94,7 @@ class Publisher:
                 fingerprint=self.fingerprint,
                 max_bytes=self.max_bytes,
                 select=self._select,
+                options=self.options_for(pending) if self.options_for is not None else None,
             )
         except QuotaExceededError as e:
             self.counters.inc("publish_refused_quota")

@@ -62,6 +62,9 @@ def mark(gens: GenerationStore, keep: int) -> tuple[set[str], dict[str, list[int
             rec = gens.record(ns, seq)
             live.update(p.digest for p in rec.parts)
             live.update(e.digest for e in gens.snapshot(rec).entries.values())
+            prof = rec.options.get("profile")  # the access profile object, if named
+            if isinstance(prof, str) and len(prof) == 64:
+                live.add(prof)
     return live, drop
 
 

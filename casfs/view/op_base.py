@@ -40,6 +40,7 @@ S = TypeVar("S", bound="OpsBase")
 # Flags that make no sense on the upper fd: the kernel already resolved
 # creation, and it computes O_APPEND offsets itself (pwrite must not append).
 STRIP_FLAGS = os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_NOCTTY
+ROOT_TIMEOUT = 1.0
 
 def fuse_errors(
     fn: Callable[Concatenate[S, P], Awaitable[R]],
@@ -160,6 +161,8 @@ class OpsBase(pyfuse3.Operations):
         self._start_ns = time.time_ns()
         self._mounted = False  # kernel notifications only once a session exists
         os.fchmod(self.layers.fd, root_mode)  # any user may create entries, like /tmp
+        # Called with (path, digest) on each open of a lower file (access profiles).
+        self.on_lower_open: Callable[[str, str], None] | None = None
 
     # --- lifecycle / refresh --------------------------------------------
     def init(self) -> None:
@@ -220,7 +223,10 @@ class OpsBase(pyfuse3.Operations):
         return a
 
     def _upper_attrs(self, st: os.stat_result, ino: int) -> pyfuse3.EntryAttributes:
-        return upper_attrs(st, ino, self.upper_timeout)
+        # The root keeps short timeouts: stat of the mount point is how a dead
+        # mount (ENOTCONN) is told from a live one, so it must reach the daemon.
+        timeout = ROOT_TIMEOUT if ino == self.inodes.root else self.upper_timeout
+        return upper_attrs(st, ino, timeout)
 
     def _lower_attrs(self, node: LowerNode, ino: int) -> pyfuse3.EntryAttributes:
         timeout = self.lower_timeout

@@ -60,6 +60,8 @@ class FileOps(CopyUpOps):
                 self.fetcher.unpin(entry.digest)
                 raise self._lower_failed(node.path, e) from None
             self.counters.inc("open_lower")
+            if self.on_lower_open is not None:
+                self.on_lower_open(node.path, entry.digest)
             self._handles[fd] = Handle(fd, ino, node.path, False, entry.digest)
             # A replaced path's pages may hold an older version: never keep them.
             return pyfuse3.FileInfo(fh=fd, keep_cache=not self.replaced(node.path))

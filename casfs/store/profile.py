@@ -1,0 +1,99 @@
+"""Access profiles: which lower files jobs open, in order, so a fresh node can prefetch them.
+
+A profile is an object in the store (named, compressed and verified like any
+other), named by a generation record's optional key ``"profile"``. Its bytes::
+
+    {"casfs_profile": 1, "runs": 5, "paths": [[path, hits], ...]}
+
+``paths`` is ordered hottest first: by ``hits`` (how many recorded runs opened
+the path), then by first-open order of the newest run. It holds at most
+``MAX_PATHS`` paths (the coldest are dropped) and only valid relative paths.
+A mount records the lower files its jobs open (first open only, in order);
+at publication the node merges its recording into the profile of the record
+it publishes on top of, so profiles accumulate across nodes and runs. A
+profile is a hint: a bad or missing one is ignored (logged), never an error.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import Iterable
+from typing import Any
+
+from casfs.util.paths import is_valid_relpath
+
+log = logging.getLogger(__name__)
+
+FORMAT = 1
+MAX_PATHS = 50_000
+MAX_BYTES = 16 << 20  # a profile object larger than this is ignored
+
+
+def encode(paths: list[tuple[str, int]], runs: int) -> bytes:
+    doc = {"casfs_profile": FORMAT, "runs": runs, "paths": [[p, h] for p, h in paths]}
+    return json.dumps(doc, separators=(",", ":")).encode()
+
+
+def decode(data: bytes) -> tuple[list[tuple[str, int]], int]:
+    """(paths hottest first, runs); ValueError if ``data`` is not a profile."""
+    if len(data) > MAX_BYTES:
+        raise ValueError("profile too large")
+    doc: Any = json.loads(data)
+    if not isinstance(doc, dict) or doc.get("casfs_profile") != FORMAT:
+        raise ValueError("not a casfs profile (format 1)")
+    runs = doc.get("runs")
+    raw = doc.get("paths")
+    if not isinstance(runs, int) or not isinstance(raw, list):
+        raise ValueError("bad profile")
+    out: list[tuple[str, int]] = []
+    for item in raw[:MAX_PATHS]:
+        if (isinstance(item, list) and len(item) == 2 and isinstance(item[0], str)
+                and isinstance(item[1], int) and is_valid_relpath(item[0])):
+            out.append((item[0], item[1]))
+    return out, runs
+
+
+def merge(older: list[tuple[str, int]], older_runs: int, newest: Iterable[str]
+          ) -> tuple[list[tuple[str, int]], int]:
+    """``older`` plus one run that opened ``newest`` (in order); bounded, hottest first."""
+    hits = dict(older)
+    order: dict[str, int] = {}
+    for i, p in enumerate(newest):
+        if p not in order:
+            order[p] = i
+            hits[p] = hits.get(p, 0) + 1
+    old_pos = {p: i for i, (p, _) in enumerate(older)}
+    n = len(order)
+    ranked = sorted(hits, key=lambda p: (-hits[p], order.get(p, n + old_pos.get(p, 0))))
+    return [(p, hits[p]) for p in ranked[:MAX_PATHS]], older_runs + 1
+
+
+class Recorder:
+    """The lower files a mount's jobs opened, first open only, in order (thread-safe)."""
+
+    def __init__(self, limit: int = MAX_PATHS) -> None:
+        self._seen: dict[str, None] = {}
+        self._limit = limit
+        self._lock = threading.Lock()
+        self._published = 0  # how many of _seen went into a published profile
+
+    def opened(self, path: str) -> None:
+        if path in self._seen or len(self._seen) >= self._limit:
+            return
+        with self._lock:
+            self._seen.setdefault(path, None)
+
+    def __len__(self) -> int:
+        return len(self._seen)
+
+    def unpublished(self) -> bool:
+        return len(self._seen) > self._published
+
+    def paths(self) -> list[str]:
+        with self._lock:
+            return list(self._seen)
+
+    def mark_published(self, n: int) -> None:
+        self._published = max(self._published, n)

@@ -1,0 +1,37 @@
+"""Access profiles: format, merge order and bounds, the recorder."""
+
+from __future__ import annotations
+
+import pytest
+
+from casfs.store import profile
+
+
+def test_round_trip_and_bad_input() -> None:
+    data = profile.encode([("a/b", 2), ("c", 1)], 3)
+    assert profile.decode(data) == ([("a/b", 2), ("c", 1)], 3)
+    for bad in (b"[]", b'{"casfs_profile": 2, "runs": 1, "paths": []}', b"not json"):
+        with pytest.raises(ValueError):
+            profile.decode(bad)
+    # Invalid paths inside a profile are dropped, not trusted.
+    paths, _ = profile.decode(b'{"casfs_profile":1,"runs":1,"paths":[["../x",1],["ok",1]]}')
+    assert paths == [("ok", 1)]
+
+
+def test_merge_orders_by_hits_then_newest_order(monkeypatch: pytest.MonkeyPatch) -> None:
+    merged, runs = profile.merge([("old", 1), ("both", 1)], 1, ["new2", "both", "new1", "both"])
+    assert runs == 2
+    assert merged == [("both", 2), ("new2", 1), ("new1", 1), ("old", 1)]
+    monkeypatch.setattr(profile, "MAX_PATHS", 2)
+    merged, _ = profile.merge([("old", 1)], 1, ["a", "b", "c"])
+    assert merged == [("a", 1), ("b", 1)]  # bounded: the coldest dropped
+
+
+def test_recorder_keeps_first_opens_in_order() -> None:
+    r = profile.Recorder(limit=3)
+    for p in ("x", "y", "x", "z", "w"):
+        r.opened(p)
+    assert r.paths() == ["x", "y", "z"]
+    assert r.unpublished()
+    r.mark_published(3)
+    assert not r.unpublished()
