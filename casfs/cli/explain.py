@@ -116,7 +116,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("explain", help="why a job restores nothing: its namespaces against"
                                        " the root's (which ingredients differ)")
-    p.add_argument("--family", default=",".join(families.DEFAULT_RUN),
+    p.add_argument("--family", default=",".join(families.default_run()),
                    help=f"comma list of {', '.join(families.names())}")
     p.add_argument("--python", metavar="PATH", help="the job's interpreter")
     p.add_argument("--json", action="store_true")

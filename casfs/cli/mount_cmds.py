@@ -225,7 +225,11 @@ def summary_line(family: str, st: dict[str, Any] | None) -> str:
             + (f" ({st['namespace']}@{last['seq']})" if last.get("seq") else ""))
 
 
-def _families(spec: str, namespace: str | None) -> list[str]:
+def _families(spec: str | None, namespace: str | None) -> list[str]:
+    if spec is None:
+        if namespace:
+            raise UsageError("--namespace needs exactly one --family")
+        return list(families.default_run())
     names = [families.check(f.strip()) for f in spec.split(",") if f.strip()]
     if namespace and len(names) != 1:
         raise UsageError("--namespace needs exactly one --family")
@@ -341,6 +345,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         except (CasfsError, OSError) as e:
             paths, private = _private_dirs(names, f"no cache can be served ({_why(e)})")
     if mode in ("dir", "overlay"):
+        if args.family is None:  # a process per cache here: only the usual ones
+            caches = [c for c in caches if c["family"] in families.DEFAULT_DAEMON]
         # One mount process per cache (overlay mounts are per namespace, not muxed).
         base = default_serve_base().absolute() / own_tenant(load_tenants()).id
         try:
@@ -380,8 +386,12 @@ def cmd_run(args: argparse.Namespace) -> int:
             got = {st.get("namespace"): st for st in client.release(*lease, wait=True)}
             stats = [(c["family"], got.get(c["namespace"])) for c in caches]
         stats += [(w.cfg.family, w.stop()) for w in workers]
+        idle = [fam for fam, st in stats if len(stats) > 1 and _unused(st)]
         for fam, st in stats:
-            print(f"casfs: {summary_line(fam, st)}", file=sys.stderr)
+            if fam not in idle:
+                print(f"casfs: {summary_line(fam, st)}", file=sys.stderr)
+        if idle:
+            print(f"casfs: not used by this job: {', '.join(idle)}", file=sys.stderr)
         for line in _miss_hints(caches, stats):
             print(f"casfs: {line}", file=sys.stderr)
         if args.report:
@@ -405,6 +415,16 @@ def cmd_reclaim(args: argparse.Namespace) -> int:
             print(f"{r['namespace']}: reclaimed ({r.get('published', 0)} files published first)"
                   if r["reclaimed"] else f"{r['namespace']}: kept ({r['why']})")
     return 0 if all(r["reclaimed"] for r in out) else 1
+
+
+def _unused(st: dict[str, Any] | None) -> bool:
+    """Nothing restored, looked up, written or published: the job never used this cache."""
+    if st is None or st.get("shared"):
+        return False
+    c = st.get("counters", {})
+    return not st.get("restored_entries") and not any(
+        c.get(k) for k in ("lookup_lower", "lookup_upper", "promoted_files", "files_published",
+                           "open_lower", "copy_up"))
 
 
 def _miss_hints(caches: list[dict[str, Any]],
@@ -468,9 +488,10 @@ def _write_report(path: Path, cmd: list[str], rc: int, caches: list[dict[str, An
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     def family_opts(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--family", default=",".join(families.DEFAULT_RUN),
-                       help=f"comma list of {', '.join(families.names())}"
-                            f" (default: {','.join(families.DEFAULT_RUN)})")
+        p.add_argument("--family", default=None,
+                       help=f"comma list of {', '.join(families.names())} (default: every"
+                            " family; in dir/overlay mode, one process each: "
+                            f"{','.join(families.DEFAULT_DAEMON)})")
         p.add_argument("--python", metavar="PATH",
                        help="the job's interpreter, whose packages make the namespace"
                             " (default: the command's, else $VIRTUAL_ENV's, else python3)")

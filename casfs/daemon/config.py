@@ -447,7 +447,7 @@ def load(path: Path | None, overrides: Overrides | None = None) -> DaemonConfig:
     """Parse and check the whole configuration; ConfigError naming the key if anything is off.
 
     ``path`` None means no file: the zero-config daemon (a mount per family of
-    ``families.DEFAULT_RUN`` under the default mount base).
+    ``families.DEFAULT_DAEMON`` under the default mount base).
     """
     ov = overrides or Overrides()
     data = read_file(path) if path is not None else {}
@@ -478,7 +478,7 @@ def load(path: Path | None, overrides: Overrides | None = None) -> DaemonConfig:
     top.used.add("mounts")
     raw_mounts = data.get("mounts")
     if raw_mounts is None and path is None:
-        raw_mounts = [{"name": f} for f in families.DEFAULT_RUN]
+        raw_mounts = [{"name": f} for f in families.DEFAULT_DAEMON]
     if raw_mounts is None and on_demand:
         raw_mounts = []  # namespaces are served when jobs ask for them
     if not isinstance(raw_mounts, list) or not (raw_mounts or on_demand):

@@ -41,7 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"casfsd {__version__}")
     p.add_argument("--config", "-c", metavar="FILE",
                    help="TOML configuration (docs/configuration.md); without it, one mount"
-                        f" per family of {', '.join(families.DEFAULT_RUN)} with the"
+                        f" per family of {', '.join(families.DEFAULT_DAEMON)} with the"
                         " zero-config defaults")
     p.add_argument("--root", metavar="DIR", help="shared root (overrides store.root)")
     p.add_argument("--state-dir", metavar="DIR", help="node state dir (overrides node.state_dir)")

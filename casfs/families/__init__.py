@@ -16,7 +16,7 @@ from casfs.families.base import HOST_INGREDIENTS, Family
 from casfs.families.rules import CacheRules, Relocator, walk_files
 
 __all__ = [
-    "DEFAULT_RUN",
+    "DEFAULT_DAEMON",
     "FALLBACK",
     "HOST_INGREDIENTS",
     "CacheRules",
@@ -33,8 +33,8 @@ __all__ = [
 # Registration order is the order of `casfs key` and of the docs.
 _MODULES = ("triton", "inductor", "vllm", "flashinfer", "cuda", "cutedsl", "deepgemm",
             "tilelang", "sglang", "generic")
-# Families `casfs run` and the zero-config daemon serve when none are named.
-DEFAULT_RUN = ("triton", "inductor")
+# Families the zero-config daemon mounts (one mount process each, statically).
+DEFAULT_DAEMON = ("triton", "inductor")
 # The family of a cache casfs has no family for (a mount named after no family).
 FALLBACK = "generic"
 
@@ -52,6 +52,15 @@ def _load() -> dict[str, Family]:
 
 def names() -> tuple[str, ...]:
     return tuple(_load())
+
+
+def default_run() -> tuple[str, ...]:
+    """What ``casfs run``/``casfs env`` serve when no family is named: every family.
+
+    One mount process serves them all (a directory each), so a cache the job
+    never uses costs a directory, not a process.
+    """
+    return names()
 
 
 def check(name: str) -> str:

@@ -59,3 +59,27 @@ def test_report_and_miss_hint(tmp_path: Path) -> None:
     fam = json.loads(report.read_text())["families"][0]
     assert fam["restored_entries"] == 1 and fam["hits"] >= 1 and fam["errors"] == 0
     assert fam["fetched_objects"] == 1 and fam["fetched_bytes"] == 2
+
+
+def test_every_family_by_default_never_overriding_the_job(tmp_path: Path) -> None:
+    from casfs import families
+
+    require_fuse()
+    env = dict(os.environ, CASFS_ROOT=str(tmp_path / "root"),
+               CASFS_STATE_DIR=str(tmp_path / "node"), CASFS_MOUNT_BASE=str(tmp_path / "mnt"),
+               TRITON_CACHE_DIR="/the/jobs/own")
+    show = "import json, os; print(json.dumps(dict(os.environ)))"
+    for companions in ((), ("--companions",)):
+        r = subprocess.run([sys.executable, "-m", "casfs.cli.main", "run", *companions, "--",
+                            sys.executable, "-c", show], env=env, capture_output=True,
+                           text=True, timeout=300, check=False)
+        assert r.returncode == 0, r.stderr[-3000:]
+        got = json.loads(r.stdout.strip().splitlines()[-1])
+        assert got["TRITON_CACHE_DIR"] == "/the/jobs/own"  # never overridden
+        for name in families.names():
+            for var in families.get(name).env_vars:
+                if var != "TRITON_CACHE_DIR":
+                    assert got[var].startswith(str(tmp_path / "mnt")), var
+        flag = got.get("FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED")
+        assert flag == ("1" if companions else None)
+        assert "not used by this job:" in r.stderr and "cutedsl" in r.stderr
