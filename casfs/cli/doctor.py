@@ -11,6 +11,7 @@ from typing import Any
 from casfs.cli.output import emit_json
 from casfs.errors import CasfsError
 from casfs.util.defaults import default_root, default_state_dir
+from casfs.util.location import S3Location
 
 MIN_FREE_BYTES = 1 << 30
 
@@ -53,6 +54,8 @@ def _root() -> tuple[str, str]:
     from casfs.store.root import SharedRoot
 
     root = default_root()
+    if isinstance(root, S3Location):
+        return _s3_root(root)
     if not root.exists():
         return "ok", f"no shared root at {root} yet (created on first use)"
     r = SharedRoot.open(root)
@@ -62,6 +65,17 @@ def _root() -> tuple[str, str]:
     free = shutil.disk_usage(r.path).free
     n = len(r.generations().namespaces())
     return "ok", f"{r.path}: format ok, {n} namespaces, {free >> 30} GiB free"
+
+
+def _s3_root(loc: S3Location) -> tuple[str, str]:
+    """Endpoint reachable, credentials accepted, create-only honoured, root readable."""
+    from casfs.store.root import SharedRoot, probe_create_only
+
+    r = SharedRoot.open(loc, timeout=10.0)  # reaches the endpoint and reads the marker
+    probe_create_only(r.backend, str(loc))
+    n = len(r.generations().namespaces())
+    return "ok", f"{loc}: reachable, credentials accepted, create-only writes honoured," \
+                 f" format ok, {n} namespaces"
 
 
 def _mounts() -> tuple[str, str]:

@@ -61,12 +61,12 @@ def entry_json(e: Entry) -> dict[str, Any]:
 
 # --- commands -------------------------------------------------------------
 def cmd_init(args: argparse.Namespace) -> int:
-    root = open_root(create=True)
+    root = SharedRoot.open(args.location or default_root(), create=True)
     if args.multi_user:
         from casfs.store.root import open_to_users
 
         open_to_users(root.path)
-    print(f"casfs shared root ready at {root.path}"
+    print(f"casfs shared root ready at {root.location}"
           + (" (every user may publish: namespaces/, objects/ and tmp/ are 1777)"
              if args.multi_user else ""))
     return 0
@@ -402,6 +402,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--multi-user", action="store_true",
                    help="let every user publish directly (casfs run without casfsd):"
                         " shared directories become 1777, each tenant's stay its own")
+    p.add_argument("location", nargs="?",
+                   help="a directory or s3://bucket/prefix[?endpoint=URL&region=R]"
+                        " (default: --root, $CASFS_ROOT or the user data dir)")
     p = add("import", cmd_import, "publish a plain cache directory as a new generation")
     p.add_argument("src")
     p.add_argument("--namespace", "-n")

@@ -8,6 +8,7 @@ number, got "fast"``), so a typo never silently falls back to a default.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import tomllib
@@ -37,6 +38,7 @@ from casfs.tenants import (
 from casfs.tenants import MODES as TENANT_MODES
 from casfs.util.defaults import default_mount_base, default_root, default_state_dir
 from casfs.util.fsinfo import check_local_fs
+from casfs.util.location import RootLocation, S3Location, is_url, parse_location
 
 DEFAULT_METRICS_PORT = 9464
 JOBS_SOCKET_NAME = "casfsd.sock"
@@ -80,7 +82,7 @@ class MountSpec:
 
 @dataclass(frozen=True)
 class DaemonConfig:
-    root: Path
+    root: RootLocation
     state_dir: Path
     mount_base: Path
     cache_max_bytes: int = DEFAULT_CACHE_MAX_BYTES
@@ -249,6 +251,24 @@ def as_abs_path(v: Any, key: str) -> Path:
     if not os.path.isabs(s):
         raise ConfigError(f"{key}: must be an absolute path, got {s!r}")
     return Path(os.path.normpath(s))
+
+
+def as_root(v: Any, key: str) -> RootLocation:
+    """An absolute directory or an s3:// URL."""
+    s = as_str(v, key)
+    if is_url(s):
+        try:
+            return parse_location(s)
+        except ConfigError as e:
+            raise ConfigError(f"{key}: {e.message}") from None
+    return as_abs_path(s, key)
+
+
+def as_endpoint(v: Any, key: str) -> str:
+    s = as_str(v, key)
+    if not s.startswith(("http://", "https://")):
+        raise ConfigError(f"{key}: expected an http:// or https:// URL, got {s!r}")
+    return s
 
 
 def as_str_list(v: Any, key: str) -> tuple[str, ...]:
@@ -453,7 +473,8 @@ def load(path: Path | None, overrides: Overrides | None = None) -> DaemonConfig:
     data = read_file(path) if path is not None else {}
     top = _Table(data, "")
     store = top.table("store")
-    root = store.get("root", as_abs_path, default_root().absolute())
+    root = store.get("root", as_root, default_root())
+    endpoint = store.get("endpoint", as_endpoint, "")
     store.finish()
     node = top.table("node")
     state_dir = node.get("state_dir", as_abs_path, default_state_dir().absolute())
@@ -491,7 +512,11 @@ def load(path: Path | None, overrides: Overrides | None = None) -> DaemonConfig:
     top.finish()
 
     if ov.root is not None:
-        root = Path(ov.root).absolute()
+        root = parse_location(ov.root)
+    if endpoint:
+        if not isinstance(root, S3Location):
+            raise ConfigError("store.endpoint: only for an s3:// store.root")
+        root = dataclasses.replace(root, endpoint=endpoint)
     if ov.state_dir is not None:
         state_dir = Path(ov.state_dir).absolute()
     if ov.log_level is not None:
@@ -537,7 +562,10 @@ def check(cfg: DaemonConfig) -> None:
     seen_names: dict[str, int] = {}
     seen_paths: dict[Path, int] = {}
     seen_ns: dict[str, int] = {}
-    state, root = cfg.state_dir.resolve(), cfg.root.resolve()
+    state = cfg.state_dir.resolve()
+    local = [("node.state_dir", state)]
+    if isinstance(cfg.root, Path):
+        local.append(("store.root", cfg.root.resolve()))
     for i, m in enumerate(cfg.mounts):
         key = f"mounts[{i}]"
         if m.name in seen_names:
@@ -556,7 +584,7 @@ def check(cfg: DaemonConfig) -> None:
             if mp == sb or sb in mp.parents or mp in sb.parents:
                 raise ConfigError(f"{key}.path: {m.path} and node.serve_base {cfg.serve_base}"
                                   " are nested")
-        for what, p in (("node.state_dir", state), ("store.root", root)):
+        for what, p in local:
             if mp == p or p in mp.parents:
                 raise ConfigError(f"{key}.path: {m.path} is inside {what} {p}")
             if mp in p.parents:

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from casfs.errors import ConfigError
+from casfs.util.location import RootLocation
 
 
 @dataclass(frozen=True)
@@ -15,7 +16,7 @@ class MountConfig:
     family: str  # a name in casfs.families
     namespace: str  # concrete (auto already resolved), as named on the root: "<tenant>~<ns>"
     mountpoint: Path
-    root: Path  # shared root
+    root: RootLocation  # shared root: a directory or an s3:// location
     state_dir: Path  # node state (LMDB index, object cache, uppers, run files)
     stable_after: float = 2.0
     publish_interval: float = 10.0
@@ -57,7 +58,10 @@ class MountConfig:
     def check(self) -> None:
         """Refuse layouts that would make the daemon touch its own mount."""
         mp = self.mountpoint.resolve()
-        for what, p in (("state dir", self.state_dir), ("shared root", self.root)):
+        dirs = [("state dir", self.state_dir)]
+        if isinstance(self.root, Path):
+            dirs.append(("shared root", self.root))
+        for what, p in dirs:
             p = p.resolve()
             if mp == p or p in mp.parents:
                 raise ConfigError(f"mount {self.name}: mount point {mp} is inside the {what} {p}")

@@ -205,7 +205,8 @@ class MountService:
     def _open_root(self) -> None:
         try:
             self.root = SharedRoot.open(self.cfg.root, create=True, counters=self.counters,
-                                        tenants=self.policy)
+                                        tenants=self.policy,
+                                        timeout=self.cfg.fetch_timeout)
             self.root_error = None
         except (CasfsError, OSError) as e:
             self.root = None

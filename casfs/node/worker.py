@@ -29,12 +29,14 @@ from typing import Any
 from casfs.errors import CasfsError, FuseUnavailableError
 from casfs.node import logfmt
 from casfs.node.config import MountConfig
+from casfs.util.location import parse_location
 
 log = logging.getLogger(__name__)
 
 
 def config_to_json(cfg: MountConfig) -> str:
     d = asdict(cfg)
+    d["root"] = str(cfg.root)  # asdict would turn an S3Location into a dict
     for k, v in d.items():
         if isinstance(v, Path):
             d[k] = str(v)
@@ -50,8 +52,10 @@ def config_from_json(text: str) -> MountConfig:
         if f.name not in d:
             continue
         v = d[f.name]
-        if f.name in ("mountpoint", "root", "state_dir"):
+        if f.name in ("mountpoint", "state_dir"):
             v = Path(v)
+        elif f.name == "root":
+            v = parse_location(v)
         elif f.name == "scratch_patterns":
             v = tuple(v)
         kw[f.name] = v
@@ -133,13 +137,17 @@ def spawn(cfg: MountConfig, *, ready_timeout: float = 120.0, verbose: int = 0,
     cfg.run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     stats_out.unlink(missing_ok=True)
     r, w = os.pipe()
-    cmd = [sys.executable, "-m", "casfs.node.worker", "--config-json", config_to_json(cfg),
+    # The configuration goes through a pipe, not argv: argv is readable by every
+    # local user through /proc. (Credentials are never in it either way: they
+    # come from the AWS environment/profile chain the worker inherits.)
+    cfg_r, cfg_w = os.pipe()
+    cmd = [sys.executable, "-m", "casfs.node.worker", "--config-fd", str(cfg_r),
            "--ready-fd", str(w), "--stats-out", str(stats_out)] + ["-v"] * verbose
     if log_format:
         cmd += ["--log-format", log_format]
     if log_level:
         cmd += ["--log-level", log_level]
-    pass_fds = [w]
+    pass_fds = [w, cfg_r]
     life_r = life_w = None
     if die_with_parent:
         life_r, life_w = os.pipe()
@@ -151,14 +159,19 @@ def spawn(cfg: MountConfig, *, ready_timeout: float = 120.0, verbose: int = 0,
             proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=out,
                                     pass_fds=pass_fds, start_new_session=True)
     except BaseException:
-        for fd in (r, life_w):
+        for fd in (r, life_w, cfg_w):
             if fd is not None:
                 os.close(fd)
         raise
     finally:
-        for fd in (w, life_r):
+        for fd in (w, life_r, cfg_r):
             if fd is not None:
                 os.close(fd)
+    try:
+        with open(cfg_w, "wb") as f:  # small: fits the pipe buffer, never blocks
+            f.write(config_to_json(cfg).encode())
+    except OSError:
+        pass  # the worker died already: reported below
     try:
         line = _read_line(r, ready_timeout, proc)
     finally:
@@ -226,7 +239,9 @@ def _failed(e: CasfsError | OSError, tell: Callable[[str], None]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="casfs-worker")
-    ap.add_argument("--config-json", required=True)
+    src = ap.add_mutually_exclusive_group(required=True)
+    src.add_argument("--config-json")
+    src.add_argument("--config-fd", type=int, help="read the configuration JSON from this fd")
     ap.add_argument("--ready-fd", type=int)
     ap.add_argument("--stats-out")
     ap.add_argument("-v", "--verbose", action="count", default=0)
@@ -235,7 +250,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lifeline-fd", type=int,
                     help="shut down when this pipe's write end closes (the parent died)")
     args = ap.parse_args(argv)
-    cfg = config_from_json(args.config_json)
+    if args.config_fd is not None:
+        with open(args.config_fd, "rb") as f:
+            text = f.read().decode()
+    else:
+        text = args.config_json
+    cfg = config_from_json(text)
     level = (logfmt.LEVELS[args.log_level] if args.log_level
              else logging.DEBUG if args.verbose > 1 else logging.INFO)
     tag = f"[{cfg.name}] " if args.log_format == logfmt.JOURNAL else ""

@@ -4,8 +4,8 @@ The object and generation layers speak only these few verbs, over keys that
 are '/'-separated relative names (``objects/ab/cd...``,
 ``namespaces/ns/generations/000000000001``). A later object-storage backend
 implements the same verbs (put-if-absent = conditional PUT, create-exclusive =
-If-None-Match) and passes the same conformance suite
-(tests/store/test_backend_conformance.py).
+If-None-Match): ``casfs.store.s3backend.S3Backend``. Both pass the same
+conformance suite (tests/store/test_backend_conformance.py).
 
 ``LocalBackend`` is for a POSIX directory seen by every node (local disk,
 NFS, Lustre, CephFS, WEKA). It never rewrites or modifies a name in place: new
@@ -76,8 +76,12 @@ class Backend(Protocol):
         """Size and mtime of ``key``, None if absent."""
         ...
 
+    def read_range(self, key: str, offset: int, length: int) -> bytes:
+        """Up to ``length`` bytes of ``key`` from ``offset`` (pack members); FileNotFoundError."""
+        ...
+
     def touch(self, key: str) -> None:
-        """Refresh ``key``'s mtime (protects a re-used object from a concurrent GC)."""
+        """Best effort only (object stores cannot): nothing may depend on it, gc included."""
         ...
 
     def list(self, prefix: str) -> Iterator[str]:
@@ -86,6 +90,10 @@ class Backend(Protocol):
 
     def delete(self, key: str) -> None:
         """Remove ``key``; absent is not an error."""
+        ...
+
+    def staging_entries(self) -> Iterator[tuple[str, float]]:
+        """(name, age in seconds) of shared staging leftovers gc may remove."""
         ...
 
 
@@ -143,6 +151,10 @@ class LocalBackend:
             os.close(fd)
             raise NotRegularFileError(errno.EINVAL, "not a regular file", str(path))
         return os.fdopen(fd, "rb")
+
+    def read_range(self, key: str, offset: int, length: int) -> bytes:
+        with open(self._path(key), "rb") as f:
+            return os.pread(f.fileno(), length, offset) if length > 0 else b""
 
     def info(self, key: str) -> KeyInfo | None:
         try:

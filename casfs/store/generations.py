@@ -297,8 +297,13 @@ class GenerationStore:
             while self.backend.info(self._key(ns, seq + 1)) is not None:
                 seq += 1
             return seq
+        # A LIST may lag behind creates on some object stores: never trust its
+        # end, probe forward from it (one HEAD/stat when it is up to date).
         seqs = self.seqs(ns)
-        return seqs[-1] if seqs else None
+        seq = seqs[-1] if seqs else 0
+        while self.backend.info(self._key(ns, seq + 1)) is not None:
+            seq += 1
+        return seq or None
 
     def _key(self, ns: str, seq: int) -> str:
         return f"namespaces/{ns}/generations/{seq_name(seq)}"

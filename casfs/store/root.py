@@ -6,26 +6,35 @@
     <root>/namespaces/<ns>/pins/<name>    pins
     <root>/tmp/                           staging; old files here are garbage
 
+A root is a POSIX directory or ``s3://bucket/prefix`` (casfs.util.location):
+the same keys under the prefix, through S3Backend; staging is node-local there.
+Before creating an S3 root, and in ``casfs doctor``, ``probe_create_only``
+checks that the server really refuses the second of two racing creates:
+publication is lock-free only because of it.
+
 A root whose casfs.json has an unknown major version is refused: an older
 casfs must not misread, or gc away, what a newer one wrote.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
+import threading
 import time
 import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from casfs import __version__
-from casfs.errors import StoreFormatError
-from casfs.store.backend import LocalBackend
+from casfs.errors import CasfsError, StoreFormatError
+from casfs.store.backend import Backend, LocalBackend
 from casfs.store.objects import ObjectStore
 from casfs.util import atomic
 from casfs.util.counters import Counters
+from casfs.util.location import RootLocation, S3Location, parse_location
 
 if TYPE_CHECKING:
     from casfs.store.generations import GenerationStore
@@ -40,28 +49,49 @@ MARKER = "casfs.json"
 class SharedRoot:
     """An opened shared root."""
 
-    def __init__(self, path: Path, counters: Counters | None = None, root_id: str = "",
-                 tenants: TenantPolicy | None = None) -> None:
+    def __init__(self, path: RootLocation, counters: Counters | None = None, root_id: str = "",
+                 tenants: TenantPolicy | None = None, backend: Backend | None = None) -> None:
         from casfs.store.tenancy import OpenTrust, TenantTrust
 
-        self.path = path
+        self.location = path
         # Identifies this root (not its path): a node index remembers which root
         # its lower entries came from, and starts over if pointed at another.
         self.root_id = root_id or str(path)
-        self.backend = LocalBackend(path)
+        self.backend: Backend = backend or LocalBackend(self.path)
         self.counters = counters or Counters()
         self.objects = ObjectStore(self.backend, self.counters)
         # Who may have written each namespace's records (casfs.store.tenancy); store
         # tools (gc, verify, ls) open the root without a policy and see everything.
-        self.trust: RecordTrust = (TenantTrust(tenants, path, self.counters)
+        # On an object store ownership means nothing: only signatures count there.
+        local = path if isinstance(path, Path) else None
+        self.trust: RecordTrust = (TenantTrust(tenants, local, self.counters)
                                    if tenants is not None else OpenTrust())
 
+    @property
+    def path(self) -> Path:
+        """The directory of a POSIX root (an S3 root has none: use ``location``)."""
+        if not isinstance(self.location, Path):
+            raise CasfsError(f"{self.location} is not a directory")
+        return self.location
+
+    @property
+    def is_local(self) -> bool:
+        return isinstance(self.location, Path)
+
     @classmethod
-    def open(cls, path: str | os.PathLike[str], *, create: bool = False,
-             counters: Counters | None = None,
-             tenants: TenantPolicy | None = None) -> SharedRoot:
-        """Open the root at ``path``; with ``create``, initialise it if it does not exist yet."""
-        p = Path(path).expanduser().absolute()
+    def open(cls, path: str | os.PathLike[str] | RootLocation, *, create: bool = False,
+             counters: Counters | None = None, tenants: TenantPolicy | None = None,
+             timeout: float = 20.0) -> SharedRoot:
+        """Open the root at ``path``; with ``create``, initialise it if it does not exist yet.
+
+        ``timeout`` bounds each request to an object store (a fetch slower than
+        that is a miss).
+        """
+        loc = path if isinstance(path, S3Location) else parse_location(path)
+        if isinstance(loc, S3Location):
+            return cls._open_s3(loc, create=create, counters=counters, tenants=tenants,
+                                timeout=timeout)
+        p = loc
         marker = p / MARKER
         if not marker.exists():
             if not create:
@@ -73,6 +103,30 @@ class SharedRoot:
         root_id = str(doc.get("id") or f"{doc.get('host', '')}@{doc.get('created', '')}")
         return cls(p, counters, root_id, tenants)
 
+    @classmethod
+    def _open_s3(cls, loc: S3Location, *, create: bool, counters: Counters | None,
+                 tenants: TenantPolicy | None, timeout: float) -> SharedRoot:
+        from casfs.store.s3backend import S3Backend
+
+        backend = S3Backend(loc, timeout=timeout)
+        try:
+            with backend.open(MARKER) as f:
+                raw = f.read(1 << 16)
+        except FileNotFoundError:
+            if not create:
+                raise StoreFormatError(f"no casfs shared root at {loc} (run `casfs init`)") \
+                    from None
+            probe_create_only(backend, str(loc))
+            backend.create_exclusive(MARKER, _marker_doc())
+            with backend.open(MARKER) as f:
+                raw = f.read(1 << 16)
+        except OSError as e:
+            raise StoreFormatError(f"cannot reach the shared root {loc}: {e.strerror or e}") \
+                from None
+        doc = parse_marker(raw, str(loc))
+        root_id = str(doc.get("id") or str(loc))
+        return cls(loc, counters, root_id, tenants, backend)
+
     def generations(self) -> GenerationStore:
         from casfs.store.generations import GenerationStore
 
@@ -81,16 +135,25 @@ class SharedRoot:
 
 def check_marker(marker: Path) -> dict[str, object]:
     try:
-        doc = json.loads(marker.read_bytes())
+        raw = marker.read_bytes()
+    except OSError as e:
+        raise StoreFormatError(f"{marker} is unreadable or damaged: {e}") from None
+    return parse_marker(raw, str(marker.parent), str(marker))
+
+
+def parse_marker(raw: bytes, where: str, name: str = "") -> dict[str, object]:
+    name = name or f"{where}/{MARKER}"
+    try:
+        doc = json.loads(raw)
         version = str(doc["version"])
         major = int(version.split(".")[0])
-    except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError) as e:
-        raise StoreFormatError(f"{marker} is unreadable or damaged: {e}") from None
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as e:
+        raise StoreFormatError(f"{name} is unreadable or damaged: {e}") from None
     if doc.get("format") != "casfs":
-        raise StoreFormatError(f"{marker} does not describe a casfs root")
+        raise StoreFormatError(f"{name} does not describe a casfs root")
     if major != FORMAT_MAJOR:
         raise StoreFormatError(
-            f"{marker.parent} has format version {version}; this casfs reads {FORMAT_MAJOR}.x"
+            f"{where} has format version {version}; this casfs reads {FORMAT_MAJOR}.x"
         )
     return dict(doc)
 
@@ -118,6 +181,10 @@ def init_root(path: Path) -> bool:
     """Create the layout and marker; idempotent and safe against concurrent inits."""
     for sub in ("objects", "namespaces", "tmp"):
         (path / sub).mkdir(parents=True, exist_ok=True)
+    return atomic.create_exclusive(path / MARKER, _marker_doc(), path / "tmp")
+
+
+def _marker_doc() -> bytes:
     doc = {
         "format": "casfs",
         "version": FORMAT_VERSION,
@@ -126,5 +193,53 @@ def init_root(path: Path) -> bool:
         "host": socket.gethostname(),
         "id": uuid.uuid4().hex,
     }
-    data = json.dumps(doc, indent=1).encode() + b"\n"
-    return atomic.create_exclusive(path / MARKER, data, path / "tmp")
+    return json.dumps(doc, indent=1).encode() + b"\n"
+
+
+def probe_create_only(backend: Backend, where: str, writers: int = 8, rounds: int = 3) -> None:
+    """Refuse storage whose create-only writes are not atomic (StoreFormatError, one line).
+
+    Writers race on one key from threads: some servers check, then put, so two
+    sequential creates would pass while concurrent ones both "win". Exactly one
+    winner per round, whose bytes are what a read returns, is required.
+    """
+    base = f"probes/{uuid.uuid4().hex}"
+    try:
+        for r in range(rounds):
+            key = f"{base}/{r}"
+            wins: list[int] = []
+            errors: list[BaseException] = []
+            barrier = threading.Barrier(writers)
+
+            def create(i: int, key: str = key, wins: list[int] = wins,
+                       errors: list[BaseException] = errors,
+                       barrier: threading.Barrier = barrier) -> None:
+                try:
+                    barrier.wait(30)
+                    if backend.create_exclusive(key, f"writer {i}".encode()):
+                        wins.append(i)
+                except BaseException as exc:  # reported below
+                    errors.append(exc)
+
+            threads = [threading.Thread(target=create, args=(i,)) for i in range(writers)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            if errors:
+                e = errors[0]
+                raise StoreFormatError(f"{where}: create-only writes (If-None-Match: *) failed:"
+                                       f" {getattr(e, 'strerror', None) or e}")
+            with backend.open(key) as f:
+                stored = f.read()
+            if len(wins) != 1 or stored != f"writer {wins[0]}".encode():
+                raise StoreFormatError(
+                    f"{where}: the server does not honour create-only writes (If-None-Match: *):"
+                    f" {len(wins)} of {writers} racing creates of one key succeeded;"
+                    " casfs cannot publish safely there"
+                )
+    finally:
+        for r in range(rounds):
+            with contextlib.suppress(OSError):
+                backend.delete(f"{base}/{r}")
+

@@ -13,11 +13,14 @@ from pathlib import Path
 
 import platformdirs
 
+from casfs.util.location import RootLocation, parse_location
 
-def default_root() -> Path:
+
+def default_root() -> RootLocation:
+    """$CASFS_ROOT (a directory or an s3:// URL), else a directory under the user data dir."""
     env = os.environ.get("CASFS_ROOT")
     if env:
-        return Path(env).expanduser()
+        return parse_location(env)
     return Path(platformdirs.user_data_dir("casfs")) / "root"
 
 

@@ -1,0 +1,249 @@
+"""A Backend on S3-compatible object storage, through obstore (Rust object_store).
+
+Why obstore and not boto3 (bench/s3_clients.py, docs/architecture.md): it
+releases the GIL for the whole request, speaks create-only PUT natively
+(``mode="create"`` = ``If-None-Match: *``), and on the reads that sit under a
+lazy fetch (GET, ranged GET, HEAD) it did 1.3-4.7x boto3's requests/s here.
+boto3 stays for one thing: resolving credentials through the standard AWS
+chain (environment, ``~/.aws`` profiles, SSO, instance and container roles),
+which obstore then uses through its credential-provider hook.
+
+Mapping of the verbs:
+- put_if_absent / create_exclusive: PUT with ``If-None-Match: *``; 412 or 409
+  means another writer created the key first (False), exactly like EEXIST.
+- sync: nothing (a PUT is durable once it returns).
+- list: LIST with a delimiter. Listing may lag on some servers; callers never
+  depend on it for correctness (records are found by probing forward).
+- touch: nothing. gc does not rely on mtimes being refreshed (maintenance.py).
+- Every other failure (server down, timeout, 5xx, auth) is an OSError, which
+  the fetch path turns into a miss and publication into a retry.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import io
+import logging
+import os
+import tempfile
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from casfs.store.backend import KeyInfo
+from casfs.util.location import S3Location
+
+log = logging.getLogger(__name__)
+
+STREAM_CHUNK = 1 << 20
+
+
+class S3UnavailableError(OSError):
+    """The object store did not answer, or refused the request."""
+
+
+def _check_key(key: str) -> str:
+    if key.startswith("/") or ".." in key.split("/") or "\0" in key or key.endswith("/"):
+        raise ValueError(f"storage key escapes the root: {key!r:.120}")
+    return key
+
+
+def staging_dir_for(loc: S3Location) -> Path:
+    """A node-local, per-user staging directory (objects are staged before upload)."""
+    base = Path(os.environ.get("CASFS_STATE_DIR") or tempfile.gettempdir())
+    d = base / f"casfs-s3-staging-{os.getuid()}"
+    d.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return d
+
+
+class _StreamRaw(io.RawIOBase):
+    """A read-only raw file over obstore's chunk stream."""
+
+    def __init__(self, stream: Any) -> None:
+        self._it = iter(stream)
+        self._buf = memoryview(b"")
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b: Any) -> int:
+        while not self._buf:
+            try:
+                self._buf = memoryview(bytes(next(self._it)))
+            except StopIteration:
+                return 0
+            except Exception as e:
+                raise _oserror(e) from None
+        n = min(len(b), len(self._buf))
+        b[:n] = self._buf[:n]
+        self._buf = self._buf[n:]
+        return n
+
+
+def _oserror(e: BaseException) -> OSError:
+    """An obstore failure as an OSError whose text holds no credentials."""
+    first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    return S3UnavailableError(errno.EIO, f"object store: {type(e).__name__}: {first[:300]}")
+
+
+def _credential_provider() -> Any:
+    """boto3's credential chain for obstore, or None to let obstore read the environment."""
+    try:
+        import boto3
+        from obstore.auth.boto3 import Boto3CredentialProvider
+    except ImportError:
+        return None
+    session = boto3.Session()
+    if session.get_credentials() is None:
+        return None
+    return Boto3CredentialProvider(session)
+
+
+class S3Backend:
+    """A Backend over ``s3://bucket/prefix``."""
+
+    def __init__(self, loc: S3Location, *, timeout: float = 20.0, retries: int = 2,
+                 staging_dir: Path | None = None) -> None:
+        import obstore
+        from obstore.store import S3Store
+
+        self.loc = loc
+        self.staging_dir = staging_dir or staging_dir_for(loc)
+        self._ob = obstore
+        endpoint = (loc.endpoint or os.environ.get("AWS_ENDPOINT_URL_S3")
+                    or os.environ.get("AWS_ENDPOINT_URL") or "")
+        region = loc.region or os.environ.get("AWS_REGION") \
+            or os.environ.get("AWS_DEFAULT_REGION") or ""
+        cfg: Any = {}
+        if endpoint:
+            cfg["endpoint"] = endpoint
+            cfg["virtual_hosted_style_request"] = False
+        provider = _credential_provider()
+        if region:
+            cfg["region"] = region
+        elif provider is None or "region" not in provider.config:
+            cfg["region"] = "us-east-1"
+        client: Any = {"allow_http": endpoint.startswith("http://"),
+                  "timeout": timedelta(seconds=timeout),
+                  "connect_timeout": timedelta(seconds=min(5.0, timeout))}
+        retry: Any = {"max_retries": retries, "retry_timeout": timedelta(seconds=timeout),
+                 "backoff": {"init_backoff": timedelta(milliseconds=100),
+                             "max_backoff": timedelta(seconds=2), "base": 2}}
+        try:
+            self.store = S3Store(loc.bucket, prefix=loc.prefix or None, config=cfg,
+                                 client_options=client, retry_config=retry,
+                                 credential_provider=provider)
+        except Exception as e:
+            raise _oserror(e) from None
+        from obstore import exceptions as ox
+
+        self._x = ox
+
+    def __repr__(self) -> str:
+        return f"S3Backend({self.loc})"  # never the credentials
+
+    # --- writing ----------------------------------------------------------
+    def _create(self, key: str, data: Any) -> bool:
+        _check_key(key)
+        try:
+            self._ob.put(self.store, key, data, mode="create", use_multipart=False)
+            return True
+        except (self._x.AlreadyExistsError, self._x.PreconditionError):
+            return False
+        except Exception as e:
+            raise _oserror(e) from None
+
+    def put_if_absent(self, key: str, staged: Path) -> bool:
+        try:
+            return self._create(key, staged.read_bytes())
+        finally:
+            staged.unlink(missing_ok=True)
+
+    def sync(self) -> None:
+        pass  # a completed PUT is durable
+
+    def replace(self, key: str, staged: Path) -> None:
+        _check_key(key)
+        try:
+            self._ob.put(self.store, key, staged.read_bytes(), use_multipart=False)
+        except Exception as e:
+            raise _oserror(e) from None
+        finally:
+            staged.unlink(missing_ok=True)
+
+    def create_exclusive(self, key: str, data: bytes) -> bool:
+        return self._create(key, data)
+
+    # --- reading ----------------------------------------------------------
+    def open(self, key: str) -> BinaryIO:
+        _check_key(key)
+        try:
+            res = self._ob.get(self.store, key)
+        except (FileNotFoundError, self._x.NotFoundError):
+            raise FileNotFoundError(errno.ENOENT, "no such key", key) from None
+        except Exception as e:
+            raise _oserror(e) from None
+        if res.meta["size"] <= STREAM_CHUNK:
+            try:
+                return io.BytesIO(bytes(res.bytes()))
+            except Exception as e:
+                raise _oserror(e) from None
+        return io.BufferedReader(_StreamRaw(res.stream(min_chunk_size=STREAM_CHUNK)))
+
+    def read_range(self, key: str, offset: int, length: int) -> bytes:
+        if length <= 0:
+            return b""
+        _check_key(key)
+        try:
+            return bytes(self._ob.get_range(self.store, key, start=offset,
+                                            length=length))
+        except (FileNotFoundError, self._x.NotFoundError):
+            raise FileNotFoundError(errno.ENOENT, "no such key", key) from None
+        except Exception as e:
+            raise _oserror(e) from None
+
+    def info(self, key: str) -> KeyInfo | None:
+        _check_key(key)
+        try:
+            meta = self._ob.head(self.store, key)
+        except (FileNotFoundError, self._x.NotFoundError):
+            return None
+        except Exception as e:
+            raise _oserror(e) from None
+        return KeyInfo(int(meta["size"]), meta["last_modified"].timestamp())
+
+    def touch(self, key: str) -> None:
+        pass  # objects cannot be touched; gc does not need it (two-phase, maintenance.py)
+
+    def list(self, prefix: str) -> Iterator[str]:
+        p = prefix.strip("/")
+        if p:
+            _check_key(p)
+        try:
+            res = self._ob.list_with_delimiter(self.store, p + "/" if p else None)
+        except (FileNotFoundError, self._x.NotFoundError):
+            return iter(())
+        except Exception as e:
+            raise _oserror(e) from None
+        cut = len(p) + 1 if p else 0
+        names = {cp.rstrip("/")[cut:] for cp in res["common_prefixes"]}
+        names.update(o["path"][cut:] for o in res["objects"])
+        return iter(sorted(n for n in names if n and "/" not in n))
+
+    def delete(self, key: str) -> None:
+        _check_key(key)
+        try:
+            self._ob.delete(self.store, key)
+        except (FileNotFoundError, self._x.NotFoundError):
+            pass
+        except Exception as e:
+            raise _oserror(e) from None
+
+    def staging_entries(self) -> Iterator[tuple[str, float]]:
+        return iter(())  # staging is node-local here: nothing shared to collect
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            del self.store

