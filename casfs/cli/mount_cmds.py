@@ -266,7 +266,7 @@ def host_config(args: argparse.Namespace, *, for_run: bool) -> HostConfig:
 
     return HostConfig(
         tenants=load_tenants().to_dict(),
-        base=default_serve_base().absolute(), root=default_root().absolute(),
+        base=default_serve_base().absolute(), root=default_root(),
         state_dir=default_state_dir().absolute(), stable_after=args.stable_after,
         publish_interval=args.publish_interval, refresh_interval=args.refresh_interval,
         allow_other=args.allow_other, scratch_patterns=tuple(args.exclude or ()),

@@ -51,6 +51,7 @@ from casfs.node.config import MountConfig
 from casfs.node.tenant import requester, tenant_of, tenant_owner
 from casfs.tenants import TenantPolicy
 from casfs.util import atomic
+from casfs.util.location import RootLocation, parse_location
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +61,7 @@ Key = tuple[str, str]  # (tenant, namespace)
 @dataclass(frozen=True)
 class HostConfig:
     base: Path  # the mount point: namespaces are served at <base>/<tenant>/<namespace>
-    root: Path
+    root: RootLocation
     state_dir: Path
     stable_after: float = 2.0
     publish_interval: float = 10.0
@@ -136,6 +137,7 @@ class HostConfig:
 
     def to_json(self) -> str:
         d = asdict(self)
+        d["root"] = str(self.root)  # asdict would turn an S3Location into a dict
         return json.dumps({k: (str(v) if isinstance(v, Path) else
                                list(v) if isinstance(v, tuple) else v) for k, v in d.items()})
 
@@ -146,8 +148,10 @@ class HostConfig:
         for f in fields(cls):
             if f.name in d:
                 v = d[f.name]
-                if f.name in ("base", "root", "state_dir"):
+                if f.name in ("base", "state_dir"):
                     v = Path(v)
+                elif f.name == "root":
+                    v = parse_location(v)
                 elif f.name == "scratch_patterns":
                     v = tuple(v)
                 kw[f.name] = v
@@ -509,13 +513,14 @@ def spawn_host(cfg: HostConfig, *, ready_timeout: float = 120.0, log_to_stderr: 
     stats_out = cfg.run_dir / f"{cfg.name}.final-stats"
     stats_out.unlink(missing_ok=True)
     r, w = os.pipe()
-    cmd = [sys.executable, "-m", "casfs.node.host", "--config-json", cfg.to_json(),
+    cfg_r, cfg_w = os.pipe()  # the configuration goes through a pipe: argv is public (/proc)
+    cmd = [sys.executable, "-m", "casfs.node.host", "--config-fd", str(cfg_r),
            "--ready-fd", str(w), "--stats-out", str(stats_out)] + ["-v"] * verbose
     if log_format:
         cmd += ["--log-format", log_format]
     if log_level:
         cmd += ["--log-level", log_level]
-    pass_fds = [w]
+    pass_fds = [w, cfg_r]
     life_r = life_w = None
     if die_with_parent:
         life_r, life_w = os.pipe()
@@ -526,10 +531,14 @@ def spawn_host(cfg: HostConfig, *, ready_timeout: float = 120.0, log_to_stderr: 
             out: Any = logf if logf is not None else sys.stderr.fileno()
             proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=out,
                                     pass_fds=pass_fds, start_new_session=True)
+    except BaseException:
+        os.close(cfg_w)
+        raise
     finally:
-        for fd in (w, life_r):
+        for fd in (w, life_r, cfg_r):
             if fd is not None:
                 os.close(fd)
+    worker.send_config(cfg_w, cfg.to_json())
     try:
         line = worker._read_line(r, ready_timeout, proc)
     finally:
@@ -550,7 +559,9 @@ def main(argv: list[str] | None = None) -> int:
     from casfs.node import worker
 
     ap = argparse.ArgumentParser(prog="casfs-host")
-    ap.add_argument("--config-json", required=True)
+    src = ap.add_mutually_exclusive_group(required=True)
+    src.add_argument("--config-json")
+    src.add_argument("--config-fd", type=int, help="read the configuration JSON from this fd")
     ap.add_argument("--ready-fd", type=int)
     ap.add_argument("--stats-out")
     ap.add_argument("-v", "--verbose", action="count", default=0)
@@ -558,7 +569,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--log-level", choices=sorted(logfmt.LEVELS))
     ap.add_argument("--lifeline-fd", type=int)
     args = ap.parse_args(argv)
-    cfg = HostConfig.from_json(args.config_json)
+    cfg = HostConfig.from_json(worker.read_config(args.config_fd, args.config_json))
     level = (logfmt.LEVELS[args.log_level] if args.log_level
              else logging.DEBUG if args.verbose > 1 else logging.INFO)
     logfmt.setup(level, args.log_format,

@@ -62,6 +62,22 @@ def config_from_json(text: str) -> MountConfig:
     return MountConfig(**kw)
 
 
+def send_config(fd: int, text: str) -> None:
+    """Write a child's configuration into its pipe and close it (argv is public: /proc)."""
+    try:
+        with open(fd, "wb") as f:  # small: fits the pipe buffer, never blocks
+            f.write(text.encode())
+    except OSError:
+        pass  # the child died already: its ready line says why
+
+
+def read_config(fd: int | None, text: str | None) -> str:
+    if fd is None:
+        return text or ""
+    with open(fd, "rb") as f:
+        return f.read().decode()
+
+
 def check_fuse() -> None:
     if not os.path.exists("/dev/fuse"):
         raise FuseUnavailableError(
@@ -167,11 +183,7 @@ def spawn(cfg: MountConfig, *, ready_timeout: float = 120.0, verbose: int = 0,
         for fd in (w, life_r, cfg_r):
             if fd is not None:
                 os.close(fd)
-    try:
-        with open(cfg_w, "wb") as f:  # small: fits the pipe buffer, never blocks
-            f.write(config_to_json(cfg).encode())
-    except OSError:
-        pass  # the worker died already: reported below
+    send_config(cfg_w, config_to_json(cfg))
     try:
         line = _read_line(r, ready_timeout, proc)
     finally:
@@ -250,12 +262,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lifeline-fd", type=int,
                     help="shut down when this pipe's write end closes (the parent died)")
     args = ap.parse_args(argv)
-    if args.config_fd is not None:
-        with open(args.config_fd, "rb") as f:
-            text = f.read().decode()
-    else:
-        text = args.config_json
-    cfg = config_from_json(text)
+    cfg = config_from_json(read_config(args.config_fd, args.config_json))
     level = (logfmt.LEVELS[args.log_level] if args.log_level
              else logging.DEBUG if args.verbose > 1 else logging.INFO)
     tag = f"[{cfg.name}] " if args.log_format == logfmt.JOURNAL else ""

@@ -63,7 +63,8 @@ from casfs.errors import (
 from casfs.store import manifest
 from casfs.store.backend import NotRegularFileError
 from casfs.store.entry import Entry
-from casfs.store.objects import DIGEST_RE
+from casfs.store.marks import Condemned
+from casfs.store.objects import DIGEST_RE, object_key
 from casfs.util import jsonsafe
 from casfs.util.paths import parent_dirs
 
@@ -276,6 +277,7 @@ class GenerationStore:
         self._cached_entries = 0
         self._noted: set[tuple[str, int, str]] = set()
         self._latest: dict[str, Snapshot] = {}  # ns -> newest snapshot seen (_snapshot_of)
+        self._condemned: Condemned | None = None
 
     # --- enumeration ------------------------------------------------------
     def namespaces(self) -> list[str]:
@@ -577,12 +579,15 @@ class GenerationStore:
             # A record keeps its parent's requirements: its parts may still need them.
             needs = set(requires) | set(current.requires if current else ())
             record = replace(record, options=dict(options or {}), requires=tuple(sorted(needs)))
+            reused = self._save_condemned({e.digest for e in new}
+                                          | {p.digest for p in record.parts})
             self.backend.sync()  # every object the record names is durable before it exists
             self.trust.check_namespace(ns)  # nobody slipped their own directory in meanwhile
             data = self.trust.seal(ns, record.to_json())
             if self.backend.create_exclusive(self._key(ns, record.seq), data):
                 result.seq = record.seq
                 self._published(snap, record, new)
+                self._check_after_publish(reused)
                 log.info(
                     "published %s@%d: +%d files (%d bytes), %d conflicts, attempt %d",
                     ns, record.seq, result.added, result.added_bytes, result.conflicts, attempt,
@@ -598,6 +603,25 @@ class GenerationStore:
                     f" ({stalled} without the namespace advancing)")
             # Full jitter, growing to ~1 s: a herd of publishers spreads out.
             time.sleep(random.uniform(0, min(1.0, 0.01 * 2 ** min(attempt, 7))))
+
+    def _save_condemned(self, digests: set[str]) -> dict[str, bytes]:
+        """Write again each object the record will name that a gc mark condemns.
+
+        gc cannot see that this publisher re-uses an object it marked as
+        unreferenced; the rewrite gives the object a newer mtime than the mark,
+        and the sweep spares it (casfs.store.maintenance). Returns their bytes.
+        """
+        if self._condemned is None:
+            self._condemned = Condemned(self.backend)
+        return {d: self.objects.rewrite(d) for d in sorted(digests & self._condemned.digests())}
+
+    def _check_after_publish(self, saved: dict[str, bytes]) -> None:
+        """Once the record exists, put back a rewritten object a racing sweep removed."""
+        for d, data in saved.items():
+            if self.backend.info(object_key(d)) is None:
+                log.warning("object %s was removed by a concurrent gc: writing it again", d)
+                self.objects.put_bytes(data)
+                self.objects.counters.inc("objects_restored_after_gc")
 
     def _merge(
         self, snap: Snapshot, wanted: dict[str, Entry], result: PublishResult

@@ -1,15 +1,29 @@
 """Whole-store maintenance: garbage collection, verification and usage accounting.
 
-GC is mark-and-sweep. Marking reads every kept generation (the newest ``keep``
-of each namespace plus every pinned one) of *every tenant* and collects the
-manifest objects and entry objects they name: objects are shared across
-tenants, so one tenant's gc must see the others' references or delete
-nothing. If anything needed for marking cannot be read, GC deletes nothing:
-a damaged record must never turn into deleted objects.
-Sweeping removes unmarked objects, unkept records and staging files, each
-only when older than ``grace`` seconds: a publisher on another node may have
-just uploaded an object (or refreshed a re-used one, see ObjectStore.put) and
-not yet written the record naming it.
+GC is mark-and-sweep in two phases, and never relies on refreshing mtimes
+(object stores cannot "touch" an object), so it is the same on every backend:
+
+1. Every run first reads every kept generation (the newest ``keep`` of each
+   namespace plus every pinned one) of *every tenant* and collects the
+   objects they name: objects are shared across tenants, so one tenant's gc
+   must see the others' references or delete nothing. If anything needed
+   for that cannot be read, gc deletes nothing.
+2. Mark: every object unreferenced now is listed in a new mark.
+3. Sweep: each gc *mark* (``gc/marks/<created>-<id>``, casfs.store.marks)
+   at least ``grace`` old names objects that were unreferenced when it was
+   written. Each is deleted only if it is still unreferenced now and was not
+   written again since the mark (its mtime is not newer than the mark).
+   Then the mark goes. With ``grace`` > 0 the new mark waits for a later
+   run; ``--grace 0`` (no protection for concurrent publishers) sweeps it at once.
+
+Publishers keep this safe without touching anything: before creating a
+record, a publisher reads the marks (casfs.store.marks.Condemned) and writes
+again any object it re-uses that a mark names (a rewrite with the same
+verified bytes gives it a new mtime, which the sweep respects), then checks
+after creating the record that its objects are still there. An object a
+publisher uploads itself is newer than every existing mark. Unkept records
+older than ``grace`` are removed directly (records are never re-used), and
+so are node-local staging files older than ``grace``.
 """
 
 from __future__ import annotations
@@ -20,6 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from casfs.errors import CasfsError, UsageError
+from casfs.store import marks
 from casfs.store.generations import GenerationStore, Record, seq_name
 from casfs.store.objects import object_key
 from casfs.store.root import SharedRoot
@@ -37,7 +52,10 @@ class GcReport:
     live_objects: int = 0
     removed_objects: int = 0
     removed_bytes: int = 0
-    young_unreferenced: int = 0
+    young_unreferenced: int = 0  # unreferenced, marked now: deleted by a run >= grace later
+    rewritten_since_mark: int = 0  # re-used by a publisher after being marked: kept
+    marks_swept: int = 0
+    marked: int = 0
     removed_tmp: int = 0
 
 
@@ -75,11 +93,17 @@ def gc(
     grace: float = 24 * 3600,
     dry_run: bool = False,
     progress: Progress | None = None,
+    now: float | None = None,
 ) -> GcReport:
+    """One gc run: sweep marks at least ``grace`` old, then mark what is unreferenced now.
+
+    ``now`` (tests) stands for the current time when judging ages.
+    """
     if keep < 1:
         raise UsageError("gc --keep must be at least 1: the newest generation is always kept")
     gens = root.generations()
     report = GcReport(dry_run)
+    now = time.time() if now is None else now
     try:
         live, drop = mark(gens, keep)
     except CasfsError as e:
@@ -91,7 +115,6 @@ def gc(
                          f" {e.strerror}; run gc as a user who can read every namespace"
                          " (root, or casfsd's user)") from e
     report.live_objects = len(live)
-    now = time.time()
     for ns, seqs in drop.items():
         for seq in seqs:
             key = f"namespaces/{ns}/generations/{seq_name(seq)}"
@@ -101,26 +124,41 @@ def gc(
                 if not dry_run:
                     root.backend.delete(key)
     report.kept_generations = sum(len(gens.seqs(ns)) for ns in gens.namespaces())
+    candidates = []
     for digest in root.objects.iter_digests():
         if progress:
             progress(1)
-        if digest in live:
+        if digest not in live:
+            candidates.append(digest)
+    report.marked = len(candidates)
+    fresh: list[marks.Mark] = []
+    if candidates:
+        if dry_run:  # what a real run would mark, kept in memory
+            fresh.append(marks.Mark("(dry run)", time.time(), frozenset(candidates)))
+        else:
+            marks.write(root.backend, candidates, time.time())
+    removed: set[str] = set()
+    for m in [*marks.load_all(root.backend), *fresh]:
+        if grace > 0 and now - m.created < grace:
             continue
-        info = root.backend.info(object_key(digest))
-        if info is None:
-            continue
-        if now - info.mtime < grace:
-            report.young_unreferenced += 1
-            continue
-        if not dry_run:
-            # Look again right before deleting: a publisher re-using this object
-            # touches it (ObjectStore._sound), which must win over our old stat.
-            info = root.backend.info(object_key(digest))
-            if info is None or time.time() - info.mtime < grace:
+        report.marks_swept += 1
+        for digest in m.digests:
+            if digest in live or digest in removed:
                 continue
-            root.objects.delete(digest)
-        report.removed_objects += 1
-        report.removed_bytes += info.size
+            info = root.backend.info(object_key(digest))
+            if info is None:
+                continue
+            if m.spares(info.mtime):
+                report.rewritten_since_mark += 1  # written (again) after the mark: kept
+                continue
+            if not dry_run:
+                root.objects.delete(digest)
+            removed.add(digest)
+            report.removed_objects += 1
+            report.removed_bytes += info.size
+        if not dry_run and m not in fresh:
+            marks.remove(root.backend, m)
+    report.young_unreferenced = len(set(candidates) - removed)
     for name, age in root.backend.staging_entries():
         if age >= grace:
             report.removed_tmp += 1

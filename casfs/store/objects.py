@@ -238,6 +238,24 @@ class ObjectStore:
         log.warning("repaired damaged object %s", key)
         return True
 
+    def rewrite(self, digest: str) -> bytes:
+        """Write an existing object again with its verified bytes (a new mtime).
+
+        The name is content-addressed, so this changes no byte a reader sees; a
+        gc mark naming the object then spares it (casfs.store.maintenance).
+        """
+        data = self.get_bytes(digest)
+        with atomic.staged_file(self.backend.staging_dir, "obj-", 0o444, sync=False) as (f, tmp):
+            payload = zstandard.ZstdCompressor(level=self._level).compress(data)
+            codec = CODEC_ZSTD
+            if len(payload) > len(data) * (1 - MIN_SAVING):
+                payload, codec = data, CODEC_RAW
+            f.write(HEADER.pack(MAGIC, VERSION, codec, 0, len(data)))
+            f.write(payload)
+        self.backend.replace(object_key(digest), tmp)
+        self.counters.inc("objects_rewritten_for_gc")
+        return data
+
     # --- reading ----------------------------------------------------------
     def header(self, digest: str) -> Header:
         check_digest(digest)

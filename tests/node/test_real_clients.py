@@ -21,10 +21,10 @@ from .conftest import require_fuse
 pytestmark = [pytest.mark.fuse, pytest.mark.real_client, pytest.mark.slow]
 
 
-def casfs_run(tmp: Path, node: str, family: str, *cmd: str, mode: str = "fuse"
-              ) -> tuple[dict[str, Any], str]:
+def casfs_run(tmp: Path, node: str, family: str, *cmd: str, mode: str = "fuse",
+              root: str | None = None) -> tuple[dict[str, Any], str]:
     require_fuse()
-    env = dict(os.environ, CASFS_ROOT=str(tmp / "root"), CASFS_STATE_DIR=str(tmp / node),
+    env = dict(os.environ, CASFS_ROOT=root or str(tmp / "root"), CASFS_STATE_DIR=str(tmp / node),
                CASFS_MOUNT_BASE=str(tmp / "mnt"))
     r = subprocess.run(
         [sys.executable, "-m", "casfs.cli.main", "run", "--family", family, "--mode", mode,
@@ -36,13 +36,18 @@ def casfs_run(tmp: Path, node: str, family: str, *cmd: str, mode: str = "fuse"
     return json.loads(line), r.stderr
 
 
-def test_torch_compile_warm_on_a_fresh_node(tmp_path: Path) -> None:
+@pytest.mark.parametrize("where", ["posix", "s3"])
+def test_torch_compile_warm_on_a_fresh_node(
+    tmp_path: Path, where: str, request: pytest.FixtureRequest
+) -> None:
+    # s3: the shared root on a real SeaweedFS server (tests/seaweed.py)
+    root = request.getfixturevalue("s3_url") if where == "s3" else None
     cold, _ = casfs_run(tmp_path, "node-a", "inductor", "-m", "casfs.demo.inductor_workload",
-                        "--json")
+                        "--json", root=root)
     c = cold["counters"]
     assert c["fxgraph_cache_miss"] > 0 and c["fxgraph_cache_hit"] == 0
     warm, summary = casfs_run(tmp_path, "node-b", "inductor", "-m",
-                              "casfs.demo.inductor_workload", "--json")
+                              "casfs.demo.inductor_workload", "--json", root=root)
     w = warm["counters"]
     assert w["fxgraph_cache_hit"] == c["fxgraph_cache_miss"]
     assert w["fxgraph_cache_miss"] == 0

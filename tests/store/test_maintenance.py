@@ -48,8 +48,11 @@ def test_gc_keeps_kept_and_pinned_and_removes_the_rest(root: SharedRoot) -> None
     orphan = root.objects.put_bytes(b"uploaded by a publisher that died before its record")
     _age_everything(root, 7200)
     before = set(root.objects.iter_digests())
-    report = maintenance.gc(root, keep=2, grace=3600)
-    assert sorted(report.removed_generations) == ["ns@2", "ns@3"]
+    first = maintenance.gc(root, keep=2, grace=3600)  # phase 1: mark only
+    assert sorted(first.removed_generations) == ["ns@2", "ns@3"]
+    assert first.removed_objects == 0 and first.marked >= 2
+    assert set(root.objects.iter_digests()) == before
+    report = maintenance.gc(root, keep=2, grace=3600, now=time.time() + 3600)  # phase 2
     assert gens.seqs("ns") == [1, 4, 5]
     after = set(root.objects.iter_digests())
     assert orphan.digest not in after
@@ -183,3 +186,31 @@ def test_gc_deletes_nothing_when_a_pin_is_unreadable(tmp_path: Path) -> None:
     with pytest.raises(CasfsError, match="unreadable pin ns/keepme"):
         maintenance.gc(root, keep=1, grace=0)
     assert gens.seqs("ns") == [1, 2, 3]
+
+
+def test_gc_spares_an_object_written_again_after_its_mark(root: SharedRoot) -> None:
+    orphan = root.objects.put_bytes(b"unreferenced when gc marks it")
+    _age_everything(root, 7200)
+    assert maintenance.gc(root, keep=1, grace=3600).marked == 1
+    root.objects.rewrite(orphan.digest)  # what a publisher re-using it does
+    report = maintenance.gc(root, keep=1, grace=3600, now=time.time() + 3600)
+    assert report.removed_objects == 0 and report.rewritten_since_mark == 1
+    assert root.objects.has(orphan.digest)
+
+
+def test_publish_rewrites_a_reused_condemned_object(root: SharedRoot) -> None:
+    from casfs.store import marks
+
+    data = b"a kernel compiled again after its generation was dropped"
+    old = root.objects.put_bytes(data)
+    _age_everything(root, 7200)
+    maintenance.gc(root, keep=1, grace=3600)  # marks it: nothing references it
+    [mark] = list(marks.load_all(root.backend))
+    assert old.digest in mark.digests
+    again = root.objects.put_bytes(data)  # dedup: already stored, not uploaded
+    assert again.created is False
+    root.generations().publish("ns", [Entry("k.so", old.digest, old.size, 0o755, 0)], node="n")
+    info = root.backend.info(object_key(old.digest))
+    assert info is not None and mark.spares(info.mtime)  # rewritten after the mark
+    report = maintenance.gc(root, keep=1, grace=3600, now=time.time() + 3600)
+    assert report.removed_objects == 0 and root.objects.has(old.digest)

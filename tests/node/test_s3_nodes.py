@@ -1,0 +1,118 @@
+"""Whole nodes over a shared root on a real S3 server (SeaweedFS): publish on one node,
+read on another, concurrent publishers, and the server dying under a live mount."""
+
+from __future__ import annotations
+
+import errno
+import os
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from seaweed import SECRET_KEY, SeaweedServer
+
+from casfs.store.root import SharedRoot
+from casfs.util.location import parse_location
+from node.conftest import Node
+
+pytestmark = [pytest.mark.fuse, pytest.mark.slow]
+
+
+def _published(url: str, ns: str = "testns") -> dict[str, Any]:
+    gens = SharedRoot.open(url).generations()
+    return gens.entries(ns).entries if gens.latest(ns) else {}
+
+
+@pytest.fixture
+def s3_cluster(s3_url: str, tmp_path: Path) -> Iterator[dict[str, Any]]:
+    SharedRoot.open(s3_url, create=True)
+    loc = parse_location(s3_url)
+    base = tmp_path / "mnt"
+    nodes = {n: Node(n, loc, tmp_path / f"state-{n}", base) for n in ("a", "b")}  # type: ignore[arg-type]
+    try:
+        yield {"url": s3_url, **nodes}
+    finally:
+        for n in nodes.values():
+            n.stop_all()
+
+
+def test_write_on_a_then_read_on_b_through_s3(s3_cluster: dict[str, Any]) -> None:
+    a, b = s3_cluster["a"], s3_cluster["b"]
+    w = a.mount()
+    mp = w.cfg.mountpoint
+    (mp / "KEY").mkdir()
+    payload = os.urandom(300_000)
+    (mp / "KEY" / "k.cubin").write_bytes(payload)
+    (mp / "KEY" / "k.json").write_text('{"name": "k"}')
+    a.stop(w)
+    assert set(_published(s3_cluster["url"])) == {"KEY/k.cubin", "KEY/k.json"}
+    wb = b.mount()
+    assert (wb.cfg.mountpoint / "KEY" / "k.cubin").read_bytes() == payload
+    assert (wb.cfg.mountpoint / "KEY" / "k.json").read_text() == '{"name": "k"}'
+    st = b.ask(wb, "stats")
+    assert st["counters"]["objects_fetched"] == 2
+    assert SECRET_KEY not in str(st)  # status/stats never carry credentials
+    # ... nor does any mount process's command line (visible to every user in /proc)
+    for worker in b.workers:
+        cmdline = Path(f"/proc/{worker.proc.pid}/cmdline").read_bytes()
+        assert SECRET_KEY.encode() not in cmdline and b"s3://" not in cmdline
+
+
+def test_two_nodes_publish_concurrently(s3_cluster: dict[str, Any], tmp_path: Path) -> None:
+    a, b = s3_cluster["a"], s3_cluster["b"]
+    wa = a.mount(mountpoint=tmp_path / "mnt-a")
+    wb = b.mount(mountpoint=tmp_path / "mnt-b")
+    for node, w in (("a", wa), ("b", wb)):
+        for i in range(20):
+            (w.cfg.mountpoint / f"{node}-{i}.bin").write_bytes(f"{node} {i}".encode() * 100)
+    stops = [threading.Thread(target=n.stop, args=(w,)) for n, w in ((a, wa), (b, wb))]
+    for t in stops:
+        t.start()
+    for t in stops:
+        t.join()
+    got = _published(s3_cluster["url"])
+    assert set(got) == {f"{n}-{i}.bin" for n in "ab" for i in range(20)}
+
+
+def test_server_down_mid_mount_is_a_miss_and_publication_waits(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    srv = SeaweedServer(tmp_path / "weed")  # its own server: this test kills it
+    srv.start()
+    try:
+        srv.create_bucket("casfs-down")
+        for k, v in srv.env().items():
+            monkeypatch.setenv(k, v)
+        url = f"s3://casfs-down/root?endpoint={srv.endpoint}"
+        root = SharedRoot.open(url, create=True)
+        from casfs.store.entry import Entry
+
+        files = {f"f{i}": os.urandom(5000 + i) for i in range(4)}
+        ents = [Entry(p, root.objects.put_bytes(d).digest, len(d), 0o644, 0)
+                for p, d in files.items()]
+        assert root.generations().publish("testns", ents, node="seed").seq == 1
+        node = Node("b", parse_location(url), tmp_path / "state-b", tmp_path / "mnt")  # type: ignore[arg-type]
+        try:
+            w = node.mount(fetch_timeout=3.0, shutdown_timeout=60.0, publish_interval=0.5)
+            mp = w.cfg.mountpoint
+            assert (mp / "f0").read_bytes() == files["f0"]  # a hit while the server is up
+            srv.kill()
+            # Server gone: an unfetched object is a miss (ENOENT), never EIO or a hang.
+            with pytest.raises(OSError) as e:
+                (mp / "f1").read_bytes()
+            assert e.value.errno == errno.ENOENT
+            assert (mp / "f0").read_bytes() == files["f0"]  # cached: still served
+            (mp / "new.txt").write_bytes(b"written while the store is down")
+            assert (mp / "new.txt").read_bytes() == b"written while the store is down"
+            st = node.ask(w, "stats")
+            assert st["counters"].get("fetch_errors", 0) >= 1
+            srv.launch()  # back: the pending publication goes through
+            node.stop(w)
+        finally:
+            node.stop_all()
+        got = SharedRoot.open(url).generations().entries("testns").entries
+        assert "new.txt" in got and set(files) <= set(got)
+    finally:
+        srv.kill()
