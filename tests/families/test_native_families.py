@@ -27,6 +27,8 @@ CASES = [
     ("deepgemm", "cache/kernel.fp8_gemm.8a7b6c5d/kernel.cubin", False, None),
     ("deepgemm", "cache/kernel.fp8_gemm.8a7b6c5d/kernel.cu", False, None),
     ("deepgemm", "tmp/3b2a1c/kernel.cubin", True, None),
+    ("deepgemm", "cache/kernel.gemm_fp8.6f1e/kernel.so", False, None),  # the 1.0 Python JIT
+    ("deepgemm", "tmp/nvcc.tmp.0b5c7e1e-2a43-4c4f-9d0b-3f1f7c1e9a11.ab.so", True, None),
     ("tilelang", "4e5f6a7b/kernel_lib.so", False, None),
     ("tilelang", "4e5f6a7b/params.pkl", False, None),
     ("tilelang", "4e5f6a7b/kernel_lib.so.tmp", True, None),

@@ -44,3 +44,20 @@ def test_merge_refuses_what_is_not_a_dict_literal() -> None:
     for bad in (b"", b"[1, 2]", b"__import__('os').system('true')", b"{1: 2", b"\xff"):
         assert merge_dict_literal(bad, good) is None
         assert merge_dict_literal(good, bad) is None
+
+
+def test_index_is_a_commit_record_of_its_artifacts() -> None:
+    rules = families.rules("vllm")
+    idx = f"{RANK}/vllm_compile_cache.py"
+    assert rules.is_commit_record(idx)
+    data = _index({
+        ((1, 8), 0, "inductor_standalone"): {
+            "graph_handle": ("artifact_compile_range_1_8_subgraph_0", f"/abs/{RANK}/x"),
+            "cache_key": "k0"},
+        ((1, 8), 1, "inductor"): {"graph_handle": ("fabcdef0123", "/abs/y.py"), "cache_key": "k1"},
+        ((9, 16), 0, "inductor_standalone"): {
+            "graph_handle": ("../escape", "/z"), "cache_key": "k2"},
+    })
+    assert rules.record_children(idx, data) == [
+        f"{RANK}/artifact_compile_range_1_8_subgraph_0"]
+    assert rules.record_children(idx, b"not a dict") is None
