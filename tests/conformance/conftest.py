@@ -122,9 +122,31 @@ def _walk(tree: object) -> list:  # type: ignore[type-arg]
 
 
 @pytest.fixture(scope="session")
+def overlay_view(world_dir: Path) -> Iterator[Path]:
+    """A whole node in ``overlay`` mode (kernel overlayfs) over a seeded shared root."""
+    require_fuse()
+    from casfs.view import overlay
+
+    if (why := overlay.unavailable_reason()) is not None:
+        pytest.skip(why)
+    from node.conftest import Node  # tests/node: the spawned-node helpers
+    from node.test_two_nodes import seed
+
+    files = {f"{fam}/{rel}": data for fam in FAMILIES for rel, data in INITIAL.items()}
+    seed(world_dir / "ov-root", files, tmp=world_dir / "ov-seed")
+    node = Node("c", world_dir / "ov-root", world_dir / "ov-state", world_dir / "ov-mnt")
+    w = node.mount(mode="overlay", allow_other=True)
+    try:
+        # Lower files keep their published mode; directories as the fuse view shows them.
+        yield w.cfg.mountpoint
+    finally:
+        node.stop_all()
+
+
+@pytest.fixture(scope="session")
 def plain_root(world_dir: Path) -> Path:
     root = world_dir / "plain"
-    for mode in ("fuse", "dir"):
+    for mode in ("fuse", "dir", "overlay"):
         for fam in FAMILIES:
             write_initial(root / mode / fam)
         like_view_dirs(root / mode)

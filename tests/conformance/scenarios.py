@@ -34,6 +34,25 @@ INITIAL: dict[str, bytes] = {
     "N" * 255: b"a lower file with a NAME_MAX name\n",
 }
 
+# Kernel overlayfs (the ``overlay`` view mode) deviates from a plain directory in
+# ways its documentation lists (Documentation/filesystems/overlayfs.rst,
+# "Non-standard behavior"); with its default options:
+# - merged directories report st_nlink 1;
+# - rename(2) of a lower or merged directory fails with EXDEV (redirect_dir off;
+#   mv(1) falls back to copying);
+# - a hard link to a lower file does not share the name's st_ino (index off), and
+#   renaming one of its names onto the other fails with ESTALE instead of doing nothing.
+# Scenarios run for the overlay mode leave these out (on both sides);
+# test_overlay_documented_deviations checks that they are exactly these.
+OVERLAY = "overlay"
+_dir_nlink = True
+
+
+def set_mode(mode: str) -> None:
+    global _dir_nlink
+    _dir_nlink = mode != OVERLAY
+
+
 N255 = "n" * 255
 N256 = "n" * 256
 
@@ -43,6 +62,7 @@ class Ctx:
     base: str
     uid: int
     gid: int
+    mode: str = "fuse"
 
     def p(self, rel: str) -> str:
         return os.path.join(self.base, rel)
@@ -87,7 +107,8 @@ def rec(out: Transcript, label: str, fn: Callable[[], Any]) -> Any:
 def st(path: str) -> list[Any]:
     """Normalised lstat: type, mode, nlink, uid, gid, size."""
     s = os.lstat(path)
-    return [stat.S_IFMT(s.st_mode), oct(stat.S_IMODE(s.st_mode)), s.st_nlink, s.st_uid,
+    nlink = s.st_nlink if _dir_nlink or not stat.S_ISDIR(s.st_mode) else None
+    return [stat.S_IFMT(s.st_mode), oct(stat.S_IMODE(s.st_mode)), nlink, s.st_uid,
             s.st_gid, s.st_size if not stat.S_ISDIR(s.st_mode) else -1]
 
 
@@ -256,14 +277,16 @@ def s_rename(c: Ctx) -> Transcript:
     rec(out, "into-self", lambda: os.rename(c.p("ld"), c.p("ld/sub/x")))
     rec(out, "nonempty", lambda: (os.mkdir(c.p("e")), os.rename(c.p("e"), c.p("ld")))[1])
     os.unlink(c.p("empty_after/only"))
-    rec(out, "dir-onto-emptied-lower", lambda: os.rename(c.p("ld/sub"), c.p("empty_after")))
-    rec(out, "moved-ls", lambda: ls(c.p("empty_after")))
-    rec(out, "old-gone", lambda: os.path.lexists(c.p("ld/sub")))
+    if c.mode != OVERLAY:
+        rec(out, "dir-onto-emptied-lower", lambda: os.rename(c.p("ld/sub"), c.p("empty_after")))
+        rec(out, "moved-ls", lambda: ls(c.p("empty_after")))
+        rec(out, "old-gone", lambda: os.path.lexists(c.p("ld/sub")))
     rec(out, "name255", lambda: os.rename(c.p("N" * 255), c.p(N255)))
     rec(out, "name256", lambda: os.rename(c.p(N255), c.p(N256)))
     rec(out, "enoent", lambda: os.rename(c.p("nope"), c.p("x")))
     os.link(c.p(N255), c.p("hl"))
-    rec(out, "same-inode-noop", lambda: os.rename(c.p("hl"), c.p(N255)))
+    if c.mode != OVERLAY:
+        rec(out, "same-inode-noop", lambda: os.rename(c.p("hl"), c.p(N255)))
     rec(out, "both-there", lambda: [os.path.lexists(c.p("hl")), st(c.p(N255))[2]])
     os.chmod(c.p("ld"), 0o1777)
     touch(c.p("ld/rootfile"))
@@ -290,7 +313,8 @@ def s_link(c: Ctx) -> Transcript:
     rec(out, "same-ino", lambda: same_ino(c.p("u"), c.p("u2")))
     rec(out, "nlink", lambda: [st(c.p("u"))[2], st(c.p("u2"))[2]])
     rec(out, "lower", lambda: os.link(c.p("lf"), c.p("ld/lf-link")))
-    rec(out, "lower-same-ino", lambda: same_ino(c.p("lf"), c.p("ld/lf-link")))
+    if c.mode != OVERLAY:
+        rec(out, "lower-same-ino", lambda: same_ino(c.p("lf"), c.p("ld/lf-link")))
     rec(out, "lower-nlink", lambda: st(c.p("lf"))[2])
     rec(out, "lower-content", lambda: read(c.p("ld/lf-link")))
     rec(out, "chmod-via-other", lambda: (os.chmod(c.p("lf"), 0o600), st(c.p("ld/lf-link")))[1])
