@@ -10,8 +10,10 @@ node of the same shared root. A declared group domain shares as before.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -148,3 +150,49 @@ def test_a_declared_group_domain_shares_as_before(
         finally:
             for j in jobs:
                 j.stop()
+
+
+def _root_job(d: Daemon, build: str, script: str) -> str:
+    env = dict(d.env(), CASFS_BUILD_KEY=build,
+               PATH=f"{Path(user_python()[0]).parent}:{os.environ['PATH']}")
+    casfs = f"{sys.executable} -m casfs.cli.main"
+    r = subprocess.run(["sh", "-c", f'eval "$({casfs} env --family generic)" && {script}'],
+                       env=env, capture_output=True, text=True, timeout=120)
+    return r.stdout + r.stderr
+
+
+def test_signed_records_are_served_only_by_nodes_that_trust_the_key(
+        daemons: Callable[..., Daemon], tmp_path: Path) -> None:
+    """trust = "signature" end to end: casfsd signs with its node key; a node serves
+    a generation only if it trusts the key (root-squashed NFS, root pods)."""
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from casfs.store.tenancy import public_key_b64
+
+    pubs = {}
+    for name in ("a", "b"):
+        k = Ed25519PrivateKey.generate()
+        (tmp_path / f"{name}.key").write_bytes(k.private_bytes_raw())
+        (tmp_path / f"{name}.key").chmod(0o600)
+        pubs[name] = public_key_b64(k)
+
+    def tenants(own: str, trusted: list[str]) -> str:
+        keys = ", ".join(f'"{pubs[t]}"' for t in trusted)
+        return (f'[tenants]\ntrust = "signature"\nsigning_key = "{tmp_path}/{own}.key"\n'
+                f"trusted_keys = [{keys}]\n")
+
+    a = daemons("a", [], defaults=FAST, node={"lease_grace": 0.5}, extra=tenants("a", ["a"]))
+    out = _root_job(a, "sig", 'echo signed > "$CASFS_CACHE_DIR/kernel.so"; echo "$CASFS_CACHE_DIR"')
+    ns = Path(out.strip().splitlines()[-1]).name
+    wait_until(lambda: "kernel.so" in a.published(ns), "a's signed publication")
+    rec = json.loads(sorted((a.root / "namespaces" / ns / "generations").iterdir())[-1]
+                     .read_bytes())
+    assert rec["signature"]["key"] == pubs["a"]
+    # b trusts only its own key: a's generation is not served there...
+    b = daemons("b", [], root=a.root, defaults=FAST, node={"lease_grace": 0.5},
+                extra=tenants("b", ["b"]))
+    assert "No such file" in _root_job(b, "sig", 'cat "$CASFS_CACHE_DIR/kernel.so"')
+    # ...a node that trusts a's key serves it.
+    c = daemons("c", [], root=a.root, defaults=FAST, node={"lease_grace": 0.5},
+                extra=tenants("b", ["a", "b"]))
+    assert "signed" in _root_job(c, "sig", 'cat "$CASFS_CACHE_DIR/kernel.so"')
