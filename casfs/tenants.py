@@ -93,6 +93,13 @@ class Tenant:
             return 0o1777  # one domain: every user of the node shares it, as before tenants
         return 0o2770 if self.group_shared else 0o700
 
+    @property
+    def share_bits(self) -> int:
+        """Permission bits its members' new entries also get, so members can write them."""
+        if self.id == CLUSTER:
+            return 0o077
+        return 0o070 if self.group_shared else 0
+
     def store_namespace(self, namespace: str) -> str:
         return store_namespace(self.id, namespace)
 

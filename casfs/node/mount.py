@@ -144,7 +144,7 @@ class MountService:
         self.ops = (
             OverlayOperations(self.lower, self.cache, cfg.upper, self.tracker, self.counters,
                               fetch_timeout=cfg.fetch_timeout, root_mode=root_mode,
-                              group_shared=bool(self.tenant and self.tenant.group_shared),
+                              share_bits=self.tenant.share_bits if self.tenant else 0,
                               replaced=self._is_replaced, presenter=self.relocator)
             if cfg.mode == "fuse" else
             # overlay: the FUSE layer serves lower only; its upper stays empty (read-only)

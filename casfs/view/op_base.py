@@ -123,16 +123,17 @@ class OpsBase(pyfuse3.Operations):
         fetch_threads: int = 16,
         lower_dir_mode: int = 0o777,
         root_mode: int = 0o1777,
-        group_shared: bool = False,
+        share_bits: int = 0,
         replaced: Callable[[str], bool] | None = None,
         replaced_timeout: float = 1.0,
         presenter: Presenter | None = None,
     ) -> None:
         super().__init__()
-        # A group domain's cache (casfs.tenants): what one member creates, the
-        # others may write too (group bits follow the owner's, as with umask 002),
-        # so one member's directory never makes another's cache writes fail.
-        self.group_shared = group_shared
+        # A shared tenant's cache (casfs.tenants): what one member creates, the
+        # others may write too. 0o070: a group domain (group bits follow the
+        # owner's, as with umask 002); 0o077: the cluster (everyone). So one
+        # member's directory never makes another's cache writes fail.
+        self.share_bits = share_bits
         self.layers = Layers(lower, Path(upper_dir))
         self.fetcher = fetcher
         self.tracker = tracker
@@ -316,8 +317,9 @@ class OpsBase(pyfuse3.Operations):
             if (ctx.uid, gid) != (self._owner[0], created_gid):
                 up.lchown(path, ctx.uid, gid)
         perm = stat.S_IMODE(mode)
-        if self.group_shared and not stat.S_ISLNK(mode):
-            perm |= (perm & 0o700) >> 3
+        if self.share_bits and not stat.S_ISLNK(mode):
+            owner = perm & 0o700
+            perm |= ((owner >> 3) | (owner >> 6)) & self.share_bits
         if not stat.S_ISLNK(mode) and (created & ~self._umask != perm):
             up.chmod(path, perm)  # exact mode: the daemon's umask must not apply
 

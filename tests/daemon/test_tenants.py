@@ -196,3 +196,24 @@ def test_signed_records_are_served_only_by_nodes_that_trust_the_key(
     c = daemons("c", [], root=a.root, defaults=FAST, node={"lease_grace": 0.5},
                 extra=tenants("b", ["a", "b"]))
     assert "signed" in _root_job(c, "sig", 'cat "$CASFS_CACHE_DIR/kernel.so"')
+
+
+def test_cluster_mode_shares_everything_as_before(
+        daemons: Callable[..., Daemon], tmp_path: Path) -> None:
+    with real_users(2, tmp_path) as (u1, u2):
+        a = daemons("a", [], defaults=FAST, node={"lease_grace": 0.5},
+                    extra='[tenants]\nmode = "cluster"\n')
+        jobs: list[Job] = []
+        try:
+            j1, j2 = Job(u1, a), Job(u2, a)
+            jobs += [j1, j2]
+            assert j1.path == j2.path and j1.path.parent.name == "cluster"
+            ok(u1.sh(f"umask 022; mkdir {j1.path}/KEYDIR && echo one > {j1.path}/KEYDIR/a.so"))
+            assert ok(u2.sh(f"cat {j2.path}/KEYDIR/a.so")) == "one\n"
+            ok(u2.sh(f"echo two > {j2.path}/KEYDIR/b.cubin"))  # better than before: writable
+            ns = j1.path.name  # the plain name: caches from before tenants stay
+            wait_until(lambda: a.published(ns) == {"KEYDIR/a.so", "KEYDIR/b.cubin"},
+                       "the cluster's publication")
+        finally:
+            for j in jobs:
+                j.stop()
