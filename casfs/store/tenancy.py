@@ -168,6 +168,7 @@ class TenantTrust:
         self._key = (load_signing_key(policy.signing_key)
                      if policy.signing_key is not None else None)
         self._open = policy.mode == CLUSTER
+        self._prepared: set[str] = set()  # namespaces whose directories this process made
 
     def _dir(self, ns: str) -> Path | None:
         return None if self.root is None else self.root / "namespaces" / ns
@@ -205,6 +206,12 @@ class TenantTrust:
         tenant, _ = split_store_namespace(ns)
         if d is None or self._open or tenant is None or self.policy.trust != "owner":
             return  # legacy names, or ownership means nothing: created on demand as before
+        if ns in self._prepared:
+            try:
+                self.check_namespace(ns)  # made before: only look (no mkdir per publication)
+                return
+            except UntrustedError:
+                self._prepared.discard(ns)  # replaced since: move it aside, make it again
         t = self.policy.tenant(tenant)
         mode = t.dir_mode
         self._quarantine_if_untrusted(ns, d)
@@ -222,6 +229,7 @@ class TenantTrust:
             except OSError as e:  # root-squashed NFS: only signatures can tell then
                 log.warning("cannot give %s to tenant %s: %s", path, tenant, e)
             os.chmod(path, mode)  # after chown: chown clears setgid
+        self._prepared.add(ns)
 
     def _quarantine_if_untrusted(self, ns: str, d: Path) -> None:
         """Root moves a namespace directory someone else planted out of the tenant's way.
