@@ -285,6 +285,19 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 def cmd_gc(args: argparse.Namespace) -> int:
     root = open_root()
+    if args.unused_for is not None:
+        import time
+
+        from casfs.promote.retention import drop_unused
+
+        if args.unused_for <= 0:
+            raise UsageError("--unused-for must be a positive number of days")
+        ret = drop_unused(root.generations(), unused_for_s=args.unused_for * 86400,
+                          now=time.time(), node=node_id(), dry_run=args.dry_run)
+        for ns, paths in sorted(ret.dropped.items()):
+            if not args.json:
+                verb = "would drop" if args.dry_run else f"dropped (now {ns}@{ret.seqs[ns]})"
+                print(f"{ns}: {verb} {len(paths)} files unused for {args.unused_for:g} days")
     with progress("gc", enabled=not args.json) as bar:
         rep = maintenance.gc(root, keep=args.keep, grace=args.grace, dry_run=args.dry_run,
                              progress=bar.advance)
@@ -436,6 +449,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--dry-run", action="store_true")
     p.add_argument("--keep", type=int, default=16, help="newest generations kept per namespace")
     p.add_argument("--grace", type=float, default=24 * 3600, help="seconds (default 86400)")
+    p.add_argument("--unused-for", type=float, metavar="DAYS",
+                   help="first drop the files no node opened (or published) for DAYS days"
+                        " from each namespace (a new generation without them)")
     p = add("pin", cmd_pin, "keep a generation from gc", json=False)
     p.add_argument("ref", metavar="NS@SEQ")
     p.add_argument("name")

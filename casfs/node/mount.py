@@ -39,7 +39,7 @@ from casfs.node.config import MountConfig
 from casfs.promote.promoter import Promoter
 from casfs.promote.publisher import Publisher
 from casfs.promote.tracker import WriteTracker
-from casfs.store import profile
+from casfs.store import profile, reads
 from casfs.store.entry import Entry
 from casfs.store.generations import GenerationStore, Record
 from casfs.store.root import SharedRoot
@@ -49,6 +49,8 @@ from casfs.view import dirmode, overlay, session
 from casfs.view.ops import OverlayOperations
 
 log = logging.getLogger(__name__)
+
+RECORD_READS_EVERY = 3600.0  # seconds between a mount's read records (and one at release)
 
 
 class _NoSource:
@@ -159,6 +161,9 @@ class MountService:
         )
         self.ondemand_fetches = 0  # the job's own fetches in flight (a rough count)
         self.recorder = profile.Recorder()
+        # Lower paths opened since the last read record (retention by use).
+        self._reads: dict[str, None] = {}
+        self._reads_at = time.monotonic()
         self.prefetcher: prefetch.Prefetcher | None = None
         if self.ops is not None:
             self.ops.on_lower_open = self._lower_opened
@@ -415,7 +420,23 @@ class MountService:
             p.scan_all()
         return p.run_once(final=final).promoted
 
+    def record_reads(self, force: bool = False) -> None:
+        """Publish what this mount's jobs opened as a read record (casfs.store.reads):
+        at most every RECORD_EVERY seconds, and at release/shutdown (``force``)."""
+        if not self._reads or self.root is None or (
+                not force and time.monotonic() - self._reads_at < RECORD_READS_EVERY):
+            return
+        paths, self._reads = list(self._reads), {}
+        self._reads_at = time.monotonic()
+        try:
+            reads.record(self.root.backend, self.cfg.namespace, self.index.node_id, paths,
+                         time.time())
+            self.counters.inc("read_records")
+        except (CasfsError, OSError) as e:
+            log.warning("%s: no read record this time: %s", self.cfg.name, e)
+
     def publish_once(self) -> dict[str, Any]:
+        self.record_reads(force=True)
         pub = self._publisher()
         if pub is None:
             self._open_root()
@@ -432,6 +453,7 @@ class MountService:
         return self.last_publish
 
     def refresh_once(self) -> dict[str, Any]:
+        self.record_reads()
         if self.root is None:
             self._open_root()
             if self.root is None:
@@ -520,6 +542,7 @@ class MountService:
     # --- access profiles and prefetch ------------------------------------------
     def _lower_opened(self, path: str, digest: str) -> None:
         self.recorder.opened(path)
+        self._reads[path] = None
         if self.prefetcher is not None:
             self.prefetcher.opened(digest)
 

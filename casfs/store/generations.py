@@ -623,6 +623,37 @@ class GenerationStore:
                 self.objects.put_bytes(data)
                 self.objects.counters.inc("objects_restored_after_gc")
 
+    def drop(self, ns: str, paths: Callable[[Snapshot], set[str]], *, node: str,
+             max_attempts: int = 20) -> tuple[int | None, list[str]]:
+        """Publish the newest generation minus ``paths(snapshot)`` as one full base.
+
+        Retention by use (casfs.promote.retention): the only way an entry leaves
+        a namespace. Re-reads and recomputes on a lost race. Returns (the new
+        seq or None when nothing was dropped, the paths dropped).
+        """
+        check_name(ns)
+        hint: int | None = None
+        for _ in range(max_attempts):
+            newest, current, snap = self.newest_valid(ns, hint, for_publish=True)
+            gone = paths(snap) & set(snap.entries) if current is not None else set()
+            if current is None or not gone:
+                return None, []
+            kept = [e for p, e in snap.entries.items() if p not in gone]
+            options = {k: v for k, v in current.options.items() if k != "signature"}
+            record = Record(
+                namespace=ns, seq=(newest or 0) + 1, parent=current.seq,
+                base=self._store_part(kept, "full"), deltas=(), entries=len(kept),
+                logical_bytes=sum(e.size for e in kept), created=time.time(), node=node,
+                casfs_version=__version__, fingerprint=current.fingerprint, options=options,
+                requires=current.requires)
+            self.backend.sync()
+            if self.backend.create_exclusive(self._key(ns, record.seq), record.to_json()):
+                log.info("%s@%d: dropped %d unused files", ns, record.seq, len(gone))
+                return record.seq, sorted(gone)
+            hint = record.seq
+            time.sleep(random.uniform(0.005, 0.05))
+        raise PublishError(f"namespace {ns}: lost the race {max_attempts} times")
+
     def _merge(
         self, snap: Snapshot, wanted: dict[str, Entry], result: PublishResult
     ) -> list[Entry]:

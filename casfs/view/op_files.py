@@ -43,6 +43,8 @@ class FileOps(CopyUpOps):
             if self.presenter is not None and self.presenter.size(entry) is not None:
                 fd = self._presented_fd(node.path, entry, src)
                 self.counters.inc("open_lower")
+                if self.on_lower_open is not None:
+                    self.on_lower_open(node.path, entry.digest)
                 self._handles[fd] = Handle(fd, ino, node.path, False, None)
                 return pyfuse3.FileInfo(fh=fd, keep_cache=True)
             try:

@@ -66,6 +66,11 @@ def test_published_at_one_path_hits_at_another(cluster: dict[str, Any]) -> None:
     assert warm["hits"] == 3 and warm["misses"] == 0
     assert warm["cubin_sha256s"] == cold["cubin_sha256s"]
     assert b.ask(wb, "stats")["counters"]["presented_opens"] >= 3
+    # B only read: what it opened still reaches the root, as a read record (retention).
+    b.ask(wb, "publish")
+    recs = list((cluster["root"] / "namespaces" / "testns" / "reads").iterdir())
+    opened = {p for r in recs for p in json.loads(r.read_text())["paths"]}
+    assert {g.path for g in groups} <= opened
 
     # Dir mode (no FUSE) restores the presented form at its own path too.
     wc = c.mount("triton", mountpoint=mnt / "plain" / "dir", mode="dir")

@@ -1,0 +1,62 @@
+"""Retention by use: files nobody opened or published for N days leave the namespace."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from casfs.promote.retention import drop_unused
+from casfs.store import reads
+from casfs.store.entry import Entry
+from casfs.store.root import SharedRoot
+
+DAY = 86400.0
+KEY = "7NKZN2IV7ZBONWLCSFOQYCSFLUEILF3Z7JGCKATQOW63BQKAVLRQ"
+
+
+def put(root: SharedRoot, path: str, data: bytes) -> Entry:
+    res = root.objects.put_bytes(data)
+    return Entry(path, res.digest, res.size, 0o644, 1)
+
+
+def group(root: SharedRoot, *children: str) -> Entry:
+    doc = {"child_paths": {c.rsplit("/", 1)[1]: f"casfs:{c}" for c in children}}
+    return put(root, f"{KEY}/__grp__k.json", json.dumps(doc).encode())
+
+
+def test_unused_files_and_their_commit_records_are_dropped(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    root = SharedRoot.open(tmp_path / "root", create=True)
+    gens = root.generations()
+    t0 = time.time()
+    ns = "triton-0123456789abcdef"
+    monkeypatch.setattr("casfs.store.generations.time.time", lambda: t0 - 30 * DAY)
+    gens.publish(ns, [put(root, f"{KEY}/k.cubin", b"cubin"), put(root, f"{KEY}/k.json", b"{}"),
+                      group(root, f"{KEY}/k.cubin", f"{KEY}/k.json"),
+                      put(root, "cuda_utils.so", b"so"), put(root, "old.bin", b"old")],
+                 node="a")
+    monkeypatch.setattr("casfs.store.generations.time.time", lambda: t0 - 1 * DAY)
+    gens.publish(ns, [put(root, "recent.bin", b"new")], node="a")  # published recently
+    monkeypatch.undo()
+    # A warm node read the launcher and the kernel's json (not its cubin) 2 days ago.
+    reads.record(root.backend, ns, "b", ["cuda_utils.so", f"{KEY}/k.json"], t0 - 2 * DAY)
+    reads.record(root.backend, ns, "c", ["old.bin"], t0 - 20 * DAY)  # too long ago
+
+    dry = drop_unused(gens, unused_for_s=7 * DAY, now=t0, node="gc", dry_run=True)
+    assert dry.dropped[ns] == [f"{KEY}/__grp__k.json", f"{KEY}/k.cubin", "old.bin"]
+    assert gens.latest(ns).seq == 2  # type: ignore[union-attr]
+    rep = drop_unused(gens, unused_for_s=7 * DAY, now=t0, node="gc")
+    # The unread cubin goes, and with it the group naming it: no group without a child.
+    assert rep.dropped[ns] == dry.dropped[ns] and rep.seqs[ns] == 3
+    snap = gens.entries(ns)
+    assert sorted(snap.entries) == sorted(["cuda_utils.so", f"{KEY}/k.json", "recent.bin"])
+    assert snap.record is not None and snap.record.entries == 3
+    # Read records older than the cut-off are gone; the recent one stays.
+    names = list(root.backend.list(f"namespaces/{ns}/reads"))
+    assert len(names) == 1 and names[0].split("-")[1] == "b"
+    # Nothing more to drop; a namespace with no generation that old is left alone.
+    assert drop_unused(gens, unused_for_s=7 * DAY, now=t0, node="gc").dropped == {}
+    assert drop_unused(gens, unused_for_s=60 * DAY, now=t0, node="gc").dropped == {}
