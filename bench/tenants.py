@@ -1,7 +1,9 @@
 """What tenant checks cost: publish and read generations with no policy, with
 ownership checks (trust = "owner") and with ed25519-signed records (trust =
-"signature"), on one local root. Standalone: ``python -m bench.tenants``;
-prints JSON with seconds per operation and ratios against no policy.
+"signature"), on one local root; and each check alone, in microseconds.
+Standalone: ``python -m bench.tenants [N]``; prints JSON with seconds per
+operation and ratios against no policy (publication is dominated by syncfs,
+so its ratios are noisy on a loaded machine; ``checks_us`` are not).
 """
 
 from __future__ import annotations
@@ -32,6 +34,24 @@ def _run(root_path: Path, policy: TenantPolicy | None, ns: str, n: int) -> dict[
     return {"publish_s": (t1 - t0) / n, "read_s": (t2 - t1) / n}
 
 
+def _checks(root_path: Path, signed: TenantPolicy, n: int) -> dict[str, float]:
+    """Microseconds per check alone: the noise of syncfs is not in these."""
+    from casfs.store.tenancy import TenantTrust
+
+    data = (root_path / "namespaces" / "u4242~signed" / "generations" / "000000000001"
+            ).read_bytes()
+    sig, own = TenantTrust(signed, root_path), TenantTrust(TenantPolicy(), root_path)
+    out = {}
+    for name, fn in (("verify_record", lambda: sig.check_record("u4242~signed", data)),
+                     ("sign_record", lambda: sig.seal("u4242~signed", data)),
+                     ("owner_check", lambda: own.check_namespace("u4242~owner"))):
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        out[name] = round((time.perf_counter() - t0) / n * 1e6, 1)
+    return out
+
+
 def main() -> int:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
@@ -50,6 +70,7 @@ def main() -> int:
             "owner": _run(root_path, TenantPolicy(), "u4242~owner", n),
             "signature": _run(root_path, signed, "u4242~signed", n),
         }
+        out["checks_us"] = _checks(root_path, signed, n * 10)
     base = out["open"]
     for name in ("owner", "signature"):
         for k in ("publish_s", "read_s"):
