@@ -93,9 +93,27 @@ def _mounts() -> tuple[str, str]:
     return "ok", f"{len(live)} running mounts"
 
 
+def _tenant() -> tuple[str, str]:
+    """Which tenant this user's jobs are, under the node's policy, and how they get caches."""
+    from casfs.daemon.config import load_tenants
+    from casfs.node.client import jobs_socket
+    from casfs.node.tenant import own_tenant
+
+    policy = load_tenants()
+    t = own_tenant(policy)
+    sock = jobs_socket()
+    how = (f"casfsd's jobs socket {sock} is there (eval \"$(casfs env)\")" if sock.exists()
+           else f"no casfsd jobs socket at {sock} (casfs run serves this user alone)")
+    detail = f"tenant {t.id} (mode {policy.mode}, trust {policy.trust}); {how}"
+    if policy.trust == "signature" and policy.signing_key is None and not sock.exists():
+        return "warn", (detail + "; this user cannot sign, so what casfs run publishes is not"
+                        " served by signature-checking nodes")
+    return "ok", detail
+
+
 CHECKS: list[tuple[str, Callable[[], tuple[str, str]]]] = [
     ("fuse", _fuse), ("state_dir", _state), ("index", _index), ("shared_root", _root),
-    ("mounts", _mounts),
+    ("mounts", _mounts), ("tenant", _tenant),
 ]
 
 

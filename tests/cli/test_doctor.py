@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -18,8 +19,9 @@ def doctor(tmp_path: Path, root: Path) -> subprocess.CompletedProcess[str]:
 def test_doctor_on_a_fresh_node(tmp_path: Path) -> None:
     r = doctor(tmp_path, tmp_path / "root")
     checks = {c["check"]: c for c in json.loads(r.stdout)}
-    assert set(checks) == {"fuse", "state_dir", "index", "shared_root", "mounts"}
+    assert set(checks) == {"fuse", "state_dir", "index", "shared_root", "mounts", "tenant"}
     assert checks["shared_root"]["status"] == "ok"
+    assert checks["tenant"]["detail"].startswith(f"tenant u{os.geteuid()} (mode uid")
     assert r.returncode == (1 if any(c["status"] == "fail" for c in checks.values()) else 0)
 
 
