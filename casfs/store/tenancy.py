@@ -204,8 +204,11 @@ class TenantTrust:
     def prepare_namespace(self, ns: str) -> None:
         d = self._dir(ns)
         tenant, _ = split_store_namespace(ns)
-        if d is None or self._open or tenant is None or self.policy.trust != "owner":
-            return  # legacy names, or ownership means nothing: created on demand as before
+        if d is None or self._open or self.policy.trust != "owner":
+            return  # ownership means nothing: created on demand as before
+        if tenant is None:  # a plain name is root's: created on demand as before
+            self._quarantine_if_untrusted(ns, d)  # (one a user made before tenants: aside)
+            return
         if ns in self._prepared:
             try:
                 self.check_namespace(ns)  # made before: only look (no mkdir per publication)

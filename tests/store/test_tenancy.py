@@ -237,3 +237,19 @@ def test_bad_signing_key_is_refused(tmp_path: Path) -> None:
         tenancy.load_signing_key(p)
     with pytest.raises(ConfigError, match="ed25519 public key"):
         tenancy.check_public_key("abc", "tenants.trusted_keys[0]")
+
+
+def test_root_moves_aside_a_plain_namespace_a_user_made_before_tenants(shared: Path) -> None:
+    """Before tenants users published under plain names; in uid mode those are root's:
+    root's daemon must keep publishing there, not fail on the user's directory forever."""
+    ns = "triton-x"
+    put(SharedRoot.open(shared / "root"), ns, "old", b"users' bytes")
+    d = shared / "root" / "namespaces" / ns
+    for p in (d, d / "generations"):
+        os.chown(p, 4242, 4242)
+    node = SharedRoot.open(shared / "root", tenants=TenantPolicy())
+    with pytest.raises(UntrustedError):
+        node.generations().latest_seq(ns)
+    assert put(node, ns, "new", b"root's bytes") == 1  # a fresh, root-owned namespace
+    assert set(node.generations().entries(ns).entries) == {"new"}
+    assert d.stat().st_uid == 0
