@@ -76,10 +76,13 @@ class Daemon:
         self.cfg = cfg
         self.notifier = notifier or Notifier.from_environment()
         self.stop_requested = threading.Event()
+        from casfs.node import standby
+
+        fmt = logfmt.resolve_format(cfg.log_format)
         self.supervisor = Supervisor(cfg, _spawn, spawn_options={
-            "log_to_stderr": True, "log_format": logfmt.resolve_format(cfg.log_format),
+            "log_to_stderr": True, "log_format": fmt,
             "log_level": cfg.log_level, "die_with_parent": True,
-        })
+        }, standby=lambda: standby.start(log_format=fmt, log_level=cfg.log_level))
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         if not self.stop_requested.is_set():
@@ -137,6 +140,7 @@ class Daemon:
             log.info("casfsd %s starting: %s; root %s; state %s", __version__, names,
                      self.cfg.root, self.cfg.state_dir)
             sup.start()
+            sup.refill_standby()  # ready for the first restart
             if not self.stop_requested.is_set():
                 sup.refresh_status()
                 summary = sup.summary()

@@ -8,7 +8,7 @@ serves. The supervisor runs in the daemon's main thread:
   stops the ones that came up and raises, so a failed start mounts nothing);
 - ``run`` polls the workers every 0.1 s until told to stop: a worker that
   died is restarted at once, then with exponential backoff if it keeps dying
-  (1 s doubling to 60 s, reset after a minute of good service), after its dead
+  (1 s doubling to 60 s, reset after 10 s of good service), after its dead
   mount (ENOTCONN) is cleared, which uncovers the read-only guard
   (casfs.node.guard): in the gap readers miss and writers get EROFS; the new
   worker promotes and publishes what the old one left in the upper dir;
@@ -40,7 +40,7 @@ log = logging.getLogger(__name__)
 
 BACKOFF_FIRST = 1.0
 BACKOFF_MAX = 60.0
-HEALTHY_AFTER = 60.0  # a worker up this long resets the backoff
+HEALTHY_AFTER = 10.0  # a worker up this long resets the backoff (its next death restarts at once)
 STATUS_INTERVAL = 10.0
 RESTART_READY_TIMEOUT = 60.0
 QUERY_TIMEOUT = 5.0
@@ -70,7 +70,8 @@ class Slot:
 
 class Supervisor:
     def __init__(self, cfg: DaemonConfig, spawn: SpawnFn, *,
-                 spawn_options: dict[str, Any] | None = None) -> None:
+                 spawn_options: dict[str, Any] | None = None,
+                 standby: Callable[[], Any] | None = None) -> None:
         self.cfg = cfg
         self.slots = [Slot(mc) for mc in cfg.mount_configs()]
         host = cfg.host_config()
@@ -81,6 +82,13 @@ class Supervisor:
         self.started = time.time()
         self.stopping = False
         self._lock = threading.Lock()  # slots are read by the control/metrics threads
+        # A pre-started mount process for the next restart (casfs.node.standby).
+        self._standby_fn = standby
+        self._standbys: list[Any] = []
+        self._standby_lock = threading.Lock()
+        # Mount processes often die together (an OOM kill, a bad node): one standby
+        # each for up to two of them; more would cost memory (~35 MB each) for little.
+        self.standby_pool = min(2, len(self.slots))
 
     # --- start ----------------------------------------------------------------
     def start(self) -> None:
@@ -112,13 +120,55 @@ class Supervisor:
 
         slot.state = "starting"
         clear_stale_mount(slot.cfg.mountpoint)
-        w = self._spawn(slot.cfg, ready_timeout=ready_timeout, **self._spawn_options)
+        w = self._from_standby(slot, ready_timeout) if slot.restarts else None
+        if w is None:
+            w = self._spawn(slot.cfg, ready_timeout=ready_timeout, **self._spawn_options)
         with self._lock:
             slot.worker = w
             slot.state = "up"
             slot.started = time.monotonic()
         log.info("%s: mounted %s at %s (worker pid %d)", slot.cfg.name, slot.cfg.namespace,
                  slot.cfg.mountpoint, w.proc.pid)
+
+    # --- the standby process --------------------------------------------------------
+    def refill_standby(self) -> None:
+        """Start standby processes up to the pool size (in the caller's thread)."""
+        if self._standby_fn is None:
+            return
+        while not self.stopping:
+            with self._standby_lock:
+                self._standbys = [sb for sb in self._standbys if sb.alive()]
+                if len(self._standbys) >= self.standby_pool:
+                    return
+                try:
+                    self._standbys.append(self._standby_fn())
+                except (OSError, CasfsError) as e:
+                    log.warning("cannot start a standby mount process: %s", e)
+                    return
+
+    def _from_standby(self, slot: Slot, ready_timeout: float) -> Worker | None:
+        from casfs.node.standby import spawn_with
+
+        with self._standby_lock:
+            sb = self._standbys.pop(0) if self._standbys else None
+        if sb is None or not sb.alive():
+            return None
+        try:
+            w: Worker = spawn_with(sb, slot.cfg, ready_timeout=ready_timeout)
+        except CasfsError as e:
+            log.warning("%s: the standby process could not take over: %s", slot.cfg.name,
+                        e.message)
+            return None
+        finally:
+            threading.Thread(target=self.refill_standby, name="standby", daemon=True).start()
+        log.info("%s: the standby process (pid %d) took over", slot.cfg.name, w.proc.pid)
+        return w
+
+    def _drop_standby(self) -> None:
+        with self._standby_lock:
+            sbs, self._standbys = self._standbys, []
+        for sb in sbs:
+            sb.discard()
 
     # --- supervision ------------------------------------------------------------
     def run(self, stop: threading.Event, on_status: Callable[[str], object] | None = None,
@@ -179,6 +229,7 @@ class Supervisor:
     def stop(self) -> None:
         """SIGTERM every worker at once; each publishes, unmounts and exits (bounded)."""
         self.stopping = True
+        self._drop_standby()
 
         def one(slot: Slot) -> None:
             w = slot.worker
