@@ -67,8 +67,17 @@ def mounted(cfg: MountConfig) -> Iterator[Mount]:
                 lazy_unmount(cfg.mountpoint)
 
 
+@dataclass
+class FloorMount:
+    path: Path
+    pid: int
+
+    def cpu(self) -> float:
+        return proc_cpu(self.pid)
+
+
 @contextlib.contextmanager
-def floor_mounted(src: Path, mountpoint: Path, timeout: float = 120) -> Iterator[Path]:
+def floor_mounted(src: Path, mountpoint: Path, timeout: float = 120) -> Iterator[FloorMount]:
     """The in-memory pyfuse3 floor (bench.floorfs) serving ``src`` at ``mountpoint``."""
     import subprocess
     import sys
@@ -81,7 +90,7 @@ def floor_mounted(src: Path, mountpoint: Path, timeout: float = 120) -> Iterator
         line = p.stdout.readline()  # READY, or "" if it died
         if line.strip() != "READY":
             raise RuntimeError(f"floorfs did not start (rc {p.poll()})")
-        yield mountpoint
+        yield FloorMount(mountpoint, p.pid)
     finally:
         p.terminate()
         try:

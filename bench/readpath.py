@@ -70,9 +70,18 @@ def _plain(src: Path, can_drop: bool, out: dict[str, list[dict[str, Any]]]) -> N
 
 
 def _floor(src: Path, mnt: Path, out: dict[str, list[dict[str, Any]]]) -> None:
-    with floor_mounted(src, mnt) as path:
-        reader(path)
-        out["floor_warm"].append(reader(path))
+    with floor_mounted(src, mnt) as fm:
+        reader(fm.path)
+        out["floor_warm"].append(_with_cpu(fm.cpu, lambda: reader(fm.path)))
+
+
+def _with_cpu(cpu: Callable[[], float], fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """``fn()``'s reader result plus the filesystem process's CPU microseconds per file:
+    what the FUSE server spends, which load inflates far less than wall time."""
+    c0 = cpu()
+    r = fn()
+    r["server_cpu_us_per_file"] = round((cpu() - c0) / r["files"] * 1e6, 1)
+    return r
 
 
 def bench_tree(s: Settings, kernels: int, reps: int, floor: bool = True) -> Result:
@@ -96,7 +105,7 @@ def bench_tree(s: Settings, kernels: int, reps: int, floor: bool = True) -> Resu
             if can_drop:
                 drop_caches()
             runs["first"].append(reader(m.path))
-            runs["warm"].append(reader(m.path))
+            runs["warm"].append(_with_cpu(m.cpu, lambda: reader(m.path)))
             st = m.ask("stats")["counters"]
         if overlay.unavailable_reason() is None:
             with mounted(config(root, state, work / "mnt", ns, mode="overlay")) as m:
@@ -134,6 +143,11 @@ def bench_tree(s: Settings, kernels: int, reps: int, floor: bool = True) -> Resu
         "first_over_plain_warm": ratio(sec["first"], sec["plain_warm"], 2),
         "plain_cold_over_plain_warm": ratio(sec["plain_cold"], sec["plain_warm"], 2),
     }
+    cpu_us = {k: median([r["server_cpu_us_per_file"] for r in runs[k]])
+              for k in ("warm", "floor_warm") if runs[k]}
+    figures.update({f"{k}_server_cpu_us_per_file": v for k, v in cpu_us.items()})
+    if len(cpu_us) == 2:
+        ratios["warm_server_cpu_over_floor"] = ratio(cpu_us["warm"], cpu_us["floor_warm"], 2)
     per_round = {name: [ratio(a, b, 2) for a, b in zip(secs(x), secs(y), strict=False)]
                  for name, x, y in (("warm_over_plain_warm", "warm", "plain_warm"),
                                     ("warm_over_floor_warm", "warm", "floor_warm"),

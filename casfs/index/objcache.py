@@ -90,6 +90,7 @@ class LocalObjectCache:
     ) -> None:
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
+        self._dir = str(self.directory)  # warm opens build paths as strings (no pathlib)
         self.cap_bytes = cap_bytes
         self._index = index
         self._source = source
@@ -112,14 +113,14 @@ class LocalObjectCache:
     def cached(self, entry: Entry) -> str | None:
         """A pinned local path if the object is already cached (local stat only), else None."""
         digest = entry.digest
-        path = self.path_of(digest)
+        path = f"{self._dir}/{digest[:2]}/{digest[2:]}"
         with self._lock:
             if digest in self._fills:
                 return None  # being filled: let fetch wait for it
             self._pins[digest] += 1
         if self._present(path, entry.size):
             self._touch(digest, entry.size)
-            return str(path)
+            return path
         self.unpin(digest)
         return None
 
@@ -179,9 +180,9 @@ class LocalObjectCache:
 
     # --- filling ---------------------------------------------------------------
 
-    def _present(self, path: Path, size: int) -> bool:
+    def _present(self, path: Path | str, size: int) -> bool:
         try:
-            st = path.lstat()  # never follow: a symlink here could point anywhere
+            st = os.lstat(path)  # never follow: a symlink here could point anywhere
         except FileNotFoundError:
             return False
         if not stat.S_ISREG(st.st_mode):

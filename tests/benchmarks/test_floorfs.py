@@ -21,7 +21,9 @@ def test_floor_serves_the_tree(tmp_path: Path) -> None:
     (src / "k1" / "a.bin").write_bytes(os.urandom(300_000))
     (src / "top.json").write_text('{"x": 1}')
     mnt = tmp_path / "mnt"
-    with floor_mounted(src, mnt) as path:
+    with floor_mounted(src, mnt) as fm:
+        path = fm.path
+        assert fm.cpu() >= 0
         assert mounted(path)
         got = {str(p.relative_to(path)): p.read_bytes() for p in path.rglob("*") if p.is_file()}
         assert got == {"k1/a.bin": (src / "k1" / "a.bin").read_bytes(),
