@@ -253,3 +253,8 @@ def test_root_moves_aside_a_plain_namespace_a_user_made_before_tenants(shared: P
     assert put(node, ns, "new", b"root's bytes") == 1  # a fresh, root-owned namespace
     assert set(node.generations().entries(ns).entries) == {"new"}
     assert d.stat().st_uid == 0
+    (aside,) = (shared / "root" / "tmp").glob("untrusted-*")
+    assert (aside / "generations" / "000000000001").exists()
+    os.utime(aside, (1, 1))
+    maintenance.gc(SharedRoot.open(shared / "root"), grace=3600)  # gc removes it after grace
+    assert not aside.exists()
