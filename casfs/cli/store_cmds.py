@@ -83,13 +83,14 @@ def cmd_import(args: argparse.Namespace) -> int:
     with progress("import", enabled=not args.json) as bar:
         rep = import_tree(
             root, Path(args.src), ns, rules=rules, node=node_id(),
-            progress=bar.advance, on_total=bar.set_total,
+            progress=bar.advance, on_total=bar.set_total, packs=args.packs,
         )
     pub = rep.publish
     assert pub is not None
     out = {
         "namespace": ns, "seq": pub.seq, "files": rep.files, "bytes": rep.bytes,
-        "new_objects": rep.new_objects, "added": pub.added, "already_published": pub.already,
+        "new_objects": rep.new_objects, "packs": rep.packs, "added": pub.added,
+        "already_published": pub.already,
         "conflicts": pub.conflicts, "skipped_scratch": rep.skipped_scratch,
         "skipped": rep.skipped_other,
     }
@@ -198,19 +199,20 @@ def cmd_ls(args: argparse.Namespace) -> int:
     return 0
 
 
-def _entry(args: argparse.Namespace) -> Entry:
+def _entry(args: argparse.Namespace) -> tuple[SharedRoot, Entry]:
+    """The root and the entry: its objects know the entry's pack location (casfs.store.packs)."""
     ns, seq = parse_ref(args.ref)
-    snap = open_root().generations().entries(ns, seq)
+    root = open_root()
+    snap = root.generations().entries(ns, seq)
     e = snap.entries.get(args.path.strip("/"))
     if e is None:
         raise NotFoundError(f"no file {args.path!r} in {args.ref}")
-    return e
+    return root, e
 
 
 def cmd_stat(args: argparse.Namespace) -> int:
-    e = _entry(args)
+    root, e = _entry(args)
     d = entry_json(e)
-    root = open_root()
     d["stored_bytes"] = root.objects.stored_size(e.digest)
     d["codec"] = {0: "raw", 1: "zstd"}.get(root.objects.header(e.digest).codec, "?")
     if args.json:
@@ -225,11 +227,11 @@ def cmd_cat(args: argparse.Namespace) -> int:
     import shutil
     import tempfile
 
-    e = _entry(args)
+    root, e = _entry(args)
     # Verify before writing anything: get_into only knows the hash at the end, and
     # a corrupt object must not put unverified bytes on stdout.
     with tempfile.TemporaryFile() as buf:
-        open_root().objects.get_into(e.digest, e.size, buf)
+        root.objects.get_into(e.digest, e.size, buf)
         buf.seek(0)
         shutil.copyfileobj(buf, sys.stdout.buffer)
     sys.stdout.buffer.flush()
@@ -273,12 +275,12 @@ def cmd_verify(args: argparse.Namespace) -> int:
     with progress("verify", enabled=not args.json) as bar:
         rep = maintenance.verify(root, progress=bar.advance)
     if args.json:
-        emit_json({"objects": rep.objects, "generations": rep.generations,
+        emit_json({"objects": rep.objects, "packs": rep.packs, "generations": rep.generations,
                    "problems": rep.problems, "ok": not rep.problems})
     else:
         for p in rep.problems:
             print(f"problem: {p}")
-        print(f"verified {rep.objects} objects, {rep.generations} generations:"
+        print(f"verified {rep.objects} objects, {rep.packs} packs, {rep.generations} generations:"
               f" {len(rep.problems)} problems")
     return 1 if rep.problems else 0
 
@@ -423,6 +425,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--namespace", "-n")
     p.add_argument("--family", default=families.FALLBACK, help=", ".join(families.names()))
     p.add_argument("--exclude", action="append", help="extra scratch glob (repeatable)")
+    p.add_argument("--packs", action=argparse.BooleanOptionalAction, default=None,
+                   help="store small files in pack objects (default: on for s3:// roots)")
     p = add("export", cmd_export, "materialise a generation as a plain directory")
     p.add_argument("ref", metavar="NS[@SEQ]")
     p.add_argument("dest")

@@ -213,12 +213,25 @@ class MountService:
                                         tenants=self.policy,
                                         timeout=self.cfg.fetch_timeout)
             self.root_error = None
+            # A packed object fetched before any manifest was read this run (a
+            # restarted mount serving its indexed generation): learn where packs
+            # hold it from the namespace's newest generation, once.
+            self.root.objects.locator = self._load_pack_locations
         except (CasfsError, OSError) as e:
             self.root = None
             self.root_error = str(e)
             self.counters.inc("root_unavailable")
             log.error("%s: shared root unavailable, serving local state only: %s",
                       self.cfg.name, e)
+
+    def _load_pack_locations(self) -> None:
+        try:
+            if self.root is not None:
+                gens = self._gens()
+                if gens.latest(self.cfg.namespace) is not None:
+                    gens.entries(self.cfg.namespace)  # registers pack locations
+        except (CasfsError, OSError) as e:
+            log.warning("%s: cannot read pack locations: %s", self.cfg.name, e)
 
     def _initial_seq(self) -> int:
         state = self.index.ns_state(self.cfg.namespace) or {}

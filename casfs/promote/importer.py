@@ -13,7 +13,7 @@ import os
 import stat
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +21,8 @@ from casfs.errors import UsageError
 from casfs.families import CacheRules, walk_files
 from casfs.store.entry import Entry
 from casfs.store.generations import RELOCATE, PublishResult
-from casfs.store.objects import max_object_bytes
+from casfs.store.objects import digest_bytes, max_object_bytes
+from casfs.store.packs import SMALL_OBJECT, PackWriter, parse_location
 from casfs.store.root import SharedRoot
 from casfs.util.paths import is_valid_relpath
 
@@ -33,6 +34,7 @@ class ImportReport:
     files: int = 0
     bytes: int = 0
     new_objects: int = 0
+    packs: int = 0  # pack objects written (small files go into packs)
     skipped_scratch: int = 0
     skipped_other: list[str] = field(default_factory=list)
     publish: PublishResult | None = None
@@ -82,13 +84,21 @@ def import_tree(
     progress: Callable[[int], None] | None = None,
     on_total: Callable[[int], None] | None = None,
     threads: int = 4,
+    packs: bool | None = None,
 ) -> ImportReport:
+    """``packs``: files up to SMALL_OBJECT bytes go into pack objects (casfs.store.packs);
+    None: on an object store (one request per small object is what packs save), not on
+    a POSIX root."""
+    if packs is None:
+        packs = not root.is_local
     if not src.is_dir():
         raise UsageError(f"{src} is not a directory")
     report = ImportReport()
     found = scan_tree(src, rules, report)
     if on_total:
         on_total(len(found))
+    packer = PackWriter(root.objects) if packs else None
+    known = _stored_digests(root, namespace) if packs else {}
 
     def put(item: tuple[str, Path]) -> tuple[Entry | None, bool]:
         rel, path = item
@@ -97,6 +107,19 @@ def import_tree(
         data = path.read_bytes() if bearer is not None else None
         stored = bearer.to_pathfree(rel, data) if bearer is not None and data is not None else None
         count = bearer.count(rel, stored) if bearer is not None and stored is not None else None
+        if packer is not None and bearer is None and st.st_size <= SMALL_OBJECT:
+            data = path.read_bytes()
+            digest = digest_bytes(data)
+            if os.stat(path).st_mtime_ns != st.st_mtime_ns or len(data) != st.st_size:
+                report.skipped_other.append(rel)  # changed while being read: not stable
+                return None, False
+            if digest in known:  # already stored (loose or packed): name it as it is
+                ex = {"pack": known[digest]} if known[digest] is not None else None
+                return Entry(rel, digest, len(data), st.st_mode & 0o7777, st.st_mtime_ns, ex), \
+                    False
+            packer.add(data)
+            return Entry(rel, digest, len(data), st.st_mode & 0o7777, st.st_mtime_ns,
+                         {"pack": None}), True
         if stored is not None and count and data is not None:
             # Stored path-free (casfs.families): served at any path.
             res = root.objects.put_bytes(stored)
@@ -119,6 +142,12 @@ def import_tree(
                 report.new_objects += created
             if progress:
                 progress(1)
+    if packer is not None:
+        locations = packer.flush()
+        for rel, e in list(entries.items()):
+            if e.extras is not None and e.extras.get("pack", 0) is None:
+                entries[rel] = replace(e, extras={**e.extras, "pack": list(locations[e.digest])})
+        report.packs = packer.packs_written
     complete_groups(entries, lambda rel: (src / rel).read_bytes(), report, rules)
     report.files = len(entries)
     report.bytes = sum(e.size for e in entries.values())
@@ -126,3 +155,24 @@ def import_tree(
         namespace, entries.values(), node=node, fingerprint=fingerprint, max_bytes=max_bytes
     )
     return report
+
+
+def _stored_digests(root: SharedRoot, namespace: str) -> dict[str, list[Any] | None]:
+    """digest -> pack location (None: a loose object) of the namespace's newest generation.
+
+    Files already stored are named as they are instead of being packed again.
+    """
+    from casfs.errors import CasfsError
+
+    gens = root.generations()
+    try:
+        if gens.latest(namespace) is None:
+            return {}
+        snap = gens.entries(namespace)
+    except CasfsError:
+        return {}  # unreadable: pack everything again (publication reports the damage)
+    out: dict[str, list[Any] | None] = {}
+    for e in snap.entries.values():
+        loc = parse_location(e.extras.get("pack")) if e.extras else None
+        out[e.digest] = list(loc) if loc is not None else None
+    return out

@@ -65,6 +65,7 @@ from casfs.store.backend import NotRegularFileError
 from casfs.store.entry import Entry
 from casfs.store.marks import Condemned
 from casfs.store.objects import DIGEST_RE, object_key
+from casfs.store.packs import packs_of
 from casfs.util import jsonsafe
 from casfs.util.paths import parent_dirs
 
@@ -78,7 +79,7 @@ READABLE_VERSIONS = (1, 2)
 # Features a record may ``require`` that this code implements; a record requiring
 # any other is treated as a newer format (a reader ignoring it would serve wrong
 # bytes). Optional keys that are safe to ignore need no entry here.
-SUPPORTED_FEATURES: frozenset[str] = frozenset({"replace"})
+SUPPORTED_FEATURES: frozenset[str] = frozenset({"replace", "pack"})
 REPLACE = "replace"  # extras key and feature: a later version of the path overrides
 RELOCATE = "relocate"  # extras key: a path-bearing file stored path-free, with N paths
 _CORE_KEYS = frozenset({
@@ -411,6 +412,9 @@ class GenerationStore:
                 )
             self._parts[part.digest] = cached
             self._cached_entries += len(cached)
+            for e in cached:  # packed objects: where their bytes live (casfs.store.packs)
+                if e.extras and "pack" in e.extras:
+                    self.objects.locate(e.digest, e.extras["pack"])
             while self._cached_entries > PART_CACHE_ENTRIES and len(self._parts) > 1:
                 _, old = self._parts.popitem(last=False)
                 self._cached_entries -= len(old)
@@ -546,6 +550,8 @@ class GenerationStore:
         wanted = {e.path: e for e in additions}
         if any(is_replace(e) for e in wanted.values()):
             requires = {*requires, REPLACE}  # older readers must not take it for damage
+        if any(e.extras and "pack" in e.extras for e in wanted.values()):
+            requires = {*requires, "pack"}  # a reader ignoring it would only see misses
         result = PublishResult(ns, None)
         hint: int | None = None
         stalled = 0
@@ -580,7 +586,8 @@ class GenerationStore:
             needs = set(requires) | set(current.requires if current else ())
             record = replace(record, options=dict(options or {}), requires=tuple(sorted(needs)))
             reused = self._save_condemned({e.digest for e in new}
-                                          | {p.digest for p in record.parts})
+                                          | {p.digest for p in record.parts}
+                                          | packs_of(new))
             self.backend.sync()  # every object the record names is durable before it exists
             self.trust.check_namespace(ns)  # nobody slipped their own directory in meanwhile
             data = self.trust.seal(ns, record.to_json())
@@ -604,7 +611,7 @@ class GenerationStore:
             # Full jitter, growing to ~1 s: a herd of publishers spreads out.
             time.sleep(random.uniform(0, min(1.0, 0.01 * 2 ** min(attempt, 7))))
 
-    def _save_condemned(self, digests: set[str]) -> dict[str, bytes]:
+    def _save_condemned(self, digests: set[str]) -> dict[str, bytes | None]:
         """Write again each object the record will name that a gc mark condemns.
 
         gc cannot see that this publisher re-uses an object it marked as
@@ -613,12 +620,18 @@ class GenerationStore:
         """
         if self._condemned is None:
             self._condemned = Condemned(self.backend)
-        return {d: self.objects.rewrite(d) for d in sorted(digests & self._condemned.digests())}
+        from casfs.store.packs import rewrite_pack
 
-    def _check_after_publish(self, saved: dict[str, bytes]) -> None:
+        saved: dict[str, bytes | None] = {}
+        for d in sorted(digests & self._condemned.digests()):
+            # a marked pack (its digest is in packs/, not objects/) or object
+            saved[d] = None if rewrite_pack(self.objects, d) else self.objects.rewrite(d)
+        return saved
+
+    def _check_after_publish(self, saved: dict[str, bytes | None]) -> None:
         """Once the record exists, put back a rewritten object a racing sweep removed."""
         for d, data in saved.items():
-            if self.backend.info(object_key(d)) is None:
+            if data is not None and self.backend.info(object_key(d)) is None:
                 log.warning("object %s was removed by a concurrent gc: writing it again", d)
                 self.objects.put_bytes(data)
                 self.objects.counters.inc("objects_restored_after_gc")

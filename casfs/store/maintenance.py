@@ -34,7 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from casfs.errors import CasfsError, UsageError
-from casfs.store import marks
+from casfs.store import marks, packs
 from casfs.store.generations import GenerationStore, Record, seq_name
 from casfs.store.objects import object_key
 from casfs.store.root import SharedRoot
@@ -55,6 +55,7 @@ class GcReport:
     young_unreferenced: int = 0  # unreferenced, marked now: deleted by a run >= grace later
     rewritten_since_mark: int = 0  # re-used by a publisher after being marked: kept
     marks_swept: int = 0
+    removed_packs: int = 0
     marked: int = 0
     removed_tmp: int = 0
 
@@ -79,7 +80,9 @@ def mark(gens: GenerationStore, keep: int) -> tuple[set[str], dict[str, list[int
         for seq in kept:
             rec = gens.record(ns, seq)
             live.update(p.digest for p in rec.parts)
-            live.update(e.digest for e in gens.snapshot(rec).entries.values())
+            ents = gens.snapshot(rec).entries.values()
+            live.update(e.digest for e in ents)
+            live.update(packs.packs_of(ents))  # a pack lives while any kept entry uses it
             prof = rec.options.get("profile")  # the access profile object, if named
             if isinstance(prof, str) and len(prof) == 64:
                 live.add(prof)
@@ -130,13 +133,15 @@ def gc(
             progress(1)
         if digest not in live:
             candidates.append(digest)
-    report.marked = len(candidates)
+    dead_packs = [p for p in packs.iter_packs(root.objects) if p not in live]
+    report.marked = len(candidates) + len(dead_packs)
     fresh: list[marks.Mark] = []
-    if candidates:
+    if candidates or dead_packs:
         if dry_run:  # what a real run would mark, kept in memory
-            fresh.append(marks.Mark("(dry run)", time.time(), frozenset(candidates)))
+            fresh.append(marks.Mark("(dry run)", time.time(), frozenset(candidates),
+                                    frozenset(dead_packs)))
         else:
-            marks.write(root.backend, candidates, time.time())
+            marks.write(root.backend, candidates, time.time(), dead_packs)
     removed: set[str] = set()
     for m in [*marks.load_all(root.backend), *fresh]:
         if grace > 0 and now - m.created < grace:
@@ -156,9 +161,23 @@ def gc(
             removed.add(digest)
             report.removed_objects += 1
             report.removed_bytes += info.size
+        for pack in m.packs:  # whole packs only: one no kept entry uses (no repacking yet)
+            if pack in live or pack in removed:
+                continue
+            info = root.backend.info(packs.pack_key(pack))
+            if info is None:
+                continue
+            if m.spares(info.mtime):
+                report.rewritten_since_mark += 1
+                continue
+            if not dry_run:
+                root.backend.delete(packs.pack_key(pack))
+            removed.add(pack)
+            report.removed_packs += 1
+            report.removed_bytes += info.size
         if not dry_run and m not in fresh:
             marks.remove(root.backend, m)
-    report.young_unreferenced = len(set(candidates) - removed)
+    report.young_unreferenced = len((set(candidates) | set(dead_packs)) - removed)
     for name, age in root.backend.staging_entries():
         if age >= grace:
             report.removed_tmp += 1
@@ -171,6 +190,7 @@ def gc(
 @dataclass
 class VerifyReport:
     objects: int = 0
+    packs: int = 0
     generations: int = 0
     problems: list[str] = field(default_factory=list)
 
@@ -189,6 +209,21 @@ def verify(root: SharedRoot, *, progress: Progress | None = None) -> VerifyRepor
             report.problems.append(f"object {digest}: {e}")
         if progress:
             progress(1)
+    for pack in packs.iter_packs(root.objects):
+        report.packs += 1
+        try:
+            raw, info = packs.read_pack(root.objects, pack)
+        except (CasfsError, OSError) as e:
+            report.problems.append(f"pack {pack}: {e}")
+            continue
+        for digest, (off, length) in info.members.items():
+            try:
+                root.objects.verify_stored(digest, raw[off:off + length])
+                present.setdefault(digest, True)
+                root.objects.locations.setdefault(digest, (pack, off, length))
+            except CasfsError as e:
+                present.setdefault(digest, False)
+                report.problems.append(f"pack {pack}: member {digest}: {e}")
     gens = root.generations()
     for ns in gens.namespaces():
         for item in gens.records(ns):
@@ -227,14 +262,16 @@ class Usage:
     logical_bytes: int = 0  # bytes of every file of the newest generation(s)
     unique_bytes: int = 0  # uncompressed bytes of the distinct objects those files use
     file_stored_bytes: int = 0  # on-disk bytes of those distinct objects
-    stored_bytes: int = 0  # on-disk bytes of every object counted (manifests too)
+    stored_bytes: int = 0  # on-disk bytes of every object counted (manifests, packs too)
     objects: int = 0
+    packs: int = 0  # pack objects (whole root only)
 
     def to_json(self) -> dict[str, float | int]:
         return {
             "namespaces": self.namespaces,
             "files": self.files,
             "objects": self.objects,
+            "packs": self.packs,
             "logical_bytes": self.logical_bytes,
             "unique_bytes": self.unique_bytes,
             "stored_bytes": self.stored_bytes,
@@ -270,4 +307,8 @@ def usage(root: SharedRoot, namespace: str | None = None) -> Usage:
         for d in root.objects.iter_digests():
             u.objects += 1
             u.stored_bytes += root.objects.stored_size(d)
+        for p in packs.iter_packs(root.objects):
+            info = root.backend.info(packs.pack_key(p))
+            u.packs += 1
+            u.stored_bytes += info.size if info else 0
     return u

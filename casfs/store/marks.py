@@ -1,7 +1,8 @@
 """gc marks: the objects one gc run found unreferenced (phase 1 of casfs.store.maintenance.gc).
 
     gc/marks/<created, 12 digits>-<32 hex>    zstd(JSON) {"casfs_gc_mark": 1, "created": t,
-                                                         "digests": [hex, ...]}
+                                                         "digests": [hex, ...],
+                                                         "packs": [hex, ...]}
 
 A mark is created once (create-only) and deleted by the sweep that acts on
 it. Its age is taken from the storage's own timestamp of the mark (the clock
@@ -43,15 +44,18 @@ class Mark:
     name: str
     created: float  # the storage's timestamp of the mark object
     digests: frozenset[str]
+    packs: frozenset[str] = frozenset()  # pack objects (casfs.store.packs) it names
 
     def spares(self, mtime: float) -> bool:
         """Whether an object with this mtime was (possibly) written after the mark."""
         return mtime >= self.created - MTIME_SLACK
 
 
-def write(backend: Backend, digests: Iterable[str], created: float) -> str:
+def write(backend: Backend, digests: Iterable[str], created: float,
+          packs: Iterable[str] = ()) -> str:
     name = f"{int(created):012d}-{uuid.uuid4().hex}"
-    doc = {"casfs_gc_mark": 1, "created": created, "digests": sorted(digests)}
+    doc = {"casfs_gc_mark": 1, "created": created, "digests": sorted(digests),
+           "packs": sorted(packs)}
     data = zstandard.ZstdCompressor(level=3).compress(json.dumps(doc).encode())
     backend.create_exclusive(f"{PREFIX}/{name}", data)
     return name
@@ -72,13 +76,15 @@ def _read(backend: Backend, name: str) -> Mark | None:
         doc = json.loads(zstandard.ZstdDecompressor().decompress(raw,
                                                                  max_output_size=MAX_MARK_BYTES))
         digests = frozenset(d for d in doc["digests"] if isinstance(d, str) and DIGEST_RE.match(d))
+        packs = frozenset(d for d in doc.get("packs", [])
+                          if isinstance(d, str) and DIGEST_RE.match(d))
     except FileNotFoundError:
         return None
     except (ValueError, KeyError, TypeError, zstandard.ZstdError) as e:
         # A damaged mark protects nothing and condemns nothing: ignore it (logged).
         log.warning("ignoring damaged gc mark %s: %s", name, e)
         return None
-    return Mark(name, info.mtime, digests)
+    return Mark(name, info.mtime, digests, packs)
 
 
 def load_all(backend: Backend) -> Iterator[Mark]:
@@ -113,7 +119,7 @@ class Condemned:
                 for n in names - set(self._marks):
                     m = _read(self.backend, n)
                     if m is not None:
-                        self._marks[n] = m.digests
+                        self._marks[n] = m.digests | m.packs
                 self._listed = time.monotonic()
             out: set[str] = set()
             for d in self._marks.values():

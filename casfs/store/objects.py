@@ -22,12 +22,13 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import io
 import logging
 import os
 import re
 import stat
 import struct
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
@@ -148,6 +149,11 @@ class ObjectStore:
         self.backend = backend
         self.counters = counters or Counters()
         self._level = level
+        # digest -> (pack digest, offset, length) of packed objects, learnt from
+        # manifests (casfs.store.packs); ``locator`` may fill it on a miss.
+        self.locations: dict[str, tuple[str, int, int]] = {}
+        self.locator: Callable[[], None] | None = None
+        self._located = False
 
     # --- writing ----------------------------------------------------------
     def has(self, digest: str) -> bool:
@@ -157,18 +163,21 @@ class ObjectStore:
         digest = digest_bytes(data)
         return self._put_known(digest, data)
 
+    def encode(self, data: bytes) -> bytes:
+        """The stored form of ``data``: header + payload (zstd unless it saves too little)."""
+        payload = zstandard.ZstdCompressor(level=self._level).compress(data)
+        codec = CODEC_ZSTD
+        if len(payload) > len(data) * (1 - MIN_SAVING):
+            payload, codec = data, CODEC_RAW
+        return HEADER.pack(MAGIC, VERSION, codec, 0, len(data)) + payload
+
     def _put_known(self, digest: str, data: bytes) -> PutResult:
         key = object_key(digest)
         exists = self.backend.info(key) is not None
         if exists and self._sound(digest, len(data)):
             return PutResult(digest, len(data), False)
-        payload = zstandard.ZstdCompressor(level=self._level).compress(data)
-        codec = CODEC_ZSTD
-        if len(payload) > len(data) * (1 - MIN_SAVING):
-            payload, codec = data, CODEC_RAW
         with atomic.staged_file(self.backend.staging_dir, "obj-", 0o444, sync=False) as (f, tmp):
-            f.write(HEADER.pack(MAGIC, VERSION, codec, 0, len(data)))
-            f.write(payload)
+            f.write(self.encode(data))
         return PutResult(digest, len(data), self._install(key, tmp, repair=exists))
 
     def put_file(self, path: str | os.PathLike[str]) -> PutResult:
@@ -262,7 +271,38 @@ class ObjectStore:
         with self._open(digest) as f:
             return parse_header(f.read(HEADER_SIZE), digest)
 
+    def locate(self, digest: str, pack: object) -> None:
+        """Remember where a packed object lives (a manifest row's ``pack`` extras)."""
+        from casfs.store.packs import parse_location
+
+        loc = parse_location(pack)
+        if loc is not None:
+            self.locations[digest] = loc
+
+    def _open_packed(self, digest: str) -> BinaryIO | None:
+        loc = self.locations.get(digest)
+        if loc is None and self.locator is not None and not self._located:
+            self._located = True  # once: a later miss must not re-read manifests each time
+            self.locator()
+            loc = self.locations.get(digest)
+        if loc is None:
+            return None
+        from casfs.store.packs import pack_key
+
+        pack, off, length = loc
+        try:
+            raw = self.backend.read_range(pack_key(pack), off, length)
+        except (FileNotFoundError, NotADirectoryError):
+            return None  # the pack is gone: try a loose copy
+        if len(raw) != length:
+            raise CorruptObjectError(f"object {digest}: pack {pack} is truncated")
+        self.counters.inc("packed_reads")
+        return io.BytesIO(raw)
+
     def _open(self, digest: str) -> BinaryIO:
+        packed = self._open_packed(digest)
+        if packed is not None:
+            return packed
         try:
             return self.backend.open(object_key(digest))
         except (FileNotFoundError, NotADirectoryError):
@@ -284,11 +324,25 @@ class ObjectStore:
             log.warning("rejected object: %s", e)
             raise
 
-    def _get_into(self, digest: str, expected_size: int | None, out: BinaryIO) -> int:
+    def verify_stored(self, digest: str, stored: bytes) -> int:
+        """Verify ``stored`` (a loose object's or pack member's bytes) as object ``digest``."""
+
+        class _Null:
+            def write(self, b: bytes) -> int:
+                return len(b)
+
+        try:
+            return self._get_into(digest, None, _Null(), io.BytesIO(stored))  # type: ignore[arg-type]
+        except CorruptObjectError:
+            self.counters.inc("rejections")
+            raise
+
+    def _get_into(self, digest: str, expected_size: int | None, out: BinaryIO,
+                  source: BinaryIO | None = None) -> int:
         check_digest(digest)
         if expected_size is not None:
             check_object_size(expected_size, f"object {digest}")  # before any I/O
-        with self._open(digest) as f:
+        with source or self._open(digest) as f:
             hdr = parse_header(f.read(HEADER_SIZE), digest)
             check_object_size(hdr.size, f"object {digest}")
             if expected_size is not None and hdr.size != expected_size:
@@ -351,6 +405,9 @@ class ObjectStore:
                     yield d
 
     def stored_size(self, digest: str) -> int:
+        loc = self.locations.get(digest)
+        if loc is not None:
+            return loc[2]  # its share of a pack
         info = self.backend.info(object_key(digest))
         return info.size if info else 0
 

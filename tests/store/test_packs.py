@@ -1,0 +1,135 @@
+"""Pack objects (casfs.store.packs) on both backends: small objects stored together, read by
+byte range and verified like loose ones; import, export, verify, du and gc understand them."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from casfs.errors import CorruptObjectError, ObjectMissingError
+from casfs.families import rules
+from casfs.promote.importer import import_tree
+from casfs.store import maintenance, marks
+from casfs.store.export import export_tree
+from casfs.store.objects import digest_bytes
+from casfs.store.packs import PackWriter, iter_packs, pack_key, read_pack
+from casfs.store.root import SharedRoot
+
+
+@pytest.fixture(params=["local", "s3"])
+def any_root(request: pytest.FixtureRequest, tmp_path: Path) -> SharedRoot:
+    if request.param == "s3":
+        return SharedRoot.open(request.getfixturevalue("s3_url"), create=True)
+    return SharedRoot.open(tmp_path / "root", create=True)
+
+
+def _tree(base: Path) -> dict[str, bytes]:
+    files = {f"k{i % 4}/f{i}.ptx": (f"kernel {i}\n" * (10 + i * 7)).encode() for i in range(40)}
+    files["k0/random.cubin"] = os.urandom(3000)
+    files["dup/a"] = files["dup/b"] = b"same bytes twice\n"
+    files["big.so"] = os.urandom(200_000)  # above SMALL_OBJECT: stored alone
+    for rel, data in files.items():
+        p = base / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(data)
+    return files
+
+
+def test_pack_writer_round_trip(any_root: SharedRoot) -> None:
+    w = PackWriter(any_root.objects, target=4000)  # small target: several packs
+    blobs = [os.urandom(100 + i * 20) for i in range(30)]
+    for b in blobs:
+        w.add(b)
+    locs = w.flush()
+    assert w.packs_written >= 2 and len(locs) == 30
+    assert set(iter_packs(any_root.objects)) == {loc[0] for loc in locs.values()}
+    fresh = SharedRoot.open(any_root.location)  # another reader: learns locations from rows
+    for b in blobs:
+        d = digest_bytes(b)
+        with pytest.raises(ObjectMissingError):  # no loose copy, location not known yet
+            fresh.objects.get_bytes(d)
+        fresh.objects.locate(d, list(locs[d]))
+        assert fresh.objects.get_bytes(d, len(b)) == b
+    # a location pointing at the wrong member is rejected (hash mismatch), never served
+    d0, d1 = digest_bytes(blobs[0]), digest_bytes(blobs[1])
+    fresh.objects.locate(d0, list(locs[d1]))
+    with pytest.raises(CorruptObjectError):
+        fresh.objects.get_bytes(d0)
+
+
+def test_import_with_packs_then_read_verify_du_gc(
+    any_root: SharedRoot, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = any_root
+    src = tmp_path / "src"
+    files = _tree(src)
+    rep = import_tree(root, src, "ns", rules=rules("generic"), node="n", packs=True)
+    assert rep.packs == 1 and rep.publish is not None and rep.publish.seq == 1
+    assert sum(1 for _ in root.objects.iter_digests()) <= 3  # big.so + manifest (+ nothing else)
+    reader = SharedRoot.open(root.location)
+    gens = reader.generations()
+    snap = gens.entries("ns")
+    packed = [e for e in snap.entries.values() if e.extras and "pack" in e.extras]
+    assert len(packed) == len(files) - 1  # all but big.so
+    out = tmp_path / "out"
+    assert export_tree(reader, snap.record, out).failed == []  # type: ignore[arg-type]
+    for rel, data in files.items():
+        assert (out / rel).read_bytes() == data
+    v = maintenance.verify(SharedRoot.open(root.location))
+    assert v.problems == [] and v.packs == 1
+    du = maintenance.usage(SharedRoot.open(root.location))
+    assert du.packs == 1 and du.files == len(files)
+    # re-importing the same tree stores nothing new: named where they already are
+    again = import_tree(root, src, "ns", rules=rules("generic"), node="n", packs=True)
+    assert again.packs == 0 and len(list(iter_packs(root.objects))) == 1
+    # a pack no generation uses (an importer died before publishing) goes; the used one stays
+    w = PackWriter(root.objects)
+    w.add(b"orphaned small object")
+    orphan = next(iter(w.flush().values()))[0]
+    # everything here is seconds old: let the sweep ignore the whole-second mtime slack
+    monkeypatch.setattr(marks, "MTIME_SLACK", -60.0)
+    rep2 = maintenance.gc(root, keep=1, grace=0)
+    assert rep2.removed_packs == 1
+    assert list(iter_packs(root.objects)) == [packed[0].extras["pack"][0]]  # type: ignore[index]
+    assert root.backend.info(pack_key(orphan)) is None
+    assert maintenance.verify(SharedRoot.open(root.location)).problems == []
+
+
+def test_damaged_pack_is_reported_and_a_miss(tmp_path: Path) -> None:
+    root = SharedRoot.open(tmp_path / "root", create=True)
+    src = tmp_path / "src"
+    files = _tree(src)
+    import_tree(root, src, "ns", rules=rules("generic"), node="n", packs=True)
+    [pack] = list(iter_packs(root.objects))
+    _, info = read_pack(root.objects, pack)
+    p = root.path / pack_key(pack)
+    p.chmod(0o644)
+    data = bytearray(p.read_bytes())
+    bad, (off, length) = next(iter(info.members.items()))
+    data[off + length - 1] ^= 0xFF  # flip the last byte of one member
+    p.write_bytes(bytes(data))
+    v = maintenance.verify(SharedRoot.open(root.path))
+    assert any(f"pack {pack}" in x for x in v.problems)
+    reader = SharedRoot.open(root.path)
+    snap = reader.generations().entries("ns")
+    rep = export_tree(reader, snap.record, tmp_path / "out")  # type: ignore[arg-type]
+    # the damaged member is a miss for the files that use it; every other file exported
+    users = [e.path for e in snap.entries.values() if e.digest == bad]
+    assert len(rep.failed) == len(users) >= 1 and all(bad in f for f in rep.failed)
+    assert sum(1 for r in files if (tmp_path / "out" / r).exists()) == len(files) - len(users)
+
+
+def test_loose_only_roots_stay_readable(tmp_path: Path) -> None:
+    root = SharedRoot.open(tmp_path / "root", create=True)
+    src = tmp_path / "src"
+    files = _tree(src)
+    import_tree(root, src, "ns", rules=rules("generic"), node="n", packs=False)
+    assert list(iter_packs(root.objects)) == []
+    reader = SharedRoot.open(root.path)
+    snap = reader.generations().entries("ns")
+    assert all(not (e.extras and "pack" in e.extras) for e in snap.entries.values())
+    assert export_tree(reader, snap.record, tmp_path / "o").failed == []  # type: ignore[arg-type]
+    assert maintenance.verify(reader).problems == []
+    assert len(files) == len(snap.entries)
