@@ -301,18 +301,25 @@ class NodeHost:
         if lease is None:
             lid = uuid.uuid4().hex[:16]
             lease = Lease(lid, pid, leases.start_time(pid))
-        out = []
-        for c in caches:
-            family = check_family(str(c.get("family")))
-            namespace = check_namespace(str(c.get("namespace")))
-            s = await self.attach(tenant, family, namespace)
-            s.svc.set_ingredients(c.get("ingredients"))
-            lease.keys.add(s.key)
-            s.idle_since = None
-            out.append({"family": family, "namespace": namespace, "tenant": tenant,
-                        "path": str(s.path), "served_seq": s.svc.served_seq,
-                        "restored_entries": s.svc.restored_entries})
+        # Registered before attaching: the lease check must not release the first
+        # namespace while the next one is being attached.
         self.leases[lid] = lease
+        out = []
+        try:
+            for c in caches:
+                family = check_family(str(c.get("family")))
+                namespace = check_namespace(str(c.get("namespace")))
+                s = await self.attach(tenant, family, namespace)
+                s.svc.set_ingredients(c.get("ingredients"))
+                lease.keys.add(s.key)
+                s.idle_since = None
+                out.append({"family": family, "namespace": namespace, "tenant": tenant,
+                            "path": str(s.path), "served_seq": s.svc.served_seq,
+                            "restored_entries": s.svc.restored_entries})
+        except BaseException:
+            if not lease.keys:
+                self.leases.pop(lid, None)
+            raise
         self._persist()
         return {"ok": True, "lease": lid, "caches": out, "mountpoint": str(self.cfg.base)}
 
