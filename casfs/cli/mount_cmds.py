@@ -56,6 +56,7 @@ def make_config(args: argparse.Namespace, family: str, mountpoint: Path,
         allow_other=args.allow_other,
         scratch_patterns=tuple(args.exclude or ()),
         mode=args.mode,
+        fetch_timeout=args.fetch_timeout,
     )
 
 
@@ -195,7 +196,9 @@ def cmd_publish(args: argparse.Namespace) -> int:
         emit_json(replies)
     else:
         for r in replies:
-            print(r.get("message") or r.get("error"))
+            for one in r.get("namespaces") or [r]:  # a node's mount process serves several
+                where = f"{one['path']}: " if one.get("path") else ""
+                print(where + str(one.get("message") or one.get("error")))
     return 0 if all(r.get("ok") for r in replies) else 1
 
 
@@ -270,6 +273,7 @@ def host_config(args: argparse.Namespace, *, for_run: bool) -> HostConfig:
         state_dir=default_state_dir().absolute(), stable_after=args.stable_after,
         publish_interval=args.publish_interval, refresh_interval=args.refresh_interval,
         allow_other=args.allow_other, scratch_patterns=tuple(args.exclude or ()),
+        fetch_timeout=args.fetch_timeout,
         # casfs run's own mount process: the last job out publishes and unmounts.
         grace=0.0 if for_run else 60.0, exit_when_idle=True,
     )
@@ -484,6 +488,11 @@ def _write_report(path: Path, cmd: list[str], rc: int, caches: list[dict[str, An
         write_atomic(path, (json.dumps(doc, indent=1) + "\n").encode())
     except OSError as e:
         print(f"casfs: warning: cannot write the report {path}: {e}", file=sys.stderr)
+def _positive(text: str) -> float:
+    v = float(text)
+    if not v > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0: {text}")
+    return v
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -505,6 +514,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         p.add_argument("--stable-after", type=float, default=2.0, metavar="S")
         p.add_argument("--publish-interval", type=float, default=10.0, metavar="S")
         p.add_argument("--refresh-interval", type=float, default=30.0, metavar="S")
+        p.add_argument("--fetch-timeout", type=_positive, default=10.0, metavar="S",
+                       help="the longest an open waits for the shared root before the job"
+                            " gets a miss (default 10)")
         p.add_argument("--allow-other", action="store_true")
         p.add_argument("--exclude", action="append", help="extra scratch glob (repeatable)")
         p.add_argument("--mode", choices=("fuse", "overlay", "dir"), default="fuse",

@@ -66,7 +66,7 @@ class MountOptions:
     namespace_max_bytes: int | None = None
     exclude: tuple[str, ...] = ()
     mode: str = "fuse"  # "dir" for hosts without FUSE
-    fetch_timeout: float = 20.0
+    fetch_timeout: float = 10.0
 
 
 @dataclass(frozen=True)

@@ -70,6 +70,19 @@ class _Fill:
         self.done = threading.Event()
         self.error: BaseException | None = None
         self.waiters = 0
+        self.started = self.progressed = time.monotonic()  # progressed: last bytes written
+
+
+class _Progress:
+    """A file wrapper noting when bytes last arrived (a slow fetch is not a dead one)."""
+
+    def __init__(self, f: BinaryIO, fill: _Fill) -> None:
+        self._f = f
+        self._fill = fill
+
+    def write(self, data: bytes) -> int:
+        self._fill.progressed = time.monotonic()
+        return self._f.write(data)
 
 
 def _rewrap(error: BaseException) -> BaseException:
@@ -220,7 +233,7 @@ class LocalObjectCache:
                 raise CorruptObjectError(f"object {digest} does not have the expected {size} bytes")
             return
         try:
-            self._fill(digest, size, path)
+            self._fill(digest, size, path, fill)
         except BaseException as e:
             fill.error = e
             raise
@@ -230,7 +243,13 @@ class LocalObjectCache:
             fill.done.set()
         self._after_fill()
 
-    def _fill(self, digest: str, size: int, path: Path) -> None:
+    def fill_progress(self, digest: str) -> float | None:
+        """Seconds since the in-flight fill of ``digest`` last received bytes; None if none."""
+        with self._lock:
+            fill = self._fills.get(digest)
+        return None if fill is None else time.monotonic() - fill.progressed
+
+    def _fill(self, digest: str, size: int, path: Path, fill: _Fill | None = None) -> None:
         tmp = temp_name(path.parent, "fill-")
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
         try:
@@ -243,7 +262,8 @@ class LocalObjectCache:
             raise CasfsError(f"local object cache {self.directory}: {e}") from e
         try:
             with os.fdopen(fd, "wb") as f:
-                n = self._source.get_into(digest, size, f)
+                out: BinaryIO = _Progress(f, fill) if fill is not None else f  # type: ignore[assignment]
+                n = self._source.get_into(digest, size, out)
                 f.flush()
                 actual = os.fstat(f.fileno()).st_size
             if n != size or actual != size:

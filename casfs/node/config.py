@@ -22,7 +22,7 @@ class MountConfig:
     publish_interval: float = 10.0
     refresh_interval: float = 30.0
     shutdown_timeout: float = 30.0
-    fetch_timeout: float = 20.0  # a lower object not fetched by then is a miss
+    fetch_timeout: float = 10.0  # the longest an open waits for a lower object (then a miss)
     prefetch: bool = True  # fetch the namespace's access profile in the background
     allow_other: bool = False
     cache_max_bytes: int = 20 << 30

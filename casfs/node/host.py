@@ -67,7 +67,7 @@ class HostConfig:
     publish_interval: float = 10.0
     refresh_interval: float = 30.0
     shutdown_timeout: float = 30.0
-    fetch_timeout: float = 20.0
+    fetch_timeout: float = 10.0
     allow_other: bool = False
     cache_max_bytes: int = 20 << 30
     namespace_max_bytes: int | None = None

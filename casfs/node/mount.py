@@ -168,6 +168,7 @@ class MountService:
         if self.ops is not None:
             self.ops.on_lower_open = self._lower_opened
         self.publisher: Publisher | None = None
+        self.last_promotion_error = ""
         self._ingredients: dict[str, Any] | None = None
         self.last_publish: dict[str, Any] | None = None
         self._flushed: dict[str, int] = {}
@@ -431,7 +432,17 @@ class MountService:
             # creates and renames, not writes, so the upper is rescanned too.
             self._last_scan = time.monotonic()
             p.scan_all()
-        return p.run_once(final=final).promoted
+        res = p.run_once(final=final)
+        if res.errors:
+            self.last_promotion_error = res.last_error
+        elif res.promoted:
+            self.last_promotion_error = ""
+        return res.promoted
+
+    def _promotion_state(self) -> tuple[int, str]:
+        """(files still awaiting promotion, the last promotion error or '')."""
+        waiting = self.tracker.pending()
+        return waiting, self.last_promotion_error if waiting else ""
 
     def record_reads(self, force: bool = False) -> None:
         """Publish what this mount's jobs opened as a read record (casfs.store.reads):
@@ -450,18 +461,28 @@ class MountService:
 
     def publish_once(self) -> dict[str, Any]:
         self.record_reads(force=True)
+        waiting, error = self._promotion_state()
         pub = self._publisher()
         if pub is None:
             self._open_root()
-            return {"ok": False, "message": f"shared root unavailable: {self.root_error}"}
+            return {"ok": False, "message": f"shared root unavailable: {self.root_error}",
+                    "pending_promotion": waiting, "promotion_error": error}
         out = pub.publish()
         res = out.result
         if res is not None and res.added:
             self.refresh_once()  # serve (and report) the generation we just made
+        message, ok = out.message, out.ok
+        if waiting:
+            # Never "nothing to publish" while files wait: say what is stuck and why.
+            what = f"{waiting} files await promotion"
+            message = (f"{what}, failing: {error}" if error else what) + (
+                "" if message == "nothing to publish" else f"; {message}")
+            ok = ok and not error
         self.last_publish = {
-            "ok": out.ok, "message": out.message, "time": time.time(),
+            "ok": ok, "message": message, "time": time.time(),
             "seq": res.seq if res else None, "added": res.added if res else 0,
             "conflicts": res.conflicts if res else 0,
+            "pending_promotion": waiting, "promotion_error": error,
         }
         return self.last_publish
 
@@ -513,6 +534,7 @@ class MountService:
             "pid": os.getpid(),
             "uptime": round(time.time() - self.started, 1),
             "pending_promotion": self.tracker.pending(),
+            "promotion_error": self._promotion_state()[1],
             "pending_publication": self.pending_publication(),
             "last_publish": self.last_publish,
             "warm_ready_s": self.prefetcher.warm_ready_s if self.prefetcher else None,

@@ -31,6 +31,7 @@ from casfs.promote.tracker import WriteTracker
 from casfs.store.entry import Entry
 from casfs.store.objects import ObjectStore, PutResult, max_object_bytes
 from casfs.util.counters import Counters
+from casfs.util.crashpoint import crashpoint
 from casfs.util.paths import is_valid_relpath
 
 log = logging.getLogger(__name__)
@@ -54,6 +55,7 @@ class RoundResult:
     bytes: int = 0
     deferred: int = 0
     errors: int = 0
+    last_error: str = ""  # the last error's message, for `casfs publish` and status
 
 
 class Promoter:
@@ -127,6 +129,8 @@ class Promoter:
             for cand, put in zip(todo, puts, strict=True):
                 if put is not None:
                     self._guarded(self._finish, (cand, put), res)
+        if self._batch:
+            crashpoint("after-objects")
         # One index transaction per round, not one disk sync per file.
         self.index.add_promoted_many(self.key, [e for e, _ in self._batch.values()])
         for rel, (_, seen_at) in self._batch.items():
@@ -143,6 +147,7 @@ class Promoter:
             return fn(arg, res)
         except OSError as e:
             res.errors += 1
+            res.last_error = str(e)
             self.counters.inc("promote_errors")
             log.warning("promotion step failed (will retry): %s", e)
             return None

@@ -67,6 +67,7 @@ from casfs.store.marks import Condemned
 from casfs.store.objects import DIGEST_RE, object_key
 from casfs.store.packs import packs_of
 from casfs.util import jsonsafe
+from casfs.util.crashpoint import crashpoint
 from casfs.util.paths import parent_dirs
 
 if TYPE_CHECKING:
@@ -580,6 +581,7 @@ class GenerationStore:
                     f" its bound of {max_bytes} bytes; nothing was published"
                 )
             seq = (newest or 0) + 1
+            crashpoint("before-manifest")
             record = self._next_record(ns, seq, current, snap, new, node, fingerprint,
                                        compact_deltas)
             # A record keeps its parent's requirements: its parts may still need them.
@@ -588,11 +590,14 @@ class GenerationStore:
             reused = self._save_condemned({e.digest for e in new}
                                           | {p.digest for p in record.parts}
                                           | packs_of(new))
+            crashpoint("after-manifest")
             self.backend.sync()  # every object the record names is durable before it exists
+            crashpoint("after-sync")
             self.trust.check_namespace(ns)  # nobody slipped their own directory in meanwhile
             data = self.trust.seal(ns, record.to_json())
             if self.backend.create_exclusive(self._key(ns, record.seq), data):
                 result.seq = record.seq
+                crashpoint("after-record")
                 self._published(snap, record, new)
                 self._check_after_publish(reused)
                 log.info(

@@ -40,6 +40,7 @@ from casfs.errors import CorruptObjectError, ObjectMissingError
 from casfs.store.backend import Backend, NotRegularFileError
 from casfs.util import atomic
 from casfs.util.counters import Counters
+from casfs.util.crashpoint import crashpoint
 
 log = logging.getLogger(__name__)
 
@@ -238,6 +239,7 @@ class ObjectStore:
         return True
 
     def _install(self, key: str, tmp: Path, *, repair: bool) -> bool:
+        crashpoint("object-staged")
         if not repair:
             return self.backend.put_if_absent(key, tmp)
         # A torn or corrupt object under this name: the name is content-addressed,

@@ -119,7 +119,7 @@ class OpsBase(pyfuse3.Operations):
         *,
         lower_timeout: float = 3600.0,
         upper_timeout: float = 3600.0,
-        fetch_timeout: float = 20.0,
+        fetch_timeout: float = 10.0,
         fetch_threads: int = 16,
         lower_dir_mode: int = 0o777,
         root_mode: int = 0o1777,

@@ -21,6 +21,9 @@ from casfs.view.op_base import Miss, OpsBase, err
 
 log = logging.getLogger(__name__)
 
+# A fetch that received no bytes for this long is stalled, not slow (seconds).
+STALL = 5.0
+
 
 class CopyUpOps(OpsBase):
     def _lower_failed(self, path: str, exc: BaseException) -> Miss:
@@ -38,8 +41,11 @@ class CopyUpOps(OpsBase):
         """The entry's local file (pinned), or a miss; never waits past fetch_timeout.
 
         The fetch runs in a thread the handler can abandon: a shared root that
-        stops answering (a hard NFS mount, a FIFO planted in the store) must
-        cost the job a miss, not a process stuck in D state.
+        stops answering (a hard NFS mount) must cost the job a miss, not a
+        process stuck in D state. An abandoned fetch goes on in the background:
+        if bytes were still arriving (a large object on slow storage) the path
+        is not hidden, and the next open joins the fill instead of missing
+        again; if nothing arrived for STALL seconds the path is hidden for a while.
         """
         lock = threading.Lock()
         state = {"done": False, "abandoned": False}
@@ -66,6 +72,15 @@ class CopyUpOps(OpsBase):
             state["abandoned"] = True
             if state["done"]:  # finished just as we gave up: its pin is ours to drop
                 self.fetcher.unpin(entry.digest)
+        progress = getattr(self.fetcher, "fill_progress", None)
+        idle = progress(entry.digest) if progress is not None else None
+        if idle is not None and idle < STALL:
+            # Slow but alive: a miss for this open only; the fill finishes for the next.
+            self.counters.inc("fetch_slow")
+            log.info("fetch of %r still running after %.0fs: a miss for now, finishing in"
+                     " the background", path, self.fetch_timeout)
+            self.inodes.detach(path)
+            raise Miss(path)
         self.counters.inc("fetch_timeouts")
         raise self._lower_failed(
             path, TimeoutError(f"no answer from the shared root in {self.fetch_timeout:.0f}s")

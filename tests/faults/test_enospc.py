@@ -1,0 +1,115 @@
+"""Full disks: the shared root and the node state dir on small tmpfs (issue 8 item 7).
+
+I2: reads of published files are the correct bytes or ENOENT, never EIO.
+I3: nothing half-written is published. The operator sees `casfs publish` say
+that files await promotion and why (not "nothing to publish").
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from casfs.store.root import SharedRoot
+
+pytestmark = pytest.mark.fuse
+
+
+@contextlib.contextmanager
+def tmpfs(path: Path, size: str) -> Iterator[Path]:
+    path.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+                   check=True, timeout=30)
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=False, timeout=30)
+
+
+def fill(directory: Path) -> Path:
+    """Fill the filesystem of ``directory`` to the last byte; returns the filler file."""
+    filler = directory / "filler"
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        for block in (1 << 16, 1 << 10, 1):  # down to the last byte
+            while True:
+                try:
+                    os.write(fd, b"\0" * block)
+                except OSError as e:
+                    assert e.errno == errno.ENOSPC
+                    break
+    finally:
+        os.close(fd)
+    return filler
+
+
+def _cli(node: Any, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "casfs.cli.main", "--root", str(node.root),
+                           "--state-dir", str(node.state), *args],
+                          capture_output=True, text=True, timeout=120, check=False)
+
+
+def test_full_shared_root_is_reported_and_published_later(cluster: dict[str, Any]) -> None:
+    with tmpfs(cluster["root"], "4m"):
+        b = cluster["b"]
+        w = b.mount()
+        mp = w.cfg.mountpoint
+        filler = fill(cluster["root"])
+        data = os.urandom(200_000)
+        (mp / "out.bin").write_bytes(data)  # the job's write lands on node-local disk
+        res = _cli(b, "publish", str(mp))
+        assert res.returncode == 1, (res.stdout, res.stderr)
+        assert "await promotion" in res.stdout and "No space left" in res.stdout, res.stdout
+        st = b.ask(w, "status")
+        assert st["pending_promotion"] >= 1 and "No space left" in st["promotion_error"]
+        assert (mp / "out.bin").read_bytes() == data
+        filler.unlink()
+        res = _cli(b, "publish", str(mp))
+        assert res.returncode == 0, (res.stdout, res.stderr)
+        snap = SharedRoot.open(cluster["root"]).generations().entries("testns")
+        assert snap.entries["out.bin"].size == len(data)
+        assert SharedRoot.open(cluster["root"]).objects.get_bytes(
+            snap.entries["out.bin"].digest) == data
+        b.stop(w)
+
+
+def test_full_state_dir_reads_are_misses_or_correct(cluster: dict[str, Any],
+                                                    tmp_path: Path) -> None:
+    files = {f"f{i}": os.urandom(300_000) for i in range(6)}
+    src = tmp_path / "src"
+    src.mkdir()
+    for rel, data in files.items():
+        (src / rel).write_bytes(data)
+    seed = subprocess.run([sys.executable, "-m", "casfs.cli.main", "--root", str(cluster["root"]),
+                           "--state-dir", str(tmp_path / "seed"), "import", str(src), "-n",
+                           "testns"], capture_output=True, text=True, timeout=120, check=False)
+    assert seed.returncode == 0, seed.stderr
+    b = cluster["b"]
+    with tmpfs(b.state, "24m"):
+        w = b.mount()
+        mp = w.cfg.mountpoint
+        assert (mp / "f0").read_bytes() == files["f0"]
+        filler = fill(b.state)
+        seen = {}
+        for rel in ("f1", "f2", "f3"):
+            try:
+                seen[rel] = (mp / rel).read_bytes() == files[rel]
+            except OSError as e:
+                assert e.errno == errno.ENOENT, e  # a miss, never EIO
+                seen[rel] = "miss"
+        assert all(v in (True, "miss") for v in seen.values()), seen
+        assert (mp / "f0").read_bytes() == files["f0"]  # cached: still served
+        with contextlib.suppress(OSError):  # a job's own write may fail like on any full disk
+            (mp / "new").write_bytes(b"x" * 100_000)
+        filler.unlink()
+        assert (mp / "f5").read_bytes() == files["f5"]  # space again: fetched as usual
+        assert b.ask(w, "status")["ok"] is True
+        b.stop(w)

@@ -1,0 +1,118 @@
+"""Slow and stalled shared roots (issue 8 item 7), the view driven in-process.
+
+I4: no open waits longer than fetch_timeout (10 s by default, here shortened).
+I2: the job gets ENOENT or the correct bytes. A fetch still receiving bytes
+finishes in the background and serves the next open; a stalled one hides
+the path for a while. A stalled *real* root is in test_stalled_root.py.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import pyfuse3
+import pytest
+import trio
+
+from casfs.index.node_index import NodeIndex
+from casfs.index.objcache import LocalObjectCache
+from casfs.node.config import MountConfig
+from casfs.store.entry import Entry
+from casfs.store.objects import digest_bytes
+from casfs.util.counters import Counters
+from casfs.view import op_copyup
+from casfs.view.lower import DictLowerTree
+from casfs.view.ops import OverlayOperations
+from casfs.view.testserve import RecordingTracker
+
+CTX = pyfuse3.RequestContext()
+DATA = os.urandom(1 << 16)
+
+
+class SlowSource:
+    """Delivers an object in 8 chunks, ``pause`` seconds apart, after ``gate`` opens."""
+
+    def __init__(self, pause: float) -> None:
+        self.pause = pause
+        self.gate = threading.Event()
+        self.gate.set()
+
+    def get_into(self, digest: str, expected_size: int | None, out: BinaryIO) -> int:
+        self.gate.wait(60)
+        step = len(DATA) // 8
+        for i in range(0, len(DATA), step):
+            out.write(DATA[i:i + step])
+            time.sleep(self.pause)
+        return len(DATA)
+
+
+def _ops(tmp_path: Path, source: SlowSource, timeout: float) -> OverlayOperations:
+    tree = DictLowerTree()
+    tree.add(Entry("big.so", digest_bytes(DATA), len(DATA), 0o644, 1))
+    index = NodeIndex.open(tmp_path / "state")
+    cache = LocalObjectCache(tmp_path / "state" / "objects", index, source, 1 << 30)
+    (tmp_path / "upper").mkdir()
+    return OverlayOperations(tree, cache, tmp_path / "upper", RecordingTracker(), Counters(),
+                             fetch_timeout=timeout)
+
+
+async def _open_read(ops: OverlayOperations) -> bytes | int:
+    try:
+        ino = (await ops.lookup(pyfuse3.ROOT_INODE, b"big.so", CTX)).st_ino
+        fi = await ops.open(ino, os.O_RDONLY, CTX)
+    except pyfuse3.FUSEError as e:
+        return e.errno
+    data = await ops.read(fi.fh, 0, len(DATA) + 1)
+    await ops.release(fi.fh)
+    return data
+
+
+def test_slow_but_progressing_fetch_serves_the_next_open(tmp_path: Path) -> None:
+    """I2, I4: the first open misses at the timeout, the fill finishes, the next open hits."""
+    ops = _ops(tmp_path, SlowSource(pause=0.15), timeout=0.4)  # the fill takes ~1.2 s
+
+    async def main() -> list[Any]:
+        first = await _open_read(ops)
+        await trio.sleep(2.0)  # the fill goes on in the background meanwhile
+        return [first, await _open_read(ops)]
+
+    first, second = trio.run(main)
+    assert first == errno.ENOENT
+    assert second == DATA  # the background fill, not a second fetch and not a hidden path
+    c = ops.counters.snapshot()
+    assert c["fetch_slow"] == 1 and c.get("fetch_timeouts", 0) == 0
+
+
+def test_stalled_fetch_is_a_bounded_miss(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """I4: nothing arrives: the open misses at fetch_timeout and the path is hidden a while."""
+    monkeypatch.setattr(op_copyup, "STALL", 0.2)
+    src = SlowSource(pause=0.0)
+    src.gate.clear()  # a root that does not answer
+    ops = _ops(tmp_path, src, timeout=0.5)
+
+    async def main() -> tuple[float, Any, Any]:
+        t = time.monotonic()
+        first = await _open_read(ops)
+        waited = time.monotonic() - t
+        again = await _open_read(ops)  # hidden for retry_after: no second wait
+        return waited, first, again
+
+    try:
+        waited, first, again = trio.run(main)
+    finally:
+        src.gate.set()
+    assert first == errno.ENOENT and again == errno.ENOENT
+    assert waited < 5  # bounded by fetch_timeout (0.5 s here), not by the root
+    assert ops.counters.get("fetch_timeouts") == 1
+
+
+def test_default_fetch_timeout_is_within_the_no_hang_bound() -> None:
+    """I4: the default wait of an open is at most 10 s."""
+    cfg = MountConfig(name="x", family="generic", namespace="ns", mountpoint=Path("/x"),
+                      root=Path("/r"), state_dir=Path("/s"))
+    assert cfg.fetch_timeout <= 10
