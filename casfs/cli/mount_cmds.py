@@ -104,6 +104,12 @@ def cmd_umount(args: argparse.Namespace) -> int:
             print(f"unmounted {mp} (no casfs process was serving it)")
             return 0
         raise
+    inside = [m for m in mounts if m.get("host") and m["mountpoint"] != str(mp)]
+    if inside:
+        raise UsageError(
+            f"{mp} is a namespace of this node's mount process (pid {inside[0]['pid']}): it is"
+            " published and released when its last job is gone; `casfs umount"
+            f" {inside[0]['mountpoint']}` stops every namespace it serves")
     for m in mounts:
         os.kill(int(m["pid"]), signal.SIGTERM)
         deadline = time.monotonic() + args.timeout

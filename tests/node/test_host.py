@@ -194,6 +194,11 @@ def test_stacking_a_mount_on_a_served_path_is_refused(node: dict[str, Any]) -> N
         st = control.request(w.cfg.socket_path, "status")
         assert st["ok"] and w.proc.poll() is None  # the served mount is untouched
         assert len([m for m in mounts_at(node["base"]) if m.fstype.startswith("fuse")]) == 1
+        # Unmounting one namespace directory is refused too: jobs hold it, not the CLI.
+        p = casfs(node, "umount", str(node["base"] / UID / "some-ns"))
+        _, err = p.communicate(timeout=120)
+        assert p.returncode != 0 and b"released when its last job is gone" in err
+        assert w.proc.poll() is None
     finally:
         w.stop()
 
