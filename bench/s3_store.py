@@ -1,0 +1,156 @@
+"""The store benchmarks with the shared root on SeaweedFS (S3) beside a POSIX root, as ratios.
+
+Usage: ``python -m bench.s3_store [--files 2000] [--workdir DIR]``
+
+Prints one JSON document. One synthetic Triton-like tree (bench.store_figures:
+IR text and random "cubins", median ~20 KB) is imported four ways: POSIX
+root with loose objects, POSIX with packs, S3 with loose objects, S3 with
+packs. For each: promotion (import) MB/s and objects/s, backend requests
+per verb (counted on the Backend, so they are what the server sees),
+publication latency of a 10-file delta, mount-ready (open the root, find the
+newest generation, load its snapshot), first touch (fetch every file's
+verified bytes from a fresh reader: the lazy-fetch path) and stored bytes.
+Ratios are S3 over POSIX for the same layout. SeaweedFS runs on loopback on
+the same (shared, loaded) machine, so absolute numbers are noisy: compare
+within one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from seaweed import seaweed
+
+from bench.store_figures import synthetic_triton_tree, tree_bytes
+from casfs.families import rules
+from casfs.promote.importer import import_tree
+from casfs.store import maintenance
+from casfs.store.entry import Entry
+from casfs.store.root import SharedRoot
+
+VERBS = ("put_if_absent", "create_exclusive", "replace", "open", "read_range", "info", "list",
+         "delete")
+
+
+class CountingBackend:
+    """Counts each verb the store asks of the real backend (one verb = one request on S3)."""
+
+    def __init__(self, inner: Any, counts: Counter[str]) -> None:
+        self._inner = inner
+        self._counts = counts
+        self.staging_dir = inner.staging_dir
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._inner, name)
+        if name not in VERBS:
+            return attr
+
+        def counted(*a: Any, **kw: Any) -> Any:
+            self._counts[name] += 1
+            return attr(*a, **kw)
+
+        return counted
+
+
+def _open(location: Any, counts: Counter[str]) -> SharedRoot:
+    root = SharedRoot.open(location, create=True)
+    root.backend = CountingBackend(root.backend, counts)  # type: ignore[assignment]
+    root.objects.backend = root.backend
+    return root
+
+
+def run_case(location: Any, src: Path, nbytes: int, packs: bool, work: Path) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    counts: Counter[str] = Counter()
+    root = _open(location, counts)
+    t0 = time.perf_counter()
+    rep = import_tree(root, src, "bench", rules=rules("triton"), node="bench", packs=packs)
+    dt = time.perf_counter() - t0
+    out["promotion_mb_s"] = round(nbytes / dt / 1e6, 1)
+    out["promotion_objects_s"] = round(rep.files / dt, 1)
+    out["promotion_requests"] = dict(counts)
+    out["promotion_requests_total"] = sum(counts.values())
+    out["files"] = rep.files
+    # publication latency: a 10-file delta on top
+    adds = []
+    for i in range(10):
+        res = root.objects.put_bytes(f"late file {i} {time.time()}".encode())
+        adds.append(Entry(f"late/{i}", res.digest, res.size, 0o644, 0))
+    counts.clear()
+    t0 = time.perf_counter()
+    root.generations().publish("bench", adds, node="bench")
+    out["publish_10_s"] = round(time.perf_counter() - t0, 4)
+    out["publish_requests"] = sum(counts.values())
+    # mount-ready: a fresh reader finds the newest generation and loads its snapshot
+    counts.clear()
+    t0 = time.perf_counter()
+    reader = _open(location, counts)
+    gens = reader.generations()
+    snap = gens.entries("bench")
+    out["ready_s"] = round(time.perf_counter() - t0, 4)
+    out["ready_requests"] = sum(counts.values())
+    # first touch: every file's verified bytes, one after the other (the lazy-fetch path)
+    counts.clear()
+    t0 = time.perf_counter()
+    got = 0
+    for e in snap.entries.values():
+        got += len(reader.objects.get_bytes(e.digest, e.size))
+    dt = time.perf_counter() - t0
+    out["first_touch_files_s"] = round(len(snap.entries) / dt, 1)
+    out["first_touch_mb_s"] = round(got / dt / 1e6, 1)
+    out["first_touch_requests"] = sum(counts.values())
+    du = maintenance.usage(SharedRoot.open(location))
+    out["stored_bytes"] = du.stored_bytes
+    out["stored_objects"] = du.objects
+    out["packs"] = du.packs
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="bench.s3_store", description=__doc__)
+    ap.add_argument("--files", type=int, default=2000)
+    ap.add_argument("--workdir", type=Path)
+    args = ap.parse_args(argv)
+    work = Path(tempfile.mkdtemp(prefix="casfs-s3store-", dir=args.workdir))
+    result: dict[str, Any] = {"cpus": os.cpu_count(), "loadavg": os.getloadavg()[0]}
+    try:
+        src = work / "src"
+        synthetic_triton_tree(src, args.files)
+        files, nbytes = tree_bytes(src)
+        result["tree"] = {"files": files, "bytes": nbytes}
+        with seaweed(work / "weed") as srv:
+            os.environ.update(srv.env())
+            srv.create_bucket("bench")
+            cases = {
+                "posix_loose": (work / "root-loose", False),
+                "posix_packs": (work / "root-packs", True),
+                "s3_loose": (f"s3://bench/loose?endpoint={srv.endpoint}", False),
+                "s3_packs": (f"s3://bench/packs?endpoint={srv.endpoint}", True),
+            }
+            for name, (loc, packs) in cases.items():
+                print(f"--- {name}", file=sys.stderr)
+                result[name] = run_case(loc, src, nbytes, packs, work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    ratios: dict[str, dict[str, float]] = {}
+    for layout in ("loose", "packs"):
+        p, s = result[f"posix_{layout}"], result[f"s3_{layout}"]
+        ratios[layout] = {k: round(s[k] / p[k], 2) for k in p
+                          if isinstance(p[k], int | float) and p[k]}
+    result["s3_over_posix"] = ratios
+    print(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
