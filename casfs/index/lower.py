@@ -151,11 +151,18 @@ def drop_namespace(env: IndexEnv, ns: str) -> int:
     return total
 
 
+_MEMO_MAX = 1 << 16  # memoised lower nodes per tree (~100 B each)
+
+
 class LmdbLowerTree:
     """The lower tree of one namespace up to ``max_seq``; satisfies index.tree.LowerTree.
 
     Every call uses a fresh short read transaction, so entries added after
     the tree was created become visible as soon as their seq is <= max_seq.
+    Found nodes are memoised (a FUSE open resolves its path each time: one
+    LMDB read saved per warm open) until ``max_seq`` changes: at a fixed
+    max_seq a found node cannot change (a replaced path's new version comes
+    with a higher seq); absent paths are never memoised, so additions show.
     """
 
     def __init__(self, env: IndexEnv, ns: str, max_seq: int) -> None:
@@ -164,6 +171,8 @@ class LmdbLowerTree:
         self._lower = env.dbs[ks.DB_LOWER]
         self.namespace = ns
         self.max_seq = max_seq
+        self._memo: dict[str, LowerNode] = {}
+        self._memo_seq = max_seq
 
     def _node(self, path: str, value: bytes | None) -> LowerNode | None:
         if value is None:
@@ -178,9 +187,20 @@ class LmdbLowerTree:
     def lookup(self, path: str) -> LowerNode | None:
         if path == "":
             return DIR
+        if self._memo_seq != self.max_seq:
+            self._memo, self._memo_seq = {}, self.max_seq
+        memo = self._memo
+        node = memo.get(path)
+        if node is not None:
+            return node
         key = ks.lower_key(self._ns, path)
         lower = self._lower
-        return self._node(path, self._env.read(lambda txn: txn_get(txn, key, lower)))
+        node = self._node(path, self._env.read(lambda txn: txn_get(txn, key, lower)))
+        if node is not None:
+            if len(memo) >= _MEMO_MAX:
+                memo.clear()
+            memo[path] = node
+        return node
 
     def children(self, dirpath: str) -> Iterator[tuple[str, LowerNode]]:
         prefix = ks.lower_dir_prefix(self._ns, dirpath)
