@@ -93,6 +93,39 @@ def _mounts() -> tuple[str, str]:
     return "ok", f"{len(live)} running mounts"
 
 
+# Counters that mean the store or the root misbehaved (docs/reliability.md).
+_DAMAGE_COUNTERS = ("bad_generations", "newer_format_generations", "unresolved_generations",
+                    "oversize_generations", "rejections", "fetch_timeouts",
+                    "publish_refused_newer_format", "publish_deferred", "publish_errors")
+
+
+def _health() -> tuple[str, str]:
+    """What the running mounts saw: failing promotion or publication, damage, timeouts."""
+    from casfs.node import control
+
+    problems: list[str] = []
+    for m in control.registered(default_state_dir() / "run"):
+        try:
+            reply = control.request(m["socket"], "status", timeout=5)
+        except (CasfsError, OSError):
+            continue  # a dead mount: _mounts says so
+        for st in reply.get("namespaces") or [reply]:
+            name = st.get("namespace") or m.get("name", "?")
+            last = st.get("last_publish") or {}
+            if st.get("promotion_error"):
+                problems.append(f"{name}: {st.get('pending_promotion')} files cannot be"
+                                f" promoted: {st['promotion_error']}")
+            elif last and not last.get("ok"):
+                problems.append(f"{name}: last publication: {last.get('message')}")
+            counters = st.get("counters") or {}
+            seen = [f"{k}={counters[k]}" for k in _DAMAGE_COUNTERS if counters.get(k)]
+            if seen:
+                problems.append(f"{name}: {', '.join(seen)}")
+    if problems:
+        return "warn", "; ".join(problems)
+    return "ok", "no failing promotion or publication, no damage seen by running mounts"
+
+
 def _tenant() -> tuple[str, str]:
     """Which tenant this user's jobs are, under the node's policy, and how they get caches."""
     from casfs.daemon.config import load_tenants
@@ -113,7 +146,7 @@ def _tenant() -> tuple[str, str]:
 
 CHECKS: list[tuple[str, Callable[[], tuple[str, str]]]] = [
     ("fuse", _fuse), ("state_dir", _state), ("index", _index), ("shared_root", _root),
-    ("mounts", _mounts), ("tenant", _tenant),
+    ("mounts", _mounts), ("health", _health), ("tenant", _tenant),
 ]
 
 

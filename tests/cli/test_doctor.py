@@ -19,7 +19,9 @@ def doctor(tmp_path: Path, root: Path) -> subprocess.CompletedProcess[str]:
 def test_doctor_on_a_fresh_node(tmp_path: Path) -> None:
     r = doctor(tmp_path, tmp_path / "root")
     checks = {c["check"]: c for c in json.loads(r.stdout)}
-    assert set(checks) == {"fuse", "state_dir", "index", "shared_root", "mounts", "tenant"}
+    assert set(checks) == {"fuse", "state_dir", "index", "shared_root", "mounts", "health",
+                           "tenant"}
+    assert checks["health"]["status"] == "ok"
     assert checks["shared_root"]["status"] == "ok"
     assert checks["tenant"]["detail"].startswith(f"tenant u{os.geteuid()} (mode uid")
     assert r.returncode == (1 if any(c["status"] == "fail" for c in checks.values()) else 0)

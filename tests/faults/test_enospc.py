@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import json
 import os
 import subprocess
 import sys
@@ -71,6 +72,9 @@ def test_full_shared_root_is_reported_and_published_later(cluster: dict[str, Any
         st = b.ask(w, "status")
         assert st["pending_promotion"] >= 1 and "No space left" in st["promotion_error"]
         assert (mp / "out.bin").read_bytes() == data
+        doc = json.loads(_cli(b, "doctor", "--json").stdout)
+        health = next(c for c in doc if c["check"] == "health")
+        assert health["status"] == "warn" and "cannot be promoted" in health["detail"], health
         filler.unlink()
         res = _cli(b, "publish", str(mp))
         assert res.returncode == 0, (res.stdout, res.stderr)
