@@ -10,7 +10,7 @@ import pytest
 
 from casfs import families
 
-WS = ".cache/flashinfer/0.5.3/90a/cached_ops/batch_prefill_with_kv_cache_dtype_q_bf16"
+WS = ".cache/flashinfer/0.7.2.post1/90a/cached_ops/batch_prefill_with_kv_cache_dtype_q_bf16"
 
 CASES = [
     # (family, relative path, scratch?, replace rule kind or None)
@@ -21,9 +21,12 @@ CASES = [
     ("flashinfer", f"{WS}/.ninja_deps", False, "newest"),
     ("flashinfer", ".cache/flashinfer/0.5.3/90a/generated/m/batch_prefill.cu", False, None),
     ("flashinfer", f"{WS}.lock", True, None),
+    ("flashinfer", ".cache/flashinfer/0.7.2.post1/90a/flashinfer_jit.log", True, None),
     ("cuda", "index", False, "newest"),
     ("cuda", "a/3/8f1c2d0e9b7a6c5d", False, None),
     ("cutedsl", "fa_fwd_sm90_5c1e/kernel.cubin", False, None),
+    ("cutedsl", "cute_dsl_host.mlir", False, None),
+    ("cutedsl", "tmp.pid_4242_0b5c7e1e-2a43-4c4f-9d0b-3f1f7c1e9a11/cute_dsl_host.mlir", True, None),
     ("deepgemm", "cache/kernel.fp8_gemm.8a7b6c5d/kernel.cubin", False, None),
     ("deepgemm", "cache/kernel.fp8_gemm.8a7b6c5d/kernel.cu", False, None),
     ("deepgemm", "tmp/3b2a1c/kernel.cubin", True, None),
