@@ -107,8 +107,13 @@ def cmd_export(args: argparse.Namespace) -> int:
     root = open_root()
     ns, seq = parse_ref(args.ref)
     rec = root.generations().resolve(ns, seq)
+    from casfs.promote.retention import family_rules
+
+    # Path-bearing files (Triton groups) are written with the destination's paths.
+    relocator = families.Relocator(family_rules(ns), str(Path(args.dest).absolute()))
     with progress("export", total=rec.entries, enabled=not args.json) as bar:
-        rep = export_tree(root, rec, Path(args.dest), progress=bar.advance)
+        rep = export_tree(root, rec, Path(args.dest), progress=bar.advance,
+                          present=relocator.content)
     if args.json:
         emit_json({"namespace": ns, "seq": rec.seq, "files": rep.files, "bytes": rep.bytes,
                    "failed": rep.failed})

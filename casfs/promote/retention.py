@@ -31,7 +31,7 @@ class RetentionReport:
     seqs: dict[str, int] = field(default_factory=dict)  # namespace -> new generation
 
 
-def _family_rules(ns: str) -> families.CacheRules:
+def family_rules(ns: str) -> families.CacheRules:
     """The family rules of an auto namespace (``[<tenant>~]<family>-<hash>``), else generic."""
     bare = ns.rsplit("~", 1)[-1]
     name = bare.rsplit("-", 1)[0]
@@ -57,7 +57,7 @@ def unused(gens: GenerationStore, ns: str, snap: Snapshot, cutoff: float) -> set
         if before is None or before.digest != e.digest:
             used.add(p)  # published since the cut-off
     gone = {p for p in snap.entries if p not in used}
-    rules = _family_rules(ns)
+    rules = family_rules(ns)
     for p, e in snap.entries.items():  # a kept commit record keeps its children whole
         if p in gone or not rules.is_commit_record(p):
             continue

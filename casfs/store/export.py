@@ -38,7 +38,10 @@ def export_tree(
     *,
     progress: Callable[[int], None] | None = None,
     threads: int = 4,
+    present: Callable[[Entry, bytes], bytes | None] | None = None,
 ) -> ExportReport:
+    """``present(entry, stored)``: other bytes to write for a file stored path-free (a
+    family's path-bearing file, presented for ``dest``), or None to write it as stored."""
     dest = dest.absolute()
     if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
         raise UsageError(f"export destination {dest} exists and is not an empty directory")
@@ -53,8 +56,14 @@ def export_tree(
         target = dest / e.path
         tmp = temp_name(target.parent, "exp-")
         try:
+            shown = None
+            if present is not None and e.extras and "relocate" in e.extras:
+                shown = present(e, root.objects.get_bytes(e.digest, e.size))
             with open(tmp, "xb") as f:
-                root.objects.get_into(e.digest, e.size, f)
+                if shown is not None:
+                    f.write(shown)
+                else:
+                    root.objects.get_into(e.digest, e.size, f)
             # Permission bits only: a manifest (written by any node) must not be
             # able to make an export run as root produce setuid/setgid files.
             os.chmod(tmp, e.mode & 0o777)

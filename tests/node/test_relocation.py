@@ -72,6 +72,15 @@ def test_published_at_one_path_hits_at_another(cluster: dict[str, Any]) -> None:
     opened = {p for r in recs for p in json.loads(r.read_text())["paths"]}
     assert {g.path for g in groups} <= opened
 
+    # `casfs export` writes the groups with the destination's paths.
+    dest = cluster["mnt"].parent / "exported"
+    r = subprocess.run([sys.executable, "-m", "casfs.cli.main", "--root", str(cluster["root"]),
+                        "--state-dir", str(cluster["mnt"].parent / "state-x"), "export", "testns",
+                        str(dest)], capture_output=True, text=True, timeout=300, check=False)
+    assert r.returncode == 0, r.stderr
+    exported = json.loads((dest / groups[0].path).read_text())["child_paths"].values()
+    assert all(p.startswith(f"{dest}/") and Path(p).is_file() for p in exported)
+
     # Dir mode (no FUSE) restores the presented form at its own path too.
     wc = c.mount("triton", mountpoint=mnt / "plain" / "dir", mode="dir")
     plain = triton_run(wc.cfg.mountpoint)
