@@ -94,6 +94,9 @@ class DaemonConfig:
     serve_base: Path | None = None  # on-demand namespaces: <serve_base>/<tenant>/<namespace>
     lease_grace: float = 60.0  # a namespace stays this long after its last lease
     reclaim_after: float = 7 * 86400.0  # node state of namespaces idle this long; 0: never
+    # Retention by use (casfs.promote.retention): drop files unused this many days; 0: off.
+    unused_for_days: float = 0.0
+    retention_interval: float = 86400.0  # seconds between two retention passes
     defaults: MountOptions = MountOptions()
     tenants: TenantPolicy = DEFAULT_POLICY
 
@@ -475,6 +478,8 @@ def load(path: Path | None, overrides: Overrides | None = None) -> DaemonConfig:
     store = top.table("store")
     root = store.get("root", as_root, default_root())
     endpoint = store.get("endpoint", as_endpoint, "")
+    unused_for_days = store.get("unused_for_days", as_non_negative, 0.0)
+    retention_interval = store.get("retention_interval", as_non_negative, 86400.0) or 86400.0
     store.finish()
     node = top.table("node")
     state_dir = node.get("state_dir", as_abs_path, default_state_dir().absolute())
@@ -529,7 +534,8 @@ def load(path: Path | None, overrides: Overrides | None = None) -> DaemonConfig:
                        cache_max_bytes=cache_max, log_level=level, log_format=fmt,
                        metrics_listen=listen, mounts=mounts, source=path,
                        serve_base=serve_base, lease_grace=lease_grace, defaults=defaults,
-                       reclaim_after=reclaim_after,
+                       reclaim_after=reclaim_after, unused_for_days=unused_for_days,
+                       retention_interval=retention_interval,
                        tenants=tenants)
     check(cfg)
     return cfg

@@ -118,6 +118,15 @@ class Daemon:
         except CasfsError as e:
             return {"ok": False, "error": f"the node's mount process is not serving: {e.message}"}
 
+    def _retention_loop(self) -> None:
+        """store.unused_for_days: a retention pass every retention_interval (jittered, so
+        the daemons of a cluster do not all rewrite a namespace at once)."""
+        import random
+
+        while not self.stop_requested.wait(self.cfg.retention_interval
+                                           * random.uniform(0.5, 1.0)):
+            retention_once(self.cfg)
+
     def run(self) -> int:
         from casfs.node.worker import check_fuse
 
@@ -139,6 +148,9 @@ class Daemon:
             self.notifier.status(f"mounting {names}")
             log.info("casfsd %s starting: %s; root %s; state %s", __version__, names,
                      self.cfg.root, self.cfg.state_dir)
+            if self.cfg.unused_for_days > 0:
+                threading.Thread(target=self._retention_loop, name="retention",
+                                 daemon=True).start()
             sup.start()
             sup.refill_standby()  # ready for the first restart
             if not self.stop_requested.is_set():
@@ -162,6 +174,28 @@ class Daemon:
                 jobs.close()
             os.close(lock_fd)
             self.notifier.close()
+
+
+def retention_once(cfg: dconfig.DaemonConfig) -> dict[str, list[str]]:
+    """One retention pass over the root (errors are logged: the daemon keeps serving)."""
+    import time
+
+    from casfs.index.node_index import NodeIndex
+    from casfs.promote.retention import drop_unused
+    from casfs.store.root import SharedRoot
+
+    try:
+        with NodeIndex.open(cfg.state_dir) as idx:
+            node = idx.node_id
+        rep = drop_unused(SharedRoot.open(cfg.root).generations(),
+                          unused_for_s=cfg.unused_for_days * 86400, now=time.time(), node=node)
+    except (CasfsError, OSError) as e:
+        log.warning("retention pass failed (next one later): %s", e)
+        return {}
+    for ns, paths in rep.dropped.items():
+        log.info("retention: %s@%d: dropped %d files unused for %g days", ns, rep.seqs[ns],
+                 len(paths), cfg.unused_for_days)
+    return rep.dropped
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -106,3 +106,33 @@ def test_notify_without_socket_is_a_noop() -> None:
     n = Notifier(None)
     assert not n.enabled
     assert n.ready("x") is False
+
+
+def test_retention_setting_drops_unused_files(tmp_path: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    import time
+
+    from casfs.daemon.main import retention_once
+    from casfs.store import reads
+    from casfs.store.entry import Entry
+    from casfs.store.root import SharedRoot
+
+    text = minimal(tmp_path).replace("[node]", "unused_for_days = 7\n[node]")
+    cfg = dconfig.load(write(tmp_path, text))
+    assert cfg.unused_for_days == 7.0 and cfg.retention_interval == 86400.0
+    assert dconfig.load(write(tmp_path, minimal(tmp_path))).unused_for_days == 0.0
+    with pytest.raises(ConfigError, match="unused_for_days"):
+        dconfig.load(write(tmp_path, minimal(tmp_path).replace(
+            "[node]", "unused_for_days = -1\n[node]")))
+    root = SharedRoot.open(tmp_path / "root", create=True)
+    entries = []
+    for name in ("used", "unused"):
+        put = root.objects.put_bytes(name.encode())
+        entries.append(Entry(name, put.digest, put.size, 0o644, 1))
+    t0 = time.time()
+    monkeypatch.setattr("casfs.store.generations.time.time", lambda: t0 - 30 * 86400)
+    root.generations().publish("ns", entries, node="a")
+    monkeypatch.undo()
+    reads.record(root.backend, "ns", "b", ["used"], t0 - 86400)
+    assert retention_once(cfg) == {"ns": ["unused"]}
+    assert list(root.generations().entries("ns").entries) == ["used"]
