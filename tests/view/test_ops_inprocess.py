@@ -229,3 +229,26 @@ def test_refresh_shows_new_lower_entries(ops: OverlayOperations, tmp_path: Path)
         assert (await ops.lookup(d, b"newer", CTX)).st_mode & 0o777 == 0o600
 
     run(main)
+
+
+def test_replaced_paths_and_the_tenants_ownership(ops: OverlayOperations) -> None:
+    """A replaced path: short timeouts, no keep_cache; lower entries appear as the tenant's,
+    and a copy-up belongs to it, so its non-root jobs may rewrite what another node wrote."""
+    ops.replaced = lambda path: path == "d/g"
+    ops.lower_owner = (4242, 4343)
+
+    async def main() -> None:
+        g = await ops.lookup(await ino_of(ops, "d"), b"g", CTX)
+        assert g.attr_timeout == ops.replaced_timeout and (g.st_uid, g.st_gid) == (4242, 4343)
+        a = await ops.lookup(ROOT, b"a.txt", CTX)
+        assert a.attr_timeout == 3600 and a.st_uid == 4242
+        fi = await ops.open(g.st_ino, os.O_RDONLY, CTX)
+        assert not fi.keep_cache  # its pages may hold an older version after a refresh
+        await ops.release(fi.fh)
+        fi = await ops.open(g.st_ino, os.O_RDWR, CTX)  # copy-up
+        await ops.release(fi.fh)
+
+    run(main)
+    st = os.lstat(ops.layers.up("d/g"))
+    if os.geteuid() == 0:
+        assert (st.st_uid, st.st_gid) == (4242, 4343)
