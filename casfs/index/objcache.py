@@ -244,10 +244,15 @@ class LocalObjectCache:
         self._after_fill()
 
     def fill_progress(self, digest: str) -> float | None:
-        """Seconds since the in-flight fill of ``digest`` last received bytes; None if none."""
+        """Seconds since the in-flight fill of ``digest`` last received bytes.
+
+        None when no fill is in flight or none of its bytes arrived yet (stalled).
+        """
         with self._lock:
             fill = self._fills.get(digest)
-        return None if fill is None else time.monotonic() - fill.progressed
+        if fill is None or fill.progressed == fill.started:
+            return None
+        return time.monotonic() - fill.progressed
 
     def _fill(self, digest: str, size: int, path: Path, fill: _Fill | None = None) -> None:
         tmp = temp_name(path.parent, "fill-")

@@ -1,0 +1,59 @@
+"""A shared root that stops answering, through real mounts (issue 8, I2 and I4).
+
+The root lives on a FUSE filesystem (casfs.view.testserve) whose server is
+then stopped with SIGSTOP: every access to the root blocks, as on a hard NFS
+mount whose server died. A job's read of a file not cached on the node must
+become ENOENT within fetch_timeout; cached files keep being served.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from fusehelpers import MountedView
+
+from tests.node.conftest import Node
+
+pytestmark = pytest.mark.fuse
+
+
+def test_stalled_root_is_a_bounded_miss(tmp_path: Path) -> None:
+    served = MountedView(tmp_path / "empty", tmp_path / "root-store", tmp_path / "rootfs")
+    (tmp_path / "empty").mkdir()
+    with served:
+        root = tmp_path / "rootfs" / "root"
+        src = tmp_path / "src"
+        src.mkdir()
+        files = {"warm": b"w" * 4000, "cold": b"c" * 4000}
+        for rel, data in files.items():
+            (src / rel).write_bytes(data)
+        r = subprocess.run([sys.executable, "-m", "casfs.cli.main", "--root", str(root),
+                            "--state-dir", str(tmp_path / "seed"), "import", str(src), "-n",
+                            "testns"], capture_output=True, text=True, timeout=120, check=False)
+        assert r.returncode == 0, r.stderr
+        node = Node("n", root, tmp_path / "state", tmp_path / "mnt")
+        w = node.mount(fetch_timeout=2.0)
+        mp = w.cfg.mountpoint
+        try:
+            assert (mp / "warm").read_bytes() == files["warm"]
+            assert served.proc is not None
+            os.kill(served.proc.pid, signal.SIGSTOP)  # the root stops answering
+            try:
+                t = time.monotonic()
+                res = subprocess.run(["cat", str(mp / "cold")], capture_output=True,
+                                     timeout=30, check=False)
+                waited = time.monotonic() - t
+                assert res.returncode != 0 and b"No such file" in res.stderr, res.stderr
+                assert waited < 10, waited  # I4: bounded by fetch_timeout, not the root
+                assert (mp / "warm").read_bytes() == files["warm"]  # cached: still served
+            finally:
+                os.kill(served.proc.pid, signal.SIGCONT)
+            assert node.ask(w, "stats")["counters"]["fetch_timeouts"] == 1
+        finally:
+            node.stop_all()
