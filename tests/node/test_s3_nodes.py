@@ -143,3 +143,57 @@ def test_packed_objects_served_by_a_mount_and_after_its_restart(
     for rel in names[12:]:
         assert (w.cfg.mountpoint / rel).read_bytes() == files[rel]
     assert b.ask(w, "stats")["counters"]["packed_reads"] == 12
+
+
+def test_hung_server_and_wrong_bytes_are_misses(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import signal
+
+    import boto3
+
+    from casfs.store.entry import Entry
+    from casfs.store.objects import object_key
+
+    srv = SeaweedServer(tmp_path / "weed")  # its own server: this test freezes it
+    srv.start()
+    try:
+        srv.create_bucket("casfs-slow")
+        for k, v in srv.env().items():
+            monkeypatch.setenv(k, v)
+        url = f"s3://casfs-slow/root?endpoint={srv.endpoint}"
+        root = SharedRoot.open(url, create=True)
+        files = {f"f{i}": os.urandom(4000 + i) for i in range(3)}
+        ents = [Entry(p, root.objects.put_bytes(d).digest, len(d), 0o644, 0)
+                for p, d in files.items()]
+        assert root.generations().publish("testns", ents, node="seed").seq == 1
+        # wrong bytes under f1's name: the server returns them, casfs must refuse them
+        boto3.client("s3", endpoint_url=srv.endpoint).put_object(
+            Bucket="casfs-slow", Key=f"root/{object_key(ents[1].digest)}", Body=b"CASF" + b"x" * 40)
+        node = Node("b", parse_location(url), tmp_path / "state-b", tmp_path / "mnt")  # type: ignore[arg-type]
+        try:
+            w = node.mount(fetch_timeout=3.0)
+            mp = w.cfg.mountpoint
+            assert (mp / "f0").read_bytes() == files["f0"]
+            with pytest.raises(OSError) as e:
+                (mp / "f1").read_bytes()
+            assert e.value.errno == errno.ENOENT  # wrong bytes: a miss, never served
+            assert srv.proc is not None
+            os.killpg(srv.proc.pid, signal.SIGSTOP)  # the server hangs: accepts, never answers
+            try:
+                with pytest.raises(OSError) as e:
+                    (mp / "f2").read_bytes()
+                assert e.value.errno == errno.ENOENT  # a fetch timeout: a miss, not a hang
+                assert (mp / "f0").read_bytes() == files["f0"]  # cached: still served
+            finally:
+                os.killpg(srv.proc.pid, signal.SIGCONT)
+            st = node.ask(w, "stats")["counters"]
+            assert st.get("rejections", 0) >= 1  # f1
+            # f2: the client's own request timeout (= fetch_timeout) or the view's
+            timed_out = sum(st.get(k, 0) for k in ("fetch_errors", "fetch_timeouts", "fetch_slow"))
+            assert timed_out >= 2, sorted(st.items())
+            node.stop(w)
+        finally:
+            node.stop_all()
+    finally:
+        srv.kill()
