@@ -154,7 +154,7 @@ class LocalBackend:
         return os.fdopen(fd, "rb")
 
     def read_range(self, key: str, offset: int, length: int) -> bytes:
-        with open(self._path(key), "rb") as f:
+        with self.open(key) as f:  # the same checks: regular files only, never blocking
             return os.pread(f.fileno(), length, offset) if length > 0 else b""
 
     def info(self, key: str) -> KeyInfo | None:

@@ -296,6 +296,9 @@ class ObjectStore:
             raw = self.backend.read_range(pack_key(pack), off, length)
         except (FileNotFoundError, NotADirectoryError):
             return None  # the pack is gone: try a loose copy
+        except NotRegularFileError:
+            raise CorruptObjectError(
+                f"object {digest}: pack {pack} is not a regular file") from None
         if len(raw) != length:
             raise CorruptObjectError(f"object {digest}: pack {pack} is truncated")
         self.counters.inc("packed_reads")

@@ -64,7 +64,7 @@ def read_since(backend: Backend, ns: str, since: float) -> set[str]:
                 continue
             doc = json.loads(backend.read_range(key, 0, info.size))
             paths = doc.get("paths") if isinstance(doc, dict) else None
-        except (OSError, ValueError) as e:
+        except (OSError, ValueError, RecursionError) as e:
             log.warning("ignoring read record %s: %s", key, e)
             continue
         if isinstance(paths, list):

@@ -124,3 +124,20 @@ def test_damaged_local_cache_files_are_refetched(cluster: dict[str, Any],
                              timeout=20, check=False)
         assert res.returncode == 0 and res.stdout == files[f"k/{kind}"], (kind, res.stderr)
     assert victim.read_bytes() == b"not the cached bytes " * 200  # never written through
+
+
+@pytest.mark.parametrize("kind", ["symlink", "fifo", "directory"])
+def test_backend_never_follows_or_blocks(kind: str, tmp_path: Path) -> None:
+    """I4: every backend read (whole objects, pack ranges, records) refuses non-files at once."""
+    from casfs.store.backend import LocalBackend, NotRegularFileError
+
+    backend = LocalBackend(tmp_path)
+    target = tmp_path / "objects" / "ab" / "cd"
+    target.parent.mkdir(parents=True)
+    (tmp_path / "victim").write_bytes(b"secret")
+    target.write_bytes(b"x")
+    corrupt(target, kind, tmp_path / "victim")
+    with pytest.raises(NotRegularFileError):
+        backend.open("objects/ab/cd")
+    with pytest.raises(NotRegularFileError):
+        backend.read_range("objects/ab/cd", 0, 3)
