@@ -116,3 +116,15 @@ def test_default_fetch_timeout_is_within_the_no_hang_bound() -> None:
     cfg = MountConfig(name="x", family="generic", namespace="ns", mountpoint=Path("/x"),
                       root=Path("/r"), state_dir=Path("/s"))
     assert cfg.fetch_timeout <= 10
+
+
+def test_fetch_timeout_flag_is_checked(tmp_path: Path) -> None:
+    """`casfs mount/run --fetch-timeout S` exists and refuses a non-positive value."""
+    import subprocess
+    import sys
+
+    for cmd in (["mount", str(tmp_path / "m")], ["run"]):
+        r = subprocess.run([sys.executable, "-m", "casfs.cli.main", *cmd, "--fetch-timeout",
+                            "0", "--", "true"], capture_output=True, text=True, timeout=60,
+                           check=False)
+        assert r.returncode == 2 and "must be > 0" in r.stderr, (cmd, r.stderr)
