@@ -187,7 +187,9 @@ def retention_once(cfg: dconfig.DaemonConfig) -> dict[str, list[str]]:
     try:
         with NodeIndex.open(cfg.state_dir) as idx:
             node = idx.node_id
-        rep = drop_unused(SharedRoot.open(cfg.root).generations(),
+        # With the node's tenant policy: records it rewrites are sealed (tenant,
+        # signature) like those it publishes, and untrusted namespaces are skipped.
+        rep = drop_unused(SharedRoot.open(cfg.root, tenants=cfg.tenants).generations(),
                           unused_for_s=cfg.unused_for_days * 86400, now=time.time(), node=node)
     except (CasfsError, OSError) as e:
         log.warning("retention pass failed (next one later): %s", e)

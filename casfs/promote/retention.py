@@ -19,6 +19,7 @@ import logging
 from dataclasses import dataclass, field
 
 from casfs import families
+from casfs.errors import UntrustedError
 from casfs.store import reads
 from casfs.store.generations import GenerationStore, Snapshot
 
@@ -87,8 +88,12 @@ def drop_unused(gens: GenerationStore, *, unused_for_s: float, now: float, node:
                 if gone:
                     rep.dropped[ns] = sorted(gone)
             continue
-        seq, gone_list = gens.drop(ns, functools.partial(_unused_in, gens, ns, cutoff),
-                                   node=node)
+        try:
+            seq, gone_list = gens.drop(ns, functools.partial(_unused_in, gens, ns, cutoff),
+                                       node=node)
+        except UntrustedError as e:  # not this node's to rewrite; the others still are
+            log.warning("retention: skipping %s: %s", ns, e)
+            continue
         if seq is not None:
             rep.dropped[ns], rep.seqs[ns] = gone_list, seq
         reads.expire(gens.backend, ns, cutoff)

@@ -665,7 +665,8 @@ class GenerationStore:
                 casfs_version=__version__, fingerprint=current.fingerprint, options=options,
                 requires=current.requires)
             self.backend.sync()
-            if self.backend.create_exclusive(self._key(ns, record.seq), record.to_json()):
+            data = self.trust.seal(ns, record.to_json())  # tenant and signature, as publish
+            if self.backend.create_exclusive(self._key(ns, record.seq), data):
                 log.info("%s@%d: dropped %d unused files", ns, record.seq, len(gone))
                 return record.seq, sorted(gone)
             hint = record.seq

@@ -263,6 +263,8 @@ class TenantTrust:
         if tenant is None and self._key is None:
             return record
         doc = json.loads(record)
+        # Optional keys make a version 2 record (docs/format.md, "Format versions").
+        doc["casfs_generation"] = max(2, int(doc.get("casfs_generation", 1)))
         if tenant is not None:
             doc["tenant"] = tenant
         if self._key is not None:

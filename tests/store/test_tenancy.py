@@ -258,3 +258,24 @@ def test_root_moves_aside_a_plain_namespace_a_user_made_before_tenants(shared: P
     os.utime(aside, (1, 1))
     maintenance.gc(SharedRoot.open(shared / "root"), grace=3600)  # gc removes it after grace
     assert not aside.exists()
+
+
+def test_records_rewritten_by_retention_are_sealed_too(
+        tmp_path: Path, keys: tuple[Path, str, Path, str]) -> None:
+    """Retention by use writes generations too: they carry the tenant and the node's
+    signature like publications, or signature-checking nodes would not serve them."""
+    key_a, pub_a, _, _ = keys
+    path = tmp_path / "root"
+    SharedRoot.open(path, create=True)
+    node = SharedRoot.open(path, tenants=TenantPolicy(trust="signature", signing_key=key_a,
+                                                      trusted_keys=(pub_a,)))
+    ns = store_namespace("u7", "ns")
+    put(node, ns, "keep", b"1")
+    put(node, ns, "drop", b"2")
+    gens = node.generations()
+    seq, gone = gens.drop(ns, lambda snap: {"drop"}, node="n")
+    assert (seq, gone) == (3, ["drop"])
+    doc = json.loads((path / "namespaces" / ns / "generations" / "000000000003").read_bytes())
+    assert doc["casfs_generation"] == 2 and doc["tenant"] == "u7"
+    assert tenancy.signature_ok(doc, (pub_a,))
+    assert set(gens.entries(ns).entries) == {"keep"}
