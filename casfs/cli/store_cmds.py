@@ -295,11 +295,15 @@ def cmd_gc(args: argparse.Namespace) -> int:
     if args.unused_for is not None:
         import time
 
+        from casfs.daemon.config import load_tenants
         from casfs.promote.retention import drop_unused
 
         if args.unused_for <= 0:
             raise UsageError("--unused-for must be a positive number of days")
-        ret = drop_unused(root.generations(), unused_for_s=args.unused_for * 86400,
+        # The generations it writes are sealed like casfsd's (tenant; signature when
+        # this user can read the node's key), and untrusted namespaces are skipped.
+        tenanted = SharedRoot.open(default_root(), tenants=load_tenants())
+        ret = drop_unused(tenanted.generations(), unused_for_s=args.unused_for * 86400,
                           now=time.time(), node=node_id(), dry_run=args.dry_run)
         for ns, paths in sorted(ret.dropped.items()):
             if not args.json:
