@@ -3,9 +3,11 @@ read on another, concurrent publishers, and the server dying under a live mount.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -13,6 +15,7 @@ from typing import Any
 import pytest
 from seaweed import SECRET_KEY, SeaweedServer
 
+from casfs.errors import CasfsError
 from casfs.store.root import SharedRoot
 from casfs.util.location import parse_location
 from node.conftest import Node
@@ -108,7 +111,13 @@ def test_server_down_mid_mount_is_a_miss_and_publication_waits(
             assert (mp / "new.txt").read_bytes() == b"written while the store is down"
             st = node.ask(w, "stats")
             assert st["counters"].get("fetch_errors", 0) >= 1
-            srv.launch()  # back: the pending publication goes through
+            srv.launch()  # back: the pending publication goes through, retried by the mount
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline:
+                with contextlib.suppress(CasfsError, OSError):  # the server warming up
+                    if "new.txt" in _published(url):
+                        break
+                time.sleep(0.5)
             node.stop(w)
         finally:
             node.stop_all()
