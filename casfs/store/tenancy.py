@@ -45,7 +45,7 @@ from casfs.util.counters import Counters
 
 log = logging.getLogger(__name__)
 
-SUBDIRS = ("generations", "pins")
+SUBDIRS = ("generations", "pins", "reads")  # reads: casfs.store.reads (retention)
 
 
 class RecordTrust(Protocol):

@@ -136,6 +136,8 @@ def test_group_domain_shares_one_namespace(shared: Path) -> None:
         d = root_path / "namespaces" / ns
         st = d.stat()
         assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (a.uid, gid, 0o2770)
+        for sub in ("generations", "pins", "reads"):  # every member writes all of them
+            assert stat.S_IMODE((d / sub).stat().st_mode) == 0o2770
         assert publish_as(b, root_path, ns, "two", "2", config=cfg) == ""
         assert "Permission denied" in publish_as(outsider, root_path, ns, "three", "3",
                                                  config=cfg)
