@@ -17,6 +17,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -58,6 +59,7 @@ class SeaweedServer:
     port: int = 0
     proc: subprocess.Popen[bytes] | None = None
     args: list[str] = field(default_factory=list)
+    ports: list[int] = field(default_factory=list)
 
     @property
     def endpoint(self) -> str:
@@ -87,6 +89,7 @@ class SeaweedServer:
             for s in held:
                 s.close()
         self.port = s3
+        self.ports = [master, volume, filer, s3]
         if not self.args:
             self.args = [
                 binary, "server", f"-dir={data}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
@@ -144,6 +147,11 @@ class SeaweedServer:
                 os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait(30)
         self.proc = None
+        # weed leaves its unix sockets (/tmp/seaweedfs-<role>-<port>.sock) behind on SIGKILL
+        for p in self.ports:
+            for port in (p, p + 10000):
+                for sock in Path(tempfile.gettempdir()).glob(f"seaweedfs-*-{port}.sock"):
+                    sock.unlink(missing_ok=True)
 
     def stop(self) -> None:
         self.kill()
