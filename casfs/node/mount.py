@@ -409,14 +409,10 @@ class MountService:
             self._ingredients = dict(ingredients)
 
     def _record_fingerprint(self) -> dict[str, Any]:
-        if self._ingredients is None:
-            # No job said: this process's environment, if it is the namespace's.
-            from casfs.fingerprint import fingerprint
-
-            fp = fingerprint(self.cfg.family)
-            self._ingredients = fp.ingredients if fp.namespace == self.cfg.namespace else {}
+        # Only what a job said (set_ingredients): probing an interpreter here would put
+        # a subprocess on the publication path, and this process is not the job's.
         # No mount path: path-bearing files are stored path-free (relocated on read).
-        return dict(self._ingredients)
+        return dict(self._ingredients or {})
 
     # --- background work (worker threads) ---------------------------------
     def promote_once(self, final: bool = False) -> int:
