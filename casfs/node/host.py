@@ -33,7 +33,6 @@ import json
 import logging
 import os
 import signal
-import subprocess
 import sys
 import time
 import uuid
@@ -512,54 +511,10 @@ def spawn_host(cfg: HostConfig, *, ready_timeout: float = 120.0, log_to_stderr: 
 
     worker.check_fuse()
     cfg.check()
-    cfg.run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-    log_path: Path | None = None
-    if not log_to_stderr:
-        (cfg.state_dir / "log").mkdir(parents=True, exist_ok=True)
-        log_path = cfg.state_dir / "log" / f"{cfg.name}.log"
-    stats_out = cfg.run_dir / f"{cfg.name}.final-stats"
-    stats_out.unlink(missing_ok=True)
-    r, w = os.pipe()
-    cfg_r, cfg_w = os.pipe()  # the configuration goes through a pipe: argv is public (/proc)
-    cmd = [sys.executable, "-m", "casfs.node.host", "--config-fd", str(cfg_r),
-           "--ready-fd", str(w), "--stats-out", str(stats_out)] + ["-v"] * verbose
-    if log_format:
-        cmd += ["--log-format", log_format]
-    if log_level:
-        cmd += ["--log-level", log_level]
-    pass_fds = [w, cfg_r]
-    life_r = life_w = None
-    if die_with_parent:
-        life_r, life_w = os.pipe()
-        pass_fds.append(life_r)
-        cmd += ["--lifeline-fd", str(life_r)]
-    try:
-        with open(log_path, "ab") if log_path else contextlib.nullcontext() as logf:
-            out: Any = logf if logf is not None else sys.stderr.fileno()
-            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=out,
-                                    pass_fds=pass_fds, start_new_session=True)
-    except BaseException:
-        os.close(cfg_w)
-        raise
-    finally:
-        for fd in (w, life_r, cfg_r):
-            if fd is not None:
-                os.close(fd)
-    worker.send_config(cfg_w, cfg.to_json())
-    try:
-        line = worker._read_line(r, ready_timeout, proc)
-    finally:
-        os.close(r)
-    if line != "READY":
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        if life_w is not None:
-            os.close(life_w)
-        last = worker._last_log_line(log_path) if log_path else ""
-        raise CasfsError(f"the mount process at {cfg.base} failed: "
-                         f"{line or last or 'it exited without saying why'}")
-    return worker.Worker(cfg, proc, stats_out, log_path, life_w)  # type: ignore[arg-type]
+    return worker.start_process(
+        "casfs.node.host", cfg, cfg.to_json(), where="the mount process at",
+        ready_timeout=ready_timeout, verbose=verbose, log_to_stderr=log_to_stderr,
+        log_format=log_format, log_level=log_level, die_with_parent=die_with_parent)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -144,6 +144,21 @@ def spawn(cfg: MountConfig, *, ready_timeout: float = 120.0, verbose: int = 0,
     if cfg.mode in ("fuse", "overlay"):
         check_fuse()
     cfg.check()
+    return start_process(
+        "casfs.node.worker", cfg, config_to_json(cfg), where=f"mount {cfg.name} at",
+        ready_timeout=ready_timeout, verbose=verbose, log_to_stderr=log_to_stderr,
+        log_format=log_format, log_level=log_level, die_with_parent=die_with_parent)
+
+
+def start_process(module: str, cfg: Any, cfg_json: str, *, where: str,
+                  ready_timeout: float = 120.0, verbose: int = 0, log_to_stderr: bool = False,
+                  log_format: str | None = None, log_level: str | None = None,
+                  die_with_parent: bool = False) -> Worker:
+    """Run ``python -m module`` with ``cfg_json`` and wait for its READY line.
+
+    The one way casfs starts a mount process (a single mount, or the node's
+    host): ``cfg`` needs ``name``, ``state_dir``, ``run_dir`` and ``mountpoint``.
+    """
     log_path: Path | None = None
     if not log_to_stderr:
         log_dir = cfg.state_dir / "log"
@@ -157,7 +172,7 @@ def spawn(cfg: MountConfig, *, ready_timeout: float = 120.0, verbose: int = 0,
     # local user through /proc. (Credentials are never in it either way: they
     # come from the AWS environment/profile chain the worker inherits.)
     cfg_r, cfg_w = os.pipe()
-    cmd = [sys.executable, "-m", "casfs.node.worker", "--config-fd", str(cfg_r),
+    cmd = [sys.executable, "-m", module, "--config-fd", str(cfg_r),
            "--ready-fd", str(w), "--stats-out", str(stats_out)] + ["-v"] * verbose
     if log_format:
         cmd += ["--log-format", log_format]
@@ -183,7 +198,7 @@ def spawn(cfg: MountConfig, *, ready_timeout: float = 120.0, verbose: int = 0,
         for fd in (w, life_r, cfg_r):
             if fd is not None:
                 os.close(fd)
-    send_config(cfg_w, config_to_json(cfg))
+    send_config(cfg_w, cfg_json)
     try:
         line = _read_line(r, ready_timeout, proc)
     finally:
@@ -196,7 +211,7 @@ def spawn(cfg: MountConfig, *, ready_timeout: float = 120.0, verbose: int = 0,
             os.close(life_w)
         last = _last_log_line(log_path) if log_path else ""
         reason = line or last or "it exited without saying why"
-        raise CasfsError(f"mount {cfg.name} at {cfg.mountpoint} failed: {reason}")
+        raise CasfsError(f"{where} {cfg.mountpoint} failed: {reason}")
     return Worker(cfg, proc, stats_out, log_path, life_w)
 
 
