@@ -1,7 +1,7 @@
 # The two commands a fresh machine needs (see README.md):
 #   make demo   run casfs's main job on the zero-config default
 #   make test   run the whole test suite (what CI runs)
-.PHONY: bootstrap demo test test-clients lint bench bench-quick
+.PHONY: bootstrap clients demo test test-clients lint bench bench-quick
 
 bootstrap:
 	@scripts/bootstrap.sh
@@ -13,21 +13,29 @@ lint: bootstrap
 	.venv/bin/ruff check
 	.venv/bin/mypy
 
-test: bootstrap lint
-	@scripts/check-capabilities.sh
-	@scripts/run-tests.sh $(PYTEST_ARGS)
 
-# Heavy real clients kept out of `make test` (CI's 90 minutes): vLLM CPU (3.4 GB,
-# ~3 min to install) and FlashInfer's JIT with a CUDA toolchain from wheels (2.1 GB,
-# ~5 min), each in its own venv, then their node A/B(/C) tests.
+# The heavy real clients get venvs of their own (their packages must not change the
+# main venv's torch/triton keys): vLLM CPU (3.4 GB, ~3 min to install) and FlashInfer's
+# JIT with a CUDA toolchain from wheels (2.1 GB, ~5 min). `make test` runs them with the
+# rest (CI's 90 minutes hold them: ~12 min all told); CASFS_REQUIRE_CLIENTS=1 makes a
+# missing client venv a failure, never a skip.
 VLLM_VENV ?= .venv-vllm
 FLASHINFER_VENV ?= .venv-flashinfer
-test-clients: bootstrap
+CLIENTS_ENV = CASFS_REQUIRE_CLIENTS=1 \
+	CASFS_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python \
+	CASFS_FLASHINFER_PYTHON=$(abspath $(FLASHINFER_VENV))/bin/python
+
+clients: bootstrap
 	@scripts/vllm-venv.sh $(VLLM_VENV)
 	@scripts/flashinfer-venv.sh $(FLASHINFER_VENV)
-	CASFS_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python \
-	CASFS_FLASHINFER_PYTHON=$(abspath $(FLASHINFER_VENV))/bin/python \
-	scripts/run-tests.sh tests/clients/test_vllm.py tests/clients/test_flashinfer.py
+
+test: bootstrap lint clients
+	@scripts/check-capabilities.sh
+	@$(CLIENTS_ENV) scripts/run-tests.sh $(PYTEST_ARGS)
+
+# Only the heavy real clients (vLLM, FlashInfer), node A/B(/C).
+test-clients: clients
+	@$(CLIENTS_ENV) scripts/run-tests.sh tests/clients/test_vllm.py tests/clients/test_flashinfer.py
 
 bench-quick: bootstrap
 	bench/run --quick

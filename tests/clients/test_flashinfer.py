@@ -31,6 +31,10 @@ print(json.dumps({"seconds": time.time() - t, "before": before,
                   "after": os.stat(so).st_mtime_ns}))
 """
 
+if os.environ.get("CASFS_REQUIRE_CLIENTS") == "1" and not (FPY and os.access(FPY, os.X_OK)):
+    pytest.fail("CASFS_REQUIRE_CLIENTS=1 but the client venv is missing: run make clients",
+                pytrace=False)
+
 pytestmark = [
     pytest.mark.fuse, pytest.mark.real_client, pytest.mark.slow,
     pytest.mark.skipif(not (FPY and os.access(FPY, os.X_OK)),

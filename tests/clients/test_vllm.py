@@ -24,6 +24,10 @@ DEMO = REPO / "casfs" / "demo" / "vllm_workload.py"
 VPY = os.environ.get("CASFS_VLLM_PYTHON", "")
 FAMILIES = "vllm,inductor,triton"
 
+if os.environ.get("CASFS_REQUIRE_CLIENTS") == "1" and not (VPY and os.access(VPY, os.X_OK)):
+    pytest.fail("CASFS_REQUIRE_CLIENTS=1 but the client venv is missing: run make clients",
+                pytrace=False)
+
 pytestmark = [
     pytest.mark.fuse, pytest.mark.real_client, pytest.mark.slow,
     pytest.mark.skipif(not (VPY and os.access(VPY, os.X_OK)),
