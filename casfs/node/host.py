@@ -24,8 +24,6 @@ host (after a crash) serves the same namespaces at the same paths at once.
 
 from __future__ import annotations
 
-import argparse
-import contextlib
 import errno
 import fcntl
 import functools
@@ -45,7 +43,7 @@ import trio
 
 from casfs import families
 from casfs.errors import CasfsError, UsageError
-from casfs.node import control, guard, leases, logfmt, reclaim
+from casfs.node import control, guard, leases, reclaim
 from casfs.node.config import MountConfig
 from casfs.node.tenant import requester, tenant_of, tenant_owner
 from casfs.tenants import TenantPolicy
@@ -520,45 +518,7 @@ def spawn_host(cfg: HostConfig, *, ready_timeout: float = 120.0, log_to_stderr: 
 def main(argv: list[str] | None = None) -> int:
     from casfs.node import worker
 
-    ap = argparse.ArgumentParser(prog="casfs-host")
-    src = ap.add_mutually_exclusive_group(required=True)
-    src.add_argument("--config-json")
-    src.add_argument("--config-fd", type=int, help="read the configuration JSON from this fd")
-    ap.add_argument("--ready-fd", type=int)
-    ap.add_argument("--stats-out")
-    ap.add_argument("-v", "--verbose", action="count", default=0)
-    ap.add_argument("--log-format", choices=logfmt.FORMATS, default=logfmt.PLAIN)
-    ap.add_argument("--log-level", choices=sorted(logfmt.LEVELS))
-    ap.add_argument("--lifeline-fd", type=int)
-    args = ap.parse_args(argv)
-    cfg = HostConfig.from_json(worker.read_config(args.config_fd, args.config_json))
-    level = (logfmt.LEVELS[args.log_level] if args.log_level
-             else logging.DEBUG if args.verbose > 1 else logging.INFO)
-    logfmt.setup(level, args.log_format,
-                 tag=f"[{cfg.name}] " if args.log_format == logfmt.JOURNAL else "")
-    if args.lifeline_fd is not None:
-        worker._watch_lifeline(args.lifeline_fd)
-
-    def tell(msg: str) -> None:
-        if args.ready_fd is not None:
-            with contextlib.suppress(OSError):
-                os.write(args.ready_fd, msg.encode() + b"\n")
-                os.close(args.ready_fd)
-            args.ready_fd = None
-
-    try:
-        host = NodeHost(cfg)
-    except (CasfsError, OSError) as e:
-        return worker._failed(e, tell)
-    try:
-        host.serve(on_ready=lambda: tell("READY"))
-    except (CasfsError, OSError) as e:
-        return worker._failed(e, tell)
-    finally:
-        if args.stats_out:
-            with contextlib.suppress(OSError):
-                Path(args.stats_out).write_text(json.dumps(host.final_stats(), default=str))
-    return 0
+    return worker.run_child("casfs-host", argv, HostConfig.from_json, NodeHost)
 
 
 if __name__ == "__main__":

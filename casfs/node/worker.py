@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from casfs.errors import CasfsError, FuseUnavailableError
 from casfs.node import logfmt
@@ -264,8 +264,19 @@ def _failed(e: CasfsError | OSError, tell: Callable[[str], None]) -> int:
     return 1
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="casfs-worker")
+class _Service(Protocol):
+    def serve(self, on_ready: Callable[[], None]) -> None: ...
+    def final_stats(self) -> dict[str, Any]: ...
+
+
+def run_child(prog: str, argv: list[str] | None, load: Callable[[str], Any],
+              build: Callable[[Any], _Service]) -> int:
+    """The child side of ``start_process``: config from its pipe, READY once serving.
+
+    ``load`` parses the configuration JSON; ``build`` makes the service (a
+    MountService, or the node's host) whose ``serve`` returns at shutdown.
+    """
+    ap = argparse.ArgumentParser(prog=prog)
     src = ap.add_mutually_exclusive_group(required=True)
     src.add_argument("--config-json")
     src.add_argument("--config-fd", type=int, help="read the configuration JSON from this fd")
@@ -277,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lifeline-fd", type=int,
                     help="shut down when this pipe's write end closes (the parent died)")
     args = ap.parse_args(argv)
-    cfg = config_from_json(read_config(args.config_fd, args.config_json))
+    cfg = load(read_config(args.config_fd, args.config_json))
     level = (logfmt.LEVELS[args.log_level] if args.log_level
              else logging.DEBUG if args.verbose > 1 else logging.INFO)
     tag = f"[{cfg.name}] " if args.log_format == logfmt.JOURNAL else ""
@@ -287,17 +298,13 @@ def main(argv: list[str] | None = None) -> int:
 
     def tell(msg: str) -> None:
         if args.ready_fd is not None:
-            try:
+            with contextlib.suppress(OSError):
                 os.write(args.ready_fd, msg.encode() + b"\n")
                 os.close(args.ready_fd)
-            except OSError:
-                pass
             args.ready_fd = None
 
-    from casfs.node.mount import MountService
-
     try:
-        svc = MountService(cfg)
+        svc = build(cfg)
     except (CasfsError, OSError) as e:
         return _failed(e, tell)
     try:
@@ -313,6 +320,15 @@ def main(argv: list[str] | None = None) -> int:
             except Exception:  # stats are best effort; the mount is already gone
                 log.exception("writing final stats failed")
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    def build(cfg: MountConfig) -> _Service:
+        from casfs.node.mount import MountService
+
+        return MountService(cfg)
+
+    return run_child("casfs-worker", argv, config_from_json, build)
 
 
 if __name__ == "__main__":
