@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import json
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from casfs.errors import ConfigError
-from casfs.util.location import RootLocation
+from casfs.util.location import RootLocation, parse_location
 
 
 @dataclass(frozen=True)
@@ -74,3 +75,29 @@ class MountConfig:
                               f" not {self.mode!r}")
         if self.stable_after < 0 or self.publish_interval <= 0 or self.refresh_interval <= 0:
             raise ConfigError(f"mount {self.name}: intervals must be positive")
+
+
+def dump_config(cfg: Any) -> str:
+    """A mount process's configuration dataclass as JSON (sent to it over a pipe)."""
+    d = asdict(cfg)
+    d["root"] = str(cfg.root)  # asdict would turn an S3Location into a dict
+    return json.dumps({k: (str(v) if isinstance(v, Path) else
+                           list(v) if isinstance(v, tuple) else v) for k, v in d.items()})
+
+
+def load_config(cls: Any, text: str, paths: tuple[str, ...]) -> Any:
+    """The inverse of dump_config for dataclass ``cls``; ``paths`` name its Path fields."""
+    d = json.loads(text)
+    kw: dict[str, Any] = {}
+    for f in fields(cls):
+        if f.name not in d:
+            continue
+        v = d[f.name]
+        if f.name in paths:
+            v = Path(v)
+        elif f.name == "root":
+            v = parse_location(v)
+        elif f.name == "scratch_patterns":
+            v = tuple(v)
+        kw[f.name] = v
+    return cls(**kw)

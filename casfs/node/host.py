@@ -35,7 +35,7 @@ import sys
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -44,11 +44,11 @@ import trio
 from casfs import families
 from casfs.errors import CasfsError, UsageError
 from casfs.node import control, guard, leases, reclaim
-from casfs.node.config import MountConfig
+from casfs.node.config import MountConfig, dump_config, load_config
 from casfs.node.tenant import requester, tenant_of, tenant_owner
 from casfs.tenants import TenantPolicy
 from casfs.util import atomic
-from casfs.util.location import RootLocation, parse_location
+from casfs.util.location import RootLocation
 
 log = logging.getLogger(__name__)
 
@@ -133,26 +133,11 @@ class HostConfig:
                     root=self.root, state_dir=self.state_dir).check()
 
     def to_json(self) -> str:
-        d = asdict(self)
-        d["root"] = str(self.root)  # asdict would turn an S3Location into a dict
-        return json.dumps({k: (str(v) if isinstance(v, Path) else
-                               list(v) if isinstance(v, tuple) else v) for k, v in d.items()})
+        return dump_config(self)
 
     @classmethod
     def from_json(cls, text: str) -> HostConfig:
-        d = json.loads(text)
-        kw: dict[str, Any] = {}
-        for f in fields(cls):
-            if f.name in d:
-                v = d[f.name]
-                if f.name in ("base", "state_dir"):
-                    v = Path(v)
-                elif f.name == "root":
-                    v = parse_location(v)
-                elif f.name == "scratch_patterns":
-                    v = tuple(v)
-                kw[f.name] = v
-        return cls(**kw)
+        return load_config(cls, text, ("base", "state_dir"))
 
 
 @dataclass

@@ -22,44 +22,22 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Any, Protocol
 
 from casfs.errors import CasfsError, FuseUnavailableError
 from casfs.node import logfmt
-from casfs.node.config import MountConfig
-from casfs.util.location import parse_location
+from casfs.node.config import MountConfig, dump_config, load_config
 
 log = logging.getLogger(__name__)
 
 
 def config_to_json(cfg: MountConfig) -> str:
-    d = asdict(cfg)
-    d["root"] = str(cfg.root)  # asdict would turn an S3Location into a dict
-    for k, v in d.items():
-        if isinstance(v, Path):
-            d[k] = str(v)
-        elif isinstance(v, tuple):
-            d[k] = list(v)
-    return json.dumps(d)
+    return dump_config(cfg)
 
 
 def config_from_json(text: str) -> MountConfig:
-    d = json.loads(text)
-    kw: dict[str, Any] = {}
-    for f in fields(MountConfig):
-        if f.name not in d:
-            continue
-        v = d[f.name]
-        if f.name in ("mountpoint", "state_dir"):
-            v = Path(v)
-        elif f.name == "root":
-            v = parse_location(v)
-        elif f.name == "scratch_patterns":
-            v = tuple(v)
-        kw[f.name] = v
-    return MountConfig(**kw)
+    return load_config(MountConfig, text, ("mountpoint", "state_dir"))
 
 
 def send_config(fd: int, text: str) -> None:
