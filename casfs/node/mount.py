@@ -799,11 +799,17 @@ class MountService:
     async def _dir_main(self, ready: Callable[[], None]) -> None:
         async with trio.open_nursery() as nursery:
             await self._background(nursery)
-            ready()
+            # Catch SIGTERM before telling the parent we serve: a job that ends at once
+            # is stopped right after READY, and the default action would skip the final
+            # publication and the stats.
             with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+                ready()
                 async for signum in signals:
                     log.info("%s: signal %d: shutting down", self.cfg.name, signum)
                     break
+            # As in the FUSE session: a second signal must not cut the final publication.
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
             await self._shutdown()
             nursery.cancel_scope.cancel()
 

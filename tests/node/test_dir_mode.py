@@ -145,3 +145,24 @@ def test_dir_mode_deletions_last_for_the_mount(cluster: dict[str, Any]) -> None:
     w = a.mount(mode="dir")
     assert (w.cfg.mountpoint / "one").read_text() == "1"  # the next mount has it again
     a.stop(w)
+
+
+
+def test_dir_mode_second_signal_does_not_cut_the_final_publication(
+        cluster: dict[str, Any]) -> None:
+    """SIGTERM twice (a supervisor's stop after a group-wide Ctrl-C): the second one must
+    not kill the process during its final publication; it publishes and reports."""
+    import signal
+
+    a = cluster["a"]
+    w = a.mount(mode="dir", stable_after=3600.0)  # nothing promoted before the stop
+    for i in range(1000):
+        (w.cfg.mountpoint / f"f{i}").write_bytes(os.urandom(2048))
+    w.proc.send_signal(signal.SIGTERM)
+    time.sleep(0.05)  # the first one is being handled: the final publication runs
+    w.proc.send_signal(signal.SIGTERM)
+    st = a.stop(w)
+    assert st is not None, "the second SIGTERM killed the process mid-shutdown"
+    assert w.proc.returncode == 0
+    ns = SharedRoot.open(cluster["root"]).generations().entries("testns")
+    assert len(ns.entries) == 1000
