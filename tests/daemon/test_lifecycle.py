@@ -94,7 +94,9 @@ def _kill_everything(d: Daemon) -> None:
 
 
 def test_sigkill_then_restart_recovers(daemons: Callable[..., Daemon]) -> None:
-    opts = {"stable_after": 1.0, "publish_interval": 1.0, "refresh_interval": 1.0}
+    # stable_after leaves the kill below time to happen before anything is promoted,
+    # even on a loaded machine (at 1 s a slow status call let publication win the race)
+    opts = {"stable_after": 4.0, "publish_interval": 1.0, "refresh_interval": 1.0}
     d = daemons("a", two_mounts(), defaults=opts)
     (d.mount_paths[0] / "dir").mkdir()
     (d.mount_paths[0] / "dir" / "a.so").write_bytes(b"A" * 5000)
