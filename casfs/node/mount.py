@@ -46,7 +46,6 @@ from casfs.store.root import SharedRoot
 from casfs.tenants import TenantPolicy
 from casfs.util.counters import Counters
 from casfs.view import dirmode, overlay, session
-from casfs.view.ops import OverlayOperations
 
 log = logging.getLogger(__name__)
 
@@ -143,6 +142,9 @@ class MountService:
         # the path this namespace is served at: a cache works at any path.
         self.relocator = (families.Relocator(self.rules, str(cfg.mountpoint))
                           if self.rules.path_bearing else None)
+        if cfg.mode != "dir":
+            # Imported here: the FUSE layer needs pyfuse3 (libfuse3), dir mode must not.
+            from casfs.view.ops import OverlayOperations
         self.ops = (
             OverlayOperations(self.lower, self.cache, cfg.upper, self.tracker, self.counters,
                               fetch_timeout=cfg.fetch_timeout, root_mode=root_mode,

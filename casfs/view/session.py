@@ -16,11 +16,14 @@ import signal
 import subprocess
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import pyfuse3
 import trio
 
 from casfs.errors import FuseUnavailableError
+
+if TYPE_CHECKING:
+    import pyfuse3
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +64,8 @@ def serve(
     """
     if not os.path.exists("/dev/fuse"):
         raise FuseUnavailableError("/dev/fuse is missing: FUSE is not available here")
+    import pyfuse3  # here, not at the top: dir mode imports this module on hosts without it
+
     mountpoint = Path(mountpoint)
     clear_stale_mount(mountpoint)
     try:
@@ -89,6 +94,8 @@ async def _main(
     background: Callable[[trio.Nursery], Awaitable[None]] | None,
     on_shutdown: Callable[[], Awaitable[None]] | None,
 ) -> None:
+    import pyfuse3
+
     async with trio.open_nursery() as nursery:
 
         async def fuse_loop() -> None:
