@@ -228,16 +228,13 @@ class NodeHost:
 
     async def _ns_tasks(self, s: Served, task_status: trio.TaskStatus[None]
                         = trio.TASK_STATUS_IGNORED) -> None:
-        svc, cfg = s.svc, s.svc.cfg
+        svc = s.svc
         with trio.CancelScope() as scope:
             s.scope = scope
             task_status.started()
             async with trio.open_nursery() as n:
-                n.start_soon(svc._every, max(0.2, min(1.0, cfg.stable_after / 2)),
-                             svc.promote_once)
-                n.start_soon(svc._every, cfg.publish_interval, svc._publish_if_pending)
-                n.start_soon(svc._every, cfg.refresh_interval, svc.refresh_once)
-                n.start_soon(svc._every, 2.0, svc.flush_counters)
+                for seconds, fn in svc.timers():
+                    n.start_soon(svc._every, seconds, fn)
                 svc.start_prefetch()  # the namespace's hot set, in the background
 
     async def detach(self, key: Key) -> dict[str, Any] | None:
@@ -252,7 +249,7 @@ class NodeHost:
         await trio.to_thread.run_sync(svc.stop_prefetch)  # cancelled with the namespace
         with trio.move_on_after(self.cfg.shutdown_timeout) as scope:
             await trio.to_thread.run_sync(svc.promote_once, True, abandon_on_cancel=True)
-            await trio.to_thread.run_sync(svc.publish_once, abandon_on_cancel=True)
+            await trio.to_thread.run_sync(svc.publish_once, True, abandon_on_cancel=True)
         if scope.cancelled_caught:
             log.warning("%s: final publication did not finish within %.0fs", svc.cfg.name,
                         self.cfg.shutdown_timeout)

@@ -34,7 +34,7 @@ from casfs import families
 from casfs.errors import CasfsError, UsageError
 from casfs.index.node_index import NodeIndex
 from casfs.index.objcache import LocalObjectCache
-from casfs.node import control, prefetch
+from casfs.node import control, prefetch, usage
 from casfs.node.config import MountConfig
 from casfs.promote.promoter import Promoter
 from casfs.promote.publisher import Publisher
@@ -49,7 +49,7 @@ from casfs.view import dirmode, overlay, session
 
 log = logging.getLogger(__name__)
 
-RECORD_READS_EVERY = 3600.0  # seconds between a mount's read records (and one at release)
+USE_TICK_S = 15.0  # how often a mount checks whether its read record is due (casfs.node.usage)
 
 
 class _NoSource:
@@ -163,9 +163,11 @@ class MountService:
         )
         self.ondemand_fetches = 0  # the job's own fetches in flight (a rough count)
         self.recorder = profile.Recorder()
-        # Lower paths opened since the last read record (retention by use).
-        self._reads: dict[str, None] = {}
-        self._reads_at = time.monotonic()
+        # Published entries jobs opened (retention by use): every view mode feeds it.
+        self.uses = usage.UseLog()
+        self._not_lower: set[str] = set()  # observed opens of other paths, this epoch
+        self.uses.on_epoch.append(self._not_lower.clear)
+        self._open_watch: Any = None  # overlay mode: casfs.view.opens.FanotifyOpens
         self.prefetcher: prefetch.Prefetcher | None = None
         if self.ops is not None:
             self.ops.on_lower_open = self._lower_opened
@@ -442,23 +444,29 @@ class MountService:
         waiting = self.tracker.pending()
         return waiting, self.last_promotion_error if waiting else ""
 
-    def record_reads(self, force: bool = False) -> None:
-        """Publish what this mount's jobs opened as a read record (casfs.store.reads):
-        at most every RECORD_EVERY seconds, and at release/shutdown (``force``)."""
-        if not self._reads or self.root is None or (
-                not force and time.monotonic() - self._reads_at < RECORD_READS_EVERY):
+    def record_reads(self, force: bool = False, final: bool = False) -> None:
+        """Write what this mount's jobs opened as a read record (casfs.store.reads) when
+        casfs.node.usage says it is due; ``force`` at publication, ``final`` at release."""
+        if not (force or final or self.uses.due()):
             return
-        paths, self._reads = list(self._reads), {}
-        self._reads_at = time.monotonic()
+        batch = self.uses.take(force=force, final=final)
+        if batch is None:
+            return
+        if self.root is None:
+            self.uses.put_back(batch)
+            return
         try:
-            reads.record(self.root.backend, self.cfg.namespace, self.index.node_id, paths,
-                         time.time())
+            reads.record(self.root.backend, self.cfg.namespace, self.index.node_id,
+                         batch.paths, time.time(), until=batch.until)
             self.counters.inc("read_records")
+            self.counters.inc("read_record_paths", len(batch.paths))
         except (CasfsError, OSError) as e:
+            self.uses.put_back(batch)
             log.warning("%s: no read record this time: %s", self.cfg.name, e)
 
-    def publish_once(self) -> dict[str, Any]:
-        self.record_reads(force=True)
+    def publish_once(self, final: bool = False) -> dict[str, Any]:
+        """Publish what is promoted; ``final``: the namespace is being released."""
+        self.record_reads(force=True, final=final)
         waiting, error = self._promotion_state()
         pub = self._publisher()
         if pub is None:
@@ -485,7 +493,6 @@ class MountService:
         return self.last_publish
 
     def refresh_once(self) -> dict[str, Any]:
-        self.record_reads()
         if self.root is None:
             self._open_root()
             if self.root is None:
@@ -562,22 +569,45 @@ class MountService:
                 log.exception("%s: background task %s failed", self.cfg.name,
                               getattr(fn, "__name__", fn))
 
-    async def _background(self, nursery: trio.Nursery) -> None:
+    def timers(self) -> list[tuple[float, Callable[[], object]]]:
+        """The periodic work of a served namespace: (interval in seconds, function)."""
         cfg = self.cfg
-        await nursery.start(control.serve_control, cfg.socket_path, self._handle)
-        nursery.start_soon(self._every, max(0.2, min(1.0, cfg.stable_after / 2)),
-                           self.promote_once)
-        nursery.start_soon(self._every, cfg.publish_interval, self._publish_if_pending)
-        nursery.start_soon(self._every, cfg.refresh_interval, self.refresh_once)
-        nursery.start_soon(self._every, 2.0, self.flush_counters)
+        return [(max(0.2, min(1.0, cfg.stable_after / 2)), self.promote_once),
+                (cfg.publish_interval, self._publish_if_pending),
+                (cfg.refresh_interval, self.refresh_once),
+                (2.0, self.flush_counters),
+                (USE_TICK_S, self.record_reads)]
+
+    async def _background(self, nursery: trio.Nursery) -> None:
+        await nursery.start(control.serve_control, self.cfg.socket_path, self._handle)
+        for seconds, fn in self.timers():
+            nursery.start_soon(self._every, seconds, fn)
         self.start_prefetch()
 
     # --- access profiles and prefetch ------------------------------------------
     def _lower_opened(self, path: str, digest: str) -> None:
+        if self.uses.recorded(path):
+            return  # the profile, the read record and prefetch saw it this epoch
         self.recorder.opened(path)
-        self._reads[path] = None
+        self.uses.opened(path)
+        self.counters.inc("opens_recorded")
         if self.prefetcher is not None:
             self.prefetcher.opened(digest)
+
+    def _observed_open(self, rel: str) -> bool:
+        """An open the kernel served without casfs (overlay: fanotify; dir: inotify).
+
+        Recorded if ``rel`` is a published entry. Returns True: no more events
+        for this file are needed this epoch.
+        """
+        if self.uses.recorded(rel) or rel in self._not_lower:
+            return True
+        node = self.lower.lookup(rel)
+        if isinstance(node, Entry):
+            self._lower_opened(rel, node.digest)
+        elif len(self._not_lower) < reads.MAX_PATHS:
+            self._not_lower.add(rel)  # the job's own files, scratch: no lookup next time
+        return True
 
     def _profile_options(self, published: list[Entry]) -> dict[str, Any]:
         """The record's ``profile``: the newest record's, merged with what this mount's
@@ -637,7 +667,7 @@ class MountService:
         await trio.to_thread.run_sync(self.stop_prefetch)
         with trio.move_on_after(self.cfg.shutdown_timeout) as scope:
             await trio.to_thread.run_sync(self.promote_once, True, abandon_on_cancel=True)
-            await trio.to_thread.run_sync(self.publish_once, abandon_on_cancel=True)
+            await trio.to_thread.run_sync(self.publish_once, True, abandon_on_cancel=True)
         if scope.cancelled_caught:
             log.warning("%s: final publication did not finish within %.0fs", self.cfg.name,
                         self.cfg.shutdown_timeout)
@@ -736,11 +766,30 @@ class MountService:
         overlay.mount(self.cfg.mountpoint, paths)
         self._overlay_mounted = True
         self._watcher = dirmode.watch(paths.upper, self.tracker)
+        self._watch_opens()
         log.info("%s: overlay at %s: %d linked, %d generated, %d via FUSE (%.2fs)",
                  self.cfg.name, self.cfg.mountpoint, rep.linked, rep.generated, rep.absent,
                  time.monotonic() - t0)
 
+    def _watch_opens(self) -> None:
+        """Overlay mode: the kernel serves linked files without casfs; fanotify tells."""
+        from casfs.view.opens import FanotifyOpens
+
+        w = FanotifyOpens(self.cfg.mountpoint, self._observed_open)
+        try:
+            w.start()
+        except OSError as e:  # retention and profiles then see FUSE-served opens only
+            self.counters.inc("open_watch_unavailable")
+            log.warning("%s: opens of linked files are not recorded: %s", self.cfg.name, e)
+            return
+        self._open_watch = w
+        self.uses.on_epoch.append(w.reset)
+
     def _unmount_overlay(self) -> None:
+        if self._open_watch is not None:
+            self._open_watch.stop()
+            self.counters.inc("open_events", self._open_watch.events)
+            self._open_watch = None
         if self._watcher is not None:
             self._watcher.stop()
             self._watcher.join(timeout=10)
@@ -791,7 +840,7 @@ class MountService:
 
     def _serve_dir(self, ready: Callable[[], None]) -> None:
         self._restore_dir()
-        observer = dirmode.watch(self.cfg.mountpoint, self.tracker)
+        observer = dirmode.watch(self.cfg.mountpoint, self.tracker, on_open=self._observed_open)
         try:
             trio.run(self._dir_main, ready)
         finally:

@@ -36,6 +36,7 @@ from watchdog.events import (
     FileCreatedEvent,
     FileDeletedEvent,
     FileModifiedEvent,
+    FileOpenedEvent,
     FileSystemEvent,
     FileSystemEventHandler,
     FileSystemMovedEvent,
@@ -151,9 +152,11 @@ def restore(
 class _Handler(FileSystemEventHandler):
     """Feeds inotify events into the WriteTracker (paths relative to the directory)."""
 
-    def __init__(self, directory: Path, tracker: WriteTracker) -> None:
+    def __init__(self, directory: Path, tracker: WriteTracker,
+                 on_open: Callable[[str], object] | None = None) -> None:
         self.directory = str(directory)
         self.tracker = tracker
+        self.on_open = on_open
         self.writing: set[str] = set()
 
     def _rel(self, path: str | bytes) -> str | None:
@@ -165,7 +168,10 @@ class _Handler(FileSystemEventHandler):
         rel = self._rel(event.src_path)
         if rel is None:
             return
-        if isinstance(event, FileModifiedEvent):
+        if isinstance(event, FileOpenedEvent):  # IN_OPEN: retention by use, profiles
+            if self.on_open is not None:
+                self.on_open(rel)
+        elif isinstance(event, FileModifiedEvent):
             if rel not in self.writing:
                 self.writing.add(rel)
                 self.tracker.opened_for_write(rel)
@@ -194,10 +200,14 @@ class _Handler(FileSystemEventHandler):
             self.tracker.removed(rel)
 
 
-def watch(directory: Path, tracker: WriteTracker) -> BaseObserver:
-    """Start watching ``directory`` recursively; the caller stops and joins the observer."""
+def watch(directory: Path, tracker: WriteTracker,
+          on_open: Callable[[str], object] | None = None) -> BaseObserver:
+    """Start watching ``directory`` recursively; the caller stops and joins the observer.
+
+    ``on_open(rel)``: a file was opened (any mode, any process: inotify's
+    IN_OPEN, which the watch receives anyway; this process's own reads too)."""
     observer = Observer()
-    observer.schedule(_Handler(directory, tracker), str(directory), recursive=True)
+    observer.schedule(_Handler(directory, tracker, on_open), str(directory), recursive=True)
     observer.start()
     return observer
 

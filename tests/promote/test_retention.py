@@ -60,3 +60,23 @@ def test_unused_files_and_their_commit_records_are_dropped(
     # Nothing more to drop; a namespace with no generation that old is left alone.
     assert drop_unused(gens, unused_for_s=7 * DAY, now=t0, node="gc").dropped == {}
     assert drop_unused(gens, unused_for_s=60 * DAY, now=t0, node="gc").dropped == {}
+
+
+def test_a_read_record_covers_its_epoch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A path a mount recorded at the start of its epoch may be reopened, unrecorded,
+    until the epoch ends (``until``): a cut-off inside that epoch keeps it."""
+    root = SharedRoot.open(tmp_path / "root", create=True)
+    gens = root.generations()
+    t0 = time.time()
+    ns = "generic-0123456789abcdef"
+    monkeypatch.setattr("casfs.store.generations.time.time", lambda: t0 - 10 * DAY)
+    gens.publish(ns, [put(root, "hot.bin", b"hot"), put(root, "done.bin", b"done"),
+                      put(root, "cold.bin", b"cold")], node="a")
+    monkeypatch.undo()
+    reads.record(root.backend, ns, "b", ["hot.bin"], t0 - 7 * DAY - 1800,
+                 until=t0 - 7 * DAY + 1800)
+    reads.record(root.backend, ns, "c", ["done.bin"], t0 - 7 * DAY - 1800)  # a last record
+    assert reads.read_since(root.backend, ns, t0 - 7 * DAY) == {"hot.bin"}
+    rep = drop_unused(gens, unused_for_s=7 * DAY, now=t0, node="gc")
+    assert rep.dropped[ns] == ["cold.bin", "done.bin"]
+    assert len(list(root.backend.list(f"namespaces/{ns}/reads"))) == 2  # within MAX_EPOCH

@@ -1,0 +1,90 @@
+"""Retention by use in every view mode: a node records the published entries its jobs
+open (FUSE handlers; fanotify in overlay mode; inotify in dir mode), and gc drops
+exactly the entries no node opened since the cut-off."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from casfs.promote.retention import drop_unused
+from casfs.store import profile
+from casfs.store.root import SharedRoot
+from casfs.view import overlay
+
+from .test_two_nodes import published, seed
+
+pytestmark = pytest.mark.fuse
+
+FILES = {"K/a.bin": b"entry A" * 100, "K/b.bin": b"entry B" * 100, "L/c.bin": b"entry C"}
+
+
+def _wait(cond: Any, what: str, timeout: float = 20) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.1)
+
+
+def _records(root: Path) -> list[dict[str, Any]]:
+    d = root / "namespaces" / "testns" / "reads"
+    return [json.loads(p.read_bytes()) for p in sorted(d.iterdir())] if d.exists() else []
+
+
+@pytest.mark.parametrize("mode", ["fuse", "overlay", "dir"])
+def test_gc_drops_what_no_node_opened_since_the_cutoff(
+        cluster: dict[str, Any], tmp_path: Path, mode: str) -> None:
+    if mode == "overlay" and (why := overlay.unavailable_reason()) is not None:
+        pytest.skip(why)
+    root, a, b = cluster["root"], cluster["a"], cluster["b"]
+    seed(root, FILES, tmp=tmp_path)
+    kw: dict[str, Any] = {"mode": mode}
+    if mode == "dir":
+        kw["mountpoint"] = cluster["mnt"] / "plain"
+
+    # Before the cut-off node b's job read everything (so in overlay mode every
+    # object is local and served by the kernel from hard links, not by casfs).
+    w = b.mount()
+    for rel, data in FILES.items():
+        assert (w.cfg.mountpoint / rel).read_bytes() == data
+    b.stop(w)
+    assert sorted(_records(root)[0]["paths"]) == sorted(FILES)
+    time.sleep(1.1)  # record names have whole seconds
+    cutoff = time.time()
+
+    # After it, node a's job only lists the cache; node b's opens entry A only.
+    w = a.mount(**kw)
+    assert sorted(os.listdir(w.cfg.mountpoint / "K")) == ["a.bin", "b.bin"]
+    a.stop(w)
+    w = b.mount(**kw)
+    mnt = w.cfg.mountpoint
+    if mode == "overlay":
+        assert b.ask(w, "stats")["counters"]["overlay_linked"] == len(FILES)
+    for _ in range(3):
+        assert (mnt / "K" / "a.bin").read_bytes() == FILES["K/a.bin"]
+    (mnt / "K" / "new.bin").write_bytes(b"the job's own file")  # not a published entry
+    _wait(lambda: b.ask(w, "stats")["counters"].get("opens_recorded", 0) >= 1,
+          "node b's open of A was not recorded")
+    b.stop(w)
+    recs = _records(root)
+    assert len(recs) == 2  # node a opened nothing: no record
+    assert recs[1]["paths"] == ["K/a.bin"]
+    assert "until" not in recs[1]  # the mount's last record: coverage ends at its time
+
+    # The same opens feed the access profile published with b's generation (prefetch).
+    r = SharedRoot.open(root)
+    gens = r.generations()
+    rec = gens.latest("testns")
+    assert rec is not None and isinstance(rec.options.get("profile"), str)
+    hot, _ = profile.decode(r.objects.get_bytes(rec.options["profile"]))
+    assert [p for p, _ in hot] == ["K/a.bin", "K/new.bin"]
+    now = time.time()
+    rep = drop_unused(gens, unused_for_s=now - cutoff, now=now, node="gc")
+    assert rep.dropped["testns"] == ["K/b.bin", "L/c.bin"]
+    left = published(root)
+    assert "K/a.bin" in left and "K/b.bin" not in left and "L/c.bin" not in left
