@@ -32,10 +32,13 @@ from pathlib import Path
 
 from watchdog.events import (
     DirCreatedEvent,
+    DirDeletedEvent,
+    DirMovedEvent,
     FileClosedEvent,
     FileCreatedEvent,
     FileDeletedEvent,
     FileModifiedEvent,
+    FileMovedEvent,
     FileOpenedEvent,
     FileSystemEvent,
     FileSystemEventHandler,
@@ -207,7 +210,15 @@ def watch(directory: Path, tracker: WriteTracker,
     ``on_open(rel)``: a file was opened (any mode, any process: inotify's
     IN_OPEN, which the watch receives anyway; this process's own reads too)."""
     observer = Observer()
-    observer.schedule(_Handler(directory, tracker, on_open), str(directory), recursive=True)
+    # Only the events the handler uses reach this process: watchdog would otherwise
+    # subscribe to IN_CLOSE_NOWRITE (every read) and, without on_open, IN_OPEN.
+    wanted: list[type[FileSystemEvent]] = [
+        FileModifiedEvent, FileClosedEvent, FileCreatedEvent, DirCreatedEvent,
+        FileMovedEvent, DirMovedEvent, FileDeletedEvent, DirDeletedEvent]
+    if on_open is not None:
+        wanted.append(FileOpenedEvent)
+    observer.schedule(_Handler(directory, tracker, on_open), str(directory), recursive=True,
+                      event_filter=wanted)
     observer.start()
     return observer
 
