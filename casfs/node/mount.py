@@ -120,6 +120,7 @@ class MountService:
         # restores only paths not offered before, so a file the job deleted stays
         # deleted until the next mount start (the whiteout scope rule of view.whiteout).
         self._dir_offered: set[str] = set()
+        self._dir_replaced: set[str] = set()  # newer versions of replaced paths to put in place
         if not hosted:
             session.clear_stale_mount(cfg.mountpoint)  # a dead mount (ENOTCONN) fails mkdir
         cfg.writable_dir.mkdir(parents=True, exist_ok=True)
@@ -300,6 +301,9 @@ class MountService:
         self.counters.inc("replaced_refreshed", len(paths))
         if getattr(self, "lower", None) is None:
             return  # start-up: release_published_replaced runs once the view exists
+        if self.cfg.mode == "dir":
+            self._dir_replaced.update(paths)  # refresh_once swaps them once they are served
+            return
         for p in paths:
             self._release_published_upper(p)
         ops = getattr(self, "ops", None)
@@ -510,6 +514,7 @@ class MountService:
             self.served_seq = seq
             self.counters.inc("refreshes")
             if self.cfg.mode == "dir":
+                self._refresh_replaced_dir()
                 self._restore_dir()
         return {"ok": True, "served_seq": self.served_seq}
 
@@ -838,7 +843,42 @@ class MountService:
         self.index.add_promoted_many(self.cfg.namespace, written)
         self.index.mark_published(self.cfg.namespace, written, self.served_seq)
 
+    def _refresh_replaced_dir(self) -> None:
+        """Dir mode: newer published versions of replaced paths replace the local copies
+        that are still a published version the job has not rewritten (the promoted
+        record: restored, or this node's own, published, same size and mtime, no
+        writer), atomically by rename (dirmode.replace_file). A copy the job wrote
+        and has not published stays, is published, and wins in its turn."""
+        paths, self._dir_replaced = sorted(self._dir_replaced), set()
+        mp = self.cfg.mountpoint
+        todo: list[tuple[Entry, os.stat_result]] = []
+        for p in paths:
+            e = self.lower.lookup(p)
+            rec = self.index.get_promoted(self.cfg.namespace, p)
+            try:
+                st = os.lstat(mp / p)
+            except OSError:
+                continue  # absent: the restore puts the newest version in place
+            if (isinstance(e, Entry) and rec is not None and rec.state == "published"
+                    and stat.S_ISREG(st.st_mode) and rec.entry.digest != e.digest
+                    and (rec.entry.size, rec.entry.mtime_ns) == (st.st_size, st.st_mtime_ns)
+                    and not self.tracker.has_writers(p)):
+                todo.append((e, st))
+        busy = dirmode.open_for_writing(mp, [e.path for e, _ in todo]) if todo else set()
+        done = [e for e, st in todo if e.path not in busy and dirmode.replace_file(
+            mp, e, self.cache, st, self.restore_stamps, present=self._presenter())]
+        if done:
+            self.index.add_promoted_many(self.cfg.namespace, done)
+            self.index.mark_published(self.cfg.namespace, done, self.served_seq)
+            self.counters.inc("replaced_dir_swapped", len(done))
+            log.info("%s: %d replaced paths refreshed in place", self.cfg.name, len(done))
+
     def _serve_dir(self, ready: Callable[[], None]) -> None:
+        if self.rules.replaced:  # copies left by an earlier mount may be older versions
+            self._dir_replaced.update(
+                r.entry.path for r in self.index.iter_promoted(self.cfg.namespace)
+                if r.state == "published" and self._is_replaced(r.entry.path))
+            self._refresh_replaced_dir()
         self._restore_dir()
         observer = dirmode.watch(self.cfg.mountpoint, self.tracker, on_open=self._observed_open)
         try:

@@ -152,6 +152,48 @@ def restore(
     return written
 
 
+def replace_file(directory: Path, e: Entry, fetcher: ObjectFetcher, expect: os.stat_result,
+                 stamps: RestoreStamps | None = None,
+                 present: Callable[[Entry, str], bytes | None] | None = None) -> bool:
+    """Put the newer published version ``e`` of a replaced path in place of the local
+    file, atomically (rename: a reader sees the old or the new file whole, and one
+    holding the old file open keeps reading it), but only if the local file is
+    still ``expect`` (same inode, size and mtime) just before the rename. False
+    if it changed or the fetch failed (the local file stays)."""
+    target = directory / e.path
+    try:
+        src = fetcher.fetch(e)
+    except CasfsError as err:
+        log.warning("not refreshing %s: %s", e.path, err)
+        return False
+    tmp = temp_name(target.parent, "restore-")
+    try:
+        data = present(e, src) if present is not None else None
+        if data is None:
+            shutil.copyfile(src, tmp)
+        else:
+            with open(tmp, "wb") as f:
+                f.write(data)
+        os.chmod(tmp, e.mode & 0o777)
+        os.utime(tmp, ns=(e.mtime_ns, e.mtime_ns))
+        st = os.lstat(target)
+        if (st.st_ino, st.st_size, st.st_mtime_ns) != (
+                expect.st_ino, expect.st_size, expect.st_mtime_ns):
+            return False  # the job rewrote it meanwhile: its version stays
+        os.rename(tmp, target)
+        if stamps is not None:
+            stamps.add(e.path, os.lstat(target))
+            stamps.save()
+        return True
+    except OSError as err:
+        log.warning("not refreshing %s: %s", e.path, err)
+        return False
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        fetcher.unpin(e.digest)
+
+
 class _Handler(FileSystemEventHandler):
     """Feeds inotify events into the WriteTracker (paths relative to the directory)."""
 
