@@ -34,17 +34,22 @@ if TYPE_CHECKING:
 def make_config(args: argparse.Namespace, family: str, mountpoint: Path,
                 namespace: str | None) -> MountConfig:
     from casfs.daemon.config import load_tenants
-    from casfs.fingerprint import resolve_namespace
+    from casfs.fingerprint import AUTO, check_namespace, fingerprint
     from casfs.tenants import Credentials
 
     families.check(family)
     # This process's own tenant: a mount it starts is served to it alone.
     policy = load_tenants()
     tenant = policy.resolve(Credentials.of_self())
+    ingredients: dict[str, Any] = {}
+    if namespace is None or namespace == AUTO:
+        fp = fingerprint(family)
+        namespace, ingredients = fp.namespace, dict(fp.ingredients)
     return MountConfig(
         name=args.name or family,
         family=family,
-        namespace=tenant.store_namespace(resolve_namespace(family, namespace)),
+        namespace=tenant.store_namespace(check_namespace(namespace)),
+        ingredients=ingredients,
         tenant=tenant.id,
         tenants=policy.to_dict(),
         mountpoint=mountpoint.absolute(),
@@ -362,7 +367,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         try:
             for c in caches:
                 cfg = dataclasses.replace(make_config(args, c["family"], base / c["namespace"],
-                                                      c["namespace"]), mode=mode)
+                                                      c["namespace"]), mode=mode,
+                                          ingredients=dict(c.get("ingredients") or {}))
                 workers.append(worker.spawn(cfg, verbose=args.verbose))
                 paths[c["family"]] = str(cfg.mountpoint)
         except (CasfsError, OSError) as e:

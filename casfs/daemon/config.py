@@ -13,13 +13,13 @@ import os
 import re
 import tomllib
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from casfs import families
 from casfs.errors import CasfsError, ConfigError
-from casfs.fingerprint import AUTO, fingerprint
+from casfs.fingerprint import AUTO, Fingerprint, fingerprint
 from casfs.node.config import MountConfig
 
 if TYPE_CHECKING:
@@ -78,6 +78,7 @@ class MountSpec:
     path: Path
     options: MountOptions
     tenant: str = ""  # who may use (and so has written) this mount; "" until load() decides
+    ingredients: dict[str, Any] = field(default_factory=dict)  # of an "auto" namespace
 
 
 @dataclass(frozen=True)
@@ -126,6 +127,7 @@ class DaemonConfig:
             cache_max_bytes=self.cache_max_bytes, namespace_max_bytes=o.namespace_max_bytes,
             scratch_patterns=o.exclude, mode=o.mode, fetch_timeout=o.fetch_timeout,
             guard=True,  # supervised: a restart follows a crash, so guard the gap
+            ingredients=dict(m.ingredients),
         )
 
     def mount_configs(self) -> list[MountConfig]:
@@ -339,7 +341,7 @@ def _mode(t: _Table, default: str) -> str:
 
 
 def _mount(t: _Table, defaults: MountOptions, mount_base: Path,
-           resolved: dict[str, str]) -> MountSpec:
+           resolved: dict[str, Fingerprint]) -> MountSpec:
     name = t.get("name", as_str)
     if name is None:
         raise ConfigError(f"{t.key('name')}: every [[mounts]] table needs a name")
@@ -351,10 +353,11 @@ def _mount(t: _Table, defaults: MountOptions, mount_base: Path,
         raise ConfigError(f"{t.key('family')}: expected one of {', '.join(families.names())},"
                           f" got {family!r}")
     setting = t.get("namespace", as_str, AUTO)
+    ingredients: dict[str, Any] = {}
     if setting == AUTO:
         if family not in resolved:
-            resolved[family] = fingerprint(family).namespace
-        namespace = resolved[family]
+            resolved[family] = fingerprint(family)
+        namespace, ingredients = resolved[family].namespace, resolved[family].ingredients
     elif NAMESPACE_RE.fullmatch(setting) and not setting.startswith("."):
         namespace = setting
     else:
@@ -365,7 +368,7 @@ def _mount(t: _Table, defaults: MountOptions, mount_base: Path,
     opts = _options(t, defaults)
     t.finish()
     return MountSpec(name=name, family=family, namespace=namespace, namespace_setting=setting,
-                     path=path, options=opts, tenant=tenant)
+                     path=path, options=opts, tenant=tenant, ingredients=dict(ingredients))
 
 
 def _tenants(t: _Table, *, own_key: bool = True) -> TenantPolicy:
@@ -510,7 +513,7 @@ def load(path: Path | None, overrides: Overrides | None = None) -> DaemonConfig:
     if not isinstance(raw_mounts, list) or not (raw_mounts or on_demand):
         raise ConfigError("mounts: at least one [[mounts]] table is needed"
                           " (or node.on_demand = true)")
-    resolved: dict[str, str] = {}
+    resolved: dict[str, Fingerprint] = {}
     mounts = tuple(_mount_tenant(_mount(_Table(m, f"mounts[{i}]"), defaults, mount_base,
                                         resolved), tenants, f"mounts[{i}]")
                    for i, m in enumerate(raw_mounts))

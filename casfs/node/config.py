@@ -36,6 +36,9 @@ class MountConfig:
     tenant: str = ""  # who uses this mount (casfs.tenants); "" = no tenants (as before)
     tenants: dict[str, Any] = field(default_factory=dict)  # TenantPolicy.to_dict()
     guard: bool = False  # read-only empty bind mount under the mount (casfs.node.guard)
+    # The fingerprint ingredients an auto namespace came from (casfs.fingerprint), for
+    # the records it publishes (casfs explain); empty for an explicit namespace.
+    ingredients: dict[str, Any] = field(default_factory=dict)
 
     @property
     def run_dir(self) -> Path:

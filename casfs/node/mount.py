@@ -175,6 +175,8 @@ class MountService:
         self.publisher: Publisher | None = None
         self.last_promotion_error = ""
         self._ingredients: dict[str, Any] | None = None
+        if cfg.ingredients:  # a configured mount or a dir/overlay casfs run
+            self.set_ingredients(cfg.ingredients)
         self.last_publish: dict[str, Any] | None = None
         self._flushed: dict[str, int] = {}
         self.release_published_replaced()
@@ -408,12 +410,14 @@ class MountService:
         which ingredients differ between namespaces.
         """
         from casfs.fingerprint import Fingerprint
+        from casfs.tenants import split_store_namespace
 
         if self._ingredients is not None or not isinstance(ingredients, dict):
             return
+        bare = split_store_namespace(self.cfg.namespace)[1]  # "<tenant>~<ns>" on the root
         if all(isinstance(k, str) and (v is None or isinstance(v, str))
                for k, v in ingredients.items()) and (
-                Fingerprint(self.cfg.family, ingredients).namespace == self.cfg.namespace):
+                Fingerprint(self.cfg.family, ingredients).namespace == bare):
             self._ingredients = dict(ingredients)
 
     def _record_fingerprint(self) -> dict[str, Any]:

@@ -7,6 +7,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from casfs.fingerprint import Fingerprint, fingerprint, job_env
 from casfs.store.entry import Entry
 from casfs.store.root import SharedRoot
@@ -46,3 +48,53 @@ def test_explain_names_the_ingredients_that_differ(cli: Cli,
     doc = cli("explain", "--family", "triton", "--python", sys.executable, "--json",
               check=True).json()
     assert doc["families"][0]["published"]["entries"] == 2
+
+
+def _nearest_is_known(cli: Cli, fam: str, *extra: str) -> dict[str, Any]:
+    doc = cli("explain", "--family", fam, *extra, "--json", check=True).json()
+    (near,) = doc["families"][0]["nearest"]
+    assert near["ingredients_known"] is True, near
+    assert near["differs"] == [{"ingredient": "build_key", "here": None, "there": "nightly"}]
+    text = cli("explain", "--family", fam, *extra, check=True).out
+    assert "no ingredients recorded" not in text and "build_key None here vs nightly" in text
+    return dict(near)
+
+
+def test_dir_mode_run_records_its_ingredients(cli: Cli, casfs_env: dict[str, Path],
+                                              tmp_path: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """A dir-mode `casfs run` (one mount process per cache, no node host) publishes
+    records with the job's ingredients, so explain can compare them."""
+    monkeypatch.setenv("CASFS_MOUNT_BASE", str(tmp_path / "mnt"))
+    monkeypatch.setenv("CASFS_BUILD_KEY", "nightly")
+    script = "import os; open(os.environ['TRITON_CACHE_DIR'] + '/k.cubin', 'w').write('k')"
+    cli("run", "--family", "triton", "--mode", "dir", "--python", sys.executable,
+        "--stable-after", "0.2", "--", sys.executable, "-c", script, check=True)
+    monkeypatch.delenv("CASFS_BUILD_KEY")
+    _nearest_is_known(cli, "triton", "--python", sys.executable)
+
+
+@pytest.mark.fuse
+def test_configured_daemon_mount_records_its_ingredients(
+        cli: Cli, casfs_env: dict[str, Path], tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A casfsd [[mounts]] entry with an auto namespace: its records carry the
+    ingredients the daemon resolved the namespace from."""
+    from casfs.daemon import config as dconfig
+    from casfs.node.worker import spawn
+
+    conf = tmp_path / "casfs.toml"
+    conf.write_text(f'[store]\nroot = "{casfs_env["root"]}"\n[node]\nstate_dir = '
+                    f'"{tmp_path}/dstate"\nmount_base = "{tmp_path}/dmnt"\n'
+                    '[[mounts]]\nname = "kern"\nfamily = "triton"\nstable_after = 0.2\n')
+    monkeypatch.setenv("CASFS_BUILD_KEY", "nightly")
+    (mcfg,) = dconfig.load(conf).mount_configs()
+    monkeypatch.delenv("CASFS_BUILD_KEY")
+    assert mcfg.ingredients["build_key"] == "nightly"
+    w = spawn(mcfg)
+    try:
+        (mcfg.mountpoint / "k.cubin").write_text("k")
+    finally:
+        w.stop()
+    near = _nearest_is_known(cli, "triton")
+    assert near["namespace"] == mcfg.namespace

@@ -46,6 +46,9 @@ def test_casfs_run_serves_each_user_its_own_tenant(shared: Path) -> None:
         assert names, out
         (ns1,) = names
         assert ns1.startswith(f"{u1.tenant}~generic-")
+        # The record names the ingredients the tenant's namespace came from (explain).
+        rec = SharedRoot.open(root).generations().latest(ns1)
+        assert rec is not None and (rec.fingerprint or {}).get("build_key") == "stack-1"
         # u2's job, same stack: misses, and can cache the same key path itself.
         rc, out = run(u2, root, 'test ! -e "$CASFS_CACHE_DIR/KEYDIR/kernel.so" &&'
                                 ' mkdir -p "$CASFS_CACHE_DIR/KEYDIR" &&'
