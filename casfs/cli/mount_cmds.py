@@ -12,6 +12,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -19,7 +20,7 @@ from casfs import families
 from casfs.cli.output import emit_json
 from casfs.errors import CasfsError, DaemonUnavailableError, FuseUnavailableError, UsageError
 from casfs.node import control
-from casfs.node.config import MountConfig
+from casfs.node.config import HostConfig, MountConfig
 from casfs.util.defaults import (
     default_root,
     default_serve_base,
@@ -28,7 +29,6 @@ from casfs.util.defaults import (
 
 if TYPE_CHECKING:
     from casfs.fingerprint import JobEnv
-    from casfs.node.host import HostConfig
 
 
 def make_config(args: argparse.Namespace, family: str, mountpoint: Path,
@@ -250,14 +250,19 @@ def _families(spec: str | None, namespace: str | None) -> list[str]:
     return names
 
 
-def _caches(names: list[str], namespace: str | None, job: JobEnv) -> list[dict[str, Any]]:
-    """The job's namespaces and their ingredients, computed on the job's side for the node."""
+def _caches(names: list[str], namespace: str | None,
+            job: Callable[[], JobEnv]) -> list[dict[str, Any]]:
+    """The job's namespaces and their ingredients, computed on the job's side for the node.
+
+    ``job`` probes the job's interpreter (a subprocess): called only when an
+    ``auto`` namespace needs it.
+    """
     from casfs.fingerprint import AUTO, check_namespace, fingerprint
 
     out: list[dict[str, Any]] = []
     for f in names:
         if namespace is None or namespace == AUTO:
-            fp = fingerprint(f, job)
+            fp = fingerprint(f, job())
             out.append({"family": f, "namespace": fp.namespace, "ingredients": fp.ingredients})
         else:
             out.append({"family": f, "namespace": check_namespace(namespace)})
@@ -276,7 +281,7 @@ def cache_vars(paths: dict[str, str], job_env: dict[str, str] | os._Environ[str]
 def host_config(args: argparse.Namespace, *, for_run: bool) -> HostConfig:
     """The node's mount process this command starts when none runs."""
     from casfs.daemon.config import load_tenants
-    from casfs.node.host import HostConfig
+    from casfs.node.config import HostConfig
 
     return HostConfig(
         tenants=load_tenants().to_dict(),
@@ -296,7 +301,7 @@ def cmd_env(args: argparse.Namespace) -> int:
     from casfs.node import client
 
     caches = _caches(_families(args.family, args.namespace), args.namespace,
-                     job_env((), os.environ, args.python))
+                     lambda: job_env((), os.environ, args.python))
     pid = args.pid or client.lease_pid_default()
     start = host_config(args, for_run=False) if args.start else None
     reply, _sock = client.lease(default_state_dir().absolute(), caches, pid, start=start)
@@ -340,17 +345,23 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     started = time.time()
     names = _families(args.family, args.namespace)
-    caches = _caches(names, args.namespace, job_env(cmd, os.environ, args.python))
     state = default_state_dir().absolute()
+    mode = args.mode
+    start = host_config(args, for_run=True) if mode == "fuse" else None
+    # The node's mount process starts while the job's interpreter is probed.
+    early = client.start_early(state, start) if start is not None else None
+    try:
+        caches = _caches(names, args.namespace, lambda: job_env(cmd, os.environ, args.python))
+    finally:
+        if early is not None:
+            early.join()
     paths: dict[str, str] = {}
     lease: tuple[Path, str] | None = None
     workers: list[worker.Worker] = []
     private: Path | None = None
-    mode = args.mode
     if mode == "fuse":
         try:
-            reply, sock = client.lease(state, caches, os.getpid(),
-                                       start=host_config(args, for_run=True))
+            reply, sock = client.lease(state, caches, os.getpid(), start=start)
             lease = (sock, reply["lease"])
             paths = {c["family"]: c["path"] for c in reply["caches"]}
         except FuseUnavailableError as e:

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
 from casfs.errors import CasfsError, DaemonUnavailableError, UsageError
 from casfs.node import control
-from casfs.node.host import HostConfig
+from casfs.node.config import HostConfig
 
 log = logging.getLogger(__name__)
 
@@ -78,9 +79,10 @@ def lease(state_dir: Path, caches: list[dict[str, Any]], pid: int, *,
         if start is None:
             raise DaemonUnavailableError(last or "no casfs mount process serves this node")
         try:
-            from casfs.node.host import spawn_host
+            from casfs.node.worker import spawn_host
 
             spawn_host(start)
+            continue  # it serves (READY): ask it at once
         except UsageError as e:
             last = e.message  # another job started one first: use it
         except CasfsError as e:
@@ -89,6 +91,34 @@ def lease(state_dir: Path, caches: list[dict[str, Any]], pid: int, *,
             last = e.message
         time.sleep(0.2 * (attempt + 1))
     raise CasfsError(f"could not reach this node's mount process: {last}")
+
+
+def start_early(state_dir: Path, start: HostConfig) -> threading.Thread | None:
+    """Start the node's mount process in a thread when nothing serves this node yet.
+
+    ``casfs run`` calls this before it reads the job's fingerprint, so the mount
+    process's start-up (imports, the FUSE mount) overlaps the probe of the job's
+    interpreter. Join the thread before ``lease``; a failed start here is only
+    logged: ``lease`` starts one again and reports why it cannot.
+    """
+    socks = (daemon_socket(state_dir), jobs_socket(), host_socket(state_dir))
+    try:
+        if any(s.exists() for s in socks):
+            return None  # something serves (or did): lease() finds out which
+    except OSError:
+        return None
+
+    def run() -> None:
+        from casfs.node.worker import spawn_host
+
+        try:
+            spawn_host(start)
+        except (CasfsError, OSError) as e:
+            log.debug("early start of the mount process: %s", e)
+
+    t = threading.Thread(target=run, name="casfs-start-host", daemon=True)
+    t.start()
+    return t
 
 
 def release(sock: Path, lease_id: str, *, wait: bool, timeout: float = 300.0,

@@ -41,103 +41,18 @@ from typing import Any
 
 import trio
 
-from casfs import families
 from casfs.errors import CasfsError, UsageError
 from casfs.node import control, guard, leases, reclaim
-from casfs.node.config import MountConfig, dump_config, load_config
+from casfs.node.config import HostConfig  # lives below trio: the CLI builds one without it
 from casfs.node.tenant import requester, tenant_of, tenant_owner
-from casfs.tenants import TenantPolicy
+from casfs.node.worker import spawn_host
 from casfs.util import atomic
-from casfs.util.location import RootLocation
 
 log = logging.getLogger(__name__)
 
+__all__ = ["HostConfig", "NodeHost", "spawn_host"]
+
 Key = tuple[str, str]  # (tenant, namespace)
-
-
-@dataclass(frozen=True)
-class HostConfig:
-    base: Path  # the mount point: namespaces are served at <base>/<tenant>/<namespace>
-    root: RootLocation
-    state_dir: Path
-    stable_after: float = 2.0
-    publish_interval: float = 10.0
-    refresh_interval: float = 30.0
-    shutdown_timeout: float = 30.0
-    fetch_timeout: float = 10.0
-    allow_other: bool = False
-    cache_max_bytes: int = 20 << 30
-    namespace_max_bytes: int | None = None
-    scratch_patterns: tuple[str, ...] = field(default_factory=tuple)
-    grace: float = 60.0  # a namespace stays served this long after its last lease
-    exit_when_idle: bool = False  # casfs run's host: unmount and exit once nothing is served
-    lease_poll: float = 1.0
-    guard: bool = True  # read-only empty bind mount under the FUSE mount (root only)
-    reclaim_after: float = 7 * 86400.0  # node state of namespaces idle this long; 0: never
-    debug: bool = False
-    name: str = "host"
-    tenants: dict[str, Any] = field(default_factory=dict)  # TenantPolicy.to_dict()
-
-    # What casfs.node.worker.Worker and the supervisor read from a config.
-    @property
-    def mountpoint(self) -> Path:
-        return self.base
-
-    @property
-    def namespace(self) -> str:
-        return "*"
-
-    @property
-    def family(self) -> str:
-        return "*"
-
-    @property
-    def mode(self) -> str:
-        return "fuse"
-
-    @property
-    def run_dir(self) -> Path:
-        return self.state_dir / "run"
-
-    @property
-    def socket_path(self) -> Path:
-        return self.run_dir / f"{self.name}.sock"
-
-    @property
-    def served_file(self) -> Path:
-        return self.run_dir / f"{self.name}-served.json"
-
-    @property
-    def policy(self) -> TenantPolicy:
-        return TenantPolicy.from_dict(self.tenants)
-
-    def ns_config(self, tenant: str, family: str, namespace: str) -> MountConfig:
-        # On the root the namespace carries its tenant ("<tenant>~<ns>"); the
-        # path a job gets is <base>/<tenant>/<ns>, the tenant's own directory.
-        return MountConfig(
-            name=f"{tenant}/{namespace}", family=family,
-            namespace=self.policy.tenant(tenant).store_namespace(namespace),
-            tenant=tenant, tenants=self.tenants,
-            mountpoint=self.base / tenant / namespace, root=self.root,
-            state_dir=self.state_dir, stable_after=self.stable_after,
-            publish_interval=self.publish_interval, refresh_interval=self.refresh_interval,
-            shutdown_timeout=self.shutdown_timeout, fetch_timeout=self.fetch_timeout,
-            allow_other=self.allow_other, cache_max_bytes=self.cache_max_bytes,
-            namespace_max_bytes=self.namespace_max_bytes,
-            scratch_patterns=self.scratch_patterns,
-        )
-
-    def check(self) -> None:
-        # The same layout rules as one mount: never inside the state dir or the root.
-        MountConfig(name=self.name, family=families.FALLBACK, namespace="x", mountpoint=self.base,
-                    root=self.root, state_dir=self.state_dir).check()
-
-    def to_json(self) -> str:
-        return dump_config(self)
-
-    @classmethod
-    def from_json(cls, text: str) -> HostConfig:
-        return load_config(cls, text, ("base", "state_dir"))
 
 
 @dataclass
@@ -483,20 +398,6 @@ class NodeHost:
 
 
 # --- the process ------------------------------------------------------------------------------
-def spawn_host(cfg: HostConfig, *, ready_timeout: float = 120.0, log_to_stderr: bool = False,
-               log_format: str | None = None, log_level: str | None = None,
-               die_with_parent: bool = False, verbose: int = 0) -> Any:
-    """Start the node's mount process; a casfs.node.worker.Worker once it serves."""
-    from casfs.node import worker
-
-    worker.check_fuse()
-    cfg.check()
-    return worker.start_process(
-        "casfs.node.host", cfg, cfg.to_json(), where="the mount process at",
-        ready_timeout=ready_timeout, verbose=verbose, log_to_stderr=log_to_stderr,
-        log_format=log_format, log_level=log_level, die_with_parent=die_with_parent)
-
-
 def main(argv: list[str] | None = None) -> int:
     from casfs.node import worker
 

@@ -23,6 +23,7 @@ import logging
 import os
 import signal
 import stat
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -32,6 +33,7 @@ import trio
 
 from casfs import families
 from casfs.errors import CasfsError, UsageError
+from casfs.index.memtree import MemLowerTree, StagedLowerTree
 from casfs.index.node_index import NodeIndex
 from casfs.index.objcache import LocalObjectCache
 from casfs.node import control, prefetch, usage
@@ -41,7 +43,7 @@ from casfs.promote.publisher import Publisher
 from casfs.promote.tracker import WriteTracker
 from casfs.store import profile, reads
 from casfs.store.entry import Entry
-from casfs.store.generations import GenerationStore, Record
+from casfs.store.generations import GenerationStore, Record, Snapshot
 from casfs.store.root import SharedRoot
 from casfs.tenants import TenantPolicy
 from casfs.util.counters import Counters
@@ -113,9 +115,24 @@ class MountService:
         self.index = NodeIndex.open(cfg.state_dir)
         self._take_namespace_lock()
         self._open_root()
+        # Lazy ingest (casfs.index.memtree): a namespace with no rows on this node is
+        # served from its parsed manifest while a thread writes the rows.
+        self._may_stage = True
+        self._staged: tuple[Record, list[list[Entry]], MemLowerTree] | None = None
+        self._stop_indexing = threading.Event()
+        self._replaced_pending: set[str] = set()
+        self._refresh_lock = threading.Lock()
         self.served_seq = self._initial_seq()
-        self.restored_entries = int((self.index.ns_state(cfg.namespace) or {}).get("entries", 0))
-        self.lower = self.index.lower_tree(cfg.namespace, self.served_seq)
+        self._may_stage = False
+        self.restored_entries = (self._staged[0].entries if self._staged is not None else
+                                 int((self.index.ns_state(cfg.namespace) or {})
+                                     .get("entries", 0)))
+        self.lower = StagedLowerTree(self.index.lower_tree(cfg.namespace, self.served_seq),
+                                     self._staged[2] if self._staged is not None else None)
+        self._indexer: threading.Thread | None = None
+        if self._staged is not None:
+            self._indexer = threading.Thread(target=self._write_staged_rows,
+                                             name=f"casfs-index-{cfg.namespace}", daemon=True)
         # dir mode: lower paths already offered to this mount's directory. A refresh
         # restores only paths not offered before, so a file the job deleted stays
         # deleted until the next mount start (the whiteout scope rule of view.whiteout).
@@ -185,6 +202,8 @@ class MountService:
             n = recovered.scan_all()
             if n:
                 log.info("%s: %d upper files from before are awaiting promotion", cfg.name, n)
+        if self._indexer is not None:
+            self._indexer.start()
 
     # --- start-up ---------------------------------------------------------
     def _give_to_tenant(self, path: Path) -> int:
@@ -272,27 +291,74 @@ class MountService:
         if newest is None or newest <= known:
             return None  # nothing new: no manifest is read
         # newest_valid validates the whole generation before any of it is served.
-        _, rec, _ = gens.newest_valid(self.cfg.namespace, hint=newest)
+        _, rec, snap = gens.newest_valid(self.cfg.namespace, hint=newest)
         if rec is None or rec.seq <= known:
             return None
-        self._ingest(rec)
+        self._ingest(rec, snap)
         return rec.seq
 
-    def _ingest(self, rec: Record) -> None:
+    def _ingest(self, rec: Record, snap: Snapshot) -> None:
         gens = self._gens()
         ns = self.cfg.namespace
         state = self.index.ns_state(ns) or {}
         have = set(state.get("parts", []))
         new_parts = [gens.part_entries(p) for p in rec.parts if p.digest not in have]
         replaced: list[str] = []
-        for entries in new_parts:
-            replaced += self.index.add_entries(ns, rec.seq, entries).replaced
-        self.index.set_ns_state(ns, {"seq": rec.seq, "parts": [p.digest for p in rec.parts],
-                                     "entries": rec.entries, "root": self._gens().root.root_id})
-        log.info("%s: indexed %s@%d (%d files)", self.cfg.name, ns, rec.seq, rec.entries)
+        if self._may_stage and not state and snap.record is rec:
+            # Start-up with no rows here: serve the validated generation from memory
+            # (casfs.index.memtree), write the rows after.
+            self._staged = (rec, new_parts, MemLowerTree(snap.entries, snap.dirs))
+            log.info("%s: serving %s@%d (%d files) while indexing it", self.cfg.name, ns,
+                     rec.seq, rec.entries)
+        else:
+            for entries in new_parts:
+                replaced += self.index.add_entries(ns, rec.seq, entries).replaced
+            self._set_ingested(rec)
+            log.info("%s: indexed %s@%d (%d files)", self.cfg.name, ns, rec.seq, rec.entries)
         self._check_mount_path(rec)
-        if replaced:
-            self._replaced_changed(sorted(set(replaced)))
+        if replaced and getattr(self, "lower", None) is None:
+            self._replaced_changed(sorted(set(replaced)))  # start-up: counted only
+        elif replaced:
+            # Told to the view by refresh_once once the new seq is served: invalidated
+            # before that, the kernel could look the old version up again (and keep it).
+            self._replaced_pending.update(replaced)
+
+    def _set_ingested(self, rec: Record) -> None:
+        self.index.set_ns_state(self.cfg.namespace, {
+            "seq": rec.seq, "parts": [p.digest for p in rec.parts], "entries": rec.entries,
+            "root": self._gens().root.root_id})
+
+    _INDEX_CHUNK = 8192  # rows per write transaction while serving: stop is checked between
+
+    def _write_staged_rows(self) -> None:
+        """The indexer thread: the staged generation's rows into LMDB, then its state."""
+        assert self._staged is not None
+        rec, parts, _ = self._staged
+        ns, t0 = self.cfg.namespace, time.monotonic()
+        try:
+            self._staged[2].index_dirs()  # before the job's first listing needs it
+            # Rows without a recorded state are an interrupted ingest's: start clean.
+            self.index.drop_namespace(ns)
+            for entries in parts:
+                for i in range(0, len(entries), self._INDEX_CHUNK):
+                    if self._stop_indexing.is_set():
+                        return  # no state recorded: the next start indexes again
+                    self.index.add_entries(ns, rec.seq, entries[i:i + self._INDEX_CHUNK])
+            self._set_ingested(rec)
+            self.lower.finish()
+            self._staged = None
+            log.info("%s: indexed %s@%d (%d files) in %.2fs", self.cfg.name, ns, rec.seq,
+                     rec.entries, time.monotonic() - t0)
+        except (CasfsError, OSError) as e:
+            self.counters.inc("index_errors")
+            log.error("%s: cannot index %s@%d (served from memory until the next start): %s",
+                      self.cfg.name, ns, rec.seq, e)
+        finally:
+            self.lower.indexed.set()  # refresh may go on (it waits for this)
+
+    def wait_indexed(self, timeout: float | None = None) -> bool:
+        """Whether the served generation's rows are in LMDB (waits up to ``timeout``)."""
+        return self.lower.indexed.wait(timeout) and not self.lower.staged
 
     # --- replaced paths ------------------------------------------------------
     def _is_replaced(self, path: str) -> bool:
@@ -501,6 +567,15 @@ class MountService:
         return self.last_publish
 
     def refresh_once(self) -> dict[str, Any]:
+        # A newer generation is added to the rows: the staged one's must be written first.
+        self.lower.indexed.wait()
+        # One refresh at a time (the periodic one, publish's, the control command's):
+        # a second one could report the new seq before the first told the view which
+        # replaced paths changed, and its caller would still see the old version.
+        with self._refresh_lock:
+            return self._refresh_locked()
+
+    def _refresh_locked(self) -> dict[str, Any]:
         if self.root is None:
             self._open_root()
             if self.root is None:
@@ -515,6 +590,11 @@ class MountService:
             # Entries only ever get added, and each path's bytes never change, so
             # raising max_seq never changes an entry a reader has seen.
             self.lower.max_seq = seq
+            if self.lower.staged:  # the indexer failed; this ingest wrote every row
+                self.lower.finish()
+            if self._replaced_pending:
+                changed, self._replaced_pending = sorted(self._replaced_pending), set()
+                self._replaced_changed(changed)
             self.served_seq = seq
             self.counters.inc("refreshes")
             if self.cfg.mode == "dir":
@@ -914,6 +994,9 @@ class MountService:
         return st
 
     def close(self) -> None:
+        self._stop_indexing.set()
+        if self._indexer is not None and self._indexer.is_alive():
+            self._indexer.join()  # at most one chunk: then the index may be closed
         if self._lock_fd is not None:
             os.close(self._lock_fd)
             self._lock_fd = None

@@ -27,7 +27,7 @@ from typing import Any, Protocol
 
 from casfs.errors import CasfsError, FuseUnavailableError
 from casfs.node import logfmt
-from casfs.node.config import MountConfig, dump_config, load_config
+from casfs.node.config import HostConfig, MountConfig, dump_config, load_config
 
 log = logging.getLogger(__name__)
 
@@ -298,6 +298,18 @@ def run_child(prog: str, argv: list[str] | None, load: Callable[[str], Any],
             except Exception:  # stats are best effort; the mount is already gone
                 log.exception("writing final stats failed")
     return 0
+
+
+def spawn_host(cfg: HostConfig, *, ready_timeout: float = 120.0, log_to_stderr: bool = False,
+               log_format: str | None = None, log_level: str | None = None,
+               die_with_parent: bool = False, verbose: int = 0) -> Worker:
+    """Start the node's mount process (casfs.node.host); a Worker once it serves."""
+    check_fuse()
+    cfg.check()
+    return start_process(
+        "casfs.node.host", cfg, cfg.to_json(), where="the mount process at",
+        ready_timeout=ready_timeout, verbose=verbose, log_to_stderr=log_to_stderr,
+        log_format=log_format, log_level=log_level, die_with_parent=die_with_parent)
 
 
 def main(argv: list[str] | None = None) -> int:

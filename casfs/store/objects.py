@@ -281,12 +281,16 @@ class ObjectStore:
         if loc is not None:
             self.locations[digest] = loc
 
+    def _locate_once(self) -> bool:
+        """Run the locator (reads manifests) once per handle; True if it ran now."""
+        if self.locator is None or self._located:
+            return False
+        self._located = True  # once: a later miss must not re-read manifests each time
+        self.locator()
+        return True
+
     def _open_packed(self, digest: str) -> BinaryIO | None:
         loc = self.locations.get(digest)
-        if loc is None and self.locator is not None and not self._located:
-            self._located = True  # once: a later miss must not re-read manifests each time
-            self.locator()
-            loc = self.locations.get(digest)
         if loc is None:
             return None
         from casfs.store.packs import pack_key
@@ -311,6 +315,10 @@ class ObjectStore:
         try:
             return self.backend.open(object_key(digest))
         except (FileNotFoundError, NotADirectoryError):
+            # Not loose: maybe packed where no manifest read so far said. The locator
+            # runs only here, on a miss, so reading a manifest (loose) never triggers it.
+            if self._locate_once() and (packed := self._open_packed(digest)) is not None:
+                return packed
             self.counters.inc("objects_missing")
             raise ObjectMissingError(f"object {digest} is missing") from None
         except NotRegularFileError:

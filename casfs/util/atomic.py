@@ -117,12 +117,12 @@ def rename_noreplace(src: Path, dst: Path) -> bool:
     refuses to write rather than risk exposing torn files.
     """
     import ctypes
-    import ctypes.util
 
-    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    from casfs.util.libc import libc
+
     at_fdcwd, rename_noreplace_flag = -100, 1
-    rc = libc.renameat2(at_fdcwd, os.fsencode(src), at_fdcwd, os.fsencode(dst),
-                        rename_noreplace_flag)
+    rc = libc().renameat2(at_fdcwd, os.fsencode(src), at_fdcwd, os.fsencode(dst),
+                          rename_noreplace_flag)
     if rc == 0:
         return True
     err = ctypes.get_errno()
@@ -172,14 +172,12 @@ def sync_filesystem(path: str | os.PathLike[str]) -> None:
 
 
 def _libc_syncfs(fd: int) -> int:
-    import ctypes
-    import ctypes.util
+    from casfs.util.libc import libc
 
     global _syncfs
     if _syncfs is None:
         try:
-            libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-            _syncfs = libc.syncfs
+            _syncfs = libc().syncfs
         except (OSError, AttributeError):
             return -1
     return int(_syncfs(fd))

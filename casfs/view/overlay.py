@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import ctypes.util
 import errno
 import logging
 import os
@@ -50,13 +49,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from casfs.store.entry import Entry
+from casfs.util.libc import libc
 from casfs.view import whiteout
 
 log = logging.getLogger(__name__)
 
 CAP_SYS_ADMIN = 21
 MNT_DETACH = 2
-_libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
 
 
 def unavailable_reason() -> str | None:
@@ -195,7 +194,7 @@ def mount(mountpoint: Path, paths: OverlayPaths) -> None:
     paths.work.mkdir(parents=True, exist_ok=True)
     opts = (f"lowerdir={_check_path(paths.links)}:{_check_path(paths.fuse)},"
             f"upperdir={_check_path(paths.upper)},workdir={_check_path(paths.work)}")
-    rc = _libc.mount(b"casfs-overlay", os.fsencode(mountpoint), b"overlay", 0, opts.encode())
+    rc = libc().mount(b"casfs-overlay", os.fsencode(mountpoint), b"overlay", 0, opts.encode())
     if rc != 0:
         e = ctypes.get_errno()
         raise OSError(e, f"mount overlay at {mountpoint}: {os.strerror(e)}")
@@ -203,7 +202,7 @@ def mount(mountpoint: Path, paths: OverlayPaths) -> None:
 
 def unmount(mountpoint: Path) -> None:
     """Detach the overlay now (lazily: open files keep working until closed)."""
-    if _libc.umount2(os.fsencode(mountpoint), MNT_DETACH) != 0:
+    if libc().umount2(os.fsencode(mountpoint), MNT_DETACH) != 0:
         e = ctypes.get_errno()
         if e not in (errno.EINVAL, errno.ENOENT):  # EINVAL: not mounted
             log.warning("unmount overlay %s: %s", mountpoint, os.strerror(e))
