@@ -503,6 +503,7 @@ def _write_report(path: Path, cmd: list[str], rc: int, caches: list[dict[str, An
             "errors": sum(v for k, v in cnt.items()
                           if k.endswith(("_errors", "_timeouts")) or k == "rejections"),
             "conflicts": cnt.get("publish_conflicts", 0),
+            "conflict_paths": (st or {}).get("conflict_paths", [])[:10],
         })
     doc = {"casfs_run_report": 1, "host": socket.gethostname(), "command": cmd,
            "exit_status": rc, "time": time.time(),

@@ -13,13 +13,20 @@ Layout: two-character shard dirs of generated ``.py``/``.cpp``/``.so``,
 - ``tmp.<uuid4>/``: triton_bundler.py writes bundled kernels to
   ``triton/<dev>/tmp.<uuid4>/`` and renames it onto ``<KEY>``; on failure the
   temp dir stays behind.
+
+Replaced: ``<shard>/<key>.best_config`` (runtime/autotune_cache.py), the
+config a Triton kernel's runtime autotuning picked. With coordinate descent
+on (``max-autotune*`` modes, ``coordinate_descent_tuning``) it is saved twice:
+the autotuning winner, then the coordinate-descent winner seconds later.
+First-writer-wins kept the first and every fresh node re-tuned (seen on an
+H200, docs/performance.md "On a GPU"), so the newest version wins.
 """
 
 from __future__ import annotations
 
 import re
 
-from casfs.families.base import UUID4, Family, common_scratch
+from casfs.families.base import NEWEST, UUID4, Family, ReplacedPath, common_scratch
 
 _BUNDLER_TMP_RE = re.compile(rf"tmp\.{UUID4}")
 
@@ -39,5 +46,7 @@ FAMILY = Family(
     summary="TorchInductor FX-graph, AOTAutograd and generated code (TORCHINDUCTOR_CACHE_DIR)",
     env_vars=("TORCHINDUCTOR_CACHE_DIR",),
     scratch=is_scratch,
+    replaced=(ReplacedPath("*.best_config", NEWEST,
+                           "runtime autotuning saves, then coordinate descent saves again"),),
     includes=("triton",),
 )

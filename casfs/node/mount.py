@@ -195,6 +195,8 @@ class MountService:
         if cfg.ingredients:  # a configured mount or a dir/overlay casfs run
             self.set_ingredients(cfg.ingredients)
         self.last_publish: dict[str, Any] | None = None
+        # The latest paths published with other bytes than this node's (first writer kept).
+        self.conflict_paths: list[str] = []
         self._flushed: dict[str, int] = {}
         self.release_published_replaced()
         recovered = self._promoter_or_none()
@@ -558,6 +560,10 @@ class MountService:
             message = (f"{what}, failing: {error}" if error else what) + (
                 "" if message == "nothing to publish" else f"; {message}")
             ok = ok and not error
+        if res is not None and res.conflict_paths:
+            log.info("%s: %d paths published by another writer with other bytes (kept): %s",
+                     self.cfg.name, res.conflicts, ", ".join(res.conflict_paths[:5]))
+            self.conflict_paths = (self.conflict_paths + res.conflict_paths)[-20:]
         self.last_publish = {
             "ok": ok, "message": message, "time": time.time(),
             "seq": res.seq if res else None, "added": res.added if res else 0,
@@ -631,6 +637,7 @@ class MountService:
             "promotion_error": self._promotion_state()[1],
             "pending_publication": self.pending_publication(),
             "last_publish": self.last_publish,
+            "conflict_paths": self.conflict_paths,
             "warm_ready_s": self.prefetcher.warm_ready_s if self.prefetcher else None,
             "counters": self.counters.snapshot(),
         }

@@ -167,3 +167,13 @@ def test_group_written_root() -> None:
     assert group_written_root(f"{KEY}/__grp__k.json", mixed) is None
     assert group_written_root(f"{KEY}/__grp__k.json", b"{") is None
     assert group_written_root(f"{KEY}/__grp__k.json", b'{"child_paths": {}}') is None
+
+
+def test_inductor_best_config_is_replaced_newest() -> None:
+    # runtime/autotune_cache.py saves it twice under coordinate descent: newest wins.
+    for family, prefix in (("inductor", ""), ("vllm", "torch_compile_cache/3f/rank_0_0/x/"
+                                                       "inductor_cache/")):
+        rule = family_rules(family).replace_rule(f"{prefix}ab/cab.best_config")
+        assert rule is not None and rule.kind == "newest", family
+    assert family_rules("inductor").replace_rule("ab/cab.py") is None  # generated code: first
+    assert family_rules("triton").replace_rule(f"{KEY}/k.json") is None
