@@ -68,7 +68,7 @@ from casfs.store.objects import DIGEST_RE, object_key
 from casfs.store.packs import packs_of
 from casfs.util import jsonsafe
 from casfs.util.crashpoint import crashpoint
-from casfs.util.paths import parent_dirs
+from casfs.util.paths import ancestor_dirs, parent_dirs
 
 if TYPE_CHECKING:
     from casfs.store.root import SharedRoot
@@ -261,7 +261,7 @@ class Snapshot:
     @property
     def dirs(self) -> set[str]:
         if self._dirs is None:
-            self._dirs = {d for p in self.entries for d in parent_dirs(p)}
+            self._dirs = ancestor_dirs(self.entries)
         return self._dirs
 
 

@@ -20,6 +20,7 @@ a half-trusted manifest could still point a job at the wrong bytes.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
@@ -30,7 +31,8 @@ from casfs.errors import HostileManifestError, NewerFormatError, OverLimitError
 from casfs.store.entry import Entry
 from casfs.store.objects import DIGEST_RE, ObjectStore
 from casfs.util import jsonsafe
-from casfs.util.paths import check_relpath, parent_dirs
+from casfs.util.gcpause import gc_paused
+from casfs.util.paths import all_plain, ancestor_dirs, check_relpath
 
 MANIFEST_VERSION = 2
 READABLE_VERSIONS = (1, 2)
@@ -101,6 +103,11 @@ def check_version(doc: object, key: str, readable: tuple[int, ...], what: str) -
 
 def decode(data: bytes) -> tuple[str, list[Entry]]:
     """Parse and validate a manifest; returns (kind, entries sorted by path)."""
+    with gc_paused():  # ~10 objects per row, none cyclic
+        return _decode(data)
+
+
+def _decode(data: bytes) -> tuple[str, list[Entry]]:
     doc = jsonsafe.parse(data, "manifest")
     version = check_version(doc, "casfs_manifest", READABLE_VERSIONS, "manifest")
     kind = doc.get("kind")
@@ -109,24 +116,74 @@ def decode(data: bytes) -> tuple[str, list[Entry]]:
     rows = doc.get("entries")
     if not isinstance(rows, list):
         raise HostileManifestError("manifest entries are not a list")
-    entries = [_entry(r, version) for r in rows]
+    entries = _entries_fast(rows, version)
+    if entries is None:  # something is off: row by row, to say which row and why
+        entries = [_entry(r, version) for r in rows]
     check_tree(entries)
     return kind, entries
 
 
+_HEX_DIGITS = b"0123456789abcdef"
+
+
+def _entries_fast(rows: list[Any], version: int) -> list[Entry] | None:
+    """The rows as entries, checked column by column (100,000s of rows per manifest);
+    None if any check fails (``_entry`` then finds the first bad row).
+
+    The same checks as ``_entry``: plain paths (all_plain), lowercase hex
+    digests, int sizes/modes/mtimes in range (``type is int``: no bools),
+    extras only in 6-element rows of version 2.
+    """
+    if not all(type(r) is list for r in rows):
+        return None
+    lens = set(map(len, rows))
+    if not lens <= ({5, 6} if version >= 2 else {5}):
+        return None
+    paths = [r[0] for r in rows]
+    digests = [r[1] for r in rows]
+    sizes = [r[2] for r in rows]
+    modes = [r[3] for r in rows]
+    mtimes = [r[4] for r in rows]
+    if not all_plain(paths):
+        return None
+    try:
+        joined = "".join(digests)
+    except TypeError:
+        return None
+    # Lowercase hex only: deleting every hex digit must leave nothing (a C-speed
+    # pass; a regex over 6 MB of digests is 20x slower).
+    if not set(map(len, digests)) <= {64} or joined.encode(
+            "utf-8", "surrogateescape").translate(None, _HEX_DIGITS):
+        return None
+    if not rows:
+        return []
+    if not {*map(type, sizes), *map(type, modes), *map(type, mtimes)} <= {int}:
+        return None
+    if (min(sizes) < 0 or max(sizes) >= 1 << 63 or min(modes) < 0 or max(modes) > 0o7777
+            or min(mtimes) <= -(1 << 63) or max(mtimes) >= 1 << 63):
+        return None
+    if 6 not in lens:
+        return [Entry(p, d, s, m, t, None) for p, d, s, m, t in rows]
+    try:
+        return [Entry(r[0], r[1], r[2], r[3], r[4],
+                      (_extras(r[5], r[0]) or None) if len(r) == 6 else None) for r in rows]
+    except HostileManifestError:
+        return None
+
+
 def check_tree(entries: list[Entry]) -> None:
     """Entries must be sorted, unique, and no file may also be a directory."""
-    paths = set()
-    prev = None
-    for e in entries:
-        if prev is not None and e.path <= prev:
-            raise HostileManifestError(f"manifest not sorted or has duplicates at {e.path!r:.120}")
-        prev = e.path
-        paths.add(e.path)
-    for e in entries:
-        for d in parent_dirs(e.path):
-            if d in paths:
-                raise HostileManifestError(f"{d!r:.120} is both a file and a directory")
+    ordered = [e.path for e in entries]
+    if not all(a < b for a, b in itertools.pairwise(ordered)):
+        prev = None
+        for p in ordered:
+            if prev is not None and p <= prev:
+                raise HostileManifestError(f"manifest not sorted or has duplicates at {p!r:.120}")
+            prev = p
+    paths = set(ordered)
+    both = ancestor_dirs(ordered) & paths
+    if both:
+        raise HostileManifestError(f"{min(both)!r:.120} is both a file and a directory")
 
 
 def load(store: ObjectStore, digest: str, size: int) -> tuple[str, list[Entry]]:

@@ -10,6 +10,7 @@ within the usual Linux name and path length limits.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 
 from casfs.errors import HostileManifestError
 
@@ -23,6 +24,9 @@ PATH_MAX = 4095
 _PLAIN = re.compile(
     r"[A-Za-z0-9_+=,@%-][A-Za-z0-9._+=,@%-]{0,254}(?:/[A-Za-z0-9_+=,@%-][A-Za-z0-9._+=,@%-]{0,254})*"
 )
+# Many plain paths joined by newlines (which _PLAIN never matches): one C-level match
+# for a whole manifest; a miss means "check each path" (check_relpath says which).
+_PLAIN_LINES = re.compile(rf"(?:{_PLAIN.pattern}\n)*{_PLAIN.pattern}")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
@@ -50,6 +54,21 @@ def check_relpath(path: object) -> str:
     return path
 
 
+def all_plain(paths: list[str]) -> bool:
+    """True if every item is a string ``check_relpath`` accepts by its plain-path regex.
+
+    False does not mean invalid: the caller then checks each path itself.
+    """
+    try:
+        joined = "\n".join(paths)
+    except TypeError:  # not all strings
+        return False
+    # A newline inside a path would pass as two plain paths: count the separators.
+    if joined.count("\n") != len(paths) - 1 or _PLAIN_LINES.fullmatch(joined) is None:
+        return False
+    return not paths or max(map(len, paths)) <= PATH_MAX
+
+
 def is_valid_relpath(path: object) -> bool:
     try:
         check_relpath(path)
@@ -65,4 +84,23 @@ def parent_dirs(path: str) -> list[str]:
     while i != -1:  # str.find, not split+join: this runs for every entry of a manifest
         out.append(path[:i])
         i = path.find("/", i + 1)
+    return out
+
+
+def ancestor_dirs(paths: Iterable[str]) -> set[str]:
+    """Every ancestor directory of the given relative paths ('a/b/c' gives 'a', 'a/b').
+
+    One ``rfind`` per path and one step per directory not seen yet: a set of
+    ``parent_dirs`` would cost a list per path (100,000s in a manifest).
+    """
+    out: set[str] = set()
+    add = out.add
+    for p in paths:
+        i = p.rfind("/")
+        while i > 0:
+            d = p[:i]
+            if d in out:
+                break  # its ancestors were added with it
+            add(d)
+            i = d.rfind("/")
     return out
