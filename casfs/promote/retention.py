@@ -96,5 +96,5 @@ def drop_unused(gens: GenerationStore, *, unused_for_s: float, now: float, node:
             continue
         if seq is not None:
             rep.dropped[ns], rep.seqs[ns] = gone_list, seq
-        reads.expire(gens.backend, ns, cutoff)
+        reads.compact(gens.backend, ns, node, cutoff, now)
     return rep

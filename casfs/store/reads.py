@@ -17,9 +17,11 @@ cut-off is missed (in flushed records), and one opened up to an epoch before
 it may be kept. ``until`` - ``time`` is at most ``MAX_EPOCH``.
 
 Written create-exclusive (the root is only ever added to) by every view mode
-(casfs.node.usage says when); deleted by ``casfs gc`` once older than the
-cut-off it runs with (``--unused-for``). A bad record is ignored (it can only
-make gc keep more).
+(casfs.node.usage says when). ``casfs gc --unused-for`` compacts them: it
+replaces every record by a few holding each path still covered at its cut-off
+with that path's latest ``until`` (``"untils"``, one per path; a reader that
+ignores it takes the record's ``until``, the latest, and keeps more). A bad
+record is ignored (it can only make gc keep more).
 """
 
 from __future__ import annotations
@@ -63,38 +65,67 @@ def _time_of(name: str) -> int | None:
     return int(head) if len(head) == 12 and head.isdigit() else None
 
 
-def read_since(backend: Backend, ns: str, since: float) -> set[str]:
-    """Every path a record names whose ``until`` is at or after ``since``."""
-    out: set[str] = set()
-    for name in backend.list(_dir(ns)):
+def _uses(backend: Backend, key: str, t: int) -> list[tuple[str, float]]:
+    """(path, until) of one record; [] if it is unreadable (logged)."""
+    try:
+        info = backend.info(key)
+        if info is None or info.size > MAX_BYTES:
+            return []
+        doc = json.loads(backend.read_range(key, 0, info.size))
+    except (OSError, ValueError, RecursionError) as e:
+        log.warning("ignoring read record %s: %s", key, e)
+        return []
+    if not isinstance(doc, dict) or not isinstance(doc.get("paths"), list):
+        return []
+    paths = doc["paths"]
+    until = doc.get("until", doc.get("time", t))
+    if not isinstance(until, int | float):
+        return []
+    untils = doc.get("untils")  # a compacted record: one per path
+    if not (isinstance(untils, list) and len(untils) == len(paths)
+            and all(isinstance(u, int | float) for u in untils)):
+        untils = [until] * len(paths)
+    return [(p, float(min(u, until))) for p, u in zip(paths, untils, strict=True)
+            if isinstance(p, str)]
+
+
+def _covered(backend: Backend, ns: str, since: float) -> tuple[dict[str, float], list[str]]:
+    """(path -> latest until, for untils at or after ``since``; every record name listed)."""
+    out: dict[str, float] = {}
+    names = list(backend.list(_dir(ns)))
+    for name in names:
         t = _time_of(name)
         if t is None or t + MAX_EPOCH < int(since):
-            continue
-        key = f"{_dir(ns)}/{name}"
-        try:
-            info = backend.info(key)
-            if info is None or info.size > MAX_BYTES:
-                continue
-            doc = json.loads(backend.read_range(key, 0, info.size))
-            paths = doc.get("paths") if isinstance(doc, dict) else None
-            until = doc.get("until", doc.get("time", t))
-        except (OSError, ValueError, RecursionError) as e:
-            log.warning("ignoring read record %s: %s", key, e)
-            continue
-        if not isinstance(until, int | float) or until < since:
-            continue  # the epoch it covers ended before the cut-off
-        if isinstance(paths, list):
-            out.update(p for p in paths if isinstance(p, str))
-    return out
+            continue  # every until in it is earlier
+        for p, u in _uses(backend, f"{_dir(ns)}/{name}", t):
+            if u >= since and u > out.get(p, -1.0):
+                out[p] = u
+    return out, names
 
 
-def expire(backend: Backend, ns: str, before: float, dry_run: bool = False) -> int:
-    """Delete the read records that cover nothing at or after ``before``; how many."""
-    n = 0
-    for name in list(backend.list(_dir(ns))):
-        t = _time_of(name)
-        if t is not None and t + MAX_EPOCH < int(before):
-            n += 1
-            if not dry_run:
-                backend.delete(f"{_dir(ns)}/{name}")
-    return n
+def read_since(backend: Backend, ns: str, since: float) -> set[str]:
+    """Every path a record names with an ``until`` at or after ``since``."""
+    return set(_covered(backend, ns, since)[0])
+
+
+def compact(backend: Backend, ns: str, node: str, since: float, now: float) -> int:
+    """Replace every read record by a few compacted ones holding each path still
+    covered at ``since`` with its latest ``until`` (``"untils"``, one per path,
+    ``MAX_PATHS`` per record); how many records it replaced. Run by gc, so the
+    next gc reads a handful of records instead of every node's hourly ones.
+    Records written meanwhile are not touched; two gcs compacting at once only
+    write the same summary twice."""
+    cov, names = _covered(backend, ns, since)
+    items = sorted(cov.items())
+    for i in range(0, len(items), MAX_PATHS):
+        chunk = items[i:i + MAX_PATHS]
+        top = max(u for _, u in chunk)
+        doc = {"casfs_reads": FORMAT, "node": node, "time": now, "until": top,
+               "paths": [p for p, _ in chunk], "untils": [u for _, u in chunk]}
+        # Named by its latest until: readers skip a record named MAX_EPOCH before a cut-off.
+        key = f"{_dir(ns)}/{int(top):012d}-{node}-{os.urandom(4).hex()}"
+        backend.create_exclusive(key, json.dumps(doc, separators=(",", ":")).encode())
+    for name in names:
+        if _time_of(name) is not None:
+            backend.delete(f"{_dir(ns)}/{name}")
+    return len(names)

@@ -54,9 +54,11 @@ def test_unused_files_and_their_commit_records_are_dropped(
     snap = gens.entries(ns)
     assert sorted(snap.entries) == sorted(["cuda_utils.so", f"{KEY}/k.json", "recent.bin"])
     assert snap.record is not None and snap.record.entries == 3
-    # Read records older than the cut-off are gone; the recent one stays.
+    # The read records are compacted into one (gc's), without those older than the cut-off.
     names = list(root.backend.list(f"namespaces/{ns}/reads"))
-    assert len(names) == 1 and names[0].split("-")[1] == "b"
+    assert len(names) == 1 and names[0].split("-")[1] == "gc"
+    assert reads.read_since(root.backend, ns, t0 - 7 * DAY) == {"cuda_utils.so",
+                                                                f"{KEY}/k.json"}
     # Nothing more to drop; a namespace with no generation that old is left alone.
     assert drop_unused(gens, unused_for_s=7 * DAY, now=t0, node="gc").dropped == {}
     assert drop_unused(gens, unused_for_s=60 * DAY, now=t0, node="gc").dropped == {}
@@ -79,4 +81,23 @@ def test_a_read_record_covers_its_epoch(tmp_path: Path, monkeypatch: pytest.Monk
     assert reads.read_since(root.backend, ns, t0 - 7 * DAY) == {"hot.bin"}
     rep = drop_unused(gens, unused_for_s=7 * DAY, now=t0, node="gc")
     assert rep.dropped[ns] == ["cold.bin", "done.bin"]
-    assert len(list(root.backend.list(f"namespaces/{ns}/reads"))) == 2  # within MAX_EPOCH
+
+
+def test_compaction_keeps_each_paths_latest_use(tmp_path: Path) -> None:
+    root = SharedRoot.open(tmp_path / "root", create=True)
+    ns, t0 = "generic-0123456789abcdef", time.time()
+    for i in range(5):  # hourly records of two nodes
+        reads.record(root.backend, ns, "b", ["a", "b"], t0 - 10 * 3600 + i * 3600)
+    reads.record(root.backend, ns, "c", ["a"], t0 - 3600, until=t0 - 1800)
+    reads.record(root.backend, ns, "c", ["old"], t0 - 30 * DAY)
+    assert reads.compact(root.backend, ns, "gc", t0 - 7 * DAY, t0) == 7
+    assert len(list(root.backend.list(f"namespaces/{ns}/reads"))) == 1
+    # One record now; each path keeps its latest use: a cut-off between them tells.
+    assert reads.read_since(root.backend, ns, t0 - 7 * DAY) == {"a", "b"}
+    assert reads.read_since(root.backend, ns, t0 - 6 * 3600) == {"a", "b"}
+    assert reads.read_since(root.backend, ns, t0 - 6 * 3600 + 1) == {"a"}
+    assert reads.read_since(root.backend, ns, t0 - 1800) == {"a"}
+    assert reads.read_since(root.backend, ns, t0 - 1799) == set()
+    reads.record(root.backend, ns, "d", ["b"], t0)  # written after a compaction: kept
+    assert reads.compact(root.backend, ns, "gc", t0 - 7 * DAY, t0) == 2
+    assert reads.read_since(root.backend, ns, t0 - 1) == {"b"}
