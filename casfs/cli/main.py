@@ -13,13 +13,28 @@ import sys
 from collections.abc import Sequence
 
 from casfs import __version__
-from casfs.cli import doctor, explain, mount_cmds, store_cmds
 from casfs.errors import CasfsError
 
 log = logging.getLogger("casfs")
 
+# The job's path (casfs run, casfs env) is timed from the job's point of view:
+# these commands register only their own module, the others import every module.
+_QUICK = frozenset({"run", "env"})
+_GLOBAL_WITH_VALUE = frozenset({"--root", "--state-dir"})
 
-def build_parser() -> argparse.ArgumentParser:
+
+def _command(argv: Sequence[str]) -> str | None:
+    """The subcommand ``argv`` names, skipping the global options before it."""
+    it = iter(argv)
+    for a in it:
+        if a in _GLOBAL_WITH_VALUE:
+            next(it, None)
+        elif not a.startswith("-"):
+            return a
+    return None
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="casfs",
         description="Keep JIT compiler caches alive across jobs and nodes.",
@@ -31,6 +46,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("-v", "--verbose", action="count", default=0, help="more logging")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    from casfs.cli import mount_cmds
+
+    if command in _QUICK:
+        mount_cmds.register(sub)
+        return p
+    from casfs.cli import doctor, explain, store_cmds
+
     store_cmds.register(sub)
     mount_cmds.register(sub)
     doctor.register(sub)
@@ -44,8 +66,9 @@ def setup_logging(verbose: int) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(_command(args_list))
+    args = parser.parse_args(args_list)
     setup_logging(args.verbose)
     if args.root:
         os.environ["CASFS_ROOT"] = args.root
