@@ -40,7 +40,8 @@ CACHE_VARS = {"triton": "TRITON_CACHE_DIR", "inductor": "TORCHINDUCTOR_CACHE_DIR
               "cuda": "CUDA_CACHE_PATH"}
 # Rough cold+warm seconds of each section on an H200 (a section is skipped when the
 # budget left is smaller: the JSON says so).
-ESTIMATE = {"cuda": 30, "triton": 40, "inductor": 80, "inductor-max": 100}
+ESTIMATE = {"cuda": 30, "triton": 40, "inductor": 80, "inductor-coordesc": 100,
+            "inductor-max": 250}
 KERNELS, ROUNDS, N = 48, 256, 4096
 
 
@@ -217,6 +218,8 @@ def summarize(runs: dict[str, dict[str, Any]], warm_node: str) -> dict[str, Any]
         "hits_misses": {k: (r.get("hits"), r.get("misses")) for k, r in runs.items()},
         "new_cache_files": {k: sum(c["new_files"] for c in r["caches"].values())
                             for k, r in runs.items()},
+        "casfs_conflicts": {k: sum(f["conflicts"] for f in r["casfs"]["families"])
+                            for k, r in runs.items() if "casfs" in r},
         "outputs_equal_everywhere": same,
         "outputs_match_reference": all(r.get("ok") for r in runs.values()),
     }
@@ -317,7 +320,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cpu-smoke", action="store_true",
                    help="the same flow without a GPU: torch.compile on CPU, Triton compiling "
                         "for sm_80, a stand-in for the driver's cache")
-    p.add_argument("--only", default="cuda,triton,inductor,inductor-max",
+    p.add_argument("--only", default="cuda,triton,inductor,inductor-coordesc,inductor-max",
                    help="comma list of sections (default: all)")
     p.add_argument("--budget", type=float, default=1e9,
                    help="seconds: a section that would not fit in what is left is skipped")
@@ -364,13 +367,17 @@ def main(argv: list[str] | None = None) -> int:
                 elif name == "triton":
                     s = section(name, ["triton", *xcpu], ["triton"], work)
                     s["summary"] = summarize(s["runs"], "casfs_b")
-                elif name in ("inductor", "inductor-max"):
-                    mode = "default" if name == "inductor" else "max-autotune-no-cudagraphs"
+                elif name in ("inductor", "inductor-coordesc", "inductor-max"):
+                    mode = "max-autotune-no-cudagraphs" if name == "inductor-max" else "default"
                     if cpu and name == "inductor-max":
                         doc["skipped"].append(name)
                         continue
-                    s = section(name, ["inductor", "--mode", mode, *xcpu],
-                                ["inductor", "triton"], work, one_cold=name == "inductor-max")
+                    job = ["inductor", "--mode", mode, *xcpu]
+                    if name == "inductor-coordesc":  # default mode + coordinate descent
+                        job.append("--coordesc")
+                    nodes = {"a": job, "b": job, "c": job} if name == "inductor-coordesc" else None
+                    s = section(name, job, ["inductor", "triton"], work, nodes,
+                                one_cold=name == "inductor-max")
                     s["summary"] = summarize(s["runs"], "casfs_b")
                 else:
                     raise ValueError(f"unknown section {name}")

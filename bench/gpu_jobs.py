@@ -213,9 +213,23 @@ def _grad(w: Any) -> Any:
     return w.grad.clone()
 
 
-def inductor_job(cpu: bool, mode: str) -> dict[str, Any]:
+def best_configs(root: str | None) -> dict[str, int]:
+    """Inductor's autotuning results in its cache: how many, how many by coordinate descent."""
+    n = coordesc = 0
+    for dirpath, _dirs, files in os.walk(root or "/nonexistent"):
+        for name in files:
+            if name.endswith(".best_config"):
+                n += 1
+                with open(os.path.join(dirpath, name), "rb") as f:
+                    coordesc += b'"found_by_coordesc": true' in f.read()
+    return {"best_configs": n, "found_by_coordesc": coordesc}
+
+
+def inductor_job(cpu: bool, mode: str, coordesc: bool) -> dict[str, Any]:
     for k, v in _TORCH_ENV.items():
         os.environ.setdefault(k, v)
+    if coordesc:  # what max-autotune modes turn on: a second save of each .best_config
+        os.environ["TORCHINDUCTOR_COORDINATE_DESCENT_TUNING"] = "1"
     import torch
     from torch import nn
     from torch._dynamo.utils import counters
@@ -299,7 +313,8 @@ def inductor_job(cpu: bool, mode: str) -> dict[str, Any]:
             "steady_call_s": round(time.perf_counter() - t, 4),
             "outputs": {"mlp": tensor_sha(out_mlp), "grad": tensor_sha(grad),
                         "attention": tensor_sha(out_attn)},
-            "ok": all(ok.values()), "ok_per_output": ok, "torch": torch.__version__, "mode": mode}
+            "ok": all(ok.values()), "ok_per_output": ok, "torch": torch.__version__, "mode": mode,
+            **best_configs(os.environ.get("TORCHINDUCTOR_CACHE_DIR"))}
 
 
 # --- the CUDA driver's ComputeCache ------------------------------------------------
@@ -350,6 +365,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--mode", default="default")
     p.add_argument("--bins", default="")
     p.add_argument("--fake", action="store_true")
+    p.add_argument("--coordesc", action="store_true")
     a = p.parse_args(argv)
     var = {"triton": "TRITON_CACHE_DIR", "inductor": "TORCHINDUCTOR_CACHE_DIR",
            "cuda": "CUDA_CACHE_PATH"}[a.job]
@@ -359,7 +375,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.job == "triton":
         out = triton_job(a.cpu)
     elif a.job == "inductor":
-        out = inductor_job(a.cpu, a.mode)
+        out = inductor_job(a.cpu, a.mode, a.coordesc)
     else:
         out = cuda_job([b for b in a.bins.split(",") if b], a.fake)
     out["job"] = a.job
