@@ -277,13 +277,10 @@ def env_info(cpu: bool) -> dict[str, Any]:
     info: dict[str, Any] = {"python": platform.python_version(), "cpus": os.cpu_count(),
                             "kernel": platform.release(), "dev_fuse": os.path.exists("/dev/fuse"),
                             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
-    try:
-        info["casfs_rev"] = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short",
-                                            "HEAD"], capture_output=True, text=True,
-                                           check=False).stdout.strip() or os.environ.get(
-                                               "CASFS_REV")
-    except OSError:
-        info["casfs_rev"] = None
+    # CASFS_REV first: a copy of casfs/ run from inside another checkout reports that one.
+    info["casfs_rev"] = os.environ.get("CASFS_REV") or subprocess.run(
+        ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True,
+        text=True, check=False).stdout.strip() or None
     import torch
 
     info["torch"] = torch.__version__

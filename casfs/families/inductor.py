@@ -18,8 +18,9 @@ Replaced: ``<shard>/<key>.best_config`` (runtime/autotune_cache.py), the
 config a Triton kernel's runtime autotuning picked. With coordinate descent
 on (``max-autotune*`` modes, ``coordinate_descent_tuning``) it is saved twice:
 the autotuning winner, then the coordinate-descent winner seconds later.
-First-writer-wins kept the first and every fresh node re-tuned (seen on an
-H200, docs/performance.md "On a GPU"), so the newest version wins.
+First-writer-wins published the first and counted the second a conflict: on
+an H200 a fresh node then re-tuned 4 kernels that a plain warm cache did not
+(docs/performance.md "On a GPU"). So the newest version wins.
 """
 
 from __future__ import annotations
