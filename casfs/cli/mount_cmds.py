@@ -236,7 +236,11 @@ def summary_line(family: str, st: dict[str, Any] | None) -> str:
             f" from the cache, {c.get('lookup_miss', 0)} of absent paths,"
             f" {c.get('promoted_files', 0)} promoted,"
             f" {c.get('files_published', 0)} published"
-            + (f" ({st['namespace']}@{last['seq']})" if last.get("seq") else ""))
+            + (f" ({st['namespace']}@{last['seq']})" if last.get("seq") else "")
+            # a conflict is a path another node published first with other bytes: the
+            # cluster keeps the first version, so this job's copy stays node-local
+            + (f"; {c['publish_conflicts']} paths conflicted (another node's version kept;"
+               " --report lists them)" if c.get("publish_conflicts") else ""))
 
 
 def _families(spec: str | None, namespace: str | None) -> list[str]:
