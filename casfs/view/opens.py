@@ -13,13 +13,14 @@ carry the overlay path.
 
 Cost bounds:
 
-- one event per distinct file per *epoch*: when ``on_open`` returns True (the
-  path is recorded for this epoch), the file's inode gets an ignore mark, so
-  the kernel stops queueing its opens; ``reset()`` (each epoch) drops every
+- about one event per distinct file per *epoch*: when ``on_open`` returns
+  True (the path is recorded for this epoch), the file's inode gets an ignore
+  mark, so the kernel stops queueing its opens (opens that race the mark,
+  queued between the first event's read and the mark, add a few); ``reset()`` (each epoch) drops every
   ignore mark (``FAN_MARK_FLUSH``) so files still in use are seen again.
   Ignore marks pin one overlay inode each (a few hundred bytes of kernel
   memory), bounded by the files opened in an epoch;
-- events are read in batches (64 KiB) by one thread; each carries an fd the
+- events are read in batches (4 KiB, at most 170 fds at once) by one thread; each carries an fd the
   kernel opened for us (read-only, without notification), which is resolved
   with ``readlink(/proc/self/fd/N)`` and closed at once. For a file the
   overlay serves from its FUSE layer that open is one FUSE OPEN/RELEASE pair
@@ -62,6 +63,9 @@ FAN_Q_OVERFLOW = 0x4000
 AT_FDCWD = -100
 _META = struct.Struct("IBBHQii")  # struct fanotify_event_metadata
 METADATA_VERSION = 3
+# Each event read carries a new fd: 4 KiB holds at most 170 events, well under
+# any RLIMIT_NOFILE (a 64 KiB read could need 2,730 fds at once).
+READ_BYTES = 4096
 
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
 _libc.fanotify_init.argtypes = [ctypes.c_uint, ctypes.c_uint]
@@ -141,7 +145,7 @@ class FanotifyOpens:
             if self._stop_r in ready:
                 return
             try:
-                buf = os.read(self._fd, 65536)
+                buf = os.read(self._fd, READ_BYTES)
             except BlockingIOError:
                 continue
             except OSError as e:  # e.g. EMFILE for the event fds: events are lost
