@@ -141,3 +141,32 @@ class MountedView:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def root_objects(root: Path, ns: str = "testns") -> Any:
+    """The object store of ``root`` after reading ``ns``'s newest generation, so it knows
+    where the packed objects it names live (promotion packs small files)."""
+    from casfs.store.root import SharedRoot
+
+    r = SharedRoot.open(root)
+    gens = r.generations()
+    if gens.latest(ns) is not None:
+        gens.entries(ns)
+    return r.objects
+
+
+def corrupt_pack_member(root: Path | str, ns: str, rel: str) -> None:
+    """Flip the last byte of the pack member that holds ``rel``'s newest published bytes
+    (the pack keeps its name: what a damaged disk or a lying server gives a reader)."""
+    from casfs.store.packs import pack_key
+    from casfs.store.root import SharedRoot
+    from casfs.util import atomic
+
+    r = SharedRoot.open(root)
+    pack, off, length = r.generations().entries(ns).entries[rel].extras["pack"]  # type: ignore[index]
+    with r.backend.open(pack_key(pack)) as f:
+        raw = bytearray(f.read())
+    raw[off + length - 1] ^= 0xFF
+    with atomic.staged_file(r.backend.staging_dir, "bad-", 0o444, sync=False) as (f, tmp):
+        f.write(bytes(raw))
+    r.backend.replace(pack_key(pack), tmp)

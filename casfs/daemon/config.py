@@ -50,7 +50,7 @@ _BYTES_RE = re.compile(r"(\d+(?:\.\d+)?)\s*([KMGT]?)(i?B?)", re.IGNORECASE)
 _UNITS = {"": 0, "K": 1, "M": 2, "G": 3, "T": 4}
 # Keys a [[mounts]] table may set, and [defaults] may set for every mount.
 OPTION_KEYS = ("stable_after", "publish_interval", "refresh_interval", "shutdown_timeout",
-               "allow_other", "namespace_max_bytes", "exclude", "mode", "fetch_timeout")
+               "allow_other", "namespace_max_bytes", "exclude", "mode", "fetch_timeout", "packs")
 MODES = ("fuse", "overlay", "dir")
 
 
@@ -67,6 +67,7 @@ class MountOptions:
     exclude: tuple[str, ...] = ()
     mode: str = "fuse"  # "dir" for hosts without FUSE
     fetch_timeout: float = 10.0
+    packs: bool = True  # promotion packs small objects (casfs.store.packs; records need v2)
 
 
 @dataclass(frozen=True)
@@ -127,7 +128,7 @@ class DaemonConfig:
             cache_max_bytes=self.cache_max_bytes, namespace_max_bytes=o.namespace_max_bytes,
             scratch_patterns=o.exclude, mode=o.mode, fetch_timeout=o.fetch_timeout,
             guard=True,  # supervised: a restart follows a crash, so guard the gap
-            ingredients=dict(m.ingredients),
+            ingredients=dict(m.ingredients), packs=o.packs,
         )
 
     def mount_configs(self) -> list[MountConfig]:
@@ -146,7 +147,7 @@ class DaemonConfig:
             refresh_interval=o.refresh_interval, shutdown_timeout=o.shutdown_timeout,
             fetch_timeout=o.fetch_timeout, allow_other=o.allow_other,
             cache_max_bytes=self.cache_max_bytes, namespace_max_bytes=o.namespace_max_bytes,
-            scratch_patterns=o.exclude, grace=self.lease_grace,
+            scratch_patterns=o.exclude, grace=self.lease_grace, packs=o.packs,
             reclaim_after=self.reclaim_after,
             tenants=self.tenants.to_dict(),
         )
@@ -330,6 +331,7 @@ def _options(t: _Table, base: MountOptions) -> MountOptions:
         exclude=t.get("exclude", as_str_list, base.exclude),
         mode=_mode(t, base.mode),
         fetch_timeout=t.get("fetch_timeout", as_positive, base.fetch_timeout),
+        packs=t.get("packs", as_bool, base.packs),
     )
 
 

@@ -12,8 +12,12 @@ Named databases
 
 ``meta``
     ``format_version`` -> ASCII decimal. Checked on every open: a missing
-    version in a non-empty environment, or any version other than
-    ``FORMAT_VERSION``, is refused (no migrations exist yet).
+    version in a non-empty environment, or any version not in
+    ``READABLE_VERSIONS``, is refused. Version 1 (no ``packed`` database) is
+    upgraded to 2 by the first read-write open (the database is created
+    empty: nothing else changed); a read-only open reads it as it is. A
+    version 1 casfs refuses a version 2 index (it would not see the pack
+    locations of pending promotions).
     ``node_id`` -> ASCII uuid4 hex, created on the first read-write open.
     ``objcache_bytes`` -> u64: sum of ``size`` over all ``objects`` records.
 
@@ -51,6 +55,17 @@ Named databases
           ``promoted`` record's state is pending, so publication and status
           cost O(pending), not O(everything ever promoted).
 
+``packed``  (version 2: where promoted objects live inside pack objects, node-wide)
+    key   root tag 8 bytes (blake3 of the shared root's id: a node moved to
+          another root must not name the first root's packs) + digest 32 raw
+          bytes -> ``PACKED``: pack digest 32 raw bytes, offset
+          u64, length u64 (the member's stored bytes in ``packs/<pack>``,
+          casfs.store.packs). Written in the promotion round that wrote the
+          pack (after the pack is in the root) or that found the object
+          already packed. A pending ``promoted`` record whose digest is here is
+          published with the ``"pack"`` extras; dedup and lazy fetch read it
+          too. An entry whose pack is gone (gc) is deleted by the publisher.
+
 ``counters``
     key ``mount \\0 counter name`` -> i64. Only ever changed by increments
     inside a write transaction, so concurrent processes never lose counts.
@@ -74,7 +89,8 @@ from blake3 import blake3
 
 from casfs.errors import IndexError_
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+READABLE_VERSIONS = (1, 2)  # 1: before ``packed``; upgraded at a read-write open
 
 DB_META = b"meta"
 DB_LOWER = b"lower"
@@ -85,10 +101,12 @@ DB_PENDING = b"pending"
 DB_COUNTERS = b"counters"
 DB_OBJECTS = b"objects"
 DB_OBJLRU = b"objlru"
+DB_PACKED = b"packed"
 ALL_DBS = (
     DB_META, DB_LOWER, DB_NSSTATE, DB_MOUNTS, DB_PROMOTED, DB_PENDING, DB_COUNTERS, DB_OBJECTS,
-    DB_OBJLRU,
+    DB_OBJLRU, DB_PACKED,
 )  # fmt: skip
+NEW_IN = {DB_PACKED: 2}  # databases a version-1 index lacks
 
 META_FORMAT_VERSION = b"format_version"
 META_NODE_ID = b"node_id"
@@ -109,6 +127,7 @@ STATE_PUBLISHED = 2
 LOWER_NODE = struct.Struct("<B32sQIqQ")
 PROMOTED = struct.Struct("<B32sQIqQ")
 OBJECT = struct.Struct("<QQ")
+PACKED = struct.Struct("<32sQQ")
 U64 = struct.Struct("<Q")
 I64 = struct.Struct("<q")
 U64_BE = struct.Struct(">Q")
@@ -199,6 +218,23 @@ def unpack_promoted(value: bytes) -> tuple[int, bytes, int, int, int, int, str]:
     """(state, raw digest, size, mode, mtime_ns, published_seq, path)."""
     state, digest, size, mode, mtime_ns, seq = PROMOTED.unpack_from(value)
     return state, digest, size, mode, mtime_ns, seq, dec(value[PROMOTED.size :])
+
+
+# --- packed --------------------------------------------------------------
+
+
+def packed_key(root_id: str, digest: str) -> bytes:
+    return blake3(enc(root_id)).digest()[:8] + digest_to_raw(digest)
+
+
+def pack_packed(pack: str, offset: int, length: int) -> bytes:
+    return PACKED.pack(digest_to_raw(pack), offset, length)
+
+
+def unpack_packed(value: bytes) -> tuple[str, int, int]:
+    """(pack digest hex, offset, length)."""
+    pack, off, length = PACKED.unpack(value)
+    return raw_to_digest(pack), off, length
 
 
 # --- counters ------------------------------------------------------------

@@ -175,9 +175,11 @@ class IndexEnv:
             try:
                 meta = self.env.open_db(ks.DB_META, create=False)
                 with self.env.begin() as txn:
-                    self._check_format(txn.get(ks.META_FORMAT_VERSION, db=meta))
+                    found = self._check_format(txn.get(ks.META_FORMAT_VERSION, db=meta))
                     self.node_id = bytes(txn.get(ks.META_NODE_ID, db=meta) or b"").decode()
                 for name in ks.ALL_DBS:
+                    if ks.NEW_IN.get(name, 0) > found:
+                        continue  # an older index, read as it is: callers see the db empty
                     self.dbs[name] = self.env.open_db(name, create=False)
             except (lmdb.NotFoundError, KeyError) as e:
                 raise IndexError_(f"node index {self.path} is incomplete: {e}") from e
@@ -188,7 +190,11 @@ class IndexEnv:
             if version is None and txn.stat(meta)["entries"] == 0:
                 version = str(ks.FORMAT_VERSION).encode()
                 txn.put(ks.META_FORMAT_VERSION, version, db=meta)
-            self._check_format(version)  # raising aborts: nothing is written
+            if self._check_format(version) < ks.FORMAT_VERSION:  # raising aborts: nothing written
+                # Upgrade in place: later versions only add databases (created below).
+                txn.put(ks.META_FORMAT_VERSION, str(ks.FORMAT_VERSION).encode(), db=meta)
+                log.info("node index %s upgraded to format version %d", self.path,
+                         ks.FORMAT_VERSION)
             for name in ks.ALL_DBS:
                 self.dbs[name] = self.env.open_db(name, txn=txn)
             node_id = txn.get(ks.META_NODE_ID, db=meta)
@@ -197,18 +203,20 @@ class IndexEnv:
                 txn.put(ks.META_NODE_ID, node_id, db=meta)
             self.node_id = bytes(node_id).decode()
 
-    def _check_format(self, version: bytes | None) -> None:
+    def _check_format(self, version: bytes | None) -> int:
+        """The index's format version; IndexError_ unless this casfs reads it."""
         try:
             v = int(bytes(version)) if version is not None else None
         except ValueError:
             v = None
-        if v != ks.FORMAT_VERSION:
+        if v is None or v not in ks.READABLE_VERSIONS:
             shown = "none" if version is None else bytes(version)[:20].decode(errors="replace")
             raise IndexError_(
                 f"node index {self.path} has format version {shown}; this casfs reads only "
-                f"version {ks.FORMAT_VERSION} (use a matching casfs, or move the index aside "
-                "to rebuild it)"
+                f"versions {', '.join(map(str, ks.READABLE_VERSIONS))} (use a matching casfs,"
+                " or move the index aside to rebuild it)"
             )
+        return v
 
     # --- lifecycle ----------------------------------------------------------
 

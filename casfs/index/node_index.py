@@ -124,9 +124,19 @@ class NodeIndex:
         """Record ``entry`` as promoted, pending publication."""
         promoted.add_promoted(self._env, mount, [entry])
 
-    def add_promoted_many(self, mount: str, entries: Iterable[Entry]) -> None:
-        """Record several promoted entries in one transaction."""
-        promoted.add_promoted(self._env, mount, entries)
+    def add_promoted_many(self, mount: str, entries: Iterable[Entry],
+                          locations: Mapping[str, promoted.Location] | None = None,
+                          root: str = "") -> None:
+        """Record several promoted entries, and their objects' pack locations in shared
+        root ``root`` (its id), in one transaction."""
+        promoted.add_promoted(self._env, mount, entries, locations, root)
+
+    def pack_location(self, root: str, digest: str) -> promoted.Location | None:
+        """Where this node's promotion put ``digest`` inside a pack (casfs.store.packs)."""
+        return promoted.pack_location(self._env, root, digest)
+
+    def forget_pack_locations(self, root: str, digests: Iterable[str]) -> int:
+        return promoted.forget_pack_locations(self._env, root, digests)
 
     def get_promoted(self, mount: str, path: str) -> PromotedRecord | None:
         return promoted.get_promoted(self._env, mount, path)
@@ -134,9 +144,9 @@ class NodeIndex:
     def forget_promoted(self, mount: str, path: str) -> bool:
         return promoted.forget_promoted(self._env, mount, path)
 
-    def pending(self, mount: str) -> Iterator[Entry]:
+    def pending(self, mount: str, root: str = "") -> Iterator[Entry]:
         """Promoted entries of ``mount`` not yet published."""
-        return promoted.pending(self._env, mount)
+        return promoted.pending(self._env, mount, root)
 
     def forget_all_promoted(self, mount: str) -> int:
         """Drop every promotion record of ``mount``; returns how many."""

@@ -3,12 +3,17 @@
 A promoted file is recorded ``pending`` with the digest it was promoted as;
 publication marks it ``published`` with the generation seq that contains it.
 Promoting the same path again (its content changed) makes it pending again.
+
+Small promoted objects live inside pack objects (casfs.store.packs): where,
+is kept node-wide by digest (``packed``), written in the same transaction as
+the promoted records of the round, and attached to pending entries as their
+``"pack"`` extras so publication names the pack.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, replace
 from typing import Literal
 
 import lmdb
@@ -18,6 +23,8 @@ from casfs.index.lmdbenv import IndexEnv, scan_prefix, txn_get
 from casfs.store.entry import Entry
 
 _BATCH = 1024
+
+Location = tuple[str, int, int]  # pack digest, offset, length (casfs.store.packs)
 
 PromotionState = Literal["pending", "published"]
 
@@ -39,8 +46,10 @@ def _record(value: bytes) -> PromotedRecord:
     )
 
 
-def add_promoted(env: IndexEnv, mount: str, entries: Iterable[Entry]) -> None:
-    """Record ``entries`` as promoted and pending, in one transaction (one disk sync)."""
+def add_promoted(env: IndexEnv, mount: str, entries: Iterable[Entry],
+                 locations: Mapping[str, Location] | None = None, root: str = "") -> None:
+    """Record ``entries`` as promoted and pending, and where ``locations`` (digest ->
+    pack location in shared root ``root``) put their objects, in one transaction."""
     mountb = ks.check_name(mount, "mount")
     items = [
         (ks.promoted_key(mountb, e.path), ks.pack_promoted(
@@ -48,15 +57,39 @@ def add_promoted(env: IndexEnv, mount: str, entries: Iterable[Entry]) -> None:
         ))
         for e in entries
     ]  # fmt: skip
+    packed = [(ks.packed_key(root, d), ks.pack_packed(*loc))
+              for d, loc in (locations or {}).items()]
     db, pend = env.dbs[ks.DB_PROMOTED], env.dbs[ks.DB_PENDING]
+    pdb = env.dbs.get(ks.DB_PACKED)
 
     def txn_fn(txn: lmdb.Transaction) -> None:
         for key, value in items:
             txn.put(key, value, db=db)
             txn.put(key, b"", db=pend)
+        for key, value in packed:
+            txn.put(key, value, db=pdb)
 
-    if items:
+    if items or packed:
         env.write(txn_fn)
+
+
+def pack_location(env: IndexEnv, root: str, digest: str) -> Location | None:
+    """Where this node's promotion stored ``digest`` inside a pack of ``root``, if it did."""
+    pdb = env.dbs.get(ks.DB_PACKED)
+    if pdb is None:
+        return None
+    key = ks.packed_key(root, digest)
+    value = env.read(lambda txn: txn_get(txn, key, pdb))
+    return ks.unpack_packed(value) if value is not None else None
+
+
+def forget_pack_locations(env: IndexEnv, root: str, digests: Iterable[str]) -> int:
+    """Drop the pack locations of ``digests`` (their pack is gone); returns how many."""
+    pdb = env.dbs.get(ks.DB_PACKED)
+    keys = [ks.packed_key(root, d) for d in digests]
+    if pdb is None or not keys:
+        return 0
+    return env.write(lambda txn: sum(bool(txn.delete(k, db=pdb)) for k in keys))
 
 
 def get_promoted(env: IndexEnv, mount: str, path: str) -> PromotedRecord | None:
@@ -98,25 +131,38 @@ def iter_promoted(env: IndexEnv, mount: str) -> Iterator[PromotedRecord]:
         after = batch[-1][0]
 
 
-def pending(env: IndexEnv, mount: str) -> Iterator[Entry]:
-    """The entries of ``mount`` promoted but not yet published (reads only those)."""
+def pending(env: IndexEnv, mount: str, root: str = "") -> Iterator[Entry]:
+    """The entries of ``mount`` promoted but not yet published (reads only those), with
+    their ``"pack"`` extras where promotion put their object in a pack of ``root``."""
     prefix = ks.promoted_prefix(ks.check_name(mount, "mount"))
     db, pend = env.dbs[ks.DB_PROMOTED], env.dbs[ks.DB_PENDING]
+    pdb = env.dbs.get(ks.DB_PACKED)
+    tag = ks.packed_key(root, "0" * 64)[:8]
+    Row = tuple[bytes, bytes | None, bytes | None]
 
-    def read_batch(after: bytes | None) -> list[tuple[bytes, bytes | None]]:
-        def txn_fn(txn: lmdb.Transaction) -> list[tuple[bytes, bytes | None]]:
+    def read_batch(after: bytes | None) -> list[Row]:
+        def txn_fn(txn: lmdb.Transaction) -> list[Row]:
             keys = [k for k, _ in scan_prefix(txn, pend, prefix, after, _BATCH)]
-            return [(k, txn_get(txn, k, db)) for k in keys]
+            out: list[Row] = []
+            for k in keys:
+                value = txn_get(txn, k, db)
+                loc = (txn_get(txn, tag + value[1:1 + 32], pdb)
+                       if value is not None and pdb is not None else None)
+                out.append((k, value, loc))
+            return out
 
         return env.read(txn_fn)
 
     after: bytes | None = None
     while batch := read_batch(after):
-        for _, value in batch:
+        for _, value, loc in batch:
             if value is not None:
                 rec = _record(value)
                 if rec.state == "pending":
-                    yield rec.entry
+                    if loc is None:
+                        yield rec.entry
+                    else:
+                        yield replace(rec.entry, extras={"pack": list(ks.unpack_packed(loc))})
         after = batch[-1][0]
 
 

@@ -42,6 +42,10 @@ class MountConfig:
     # The fingerprint ingredients an auto namespace came from (casfs.fingerprint), for
     # the records it publishes (casfs explain); empty for an explicit namespace.
     ingredients: dict[str, Any] = field(default_factory=dict)
+    # Promotion puts small objects into pack objects (casfs.store.packs). Records
+    # naming packs need format v2: a fleet still running a casfs without packs
+    # reads them only once upgraded (docs/format.md, "Migration").
+    packs: bool = True
 
     @property
     def run_dir(self) -> Path:
@@ -119,6 +123,7 @@ class HostConfig:
     refresh_interval: float = 30.0
     shutdown_timeout: float = 30.0
     fetch_timeout: float = 10.0
+    packs: bool = True  # promotion packs small objects (MountConfig.packs)
     allow_other: bool = False
     cache_max_bytes: int = 20 << 30
     namespace_max_bytes: int | None = None
@@ -176,6 +181,7 @@ class HostConfig:
             state_dir=self.state_dir, stable_after=self.stable_after,
             publish_interval=self.publish_interval, refresh_interval=self.refresh_interval,
             shutdown_timeout=self.shutdown_timeout, fetch_timeout=self.fetch_timeout,
+            packs=self.packs,
             allow_other=self.allow_other, cache_max_bytes=self.cache_max_bytes,
             namespace_max_bytes=self.namespace_max_bytes,
             scratch_patterns=self.scratch_patterns,

@@ -246,6 +246,9 @@ class MountService:
             # restarted mount serving its indexed generation): learn where packs
             # hold it from the namespace's newest generation, once.
             self.root.objects.locator = self._load_pack_locations
+            root_id, index = self.root.root_id, self.index
+            # The packs this node's promotion wrote (named in the index before any record).
+            self.root.objects.lookup = lambda digest: index.pack_location(root_id, digest)
         except (CasfsError, OSError) as e:
             self.root = None
             self.root_error = str(e)
@@ -441,6 +444,7 @@ class MountService:
             busy=self._dir_writers if self.cfg.mode in ("dir", "overlay") else None,
             unchanged=(self.restore_stamps.unchanged if self.restore_stamps is not None
                        else None),
+            packs=self.cfg.packs, root_id=self.root.root_id,
         )
 
     def _dir_writers(self, rels: list[str]) -> set[str]:

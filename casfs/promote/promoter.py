@@ -8,6 +8,15 @@ is promoted only once every child it names is promoted or already in the
 lower layer with the same bytes, so no generation can hold a record without
 its children.
 
+Small objects (up to casfs.store.packs.SMALL_OBJECT) go into pack objects,
+one round's worth at a time (one file or PUT per ~1 MiB instead of one per
+object); large ones stay loose. An object already in the root (packed, as
+this node or a manifest it read knows, or loose) is not written again. The
+round writes its packs completely under their digest names first, then
+records the promoted entries and their pack locations in one index
+transaction: a crash in between leaves an unnamed pack (gc's), never an
+entry naming a pack that is not there.
+
 Runs in a worker thread; a slow or failing shared root only delays promotion
 (the path stays dirty and is retried), it never reaches the job.
 """
@@ -29,7 +38,14 @@ from casfs.index.node_index import NodeIndex
 from casfs.index.tree import LowerTree
 from casfs.promote.tracker import WriteTracker
 from casfs.store.entry import Entry
-from casfs.store.objects import ObjectStore, PutResult, max_object_bytes
+from casfs.store.objects import (
+    ObjectStore,
+    PutResult,
+    digest_bytes,
+    max_object_bytes,
+    open_regular,
+)
+from casfs.store.packs import SMALL_OBJECT, Location, PackWriter
 from casfs.util.counters import Counters
 from casfs.util.crashpoint import crashpoint
 from casfs.util.paths import is_valid_relpath
@@ -74,6 +90,8 @@ class Promoter:
         busy: Callable[[list[str]], set[str]] | None = None,
         unchanged: Callable[[str, os.stat_result], bool] | None = None,
         threads: int = 4,
+        packs: bool = True,
+        root_id: str = "",
     ) -> None:
         self.upper = upper
         self.objects = objects
@@ -90,6 +108,10 @@ class Promoter:
         self.unchanged = unchanged
         self._batch: dict[str, tuple[Entry, float]] = {}  # promoted this round, not yet indexed
         self._read_sizes: dict[str, int] = {}  # path-bearing files: bytes read, before rewriting
+        self.packs = packs  # small objects into packs (casfs.store.packs)
+        self.root_id = root_id  # pack locations are per shared root
+        self._packer: PackWriter | None = None  # this round's
+        self._reused: dict[str, Location] = {}  # digest -> where it is packed already
 
     def scan_all(self) -> int:
         """Mark every upper file not yet promoted as dirty (start-up, crash recovery)."""
@@ -111,6 +133,8 @@ class Promoter:
         """Promote every quiet dirty path; ``final`` ignores the quiet period (shutdown)."""
         res = RoundResult()
         self._batch = {}
+        self._packer = PackWriter(self.objects) if self.packs else None
+        self._reused = {}
         paths = self.tracker.quiet(0.0 if final else self.stable_after)
         if self.busy is not None:
             held = self.busy(paths)
@@ -129,10 +153,12 @@ class Promoter:
             for cand, put in zip(todo, puts, strict=True):
                 if put is not None:
                     self._guarded(self._finish, (cand, put), res)
+        located = self._flush_packs(res)
         if self._batch:
             crashpoint("after-objects")
         # One index transaction per round, not one disk sync per file.
-        self.index.add_promoted_many(self.key, [e for e, _ in self._batch.values()])
+        self.index.add_promoted_many(self.key, [e for e, _ in self._batch.values()], located,
+                                     self.root_id)
         for rel, (_, seen_at) in self._batch.items():
             self.tracker.forget(rel, seen_at)
         if res.promoted:
@@ -198,6 +224,38 @@ class Promoter:
         # A path-bearing file is stored path-free (another size): its mtime tells.
         return rec.entry.size == st.st_size or self.rules.path_bearer(rel) is not None
 
+    def _flush_packs(self, res: RoundResult) -> dict[str, Location]:
+        """Write the round's last pack; the pack location of every promoted packed object.
+
+        An entry whose object was meant for a pack that could not be written
+        leaves the batch (its path stays dirty: retried next round).
+        """
+        packer, self._packer = self._packer, None
+        if packer is None:
+            return {}
+        try:
+            written = packer.flush()
+        except OSError as e:
+            written = dict(packer.locations)
+            res.last_error = str(e)
+            self.counters.inc("promote_errors")
+            log.warning("writing a pack failed (will retry): %s", e)
+        located: dict[str, Location] = {}
+        for rel, (entry, _) in list(self._batch.items()):
+            loc = written.get(entry.digest) or self._reused.get(entry.digest)
+            if loc is not None:
+                located[entry.digest] = loc
+            elif entry.digest in packer.added:
+                del self._batch[rel]  # its pack was not written
+                res.promoted -= 1
+                res.bytes -= entry.size
+                res.errors += 1
+        for digest, loc in located.items():
+            self.objects.locate(digest, list(loc))  # publication reads some of them back
+        if packer.packs_written:
+            self.counters.inc("packs_promoted", packer.packs_written)
+        return located
+
     def _put(self, c: _Candidate, res: RoundResult) -> PutResult:
         bearer = self.rules.path_bearer(c.rel)
         if bearer is not None:
@@ -206,8 +264,27 @@ class Promoter:
             stored = bearer.to_pathfree(c.rel, data) if len(data) == c.st.st_size else None
             if stored is not None:
                 self._read_sizes[c.rel] = len(data)
-                return self.objects.put_bytes(stored)
+                return self._store(stored)
+        if self._packer is not None and c.st.st_size <= SMALL_OBJECT:
+            with open_regular(c.full) as f:  # never a FIFO or a link a job left there
+                data = f.read(SMALL_OBJECT + 1)
+            return self._store(data)
         return self.objects.put_file(c.full)
+
+    def _store(self, data: bytes) -> PutResult:
+        """Store ``data``: into this round's pack when small, unless the root has it."""
+        if self._packer is None or len(data) > SMALL_OBJECT:
+            return self.objects.put_bytes(data)
+        digest = digest_bytes(data)
+        loc = (self.index.pack_location(self.root_id, digest)
+               or self.objects.locations.get(digest))
+        if loc is not None:  # packed already (by this node, or named by a manifest read)
+            self._reused[digest] = loc
+            return PutResult(digest, len(data), False)
+        if self.objects.has_sound(digest, len(data)):  # a loose copy (older writers)
+            return PutResult(digest, len(data), False)
+        self._packer.add(data, digest)
+        return PutResult(digest, len(data), True)
 
     def _finish(self, item: tuple[_Candidate, PutResult], res: RoundResult) -> None:
         c, put = item

@@ -40,6 +40,7 @@ from casfs.store.generations import (
     Snapshot,
 )
 from casfs.store.objects import object_key
+from casfs.store.packs import pack_key, parse_location
 from casfs.util.counters import Counters
 
 log = logging.getLogger(__name__)
@@ -80,7 +81,7 @@ class Publisher:
         self.options_for: Callable[[list[Entry]], dict[str, Any]] | None = None
 
     def pending(self) -> list[Entry]:
-        return list(self.index.pending(self.key))
+        return list(self.index.pending(self.key, self.gens.root.root_id))
 
     def publish(self) -> PublishOutcome:
         pending = self._present(self.pending())
@@ -142,15 +143,30 @@ class Publisher:
         """
         backend = self.gens.backend
         present = []
+        packs: dict[str, bool] = {}  # pack digest -> exists (one HEAD per pack, not per entry)
         for e in pending:
-            key = object_key(e.digest)
-            if backend.info(key) is None:
+            loc = parse_location(e.extras.get("pack")) if e.extras else None
+            if loc is None:
+                key = object_key(e.digest)
+                ok = backend.info(key) is not None
+                if ok:
+                    backend.touch(key)
+            else:
+                if loc[0] not in packs:
+                    packs[loc[0]] = backend.info(pack_key(loc[0])) is not None
+                    if packs[loc[0]]:
+                        backend.touch(pack_key(loc[0]))
+                    else:
+                        self.gens.objects.forget_pack(loc[0])
+                ok = packs[loc[0]]
+            if not ok:
+                if loc is not None:  # re-promotion must not find the gone pack again
+                    self.index.forget_pack_locations(self.gens.root.root_id, [e.digest])
                 self.index.forget_promoted(self.key, e.path)
                 self.counters.inc("promoted_objects_lost")
                 if self.on_lost is not None:
                     self.on_lost(e.path)
                 continue
-            backend.touch(key)
             present.append(e)
         return present
 
@@ -189,7 +205,9 @@ class Publisher:
             return e  # not in the format (newest wins) or nothing to add
         put = self.gens.objects.put_bytes(merged)
         self.counters.inc("replaced_merged")
-        return replace(e, digest=put.digest, size=put.size)
+        # Other bytes, stored loose: the promoted object's pack location is not theirs.
+        extras = {k: v for k, v in (e.extras or {}).items() if k != "pack"} or None
+        return replace(e, digest=put.digest, size=put.size, extras=extras)
 
     def _consistent_groups(self, snap: Snapshot, new: list[Entry]) -> list[Entry]:
         """Drop group files whose children would not all be this writer's bytes."""

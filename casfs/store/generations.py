@@ -250,6 +250,11 @@ def is_replace(e: Entry) -> bool:
     return bool(e.extras and e.extras.get(REPLACE) is True)
 
 
+def packed(e: Entry) -> bool:
+    """Whether ``e``'s bytes live in a pack object (its ``pack`` extras)."""
+    return bool(e.extras and "pack" in e.extras)
+
+
 class Snapshot:
     """The merged entries of one generation (path -> Entry) and its directories."""
 
@@ -587,9 +592,9 @@ class GenerationStore:
             # A record keeps its parent's requirements: its parts may still need them.
             needs = set(requires) | set(current.requires if current else ())
             record = replace(record, options=dict(options or {}), requires=tuple(sorted(needs)))
-            reused = self._save_condemned({e.digest for e in new}
-                                          | {p.digest for p in record.parts}
-                                          | packs_of(new))
+            reused = self._save_condemned({e.digest for e in new if not packed(e)}
+                                          | {p.digest for p in record.parts},
+                                          packs_of(new))
             crashpoint("after-manifest")
             self.backend.sync()  # every object the record names is durable before it exists
             crashpoint("after-sync")
@@ -616,21 +621,29 @@ class GenerationStore:
             # Full jitter, growing to ~1 s: a herd of publishers spreads out.
             time.sleep(random.uniform(0, min(1.0, 0.01 * 2 ** min(attempt, 7))))
 
-    def _save_condemned(self, digests: set[str]) -> dict[str, bytes | None]:
-        """Write again each object the record will name that a gc mark condemns.
+    def _save_condemned(self, digests: set[str], packs: set[str]) -> dict[str, bytes | None]:
+        """Write again each object or pack the record will name that a gc mark condemns.
 
         gc cannot see that this publisher re-uses an object it marked as
         unreferenced; the rewrite gives the object a newer mtime than the mark,
-        and the sweep spares it (casfs.store.maintenance). Returns their bytes.
+        and the sweep spares it (casfs.store.maintenance). Returns the objects'
+        bytes (None for a pack).
         """
         if self._condemned is None:
             self._condemned = Condemned(self.backend)
-        from casfs.store.packs import rewrite_pack
+        from casfs.store.packs import rewrite_forward, rewrite_pack
 
+        condemned = self._condemned.digests()
         saved: dict[str, bytes | None] = {}
-        for d in sorted(digests & self._condemned.digests()):
-            # a marked pack (its digest is in packs/, not objects/) or object
-            saved[d] = None if rewrite_pack(self.objects, d) else self.objects.rewrite(d)
+        for d in sorted(digests & condemned):
+            saved[d] = self.objects.rewrite(d)
+        for p in sorted(packs & condemned):
+            # The pack, or (repacked) the forward its rows go through, or both.
+            kept = rewrite_pack(self.objects, p)
+            kept = rewrite_forward(self.objects, p) or kept
+            if not kept:  # swept meanwhile: publish nothing naming it
+                raise ObjectMissingError(f"pack {p} was removed by gc; publication retries")
+            saved[p] = None
         return saved
 
     def _check_after_publish(self, saved: dict[str, bytes | None]) -> None:

@@ -56,6 +56,8 @@ class GcReport:
     rewritten_since_mark: int = 0  # re-used by a publisher after being marked: kept
     marks_swept: int = 0
     removed_packs: int = 0
+    repacked_packs: int = 0  # live packs mostly unused: live members copied to a new pack
+    repacked_bytes: int = 0  # their size (freed once the old packs are swept)
     marked: int = 0
     removed_tmp: int = 0
 
@@ -73,20 +75,96 @@ def _kept(gens: GenerationStore, ns: str, keep: int) -> tuple[list[int], list[in
 
 def mark(gens: GenerationStore, keep: int) -> tuple[set[str], dict[str, list[int]]]:
     """Digests reachable from kept generations; raises if any kept generation is unreadable."""
+    live, drop, _ = reachable(gens, keep)
+    return live, drop
+
+
+def reachable(gens: GenerationStore, keep: int,
+              ) -> tuple[set[str], dict[str, list[int]], dict[str, set[str]]]:
+    """(digests and packs kept generations name, unkept seqs per namespace, pack -> the
+    digests kept rows name in it); raises if any kept generation is unreadable."""
     live: set[str] = set()
     drop: dict[str, list[int]] = {}
+    named: dict[str, set[str]] = {}
     for ns in gens.namespaces():
         kept, drop[ns] = _kept(gens, ns, keep)
         for seq in kept:
             rec = gens.record(ns, seq)
             live.update(p.digest for p in rec.parts)
             ents = gens.snapshot(rec).entries.values()
-            live.update(e.digest for e in ents)
-            live.update(packs.packs_of(ents))  # a pack lives while any kept entry uses it
+            for e in ents:
+                live.add(e.digest)
+                loc = packs.parse_location(e.extras.get("pack")) if e.extras else None
+                if loc is not None:
+                    named.setdefault(loc[0], set()).add(e.digest)
             prof = rec.options.get("profile")  # the access profile object, if named
             if isinstance(prof, str) and len(prof) == 64:
                 live.add(prof)
-    return live, drop
+    live.update(named)  # a pack lives while a kept row needs it (see live_packs)
+    return live, drop, named
+
+
+def live_packs(root: SharedRoot, named: dict[str, set[str]], forwarded: set[str],
+               ) -> tuple[dict[str, set[str]], set[str]]:
+    """(pack -> its members kept rows need, the forward records they go through).
+
+    A row naming a repacked pack whose forward moved its digest needs the forward
+    and the new pack, not the old one (casfs.store.packs, "repacking").
+    """
+    need: dict[str, set[str]] = {}
+    via: set[str] = set()
+    todo = list(named.items())
+    seen: set[tuple[str, str]] = set()
+    while todo:
+        pack, digests = todo.pop()
+        rest = set(digests)
+        if pack in forwarded:
+            moved: dict[str, set[str]] = {}
+            for d in digests:
+                loc = packs.forwarded(root.objects, pack, d)
+                if loc is not None and (pack, d) not in seen:  # a cycle is damage: stop
+                    seen.add((pack, d))
+                    moved.setdefault(loc[0], set()).add(d)
+                    rest.discard(d)
+            if moved:
+                via.add(pack)
+                todo.extend(moved.items())
+        if rest:
+            need.setdefault(pack, set()).update(rest)
+    return need, via
+
+
+def _repack(root: SharedRoot, need: dict[str, set[str]], via: set[str],
+            forwarded: set[str], report: GcReport, dry_run: bool) -> None:
+    """Repack each live pack that kept rows use less than REPACK_BELOW of (in place in
+    ``need``/``via``: the old pack is then unreferenced, its forward and new pack live)."""
+    for pack, digests in list(need.items()):
+        if pack in forwarded:
+            continue  # repacked before: some row needs a member the forward lacks
+        try:
+            info = packs.read_index(root.objects, pack)
+        except (CasfsError, OSError) as e:
+            log.warning("gc: not repacking pack %s: %s", pack, e)
+            continue
+        total = sum(length for _, length in info.members.values())
+        keep = digests & set(info.members)
+        used = sum(info.members[d][1] for d in keep)
+        if not total or used >= total * packs.REPACK_BELOW:
+            continue
+        report.repacked_packs += 1
+        report.repacked_bytes += info.size
+        if dry_run:
+            continue
+        moved = packs.repack(root.objects, pack, keep)
+        forwarded.add(pack)
+        via.add(pack)
+        rest = digests - set(moved)
+        if rest:
+            need[pack] = rest  # rows naming what the pack never held: leave it alone
+        else:
+            del need[pack]
+        for d, loc in moved.items():
+            need.setdefault(loc[0], set()).add(d)
 
 
 def gc(
@@ -108,7 +186,9 @@ def gc(
     report = GcReport(dry_run)
     now = time.time() if now is None else now
     try:
-        live, drop = mark(gens, keep)
+        live, drop, named = reachable(gens, keep)
+        forwarded = set(packs.iter_forwards(root.objects))
+        need, via = live_packs(root, named, forwarded)
     except CasfsError as e:
         raise CasfsError(f"gc aborted, nothing deleted: cannot read a kept generation: {e}") from e
     except OSError as e:
@@ -133,7 +213,10 @@ def gc(
             progress(1)
         if digest not in live:
             candidates.append(digest)
-    dead_packs = [p for p in packs.iter_packs(root.objects) if p not in live]
+    _repack(root, need, via, forwarded, report, dry_run)
+    # Packs no kept row needs (repacked ones included) and forwards none goes through.
+    dead_packs = sorted({p for p in packs.iter_packs(root.objects) if p not in need}
+                        | {p for p in forwarded if p not in via})
     report.marked = len(candidates) + len(dead_packs)
     fresh: list[marks.Mark] = []
     if candidates or dead_packs:
@@ -161,23 +244,27 @@ def gc(
             removed.add(digest)
             report.removed_objects += 1
             report.removed_bytes += info.size
-        for pack in m.packs:  # whole packs only: one no kept entry uses (no repacking yet)
-            if pack in live or pack in removed:
-                continue
-            info = root.backend.info(packs.pack_key(pack))
-            if info is None:
-                continue
-            if m.spares(info.mtime):
-                report.rewritten_since_mark += 1
-                continue
-            if not dry_run:
-                root.backend.delete(packs.pack_key(pack))
-            removed.add(pack)
-            report.removed_packs += 1
-            report.removed_bytes += info.size
+        for pack in m.packs:  # a pack, a repacked pack's forward, or both
+            for key, used in ((packs.pack_key(pack), pack in need),
+                              (packs.forward_key(pack), pack in via)):
+                if used or key in removed:
+                    continue
+                info = root.backend.info(key)
+                if info is None:
+                    continue
+                if m.spares(info.mtime):  # a publisher re-used it since the mark
+                    report.rewritten_since_mark += 1
+                    continue
+                if not dry_run:
+                    root.backend.delete(key)
+                removed.add(key)
+                report.removed_packs += key.startswith("packs/")
+                report.removed_bytes += info.size
         if not dry_run and m not in fresh:
             marks.remove(root.backend, m)
-    report.young_unreferenced = len((set(candidates) | set(dead_packs)) - removed)
+    report.young_unreferenced = len(set(candidates) - removed) + len(
+        [p for p in dead_packs if packs.pack_key(p) not in removed
+         and packs.forward_key(p) not in removed])
     for name, age in root.backend.staging_entries():
         if age >= grace:
             report.removed_tmp += 1

@@ -154,11 +154,19 @@ class ObjectStore:
         # manifests (casfs.store.packs); ``locator`` may fill it on a miss.
         self.locations: dict[str, tuple[str, int, int]] = {}
         self.locator: Callable[[], None] | None = None
+        # digest -> pack location from the node's own records (promotion's packs).
+        self.lookup: Callable[[str], tuple[str, int, int] | None] | None = None
+        # pack -> its forward record's moved members (gc repacked it), None: no forward.
+        self.forwards: dict[str, dict[str, tuple[str, int, int]] | None] = {}
         self._located = False
 
     # --- writing ----------------------------------------------------------
     def has(self, digest: str) -> bool:
         return self.backend.info(object_key(digest)) is not None
+
+    def has_sound(self, digest: str, size: int) -> bool:
+        """Whether an intact loose object ``digest`` exists (dedup; touched for gc, as put)."""
+        return self.backend.info(object_key(digest)) is not None and self._sound(digest, size)
 
     def put_bytes(self, data: bytes) -> PutResult:
         digest = digest_bytes(data)
@@ -291,22 +299,30 @@ class ObjectStore:
 
     def _open_packed(self, digest: str) -> BinaryIO | None:
         loc = self.locations.get(digest)
+        if loc is None and self.lookup is not None:
+            loc = self.lookup(digest)  # a pack this node's promotion wrote
         if loc is None:
             return None
-        from casfs.store.packs import pack_key
+        from casfs.store.packs import MAX_HOPS, forwarded, pack_key
 
         pack, off, length = loc
-        try:
-            raw = self.backend.read_range(pack_key(pack), off, length)
-        except (FileNotFoundError, NotADirectoryError):
-            return None  # the pack is gone: try a loose copy
-        except NotRegularFileError:
-            raise CorruptObjectError(
-                f"object {digest}: pack {pack} is not a regular file") from None
-        if len(raw) != length:
-            raise CorruptObjectError(f"object {digest}: pack {pack} is truncated")
-        self.counters.inc("packed_reads")
-        return io.BytesIO(raw)
+        for _ in range(MAX_HOPS):
+            try:
+                raw = self.backend.read_range(pack_key(pack), off, length)
+            except (FileNotFoundError, NotADirectoryError):
+                moved = forwarded(self, pack, digest)  # gc repacked it: follow the forward
+                if moved is None:
+                    return None  # the pack is gone: try a loose copy
+                pack, off, length = moved
+                continue
+            except NotRegularFileError:
+                raise CorruptObjectError(
+                    f"object {digest}: pack {pack} is not a regular file") from None
+            if len(raw) != length:
+                raise CorruptObjectError(f"object {digest}: pack {pack} is truncated")
+            self.counters.inc("packed_reads")
+            return io.BytesIO(raw)
+        return None
 
     def _open(self, digest: str) -> BinaryIO:
         packed = self._open_packed(digest)
@@ -416,6 +432,11 @@ class ObjectStore:
                 d = fan + rest
                 if DIGEST_RE.match(d):
                     yield d
+
+    def forget_pack(self, pack: str) -> None:
+        """Forget every location inside ``pack`` (it is gone: gc removed it)."""
+        for d in [d for d, loc in self.locations.items() if loc[0] == pack]:
+            del self.locations[d]
 
     def stored_size(self, digest: str) -> int:
         loc = self.locations.get(digest)

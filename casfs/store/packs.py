@@ -20,6 +20,7 @@ any manifest.
 from __future__ import annotations
 
 import json
+import logging
 import struct
 import threading
 from collections.abc import Iterable, Iterator
@@ -29,9 +30,13 @@ import blake3
 import zstandard
 
 from casfs.errors import CorruptObjectError
+from casfs.store.backend import NotRegularFileError
 from casfs.store.entry import Entry
 from casfs.store.objects import DIGEST_RE, ObjectStore, digest_bytes
 from casfs.util import atomic
+from casfs.util.crashpoint import crashpoint
+
+log = logging.getLogger(__name__)
 
 FOOTER = struct.Struct("<8sQ")
 PACK_MAGIC = b"CASFPACK"
@@ -76,17 +81,24 @@ class PackWriter:
         self._buf: list[tuple[str, bytes]] = []
         self._size = 0
         self._seen: set[str] = set()
+        self.added: set[str] = set()  # every digest given to ``add`` (written or not)
         self.locations: dict[str, Location] = {}
         self.packs_written = 0
         self._lock = threading.Lock()
 
-    def add(self, data: bytes) -> str:
-        digest = digest_bytes(data)
+    def add(self, data: bytes, digest: str | None = None) -> str:
+        """Buffer ``data`` (whose blake3 is ``digest``, if the caller has it) for a pack.
+
+        Writes a pack when the buffer reaches the target: an OSError then loses
+        that pack's members, which ``flush``'s result lacks (callers check it).
+        """
+        digest = digest or digest_bytes(data)
         member = self.store.encode(data)
         with self._lock:
             if digest in self._seen:
                 return digest  # dedup inside the writer
             self._seen.add(digest)
+            self.added.add(digest)
             self._buf.append((digest, member))
             self._size += len(member)
             if self._size < self.target:
@@ -103,29 +115,38 @@ class PackWriter:
         return dict(self.locations)
 
     def _write(self, batch: list[tuple[str, bytes]]) -> None:
-        members: list[tuple[str, int, int]] = []
-        off = 0
-        for digest, member in batch:
-            members.append((digest, off, len(member)))
-            off += len(member)
-        index = zstandard.ZstdCompressor(level=3).compress(json.dumps(
-            {"casfs_pack": PACK_VERSION, "members": [list(m) for m in members]}).encode())
-        h = blake3.blake3()
-        backend = self.store.backend
-        with atomic.staged_file(backend.staging_dir, "pack-", 0o444, sync=False) as (f, tmp):
-            for _, member in batch:
-                f.write(member)
-                h.update(member)
-            tail = index + FOOTER.pack(PACK_MAGIC, off)
-            f.write(tail)
-            h.update(tail)
-        pack = h.hexdigest()
-        backend.put_if_absent(pack_key(pack), tmp)  # the same bytes twice: same name
+        locations = write_pack(self.store, batch)
         with self._lock:
-            for digest, o, length in members:
-                self.locations[digest] = (pack, o, length)
+            self.locations.update(locations)
             self.packs_written += 1
-        self.store.counters.inc("packs_written")
+
+
+def write_pack(store: ObjectStore, batch: list[tuple[str, bytes]]) -> dict[str, Location]:
+    """Write ``batch`` ((digest, member bytes) in order) as one pack; each member's location."""
+    members: list[tuple[str, int, int]] = []
+    off = 0
+    for digest, member in batch:
+        members.append((digest, off, len(member)))
+        off += len(member)
+    index = zstandard.ZstdCompressor(level=3).compress(json.dumps(
+        {"casfs_pack": PACK_VERSION, "members": [list(m) for m in members]}).encode())
+    h = blake3.blake3()
+    backend = store.backend
+    with atomic.staged_file(backend.staging_dir, "pack-", 0o444, sync=False) as (f, tmp):
+        for _, member in batch:
+            f.write(member)
+            h.update(member)
+        tail = index + FOOTER.pack(PACK_MAGIC, off)
+        f.write(tail)
+        h.update(tail)
+    pack = h.hexdigest()
+    crashpoint("pack-staged")
+    # Create-only under the digest of its whole content: a name never holds a
+    # partial pack (staged, then linked or PUT). Durable like objects: the
+    # publisher syncs the backend before a record names it.
+    backend.put_if_absent(pack_key(pack), tmp)  # the same bytes twice: same name
+    store.counters.inc("packs_written")
+    return {digest: (pack, o, length) for digest, o, length in members}
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,12 +168,39 @@ def read_pack(store: ObjectStore, digest: str) -> tuple[bytes, PackInfo]:
 def parse_index(raw: bytes, digest: str) -> PackInfo:
     if len(raw) < FOOTER.size:
         raise CorruptObjectError(f"pack {digest}: truncated")
-    magic, index_off = FOOTER.unpack(raw[-FOOTER.size:])
-    if magic != PACK_MAGIC or index_off > len(raw) - FOOTER.size:
+    index_off = _footer(raw[-FOOTER.size:], len(raw), digest)
+    return _parse_index(raw[index_off:-FOOTER.size], index_off, len(raw), digest)
+
+
+def read_index(store: ObjectStore, digest: str) -> PackInfo:
+    """A pack's index alone (two ranged reads, not the whole pack); CorruptObjectError."""
+    key = pack_key(digest)
+    info = store.backend.info(key)
+    if info is None:
+        raise FileNotFoundError(key)
+    if info.size < FOOTER.size:
+        raise CorruptObjectError(f"pack {digest}: truncated")
+    index_off = _footer(store.backend.read_range(key, info.size - FOOTER.size, FOOTER.size),
+                        info.size, digest)
+    if info.size - FOOTER.size - index_off > MAX_INDEX_BYTES:
+        raise CorruptObjectError(f"pack {digest}: index too large")
+    index = store.backend.read_range(key, index_off, info.size - FOOTER.size - index_off)
+    return _parse_index(index, index_off, info.size, digest)
+
+
+def _footer(footer: bytes, size: int, digest: str) -> int:
+    if len(footer) != FOOTER.size:
+        raise CorruptObjectError(f"pack {digest}: truncated")
+    magic, index_off = FOOTER.unpack(footer)
+    if magic != PACK_MAGIC or index_off > size - FOOTER.size:
         raise CorruptObjectError(f"pack {digest}: bad footer")
+    return int(index_off)
+
+
+def _parse_index(index: bytes, index_off: int, size: int, digest: str) -> PackInfo:
     try:
         doc = json.loads(zstandard.ZstdDecompressor().decompress(
-            raw[index_off:-FOOTER.size], max_output_size=MAX_INDEX_BYTES))
+            index, max_output_size=MAX_INDEX_BYTES))
         if doc.get("casfs_pack") != PACK_VERSION:
             raise ValueError(f"unknown pack version {doc.get('casfs_pack')!r}")
         members = {}
@@ -162,7 +210,7 @@ def parse_index(raw: bytes, digest: str) -> PackInfo:
             members[d] = (int(off), int(length))
     except (ValueError, KeyError, TypeError, zstandard.ZstdError) as e:
         raise CorruptObjectError(f"pack {digest}: bad index ({e})") from None
-    return PackInfo(digest, len(raw), members)
+    return PackInfo(digest, size, members)
 
 
 def iter_packs(store: ObjectStore) -> Iterator[str]:
@@ -195,3 +243,106 @@ def rewrite_pack(store: ObjectStore, digest: str) -> bool:
     store.backend.replace(pack_key(digest), tmp)
     store.counters.inc("packs_rewritten_for_gc")
     return True
+
+
+# --- repacking (gc) ----------------------------------------------------------
+#
+#     repacked/<2 hex>/<62 hex>   zstd(JSON) {"casfs_repacked": 1, "pack": old pack digest,
+#                                             "members": {digest: [new pack, offset, length]}}
+#
+# gc rewrites a pack most of whose bytes no kept entry uses: the live members
+# go into a new pack and this forward record says where. Manifests are
+# immutable, so rows keep naming the old pack; a reader that finds it gone
+# follows the forward (each hop verified like any read: the member's blake3 must
+# equal the row's digest, so a forward can only cause a miss, never wrong bytes).
+
+FORWARD_PREFIX = "repacked"
+REPACK_BELOW = 0.5  # repack when less than this share of a pack's member bytes is live
+MAX_FORWARD_BYTES = 64 << 20
+MAX_HOPS = 8  # forwards followed for one read (a pack repacked again and again)
+
+
+def forward_key(pack: str) -> str:
+    return f"{FORWARD_PREFIX}/{pack[:2]}/{pack[2:]}"
+
+
+def write_forward(store: ObjectStore, pack: str, moved: dict[str, Location]) -> bool:
+    """Create the forward record of ``pack`` (create-only); False if it exists."""
+    doc = {"casfs_repacked": 1, "pack": pack,
+           "members": {d: list(loc) for d, loc in sorted(moved.items())}}
+    data = zstandard.ZstdCompressor(level=3).compress(json.dumps(doc).encode())
+    return store.backend.create_exclusive(forward_key(pack), data)
+
+
+def read_forward(store: ObjectStore, pack: str) -> dict[str, Location] | None:
+    """digest -> new location of ``pack``'s moved members; None if there is no (sound) forward."""
+    try:
+        with store.backend.open(forward_key(pack)) as f:
+            raw = f.read(MAX_FORWARD_BYTES + 1)
+    except (FileNotFoundError, NotADirectoryError, NotRegularFileError):
+        return None
+    try:
+        doc = json.loads(zstandard.ZstdDecompressor().decompress(
+            raw, max_output_size=MAX_FORWARD_BYTES))
+        if doc.get("casfs_repacked") != 1 or doc.get("pack") != pack:
+            raise ValueError("not this pack's forward")
+        out: dict[str, Location] = {}
+        for d, v in doc["members"].items():
+            loc = parse_location(v)
+            if loc is not None and DIGEST_RE.match(d):
+                out[d] = loc
+    except (ValueError, KeyError, TypeError, AttributeError, zstandard.ZstdError) as e:
+        log.warning("ignoring damaged pack forward %s: %s", pack, e)
+        return None
+    return out
+
+
+def forwarded(store: ObjectStore, pack: str, digest: str) -> Location | None:
+    """Where ``digest`` went when gc repacked ``pack`` (cached per pack), or None."""
+    if pack not in store.forwards:
+        store.forwards[pack] = read_forward(store, pack)
+    moved = store.forwards[pack]
+    return moved.get(digest) if moved else None
+
+
+def iter_forwards(store: ObjectStore) -> Iterator[str]:
+    """The digest of every pack that has a forward record."""
+    for fan in store.backend.list(FORWARD_PREFIX):
+        if len(fan) != 2:
+            continue
+        for rest in store.backend.list(f"{FORWARD_PREFIX}/{fan}"):
+            if DIGEST_RE.match(fan + rest):
+                yield fan + rest
+
+
+def rewrite_forward(store: ObjectStore, pack: str) -> bool:
+    """Write a forward record again with the same bytes (a gc mark then spares it)."""
+    key = forward_key(pack)
+    try:
+        with store.backend.open(key) as f:
+            raw = f.read(MAX_FORWARD_BYTES + 1)
+    except (FileNotFoundError, NotADirectoryError, NotRegularFileError):
+        return False
+    with atomic.staged_file(store.backend.staging_dir, "fwd-", 0o444, sync=False) as (f, tmp):
+        f.write(raw)
+    store.backend.replace(key, tmp)
+    return True
+
+
+def repack(store: ObjectStore, pack: str, keep: set[str]) -> dict[str, Location]:
+    """Copy ``pack``'s members in ``keep`` (verified) into a new pack, then create its
+    forward record; the moved members' new locations (the existing forward's, if another
+    gc made one first). The old pack stays until gc's two phases remove it."""
+    raw, info = read_pack(store, pack)  # the whole pack, checked against its name
+    batch = []
+    for d, (off, length) in sorted(info.members.items(), key=lambda kv: kv[1][0]):
+        if d in keep:
+            member = raw[off:off + length]
+            store.verify_stored(d, member)  # a damaged member is not carried forward
+            batch.append((d, member))
+    moved = write_pack(store, batch) if batch else {}
+    if not write_forward(store, pack, moved):
+        return read_forward(store, pack) or {}
+    store.forwards[pack] = moved
+    store.counters.inc("packs_repacked")
+    return moved

@@ -14,6 +14,7 @@ import signal
 
 STEPS = (
     "object-staged",  # an object written to staging, not linked into place
+    "pack-staged",  # a pack of small objects written to staging, not in place
     "after-objects",  # promotion stored objects, the node index does not know yet
     "before-manifest",  # publication merged, nothing written
     "after-manifest",  # the delta/full manifest stored, not synced

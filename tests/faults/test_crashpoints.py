@@ -19,8 +19,10 @@ import pytest
 
 from casfs.errors import CasfsError
 from casfs.node import control
+from casfs.store.packs import pack_key
 from casfs.store.root import SharedRoot
 from casfs.util.crashpoint import STEPS
+from tests.fusehelpers import root_objects
 
 
 def _casfs(root: Path, state: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
@@ -50,7 +52,8 @@ def test_kill9_during_import(step: str, tmp_path: Path) -> None:
     files = {f"new{i}": os.urandom(3000) for i in range(6)}
     for rel, data in files.items():
         (src / rel).write_bytes(data)
-    res = _casfs(root, state, "import", str(src), "-n", "ns", CASFS_CRASHPOINT=step,
+    packs = ["--packs"] if step == "pack-staged" else []  # a POSIX import packs only if asked
+    res = _casfs(root, state, "import", str(src), "-n", "ns", *packs, CASFS_CRASHPOINT=step,
                  CASFS_CRASHPOINT_AFTER="2" if step == "object-staged" else "0")
     assert res.returncode == -signal.SIGKILL, (res.returncode, res.stderr)
     entries = _assert_store_sound(root, state, "ns")
@@ -58,14 +61,14 @@ def test_kill9_during_import(step: str, tmp_path: Path) -> None:
     assert _casfs(root, state, "import", str(src), "-n", "ns").returncode == 0
     entries = _assert_store_sound(root, state, "ns")
     assert set(entries) == {"old", *files}
-    objects = SharedRoot.open(root).objects
+    objects = root_objects(root, "ns")
     for rel, data in files.items():
         assert objects.get_bytes(entries[rel].digest) == data
     assert _casfs(root, state, "gc", "--grace", "0").returncode == 0  # crash leftovers go
     _assert_store_sound(root, state, "ns")
 
 
-MOUNT_STEPS = ["after-objects", "before-manifest", "after-manifest", "after-sync",
+MOUNT_STEPS = ["pack-staged", "after-objects", "before-manifest", "after-manifest", "after-sync",
                "after-record"]
 
 
@@ -97,6 +100,9 @@ def test_kill9_of_a_mount_while_publishing(step: str, cluster: dict[str, Any],
     b.stop(w)
     entries = _assert_store_sound(cluster["root"], b.state, "testns")
     assert set(entries) == set(files), (step, sorted(entries))
-    objects = SharedRoot.open(cluster["root"]).objects
+    objects = root_objects(cluster["root"])
     for rel, data in files.items():
         assert objects.get_bytes(entries[rel].digest) == data
+        # Promotion packs small files: every manifest row names a pack that is there.
+        pack = (entries[rel].extras or {}).get("pack")
+        assert pack is not None and (cluster["root"] / pack_key(pack[0])).is_file(), (rel, pack)

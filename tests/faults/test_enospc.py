@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from casfs.store.root import SharedRoot
+from tests.fusehelpers import root_objects
 
 pytestmark = pytest.mark.fuse
 
@@ -80,7 +81,7 @@ def test_full_shared_root_is_reported_and_published_later(cluster: dict[str, Any
         assert res.returncode == 0, (res.stdout, res.stderr)
         snap = SharedRoot.open(cluster["root"]).generations().entries("testns")
         assert snap.entries["out.bin"].size == len(data)
-        assert SharedRoot.open(cluster["root"]).objects.get_bytes(
+        assert root_objects(cluster["root"]).get_bytes(
             snap.entries["out.bin"].digest) == data
         b.stop(w)
 

@@ -54,7 +54,7 @@ def _set_version(tmp_path: Path, value: bytes) -> None:
     env.close()
 
 
-@pytest.mark.parametrize("version", [b"2", b"99", b"garbage"])
+@pytest.mark.parametrize("version", [b"3", b"99", b"garbage"])
 def test_newer_or_unknown_format_version_refused(tmp_path: Path, version: bytes) -> None:
     NodeIndex.open(tmp_path).close()
     _set_version(tmp_path, version)
@@ -305,3 +305,32 @@ def test_forget_all_promoted_is_per_mount(tmp_path: Path) -> None:
         assert idx.count_pending("ns2") == 1
     finally:
         idx.close()
+
+
+def test_version_1_index_is_read_then_upgraded(tmp_path: Path) -> None:
+    """An index written before ``packed`` existed: read as it is, upgraded by a writer."""
+    env = lmdb.open(str(tmp_path / "index"), max_dbs=16)
+    meta = env.open_db(ks.DB_META)
+    for name in ks.ALL_DBS:
+        if name != ks.DB_PACKED:
+            env.open_db(name)
+    with env.begin(write=True) as txn:
+        txn.put(ks.META_FORMAT_VERSION, b"1", db=meta)
+        txn.put(ks.META_NODE_ID, b"ab" * 16, db=meta)
+    env.close()
+    digest = "cd" * 32
+    with NodeIndex.open(tmp_path, readonly=True) as ro:
+        assert ro.node_id == "ab" * 16 and ro.pack_location("root", digest) is None
+    e = Entry("k/f", digest, 10, 0o644, 1)
+    with NodeIndex.open(tmp_path) as ix:  # read-write: upgraded in place
+        ix.add_promoted_many("m", [e], {digest: ("ef" * 32, 16, 30)}, "root")
+        assert ix.pack_location("root", digest) == ("ef" * 32, 16, 30)
+        assert ix.pack_location("another root", digest) is None
+        (pending,) = ix.pending("m", "root")
+        assert pending.extras == {"pack": ["ef" * 32, 16, 30]}
+        (plain,) = ix.pending("m", "another root")
+        assert plain.extras is None
+    env = lmdb.open(str(tmp_path / "index"), max_dbs=16)
+    with env.begin() as txn:
+        assert txn.get(ks.META_FORMAT_VERSION, db=env.open_db(ks.DB_META, txn=txn)) == b"2"
+    env.close()

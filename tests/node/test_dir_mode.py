@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from casfs.store.root import SharedRoot
+from tests.fusehelpers import root_objects
 
 from .test_two_nodes import published
 
@@ -37,7 +38,7 @@ def test_dir_mode_round_trip_with_a_fuse_node(cluster: dict[str, Any]) -> None:
     a.stop(w)
     entries = published(cluster["root"])
     assert set(entries) == {"KEY/k.cubin", "KEY/k.so"}
-    objects = SharedRoot.open(cluster["root"]).objects
+    objects = root_objects(cluster["root"])
     assert objects.get_bytes(entries["KEY/k.so"].digest) == b"half done"
 
     # Node b mounts with FUSE and sees node a's files.

@@ -18,6 +18,7 @@ import pytest
 
 from casfs.families.triton import is_group_file
 from casfs.store.root import SharedRoot
+from tests.fusehelpers import root_objects
 
 pytestmark = [
     pytest.mark.fuse,
@@ -46,7 +47,7 @@ def test_published_at_one_path_hits_at_another(cluster: dict[str, Any]) -> None:
     a.stop(wa)
 
     snap = SharedRoot.open(cluster["root"]).generations().entries("testns").entries
-    objects = SharedRoot.open(cluster["root"]).objects
+    objects = root_objects(cluster["root"])
     groups = [e for p, e in snap.items() if is_group_file(p)]
     assert len(groups) == 3
     for g in groups:

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from casfs.store.root import SharedRoot
+from tests.fusehelpers import root_objects
 
 pytestmark = pytest.mark.fuse
 
@@ -58,7 +59,7 @@ def test_replaced_paths_across_nodes(cluster: dict[str, Any]) -> None:
     assert out["ok"], out
 
     snap = SharedRoot.open(cluster["root"]).generations().entries("testns").entries
-    objects = SharedRoot.open(cluster["root"]).objects
+    objects = root_objects(cluster["root"])
     merged = ast.literal_eval(objects.get_bytes(snap[INDEX].digest).decode())
     assert set(merged) == {((1, 8), 0, "inductor"), ((9, 16), 0, "inductor")}
     assert objects.get_bytes(snap[MODEL].digest) == b"model-from-b, longer"

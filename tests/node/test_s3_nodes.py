@@ -206,3 +206,36 @@ def test_hung_server_and_wrong_bytes_are_misses(
             node.stop_all()
     finally:
         srv.kill()
+
+
+def test_promoted_packs_are_verified_on_lazy_fetch_through_s3(
+        s3_cluster: dict[str, Any]) -> None:
+    """Promotion writes small files into packs; another node's lazy fetch of a packed
+    object reads its byte range and verifies it: a damaged member is a miss (ENOENT)."""
+    from tests.fusehelpers import corrupt_pack_member
+
+    a, b = s3_cluster["a"], s3_cluster["b"]
+    w = a.mount()
+    files = {f"KEY{i % 3}/f{i}.ptx": os.urandom(900 + 41 * i) for i in range(12)}
+    files["big.so"] = os.urandom(300_000)  # over SMALL_OBJECT: stays loose
+    for rel, data in files.items():
+        (w.cfg.mountpoint / rel).parent.mkdir(parents=True, exist_ok=True)
+        (w.cfg.mountpoint / rel).write_bytes(data)
+    assert a.ask(w, "publish")["ok"]
+    assert a.ask(w, "stats")["counters"]["packs_promoted"] == 1
+    a.stop(w)
+    rows = _published(s3_cluster["url"])
+    assert set(rows) == set(files)
+    assert all((rows[r].extras or {}).get("pack") for r in files if r != "big.so")
+    assert not (rows["big.so"].extras or {}).get("pack")
+    bad = "KEY1/f4.ptx"
+    corrupt_pack_member(s3_cluster["url"], "testns", bad)
+    wb = b.mount()
+    for rel, data in files.items():
+        if rel != bad:
+            assert (wb.cfg.mountpoint / rel).read_bytes() == data
+    with pytest.raises(OSError) as e:
+        (wb.cfg.mountpoint / bad).read_bytes()
+    assert e.value.errno == errno.ENOENT  # wrong bytes from a pack: a miss, never served
+    c = b.ask(wb, "stats")["counters"]
+    assert c["packed_reads"] >= 12 and c["rejections"] >= 1

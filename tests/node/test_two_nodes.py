@@ -15,6 +15,7 @@ from casfs.store.entry import Entry
 from casfs.store.generations import GenerationStore
 from casfs.store.objects import object_key
 from casfs.store.root import SharedRoot
+from tests.fusehelpers import root_objects
 
 pytestmark = pytest.mark.fuse
 
@@ -173,7 +174,7 @@ def test_first_writer_wins_and_deletions_are_not_published(cluster: dict[str, An
     assert (mp / "same").read_text() == "from b"
     r = b.ask(wb, "publish")
     assert r["ok"] and r["conflicts"] == 1
-    assert SharedRoot.open(cluster["root"]).objects.get_bytes(
+    assert root_objects(cluster["root"]).get_bytes(
         published(cluster["root"])["same"].digest) == b"from a"
 
 
@@ -274,7 +275,7 @@ def test_a_burst_of_files_is_promoted_and_published_intact(cluster: dict[str, An
     r = a.ask(w, "publish")
     assert r["ok"] and r["added"] == len(files)
     entries = published(cluster["root"])
-    objects = SharedRoot.open(cluster["root"]).objects
+    objects = root_objects(cluster["root"])
     for rel, data in files.items():
         assert objects.get_bytes(entries[rel].digest, len(data)) == data
 
@@ -295,3 +296,51 @@ def test_a_node_moved_to_another_shared_root_reindexes(cluster: dict[str, Any],
     assert (w.cfg.mountpoint / "mine").read_text() == "compiled on b"  # the upper stays
     assert b.ask(w, "publish")["ok"]
     assert set(published(b.root)) == {"mine"}  # and reaches the new root too
+
+
+def test_promotion_packs_small_files_dedups_and_fetches_verified(
+        cluster: dict[str, Any]) -> None:
+    """Promotion writes a round's small files as one pack (large ones loose); a node
+    promoting bytes the root already holds writes no new pack; a lazy fetch of a packed
+    object through a real mount verifies it (a damaged member is a miss)."""
+    from casfs.store.packs import iter_packs
+    from tests.fusehelpers import corrupt_pack_member
+
+    a, b = cluster["a"], cluster["b"]
+    w = a.mount()
+    files = {f"KEY{i % 3}/f{i}.ptx": os.urandom(900 + 41 * i) for i in range(12)}
+    files["big.so"] = os.urandom(300_000)
+    for rel, data in files.items():
+        (w.cfg.mountpoint / rel).parent.mkdir(parents=True, exist_ok=True)
+        (w.cfg.mountpoint / rel).write_bytes(data)
+    assert a.ask(w, "publish")["ok"]
+    assert a.ask(w, "stats")["counters"]["packs_promoted"] == 1
+    a.stop(w)
+    rows = published(cluster["root"])
+    assert all((rows[r].extras or {}).get("pack") for r in files if r != "big.so")
+    assert not (rows["big.so"].extras or {}).get("pack")
+    (pack,) = iter_packs(root_objects(cluster["root"]))
+    assert not (cluster["root"] / object_key(rows["KEY0/f0.ptx"].digest)).exists()
+
+    wb = b.mount()  # the same bytes compiled again on b, at other paths: no new pack
+    for rel in ("KEY0/f0.ptx", "KEY1/f1.ptx"):
+        (wb.cfg.mountpoint / "again" / rel).parent.mkdir(parents=True, exist_ok=True)
+        (wb.cfg.mountpoint / "again" / rel).write_bytes(files[rel])
+    assert b.ask(wb, "publish")["ok"]
+    assert b.ask(wb, "stats")["counters"].get("packs_promoted", 0) == 0
+    assert set(iter_packs(root_objects(cluster["root"]))) == {pack}
+    assert published(cluster["root"])["again/KEY0/f0.ptx"].extras["pack"][0] == pack
+    b.stop(wb)
+
+    bad = "KEY1/f4.ptx"
+    corrupt_pack_member(cluster["root"], "testns", bad)
+    c = cluster["c"]
+    wc = c.mount()
+    for rel, data in files.items():
+        if rel != bad:
+            assert (wc.cfg.mountpoint / rel).read_bytes() == data
+    with pytest.raises(OSError) as e:
+        (wc.cfg.mountpoint / bad).read_bytes()
+    assert e.value.errno == errno.ENOENT  # never the damaged bytes
+    counters = c.ask(wc, "stats")["counters"]
+    assert counters["packed_reads"] >= 12 and counters["rejections"] >= 1
