@@ -444,7 +444,7 @@ class MountService:
             busy=self._dir_writers if self.cfg.mode in ("dir", "overlay") else None,
             unchanged=(self.restore_stamps.unchanged if self.restore_stamps is not None
                        else None),
-            packs=self.cfg.packs, root_id=self.root.root_id,
+            packs=self.cfg.packs, root_id=self.root.root_id, probe_loose=self.root.is_local,
         )
 
     def _dir_writers(self, rels: list[str]) -> set[str]:

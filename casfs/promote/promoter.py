@@ -92,6 +92,7 @@ class Promoter:
         threads: int = 4,
         packs: bool = True,
         root_id: str = "",
+        probe_loose: bool = True,
     ) -> None:
         self.upper = upper
         self.objects = objects
@@ -110,6 +111,10 @@ class Promoter:
         self._read_sizes: dict[str, int] = {}  # path-bearing files: bytes read, before rewriting
         self.packs = packs  # small objects into packs (casfs.store.packs)
         self.root_id = root_id  # pack locations are per shared root
+        # Look for a loose copy of each new small object (older writers)? An lstat on a
+        # POSIX root; on an object store a request per object, what packs save: there
+        # only packed copies this node knows of are found (docs/format.md).
+        self.probe_loose = probe_loose
         self._packer: PackWriter | None = None  # this round's
         self._reused: dict[str, Location] = {}  # digest -> where it is packed already
 
@@ -264,11 +269,16 @@ class Promoter:
             stored = bearer.to_pathfree(c.rel, data) if len(data) == c.st.st_size else None
             if stored is not None:
                 self._read_sizes[c.rel] = len(data)
-                return self._store(stored)
+                put = self._store(stored)
+                self.objects.remember(put.digest, stored)  # publication reads it back
+                return put
         if self._packer is not None and c.st.st_size <= SMALL_OBJECT:
             with open_regular(c.full) as f:  # never a FIFO or a link a job left there
                 data = f.read(SMALL_OBJECT + 1)
-            return self._store(data)
+            put = self._store(data)
+            if self.rules.is_commit_record(c.rel):
+                self.objects.remember(put.digest, data)  # the group check reads it back
+            return put
         return self.objects.put_file(c.full)
 
     def _store(self, data: bytes) -> PutResult:
@@ -281,7 +291,7 @@ class Promoter:
         if loc is not None:  # packed already (by this node, or named by a manifest read)
             self._reused[digest] = loc
             return PutResult(digest, len(data), False)
-        if self.objects.has_sound(digest, len(data)):  # a loose copy (older writers)
+        if self.probe_loose and self.objects.has_sound(digest, len(data)):  # older writers
             return PutResult(digest, len(data), False)
         self._packer.add(data, digest)
         return PutResult(digest, len(data), True)

@@ -28,6 +28,8 @@ import os
 import re
 import stat
 import struct
+import threading
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -65,6 +67,7 @@ MAX_WINDOW = 8 << 20
 # cache entry may reasonably be. Bounds the disk a lying manifest can make a
 # node fill. CASFS_MAX_OBJECT_BYTES changes it (every node should agree).
 DEFAULT_MAX_OBJECT_BYTES = 1 << 30
+RECENT_BYTES = 8 << 20  # ObjectStore.remember's bound
 
 
 def max_object_bytes() -> int:
@@ -158,6 +161,10 @@ class ObjectStore:
         self.lookup: Callable[[str], tuple[str, int, int] | None] | None = None
         # pack -> its forward record's moved members (gc repacked it), None: no forward.
         self.forwards: dict[str, dict[str, tuple[str, int, int]] | None] = {}
+        self._tls = threading.local()
+        self._recent: OrderedDict[str, bytes] = OrderedDict()  # see remember()
+        self._recent_bytes = 0
+        self._recent_lock = threading.Lock()
         self._located = False
 
     # --- writing ----------------------------------------------------------
@@ -174,11 +181,30 @@ class ObjectStore:
 
     def encode(self, data: bytes) -> bytes:
         """The stored form of ``data``: header + payload (zstd unless it saves too little)."""
-        payload = zstandard.ZstdCompressor(level=self._level).compress(data)
+        payload = self._compressor().compress(data)
         codec = CODEC_ZSTD
         if len(payload) > len(data) * (1 - MIN_SAVING):
             payload, codec = data, CODEC_RAW
         return HEADER.pack(MAGIC, VERSION, codec, 0, len(data)) + payload
+
+    def _compressor(self) -> zstandard.ZstdCompressor:
+        # One per thread (a compressor is not thread-safe), re-used: making one per
+        # object cost ~20% of compressing a few-KB compiler artefact.
+        c: zstandard.ZstdCompressor | None = getattr(self._tls, "cctx", None)
+        if c is None:
+            c = self._tls.cctx = zstandard.ZstdCompressor(level=self._level)
+        return c
+
+    def remember(self, digest: str, data: bytes) -> None:
+        """Keep the bytes of a small object this process just hashed and stored, so
+        publication reading it back (group files: relocation count, group check) costs no
+        request. Bounded; they were hashed here, so they need no verification."""
+        with self._recent_lock:
+            self._recent[digest] = data
+            self._recent_bytes += len(data)
+            while self._recent_bytes > RECENT_BYTES:
+                _, old = self._recent.popitem(last=False)
+                self._recent_bytes -= len(old)
 
     def _put_known(self, digest: str, data: bytes) -> PutResult:
         key = object_key(digest)
@@ -346,6 +372,11 @@ class ObjectStore:
         ``out`` may hold a prefix of unverified bytes when this raises: callers
         write to a temp file and discard it on error.
         """
+        with self._recent_lock:
+            known = self._recent.get(digest)
+        if known is not None and (expected_size is None or expected_size == len(known)):
+            out.write(known)
+            return len(known)
         try:
             return self._get_into(digest, expected_size, out)
         except CorruptObjectError as e:

@@ -100,9 +100,10 @@ def test_dir_mode_swaps_newer_versions_of_replaced_paths_during_a_run(tmp_path: 
     assert b.returncode == 0, err
     assert "seen ['v1', 'v2']" in out, out  # the job saw v1, then v2, never a mix
     assert "mine M1 " in out, out  # the job's rewrite was not replaced under it
-    gens = SharedRoot.open(tmp_path / "root").generations()
+    root = SharedRoot.open(tmp_path / "root")
+    gens = root.generations()
     ns = gens.namespaces()[0]
-    objects = SharedRoot.open(tmp_path / "root").objects
+    objects = root.objects  # knows the packs the rows read below name
     snap = gens.entries(ns).entries
     assert objects.get_bytes(snap[MODEL].digest) == b"v2 " * 2000
     # B published its own rewrite at the end: the newest generation wins.
