@@ -16,8 +16,9 @@ Cost bounds:
 - about one event per distinct file per *epoch*: when ``on_open`` returns
   True (the path is recorded for this epoch), the file's inode gets an ignore
   mark, so the kernel stops queueing its opens (opens that race the mark,
-  queued between the first event's read and the mark, add a few); ``reset()`` (each epoch) drops every
-  ignore mark (``FAN_MARK_FLUSH``) so files still in use are seen again.
+  queued between the first event's read and the mark, add a few);
+  ``reset()`` (each epoch) drops every ignore mark (``FAN_MARK_FLUSH``) so
+  files still in use are seen again.
   Ignore marks pin one overlay inode each (a few hundred bytes of kernel
   memory), bounded by the files opened in an epoch;
 - events are read in batches (4 KiB, at most 170 fds at once) by one thread; each carries an fd the
