@@ -161,20 +161,22 @@ def parse_marker(raw: bytes, where: str, name: str = "") -> dict[str, object]:
 def open_to_users(path: Path) -> None:
     """Let every user of the node publish here directly (``casfs init --multi-user``).
 
-    ``namespaces``, ``tmp`` and ``objects`` with its 256 fan-out directories
-    become 1777, like /tmp: anyone may add, only an entry's owner may remove or
-    rename it. Each tenant's namespace directories are its own (0700/2770,
-    casfs.store.tenancy), so sharing these parents lets users add objects,
-    which are verified by content, but never write into each other's records.
+    ``namespaces``, ``tmp``, ``objects`` and ``packs`` with their 256 fan-out
+    directories become 1777, like /tmp: anyone may add, only an entry's owner may
+    remove or rename it. Each tenant's namespace directories are its own
+    (0700/2770, casfs.store.tenancy), so sharing these parents lets users add
+    objects and packs, which are verified by content, but never write into
+    each other's records.
     Not needed where only casfsd (root) writes the root.
     """
-    for sub in ("namespaces", "tmp", "objects"):
+    for sub in ("namespaces", "tmp", "objects", "packs"):
         (path / sub).mkdir(parents=True, exist_ok=True)
         os.chmod(path / sub, 0o1777)
-    for i in range(256):
-        d = path / "objects" / f"{i:02x}"
-        d.mkdir(exist_ok=True)
-        os.chmod(d, 0o1777)
+    for fanned in ("objects", "packs"):
+        for i in range(256):
+            d = path / fanned / f"{i:02x}"
+            d.mkdir(exist_ok=True)
+            os.chmod(d, 0o1777)
 
 
 def init_root(path: Path) -> bool:
