@@ -152,6 +152,7 @@ def drop_namespace(env: IndexEnv, ns: str) -> int:
 
 
 _MEMO_MAX = 1 << 16  # memoised lower nodes per tree (~100 B each)
+_LISTED_MAX = 1 << 12  # memoised directory listings per tree
 
 
 class LmdbLowerTree:
@@ -172,6 +173,7 @@ class LmdbLowerTree:
         self.namespace = ns
         self.max_seq = max_seq
         self._memo: dict[str, LowerNode] = {}
+        self._listed: dict[str, list[tuple[str, LowerNode]]] = {}
         self._memo_seq = max_seq
 
     def _node(self, path: str, value: bytes | None) -> LowerNode | None:
@@ -188,7 +190,7 @@ class LmdbLowerTree:
         if path == "":
             return DIR
         if self._memo_seq != self.max_seq:
-            self._memo, self._memo_seq = {}, self.max_seq
+            self._memo, self._listed, self._memo_seq = {}, {}, self.max_seq
         memo = self._memo
         node = memo.get(path)
         if node is not None:
@@ -203,6 +205,20 @@ class LmdbLowerTree:
         return node
 
     def children(self, dirpath: str) -> Iterator[tuple[str, LowerNode]]:
+        # Memoised like lookups (a warm reader lists each directory on every run):
+        # at a fixed max_seq a directory gains no entry (a new generation's rows
+        # carry a higher seq), so the listing read once stays right until it moves.
+        if self._memo_seq != self.max_seq:
+            self._memo, self._listed, self._memo_seq = {}, {}, self.max_seq
+        listed = self._listed.get(dirpath)
+        if listed is None:
+            listed = list(self._scan(dirpath))
+            if len(self._listed) >= _LISTED_MAX:
+                self._listed.clear()
+            self._listed[dirpath] = listed
+        return iter(listed)
+
+    def _scan(self, dirpath: str) -> Iterator[tuple[str, LowerNode]]:
         prefix = ks.lower_dir_prefix(self._ns, dirpath)
         base = f"{dirpath}/" if dirpath else ""
         start: bytes | None = None

@@ -94,6 +94,9 @@ class FailedPaths:
         return len(self._until)
 
 
+_ABSENT_MAX = 1 << 16  # remembered absent upper names (~100 B each)
+
+
 class Layers:
     def __init__(self, lower: LowerTree, upper_dir: Path) -> None:
         self.lower_version = 0  # bumped whenever the lower tree may have changed
@@ -111,6 +114,14 @@ class Layers:
         # PATH_MAX stays within PATH_MAX in the upper, whatever the upper's own path.
         self.fd = os.open(self.upper_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         weakref.finalize(self, os.close, self.fd)
+        # Upper names known absent, with the creation count when that was seen. A warm
+        # open of a lower file lstat'ed its upper path and an ancestor, both absent,
+        # every time (two syscalls and two exceptions). Every upper entry is created
+        # through the methods below, which bump ``_created`` after the change; a check
+        # reads the count before its lstat, so an answer that raced a creation is
+        # never kept. Removals need nothing: absent stays absent.
+        self._created = 0
+        self._absent: dict[str, int] = {}
 
     @property
     def lower(self) -> LowerTree:
@@ -134,7 +145,16 @@ class Layers:
         return os.stat(self.rel(path), dir_fd=self.fd, follow_symlinks=False)
 
     def open(self, path: str, flags: int, mode: int = 0o777) -> int:
-        return os.open(self.rel(path), flags, mode, dir_fd=self.fd)
+        if not flags & os.O_CREAT:
+            return os.open(self.rel(path), flags, mode, dir_fd=self.fd)
+        try:
+            return os.open(self.rel(path), flags, mode, dir_fd=self.fd)
+        finally:
+            self._created += 1
+
+    def _creating(self) -> None:
+        """An upper entry may have been created (call after the change)."""
+        self._created += 1
 
     def _touched(self, path: str) -> None:
         """``path`` was created, removed or hidden: its directory's subdir count is stale."""
@@ -143,20 +163,32 @@ class Layers:
 
     def mkdir(self, path: str, mode: int) -> None:
         self._touched(path)
-        os.mkdir(self.rel(path), mode, dir_fd=self.fd)
+        try:
+            os.mkdir(self.rel(path), mode, dir_fd=self.fd)
+        finally:
+            self._creating()
 
     def mknod(self, path: str, mode: int, rdev: int = 0) -> None:
-        os.mknod(self.rel(path), mode, rdev, dir_fd=self.fd)
+        try:
+            os.mknod(self.rel(path), mode, rdev, dir_fd=self.fd)
+        finally:
+            self._creating()
 
     def symlink(self, target: bytes, path: str) -> None:
-        os.symlink(target, os.fsencode(self.rel(path)), dir_fd=self.fd)
+        try:
+            os.symlink(target, os.fsencode(self.rel(path)), dir_fd=self.fd)
+        finally:
+            self._creating()
 
     def readlink(self, path: str) -> bytes:
         return os.readlink(os.fsencode(self.rel(path)), dir_fd=self.fd)
 
     def link(self, src: str, dst: str) -> None:
-        os.link(self.rel(src), self.rel(dst), src_dir_fd=self.fd, dst_dir_fd=self.fd,
-                follow_symlinks=False)
+        try:
+            os.link(self.rel(src), self.rel(dst), src_dir_fd=self.fd, dst_dir_fd=self.fd,
+                    follow_symlinks=False)
+        finally:
+            self._creating()
 
     def unlink(self, path: str) -> None:
         os.unlink(self.rel(path), dir_fd=self.fd)
@@ -168,7 +200,10 @@ class Layers:
     def rename(self, old: str, new: str) -> None:
         self._touched(old)
         self._touched(new)
-        os.rename(self.rel(old), self.rel(new), src_dir_fd=self.fd, dst_dir_fd=self.fd)
+        try:
+            os.rename(self.rel(old), self.rel(new), src_dir_fd=self.fd, dst_dir_fd=self.fd)
+        finally:
+            self._creating()
 
     def chmod(self, path: str, mode: int) -> None:
         """chmod (follows a symlink: callers never chmod one)."""
@@ -211,9 +246,15 @@ class Layers:
 
     def raw_stat(self, path: str) -> os.stat_result | None:
         """lstat of the upper entry at ``path``, whiteouts included."""
+        created = self._created
+        if self._absent.get(path) == created:
+            return None
         try:
             return self.lstat(path)
         except (FileNotFoundError, NotADirectoryError):
+            if len(self._absent) >= _ABSENT_MAX:
+                self._absent.clear()
+            self._absent[path] = created
             return None
 
     def upper_stat(self, path: str) -> os.stat_result | None:
@@ -347,6 +388,8 @@ class Layers:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
             raise
+        finally:
+            self._creating()
 
     def remove_whiteout(self, path: str) -> bool:
         """Free the name ``path`` of its whiteout (before creating an entry there)."""
@@ -408,6 +451,7 @@ class Layers:
         except FileExistsError:
             return False
         finally:
+            self._creating()
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
 

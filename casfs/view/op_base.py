@@ -143,6 +143,7 @@ class OpsBase(pyfuse3.Operations):
         self.replaced = replaced or (lambda path: False)
         self.replaced_timeout = replaced_timeout
         self.presenter = presenter
+        self._presented: dict[tuple[str, str], bytes] = {}  # (path, digest): shown bytes
         # Lower entries appear owned by this (uid, gid): the tenant's, so its jobs
         # may rewrite a replaced path they did not write (the daemon runs as root).
         self.lower_owner: tuple[int, int] | None = None
