@@ -40,6 +40,7 @@ def test_dir_mode_round_trip_with_a_fuse_node(cluster: dict[str, Any]) -> None:
     assert set(entries) == {"KEY/k.cubin", "KEY/k.so"}
     objects = root_objects(cluster["root"])
     assert objects.get_bytes(entries["KEY/k.so"].digest) == b"half done"
+    assert all(e.extras and e.extras.get("pack") for e in entries.values())  # promoted packed
 
     # Node b mounts with FUSE and sees node a's files.
     wb = b.mount()

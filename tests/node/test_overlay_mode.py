@@ -79,6 +79,7 @@ def test_overlay_mode(cluster: dict[str, Any], tmp_path: Path) -> None:
         return "NEW/k.so" in published(cluster["root"])
 
     _wait(new_published, "NEW/k.so never published")
+    assert published(cluster["root"])["NEW/k.so"].extras["pack"]  # promoted into a pack
     assert "K1/k.cubin" in published(cluster["root"])  # local deletions are not published
 
     # Refresh under the mounted overlay: a new entry at a name never looked up appears.
