@@ -15,6 +15,10 @@ into a shared root. Each round reads it, one reader process per pass:
   fetch from the shared root, verify, decompress into the local object cache;
 * casfs warm: a second reader over the same mount (kernel caches plus the
   local object cache).
+* casfs remount: a new mount over the same node (every object local, none
+  opened in this mount yet: each is hashed on its first open, the price of
+  "verified on first open"), and the same with ``CASFS_VERIFY_CACHE=0`` (no
+  hashing) for comparison.
 * overlay warm: the same node (every object now local) mounted in ``overlay``
   mode, read twice, the second pass timed: the kernel serves every file from
   hard links into the object cache (skipped without CAP_SYS_ADMIN).
@@ -27,6 +31,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -95,7 +100,7 @@ def bench_tree(s: Settings, kernels: int, reps: int, floor: bool = True) -> Resu
     can_drop = drop_works(sample)
     runs: dict[str, list[dict[str, Any]]] = {k: [] for k in (
         "first", "warm", "plain_warm", "plain_cold", "floor_warm", "overlay_warm",
-        "overlay_ready_s")}
+        "overlay_ready_s", "remount", "remount_noverify")}
     st: dict[str, Any] = {}
 
     def casfs(i: int) -> None:
@@ -107,6 +112,13 @@ def bench_tree(s: Settings, kernels: int, reps: int, floor: bool = True) -> Resu
             runs["first"].append(reader(m.path))
             runs["warm"].append(_with_cpu(m.cpu, lambda: reader(m.path)))
             st = m.ask("stats")["counters"]
+        for key, verify in (("remount", "1"), ("remount_noverify", "0"))[::1 if i % 2 else -1]:
+            os.environ["CASFS_VERIFY_CACHE"] = verify  # read by the mount process it spawns
+            try:
+                with mounted(config(root, state, work / "mnt", ns)) as m:
+                    runs[key].append(_with_cpu(m.cpu, lambda: reader(m.path)))
+            finally:
+                os.environ.pop("CASFS_VERIFY_CACHE", None)
         if overlay.unavailable_reason() is None:
             with mounted(config(root, state, work / "mnt", ns, mode="overlay")) as m:
                 runs["overlay_ready_s"].append({"seconds": round(m.ready_seconds, 3)})
@@ -142,9 +154,11 @@ def bench_tree(s: Settings, kernels: int, reps: int, floor: bool = True) -> Resu
         "first_over_plain_cold": ratio(sec["first"], sec["plain_cold"], 2),
         "first_over_plain_warm": ratio(sec["first"], sec["plain_warm"], 2),
         "plain_cold_over_plain_warm": ratio(sec["plain_cold"], sec["plain_warm"], 2),
+        "remount_over_remount_noverify": ratio(sec["remount"], sec["remount_noverify"], 2),
+        "remount_over_warm": ratio(sec["remount"], sec["warm"], 2),
     }
     cpu_us = {k: median([r["server_cpu_us_per_file"] for r in runs[k]])
-              for k in ("warm", "floor_warm") if runs[k]}
+              for k in ("warm", "floor_warm", "remount", "remount_noverify") if runs[k]}
     figures.update({f"{k}_server_cpu_us_per_file": v for k, v in cpu_us.items()})
     if len(cpu_us) == 2:
         ratios["warm_server_cpu_over_floor"] = ratio(cpu_us["warm"], cpu_us["floor_warm"], 2)

@@ -1,6 +1,6 @@
-"""What a job sees when casfsd's mount process dies (kill -9), measured.
+"""What a job sees when casfsd's mount process (or its fetch worker) dies (kill -9), measured.
 
-    python -m bench.worker_death [--trials N] [--json]
+    python -m bench.worker_death [--trials N] [--kill mount|fetch]
 
 A real casfsd in a tmp dir serves a namespace a job leased (``casfs env``) and
 one configured mount. Probe processes read a published file and create new
@@ -14,6 +14,14 @@ misses (ENOENT: the guard), what writers got (EROFS on the guard instead of
 files that would vanish under the returning mount), wrong bytes (must be 0)
 and lost writes (a create that succeeded but whose file is gone after the
 restart: must be 0).
+
+``--kill fetch``: the namespaces hold published files the node has never
+read; probes read them one after the other (every read is a cold fetch) and
+check their bytes, while the fetch worker of every mount process is killed
+``--kills`` times per trial. A fetch in flight is sent again to the new
+worker, so the job should see only correct bytes (a miss if a fetch lost its
+worker twice), never ENOTCONN or EIO; the figures are the outcomes and the
+read latency (what a kill adds to the reads it interrupts).
 """
 
 from __future__ import annotations
@@ -23,6 +31,7 @@ import contextlib
 import errno
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -58,6 +67,27 @@ with open(log_path, "w", buffering=1) as log:
 '''
 
 
+COLD_PROBE = r'''
+import errno, os, random, sys, time
+base, names_path, log_path, stop_path, size = sys.argv[1:6]
+names = open(names_path).read().split()
+with open(log_path, "w", buffering=1) as log:
+    for name in names:
+        if os.path.exists(stop_path):
+            break
+        want = random.Random(name).randbytes(int(size))
+        t = time.monotonic()
+        try:
+            with open(os.path.join(base, name), "rb") as f:
+                got = f.read()
+            r = "ok" if got == want else "WRONG"
+        except OSError as e:
+            r = errno.errorcode.get(e.errno, str(e.errno))
+        log.write(f"{t:.6f} {(time.monotonic() - t) * 1000:.2f} {r} {name}\n")
+'''
+COLD_SIZE = 64 << 10  # bytes per cold file: random, so its fetch is not trivially short
+
+
 def _wait(pred: Any, what: str, timeout: float = 60.0) -> Any:
     deadline = time.monotonic() + timeout
     while True:
@@ -72,8 +102,12 @@ def _wait(pred: Any, what: str, timeout: float = 60.0) -> Any:
 class Node:
     """casfsd over tmp dirs, with one configured mount and on-demand namespaces."""
 
-    def __init__(self, tmp: Path) -> None:
+    def __init__(self, tmp: Path, seed: dict[str, Path] | None = None) -> None:
         self.tmp = tmp
+        for ns, src in (seed or {}).items():  # published before the node starts
+            subprocess.run([sys.executable, "-m", "casfs.cli.main", "--root", str(tmp / "root"),
+                            "--state-dir", str(tmp / "seed-state"), "import", str(src), "-n",
+                            ns], check=True, capture_output=True, timeout=600)
         self.state = tmp / "state"
         self.base = tmp / "mnt-base"
         self.static = tmp / "static"
@@ -206,6 +240,81 @@ def trial(node: Node, ns_path: Path, job_pid: int) -> dict[str, Any]:
     return out
 
 
+def _fetch_worker_pids(node: Node) -> list[int]:
+    """The node's fetch workers (children of its mount processes)."""
+    out = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            cmd = (d / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"casfs.node.fetchworker" in cmd and str(node.state / "objects").encode() in cmd:
+            out.append(int(d.name))
+    return out
+
+
+def cold_files(tmp: Path, trials: int, per_trial: int) -> tuple[dict[str, Path], list[str]]:
+    """Random files for cold reads: the same names in both namespaces."""
+    src = tmp / "cold-src"
+    names = [f"cold/t{t}/f{i:04d}" for t in range(trials) for i in range(per_trial)]
+    for n in names:
+        (src / n).parent.mkdir(parents=True, exist_ok=True)
+        (src / n).write_bytes(random.Random(n).randbytes(COLD_SIZE))
+    return {"kern-test": src, "ondemand-test": src}, names
+
+
+def fetch_trial(node: Node, ns_path: Path, names: list[str], kills: int) -> dict[str, Any]:
+    """Kill the fetch workers ``kills`` times while probes read cold files."""
+    tmp = Path(tempfile.mkdtemp(dir=node.tmp))
+    stop = tmp / "stop"
+    (tmp / "names").write_text("\n".join(names))
+    bases = {"on_demand": ns_path, "configured": node.static}
+    probes = {name: subprocess.Popen([sys.executable, "-c", COLD_PROBE, str(base),
+                                      str(tmp / "names"), str(tmp / f"{name}.log"), str(stop),
+                                      str(COLD_SIZE)]) for name, base in bases.items()}
+    _wait(lambda: all((tmp / f"{n}.log").exists() and (tmp / f"{n}.log").stat().st_size
+                      for n in bases), "the probes")
+    killed = 0
+    kill_times = []
+    rng = random.Random(0)
+    for _ in range(kills):
+        time.sleep(rng.uniform(0.2, 0.6))
+        pids = _fetch_worker_pids(node)
+        kill_times.append(time.monotonic())
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+                killed += 1
+    time.sleep(1.0)
+    stop.touch()
+    for p in probes.values():
+        p.wait(60)
+    out: dict[str, Any] = {"fetch_workers_killed": killed}
+    for name in bases:
+        rows = [line.split() for line in (tmp / f"{name}.log").read_text().splitlines()]
+        rows = [r for r in rows if len(r) == 4]
+        outcomes: dict[str, int] = {}
+        for r in rows:
+            outcomes[r[2]] = outcomes.get(r[2], 0) + 1
+        ms = sorted(float(r[1]) for r in rows)
+        # reads in flight at a kill: started before it, ended after it
+        hit = [float(r[1]) for r in rows for k in kill_times
+               if float(r[0]) <= k <= float(r[0]) + float(r[1]) / 1000]
+        out[name] = {
+            "reads": len(rows), "outcomes": outcomes,
+            "wrong_bytes": outcomes.get("WRONG", 0),
+            "errors": sum(v for k, v in outcomes.items() if k not in ("ok", "ENOENT", "WRONG")),
+            "read_ms_p50": ms[len(ms) // 2] if ms else None,
+            "read_ms_p99": ms[int(len(ms) * 0.99)] if ms else None,
+            "read_ms_max": ms[-1] if ms else None,
+            "reads_in_flight_at_a_kill": len(hit),
+            "their_read_ms_max": max(hit) if hit else None,
+        }
+    return out
+
+
 def setup(node: Node) -> tuple[Path, subprocess.Popen[str]]:
     """A job holding a lease on one namespace; a published file in both mounts."""
     job = subprocess.Popen(
@@ -224,6 +333,11 @@ def setup(node: Node) -> tuple[Path, subprocess.Popen[str]]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="bench.worker_death")
     ap.add_argument("--trials", type=int, default=3)
+    ap.add_argument("--kill", choices=("mount", "fetch"), default="mount",
+                    help="kill the mount processes (default) or their fetch workers")
+    ap.add_argument("--kills", type=int, default=5, help="fetch worker kills per trial")
+    ap.add_argument("--cold-files", type=int, default=400,
+                    help="cold files per trial and namespace (--kill fetch)")
     ap.add_argument("--pause", type=float, default=12.0,
                     help="seconds between trials: a node that crashes less often than this"
                          " always finds its standby processes ready")
@@ -232,12 +346,19 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({"skipped": "needs root and /dev/fuse"}))
         return 0
     with tempfile.TemporaryDirectory(prefix="casfs-worker-death-") as t:
-        node = Node(Path(t))
+        seed, names = ({}, []) if args.kill == "mount" else cold_files(
+            Path(t), args.trials, args.cold_files)
+        node = Node(Path(t), seed)
         job = None
         try:
             ns_path, job = setup(node)
             trials = []
-            for _ in range(args.trials):
+            for i in range(args.trials):
+                if args.kill == "fetch":
+                    time.sleep(2.0)
+                    trials.append(fetch_trial(node, ns_path, names[i * args.cold_files:(
+                        i + 1) * args.cold_files], args.kills))
+                    continue
                 time.sleep(args.pause)  # the standby processes get ready (imports)
                 trials.append(trial(node, ns_path, job.pid))
         finally:
@@ -245,8 +366,8 @@ def main(argv: list[str] | None = None) -> int:
                 job.kill()
                 job.wait()
             node.close()
-    print(json.dumps({"bench": "worker_death", "pause_s": args.pause, "trials": trials},
-                     indent=1))
+    print(json.dumps({"bench": "worker_death", "kill": args.kill, "pause_s": args.pause,
+                      "trials": trials}, indent=1))
     return 0
 
 

@@ -32,11 +32,11 @@ from typing import Any
 import trio
 
 from casfs import families
-from casfs.errors import CasfsError, UsageError
+from casfs.errors import CasfsError, ObjectMissingError, UsageError
 from casfs.index.memtree import MemLowerTree, StagedLowerTree
 from casfs.index.node_index import NodeIndex
 from casfs.index.objcache import LocalObjectCache
-from casfs.node import control, prefetch, usage
+from casfs.node import control, fetchproc, prefetch, usage
 from casfs.node.config import MountConfig
 from casfs.promote.promoter import Promoter
 from casfs.promote.publisher import Publisher
@@ -58,8 +58,6 @@ class _NoSource:
     """Object source while the shared root is unreachable: every fetch is a miss."""
 
     def get_into(self, digest: str, expected_size: int | None, out: Any) -> int:
-        from casfs.errors import ObjectMissingError
-
         raise ObjectMissingError("the shared root is unavailable")
 
 
@@ -84,6 +82,41 @@ class _RootSource:
                 self._svc.ondemand_fetches -= 1
         self._svc.counters.inc("bytes_fetched", n)
         return n
+
+    def worker(self) -> fetchproc.FetchWorker:
+        """This process's fetch worker (started at once, so a first fetch does not wait)."""
+        cfg = self._svc.cfg
+        return fetchproc.shared(cfg.state_dir / "objects",
+                                hang_after=max(2 * cfg.fetch_timeout, 5.0))
+
+    def fill_cache(self, digest: str, size: int, progressed: Callable[[], None]
+                   ) -> tuple[int, int, int] | None:
+        """casfs.index.objcache.CacheFiller: the fetch worker process fills the cache."""
+        svc = self._svc
+        if svc.root is None:
+            raise ObjectMissingError("the shared root is unavailable")
+        cfg = svc.cfg
+        spec = {"root": str(cfg.root), "tenant": cfg.tenant, "tenants": cfg.tenants,
+                "timeout": cfg.fetch_timeout}
+        worker = self.worker()
+        svc.counters.inc("objects_fetched")
+        ondemand = not prefetch.in_prefetch_thread()
+        if ondemand:
+            svc.ondemand_fetches += 1  # prefetch threads wait while this is > 0
+        try:
+            reply = worker.fill(digest, size, spec, cfg.namespace,
+                                svc.root.objects.locations.get(digest), progressed, svc.counters)
+        except fetchproc.FetchWorkerError:
+            svc.counters.inc("fetch_worker_lost")
+            raise
+        finally:
+            if ondemand:
+                svc.ondemand_fetches -= 1
+        svc.counters.inc("bytes_fetched", int(reply.get("n", 0)))
+        ident = reply.get("ident")
+        if isinstance(ident, list) and len(ident) == 3 and all(isinstance(v, int) for v in ident):
+            return (ident[0], ident[1], ident[2])
+        return None
 
 
 class MountService:
@@ -142,9 +175,15 @@ class MountService:
             session.clear_stale_mount(cfg.mountpoint)  # a dead mount (ENOTCONN) fails mkdir
         cfg.writable_dir.mkdir(parents=True, exist_ok=True)
         root_mode = self._give_to_tenant(cfg.writable_dir)
+        source = _RootSource(self)
         self.cache = LocalObjectCache(
-            cfg.state_dir / "objects", self.index, _RootSource(self), cfg.cache_max_bytes
+            cfg.state_dir / "objects", self.index, source, cfg.cache_max_bytes,
+            filler=source if fetchproc.enabled() else None, counters=self.counters,
+            # CASFS_VERIFY_CACHE=0: trust cache files without hashing (benchmarks only)
+            verify_first_open=os.environ.get("CASFS_VERIFY_CACHE", "1") != "0",
         )
+        if fetchproc.enabled() and cfg.mode != "dir":
+            source.worker()
         if cfg.mode == "overlay" and (why := overlay.unavailable_reason()) is not None:
             log.warning("%s: %s: serving in fuse mode instead", cfg.name, why)
             self.counters.inc("overlay_fallback")
@@ -644,6 +683,7 @@ class MountService:
             "conflict_paths": self.conflict_paths,
             "warm_ready_s": self.prefetcher.warm_ready_s if self.prefetcher else None,
             "counters": self.counters.snapshot(),
+            "fetch_worker": fetchproc.status_of(self.cfg.state_dir / "objects"),
         }
 
     # --- serving ------------------------------------------------------------

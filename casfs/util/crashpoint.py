@@ -5,6 +5,8 @@ promotion and publication in turn and checks that what a kill -9 leaves
 behind is always a valid store and a node that recovers. Unset (always, in
 production) it costs one environment lookup per step. With
 ``CASFS_CRASHPOINT_AFTER=n`` the first n passes through the step survive.
+Besides STEPS (promotion and publication), ``fetch-worker`` kills a mount's
+fetch worker before each fill (tests/faults/test_fetch_worker.py).
 """
 
 from __future__ import annotations

@@ -98,7 +98,8 @@ def test_job_sees_a_miss_for_every_corrupt_object(cluster: dict[str, Any],
 @pytest.mark.fuse
 def test_damaged_local_cache_files_are_refetched(cluster: dict[str, Any],
                                                  tmp_path: Path) -> None:
-    """I1, I4 for the node's object cache: a non-regular or torn cached file is refetched."""
+    """I1, I4 for the node's object cache: a non-regular, torn or bit-flipped cached file
+    is refetched (a bit flip keeps the size: found by hashing on the mount's first open)."""
     src = tmp_path / "src"
     files = _seed(src)
     r = subprocess.run([sys.executable, "-m", "casfs.cli.main", "--root", str(cluster["root"]),
@@ -112,7 +113,7 @@ def test_damaged_local_cache_files_are_refetched(cluster: dict[str, Any],
     b.stop(w)
     snap = SharedRoot.open(cluster["root"]).generations().entries("ns").entries
     cache = b.state / "objects"
-    kinds = ("truncate", "zero", "symlink", "fifo", "directory")
+    kinds = ("bitflip", "truncate", "zero", "symlink", "fifo", "directory")
     victim = tmp_path / "victim"
     victim.write_bytes(b"not the cached bytes " * 200)
     for kind in kinds:
@@ -124,6 +125,7 @@ def test_damaged_local_cache_files_are_refetched(cluster: dict[str, Any],
                              timeout=20, check=False)
         assert res.returncode == 0 and res.stdout == files[f"k/{kind}"], (kind, res.stderr)
     assert victim.read_bytes() == b"not the cached bytes " * 200  # never written through
+    assert b.ask(w, "stats")["counters"]["cache_damaged"] == 1  # the bit flip
 
 
 @pytest.mark.parametrize("kind", ["symlink", "fifo", "directory"])

@@ -16,6 +16,7 @@ from casfs.errors import CasfsError, CorruptObjectError, ObjectMissingError
 from casfs.index.node_index import NodeIndex
 from casfs.index.objcache import LocalObjectCache
 from casfs.store.entry import Entry
+from casfs.util.counters import Counters
 
 
 class FakeSource:
@@ -260,3 +261,71 @@ def test_readonly_index_serves_without_accounting(
         cache = LocalObjectCache(ro_cache_dir / "objects", ro, source, 1)
         assert Path(cache.fetch(entry)).read_bytes() == b"data"
         assert ro.cache_bytes() == 0
+
+
+def _flip_a_bit(path: str) -> None:
+    """Damage a cache file in place, keeping its size (a bad disk sector, a stray write)."""
+    os.chmod(path, 0o644)
+    with open(path, "r+b") as f:
+        b = f.read(1)
+        f.seek(0)
+        f.write(bytes([b[0] ^ 0x01]))
+    os.chmod(path, 0o444)
+
+
+def test_bit_flip_in_a_cached_file_is_found_on_first_open_of_a_mount(
+    tmp_path: Path, index: NodeIndex, source: FakeSource
+) -> None:
+    """I1: a cache file of the right size whose bytes changed is hashed on its first
+    open by a new mount (a new cache instance), removed and refetched."""
+    entry = source.add(b"kernel bytes" * 1000)
+    first = make_cache(tmp_path, index, source)
+    path = first.fetch(entry)
+    first.unpin(entry.digest)
+    _flip_a_bit(path)
+    counters = Counters()
+    later = LocalObjectCache(tmp_path / "state" / "objects", index, source, 1 << 30,
+                             counters=counters)
+    assert later.cached(entry) is None  # never verified by this mount: not served inline
+    assert Path(later.fetch(entry)).read_bytes() == source.objects[entry.digest]
+    assert source.calls == [entry.digest, entry.digest]  # refetched
+    assert counters.get("cache_damaged") == 1
+    later.unpin(entry.digest)
+    assert later.cached(entry) == path  # verified now: the warm path is inline again
+    later.unpin(entry.digest)
+
+
+def test_a_cached_file_changed_under_a_mount_is_hashed_again(
+    tmp_path: Path, index: NodeIndex, source: FakeSource
+) -> None:
+    """I1: a verified file whose identity (inode, mtime, size) changes is not trusted."""
+    entry = source.add(b"x" * 5000)
+    counters = Counters()
+    cache = LocalObjectCache(tmp_path / "state" / "objects", index, source, 1 << 30,
+                             counters=counters)
+    path = cache.fetch(entry)
+    cache.unpin(entry.digest)
+    assert cache.cached(entry) == path  # a fill is trusted without hashing again
+    cache.unpin(entry.digest)
+    assert counters.get("cache_verified") == 0
+    _flip_a_bit(path)
+    os.utime(path, ns=(1, 1))  # a different mtime even on coarse clocks
+    assert cache.cached(entry) is None
+    assert Path(cache.fetch(entry)).read_bytes() == source.objects[entry.digest]
+    assert counters.get("cache_verified") == 1 and counters.get("cache_damaged") == 1
+    cache.unpin(entry.digest)
+
+
+def test_an_intact_cached_file_is_hashed_once_per_mount(
+    tmp_path: Path, index: NodeIndex, source: FakeSource
+) -> None:
+    entry = source.add(b"y" * 5000)
+    make_cache(tmp_path, index, source).fetch(entry)
+    counters = Counters()
+    cache = LocalObjectCache(tmp_path / "state" / "objects", index, source, 1 << 30,
+                             counters=counters)
+    for _ in range(3):
+        cache.fetch(entry)
+        cache.unpin(entry.digest)
+    assert counters.get("cache_verified") == 1 and counters.get("cache_damaged") == 0
+    assert source.calls == [entry.digest]  # never refetched

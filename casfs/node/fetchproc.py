@@ -1,0 +1,397 @@
+"""The mount process's side of its fetch worker: shared-root reads in another process.
+
+Filling the local object cache reads shared storage (a hung NFS server, a
+hostile store, a decompression bomb, a stuck S3 client): that work runs in a
+child process (casfs.node.fetchworker), so a crash, an OOM kill or a hang
+there costs the mount process a miss, never its FUSE connection.
+
+Protocol (a Unix socketpair, one message = 4-byte big-endian length + JSON):
+
+    mount -> worker  {"op": "fill", "id": n, "digest", "size", "root": {spec}, "ns", "pack"}
+    worker -> mount  {"id": n, "started": true}     a worker thread took it
+                     {"id": n, "progress": true}    bytes arrived (at most every 0.2 s)
+                     {"id": n, "ok": true, "n": bytes, "ident": [ino, mtime_ns, size],
+                      "counters": {...}}
+                     {"id": n, "ok": false, "kind": "corrupt"|"missing"|"error", "error": text}
+
+A fill's result is the object's file in the cache directory (verified by the
+worker while streaming it; the mount process checks its size and records
+it). The mount process never waits on the worker without a bound:
+
+* the worker dies (kill -9, OOM, a crash): every request in flight is sent
+  once more to a fresh worker (one retry; the second loss is a miss);
+* the worker hangs: a request a worker thread started that has received no
+  bytes for ``hang_after`` seconds means a stuck root or client; the worker is
+  killed and replaced (stalled requests fail: a miss, never retried), so
+  blocked threads never pile up and reads hit again once the root recovers;
+* a worker that dies within ``QUICK_DEATH`` seconds of starting is restarted
+  after a back-off (1, 2, 4 ... 10 s); requests wait meanwhile, and the view's
+  fetch timeout bounds what a job waits.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from casfs.errors import CasfsError, CorruptObjectError, ObjectMissingError
+from casfs.util.counters import Counters
+
+log = logging.getLogger(__name__)
+
+HEADER = struct.Struct(">I")
+MAX_MESSAGE = 4 << 20
+QUICK_DEATH = 10.0  # a worker dying sooner than this after its start is restarted with back-off
+MAX_BACKOFF = 10.0
+TICK = 0.1  # watchdog period: how soon a dead worker is noticed
+SEND_TIMEOUT = 5.0
+
+
+class FetchWorkerError(CasfsError):
+    """The fetch worker died or hung during this fetch: a miss for this open only."""
+
+
+def send_msg(sock: socket.socket, msg: dict[str, Any]) -> None:
+    data = json.dumps(msg, separators=(",", ":")).encode()
+    sock.sendall(HEADER.pack(len(data)) + data)
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytes | None:
+    buf = bytearray()
+    while len(buf) < n:
+        chunk = sock.recv(n - len(buf))
+        if not chunk:
+            return None
+        buf += chunk
+    return bytes(buf)
+
+
+def recv_msg(sock: socket.socket) -> dict[str, Any] | None:
+    """The next message, or None at end of stream (the other side is gone)."""
+    head = _recv_exact(sock, HEADER.size)
+    if head is None:
+        return None
+    (n,) = HEADER.unpack(head)
+    if n > MAX_MESSAGE:
+        raise OSError(f"fetch worker message of {n} bytes")
+    body = _recv_exact(sock, n)
+    if body is None:
+        return None
+    msg = json.loads(body)
+    if not isinstance(msg, dict):
+        raise OSError("fetch worker message is not an object")
+    return msg
+
+
+@dataclass
+class _Request:
+    msg: dict[str, Any]
+    progressed_cb: Callable[[], None]
+    counters: Counters
+    done: threading.Event = field(default_factory=threading.Event)
+    reply: dict[str, Any] | None = None
+    error: BaseException | None = None
+    sent_to: int = 0  # worker generation it was last sent to (0: not sent)
+    tries: int = 0
+    started: bool = False
+    sent_at: float = 0.0
+    progressed: float = 0.0
+    stalled: bool = False
+
+
+class FetchWorker:
+    """One fetch worker process for a cache directory, restarted when it dies or hangs."""
+
+    def __init__(self, directory: Path, *, hang_after: float = 20.0, threads: int = 16) -> None:
+        self.directory = Path(directory)
+        self.hang_after = hang_after
+        self.threads = threads
+        self.counters = Counters()  # worker_starts, worker_deaths, worker_hangs
+        self._lock = threading.Lock()
+        self._pending: dict[int, _Request] = {}
+        self._next_id = 1
+        self._gen = 0  # generation of the current worker; bumps on each start
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._wsock: socket.socket | None = None
+        self._started_at = 0.0
+        self._last_heard = 0.0  # when the worker last sent anything
+        self._next_start = 0.0
+        self._backoff = 0.0
+        self._dead: list[subprocess.Popen[bytes]] = []  # killed, not reaped yet
+        self._closed = False
+        self._watchdog = threading.Thread(target=self._watch, name="fetch-watchdog", daemon=True)
+        self._watchdog.start()
+
+    # --- the caller's side --------------------------------------------------
+    def fill(self, digest: str, size: int, root: dict[str, Any], namespace: str,
+             pack: Any, progressed: Callable[[], None], counters: Counters) -> dict[str, Any]:
+        """Have the worker put ``digest`` into the cache; its reply ({"n", "ident"}).
+
+        What the worker counted for this root (rejections, packed reads ...) is
+        added to ``counters``, on success and failure alike.
+
+        Raises CorruptObjectError, ObjectMissingError, CasfsError (as the
+        worker saw it) or FetchWorkerError (the worker died twice or hung).
+        """
+        msg = {"op": "fill", "digest": digest, "size": size, "root": root, "ns": namespace,
+               "pack": pack}
+        req = _Request(msg, progressed, counters)
+        with self._lock:
+            if self._closed:
+                raise FetchWorkerError("the fetch worker is shut down")
+            msg["id"] = rid = self._next_id
+            self._next_id += 1
+            self._pending[rid] = req
+            self._send_locked(req)
+        req.done.wait()  # bounded: the watchdog fails or retries every request of a dead worker
+        if req.error is not None:
+            raise req.error
+        assert req.reply is not None
+        return req.reply
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            proc, self._proc = self._proc, None
+            self._fail_all_locked(FetchWorkerError("the fetch worker is shut down"))
+            if self._wsock is not None:
+                with contextlib.suppress(OSError):
+                    self._wsock.shutdown(socket.SHUT_RDWR)
+                self._wsock = None
+        if proc is not None:
+            with contextlib.suppress(OSError):
+                proc.kill()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=5)
+
+    @property
+    def pid(self) -> int | None:
+        with self._lock:
+            return self._proc.pid if self._proc is not None else None
+
+    # --- sending and receiving -------------------------------------------------
+    def _send_locked(self, req: _Request) -> None:
+        if self._wsock is None or req.sent_to == self._gen:
+            return  # no worker now: sent when the next one starts
+        req.sent_to = self._gen
+        req.tries += 1
+        req.started = False
+        req.sent_at = time.monotonic()
+        try:
+            send_msg(self._wsock, req.msg)
+        except OSError as e:  # dead or wedged worker: the watchdog replaces it
+            log.warning("cannot send to the fetch worker: %s", e)
+            self._kill_locked("it does not read its requests")
+
+    def _read(self, sock: socket.socket, gen: int) -> None:
+        try:
+            while True:
+                msg = recv_msg(sock)
+                if msg is None:
+                    break
+                self._on_message(msg)
+        except (OSError, ValueError) as e:
+            log.warning("fetch worker connection: %s", e)
+        finally:
+            sock.close()
+            with self._lock:
+                if gen == self._gen and self._proc is not None:
+                    self._kill_locked("its connection closed")
+
+    def _on_message(self, msg: dict[str, Any]) -> None:
+        rid = msg.get("id")
+        if not isinstance(rid, int):
+            return
+        with self._lock:
+            self._last_heard = time.monotonic()
+            req = self._pending.get(rid)
+            if req is None:
+                return  # answered already (a retried request's first worker)
+            if "ok" not in msg:
+                req.started = True
+                req.progressed = time.monotonic()
+                progress = "progress" in msg
+            else:
+                del self._pending[rid]
+                progress = False
+        if progress:
+            req.progressed_cb()
+        if "ok" not in msg:
+            return
+        counted = msg.get("counters")
+        if isinstance(counted, dict):
+            req.counters.merge({k: v for k, v in counted.items() if isinstance(v, int)})
+        if msg["ok"]:
+            req.reply = msg
+        else:
+            kind = msg.get("kind")
+            cls = (CorruptObjectError if kind == "corrupt" else
+                   ObjectMissingError if kind == "missing" else CasfsError)
+            req.error = cls(str(msg.get("error", "fetch failed")))
+        req.done.set()
+
+    # --- the watchdog ---------------------------------------------------------------
+    def _watch(self) -> None:
+        while True:
+            time.sleep(TICK)
+            try:
+                if not self._watch_once():
+                    return
+            except Exception:  # the watchdog must outlive any bug: requests wait on it
+                log.exception("fetch worker watchdog")
+
+    def _watch_once(self) -> bool:
+        with self._lock:
+            if self._closed:
+                return False
+            self._reap_locked()
+            proc = self._proc
+            if proc is not None and proc.poll() is not None:
+                self._worker_died_locked(f"exit status {proc.returncode}")
+            elif proc is not None:
+                self._check_hung_locked()
+            if self._proc is None and time.monotonic() >= self._next_start:
+                self._start_locked()
+        return True
+
+    def _check_hung_locked(self) -> None:
+        """A fill a worker thread started that got no bytes for hang_after, or a request
+        not even started while the worker said nothing at all for that long (every
+        thread stuck, or the process stopped): the worker is hung."""
+        now = time.monotonic()
+        quiet = now - max(self._last_heard, self._started_at)
+        stalled = [r for r in self._pending.values() if r.sent_to == self._gen and (
+            now - r.progressed > self.hang_after if r.started
+            else min(quiet, now - r.sent_at) > self.hang_after)]
+        if stalled:
+            for r in stalled:
+                r.stalled = True
+            self.counters.inc("worker_hangs")
+            self._kill_locked(f"{len(stalled)} fetches got nothing for"
+                              f" {self.hang_after:.0f}s (a stuck shared root?)")
+
+    def _kill_locked(self, why: str) -> None:
+        proc = self._proc
+        if proc is None:
+            return
+        log.warning("fetch worker %d: %s: replacing it", proc.pid, why)
+        with contextlib.suppress(OSError):
+            proc.kill()
+        self._worker_died_locked("killed")
+
+    def _worker_died_locked(self, how: str) -> None:
+        proc = self._proc
+        assert proc is not None
+        self._proc = None
+        self._dead.append(proc)
+        if self._wsock is not None:
+            with contextlib.suppress(OSError):
+                self._wsock.shutdown(socket.SHUT_RDWR)  # ends its reader, which closes it
+            self._wsock = None
+        self.counters.inc("worker_deaths")
+        lived = time.monotonic() - self._started_at
+        if lived < QUICK_DEATH:
+            self._backoff = min(MAX_BACKOFF, max(1.0, self._backoff * 2))
+        else:
+            self._backoff = 0.0
+        self._next_start = time.monotonic() + self._backoff
+        if how != "killed":
+            log.warning("fetch worker %d died (%s) after %.1fs; restarting%s", proc.pid, how,
+                        lived, f" in {self._backoff:.0f}s" if self._backoff else "")
+        for rid, req in list(self._pending.items()):
+            if req.sent_to and (req.stalled or req.tries >= 2):
+                del self._pending[rid]
+                req.error = FetchWorkerError(
+                    f"object {req.msg['digest']}: the fetch worker "
+                    + ("hung" if req.stalled else "died twice") + " during the fetch")
+                req.done.set()
+
+    def _fail_all_locked(self, error: BaseException) -> None:
+        for req in self._pending.values():
+            req.error = error
+            req.done.set()
+        self._pending.clear()
+
+    def _reap_locked(self) -> None:
+        self._dead = [p for p in self._dead if p.poll() is None]
+
+    def _start_locked(self) -> None:
+        parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        level = logging.getLevelName(logging.getLogger().getEffectiveLevel()).lower()
+        cmd = [sys.executable, "-m", "casfs.node.fetchworker", "--fd", str(child.fileno()),
+               "--dir", str(self.directory), "--threads", str(self.threads),
+               "--parent", str(os.getpid())]
+        if level in ("debug", "info", "warning", "error"):
+            cmd += ["--log-level", level]
+        try:
+            proc = subprocess.Popen(cmd, pass_fds=(child.fileno(),), stdin=subprocess.DEVNULL,
+                                    restore_signals=True)
+        except OSError as e:
+            parent.close()
+            log.error("cannot start the fetch worker: %s", e)
+            self._backoff = min(MAX_BACKOFF, max(1.0, self._backoff * 2))
+            self._next_start = time.monotonic() + self._backoff
+            return
+        finally:
+            child.close()
+        self._gen += 1
+        self._proc = proc
+        self._started_at = time.monotonic()
+        self.counters.inc("worker_starts")
+        # A send that cannot finish in SEND_TIMEOUT (a wedged worker) fails instead of
+        # blocking; settimeout would make the reader's recv non-blocking too.
+        parent.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO,
+                          struct.pack("ll", int(SEND_TIMEOUT), 0))
+        self._wsock = parent
+        threading.Thread(target=self._read, args=(parent, self._gen), daemon=True,
+                         name=f"fetch-reader-{self._gen}").start()
+        log.debug("fetch worker %d started", proc.pid)
+        for req in list(self._pending.values()):  # what the dead worker left: once more
+            self._send_locked(req)
+
+    def stop_worker(self, sig: int = signal.SIGKILL) -> None:
+        """Signal the current worker (tests)."""
+        pid = self.pid
+        if pid is not None:
+            os.kill(pid, sig)
+
+
+_workers: dict[str, FetchWorker] = {}
+_workers_lock = threading.Lock()
+
+
+def shared(directory: Path, *, hang_after: float) -> FetchWorker:
+    """This process's fetch worker for a cache directory (one for all its namespaces)."""
+    key = os.path.realpath(directory)
+    with _workers_lock:
+        w = _workers.get(key)
+        if w is None:
+            w = _workers[key] = FetchWorker(Path(key), hang_after=hang_after)
+        return w
+
+
+def status_of(directory: Path) -> dict[str, Any] | None:
+    """What this process's fetch worker for ``directory`` did (casfs status), if it has one."""
+    with _workers_lock:
+        w = _workers.get(os.path.realpath(directory))
+    if w is None:
+        return None
+    return {"pid": w.pid, **w.counters.snapshot()}
+
+
+def enabled() -> bool:
+    """CASFS_FETCH_WORKER=0 fetches in the mount process itself (debugging only)."""
+    return os.environ.get("CASFS_FETCH_WORKER", "1") != "0"
