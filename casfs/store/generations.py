@@ -250,6 +250,9 @@ def is_replace(e: Entry) -> bool:
     return bool(e.extras and e.extras.get(REPLACE) is True)
 
 
+PACK_SAVED = "pack:"  # _save_condemned's key prefix for a pack's bytes
+
+
 def packed(e: Entry) -> bool:
     """Whether ``e``'s bytes live in a pack object (its ``pack`` extras)."""
     return bool(e.extras and "pack" in e.extras)
@@ -626,8 +629,8 @@ class GenerationStore:
 
         gc cannot see that this publisher re-uses an object it marked as
         unreferenced; the rewrite gives the object a newer mtime than the mark,
-        and the sweep spares it (casfs.store.maintenance). Returns the objects'
-        bytes (None for a pack).
+        and the sweep spares it (casfs.store.maintenance). Returns their bytes
+        (a pack's under ``PACK_SAVED + digest``) for ``_check_after_publish``.
         """
         if self._condemned is None:
             self._condemned = Condemned(self.backend)
@@ -639,17 +642,28 @@ class GenerationStore:
             saved[d] = self.objects.rewrite(d)
         for p in sorted(packs & condemned):
             # The pack, or (repacked) the forward its rows go through, or both.
-            kept = rewrite_pack(self.objects, p)
-            kept = rewrite_forward(self.objects, p) or kept
-            if not kept:  # swept meanwhile: publish nothing naming it
+            raw = rewrite_pack(self.objects, p)
+            forward = rewrite_forward(self.objects, p)
+            if raw is None and not forward:  # swept meanwhile: publish nothing naming it
                 raise ObjectMissingError(f"pack {p} was removed by gc; publication retries")
-            saved[p] = None
+            if raw is not None:
+                saved[PACK_SAVED + p] = raw
         return saved
 
     def _check_after_publish(self, saved: dict[str, bytes | None]) -> None:
         """Once the record exists, put back a rewritten object a racing sweep removed."""
+        from casfs.store.packs import pack_key, put_pack_bytes
+
         for d, data in saved.items():
-            if data is not None and self.backend.info(object_key(d)) is None:
+            if data is None:
+                continue
+            if d.startswith(PACK_SAVED):  # a pack: put back whole, under its digest
+                p = d[len(PACK_SAVED):]
+                if self.backend.info(pack_key(p)) is None:
+                    log.warning("pack %s was removed by a concurrent gc: writing it again", p)
+                    put_pack_bytes(self.objects, p, data, replace=False)
+                    self.objects.counters.inc("packs_restored_after_gc")
+            elif self.backend.info(object_key(d)) is None:
                 log.warning("object %s was removed by a concurrent gc: writing it again", d)
                 self.objects.put_bytes(data)
                 self.objects.counters.inc("objects_restored_after_gc")

@@ -233,16 +233,25 @@ def packs_of(entries: Iterable[Entry]) -> set[str]:
     return out
 
 
-def rewrite_pack(store: ObjectStore, digest: str) -> bool:
-    """Write a pack again with its verified bytes (a gc mark then spares it); False if none."""
+def rewrite_pack(store: ObjectStore, digest: str) -> bytes | None:
+    """Write a pack again with its verified bytes (a gc mark then spares it); its bytes,
+    None if there is no such pack."""
     if store.backend.info(pack_key(digest)) is None:
-        return False
+        return None
     raw, _ = read_pack(store, digest)
+    put_pack_bytes(store, digest, raw, replace=True)
+    store.counters.inc("packs_rewritten_for_gc")
+    return raw
+
+
+def put_pack_bytes(store: ObjectStore, digest: str, raw: bytes, *, replace: bool) -> None:
+    """Store ``raw`` (a whole pack, verified by the caller) under its digest."""
     with atomic.staged_file(store.backend.staging_dir, "pack-", 0o444, sync=False) as (f, tmp):
         f.write(raw)
-    store.backend.replace(pack_key(digest), tmp)
-    store.counters.inc("packs_rewritten_for_gc")
-    return True
+    if replace:
+        store.backend.replace(pack_key(digest), tmp)
+    else:
+        store.backend.put_if_absent(pack_key(digest), tmp)
 
 
 # --- repacking (gc) ----------------------------------------------------------

@@ -188,3 +188,33 @@ def test_repacking_gc_racing_publishers_keeps_every_kept_row_readable(
         for e in snap.entries.values():  # every kept row still reads, verified
             assert len(fresh.objects.get_bytes(e.digest, e.size)) == e.size
     assert maintenance.verify(root).problems == []
+
+
+def test_a_pack_a_racing_sweep_removes_is_put_back_after_the_record(
+    any_root: SharedRoot, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The publisher rewrote a condemned pack, then a sweep that had judged it before
+    the rewrite deletes it anyway: once its record exists, the publisher puts it back."""
+    from casfs.store.generations import GenerationStore
+
+    root = any_root
+    monkeypatch.setattr(marks, "LIST_TTL", 0.0)
+    blobs = {f"f{i}": os.urandom(1500 + i) for i in range(3)}
+    locs = _packed(root, list(blobs.values()))
+    (pack,) = {loc[0] for loc in locs.values()}
+    _age_past_mark_slack()
+    assert maintenance.gc(root, keep=1, grace=3600).marked >= 1  # no row names it: marked
+    real = GenerationStore._save_condemned
+
+    def racing_sweep(self: GenerationStore, digests: set[str], packs: set[str],
+                     ) -> dict[str, bytes | None]:
+        saved = real(self, digests, packs)
+        root.backend.delete(pack_key(pack))  # the sweep's delete lands after the rewrite
+        return saved
+
+    monkeypatch.setattr(GenerationStore, "_save_condemned", racing_sweep)
+    pub = SharedRoot.open(root.location)
+    assert pub.generations().publish("ns", _entries(blobs, locs), node="b").seq == 1
+    assert _backend_has(root, pack_key(pack))
+    assert pub.objects.counters.get("packs_restored_after_gc") == 1
+    assert _reads(root, "ns") == blobs
