@@ -144,6 +144,8 @@ class OpsBase(pyfuse3.Operations):
         self.replaced_timeout = replaced_timeout
         self.presenter = presenter
         self._presented: dict[tuple[str, str], bytes] = {}  # (path, digest): shown bytes
+        self._lower_attr_cache: dict[int, tuple[LowerNode, tuple[int, int],
+                                                pyfuse3.EntryAttributes]] = {}
         # Lower entries appear owned by this (uid, gid): the tenant's, so its jobs
         # may rewrite a replaced path they did not write (the daemon runs as root).
         self.lower_owner: tuple[int, int] | None = None
@@ -231,6 +233,20 @@ class OpsBase(pyfuse3.Operations):
         return upper_attrs(st, ino, timeout)
 
     def _lower_attrs(self, node: LowerNode, ino: int) -> pyfuse3.EntryAttributes:
+        # A lower node's attributes depend on nothing else (its inode, the owner shown):
+        # built once per inode, not on every lookup, getattr and directory entry.
+        owner = self.lower_owner or self._owner
+        hit = self._lower_attr_cache.get(ino)
+        if hit is not None and hit[0] is node and hit[1] == owner:
+            return hit[2]
+        a = self._make_lower_attrs(node, ino, owner)
+        if len(self._lower_attr_cache) >= 1 << 16:
+            self._lower_attr_cache.clear()
+        self._lower_attr_cache[ino] = (node, owner, a)
+        return a
+
+    def _make_lower_attrs(self, node: LowerNode, ino: int, owner: tuple[int, int]
+                          ) -> pyfuse3.EntryAttributes:
         timeout = self.lower_timeout
         if isinstance(node, Entry):
             if self.replaced(node.path):
@@ -242,7 +258,7 @@ class OpsBase(pyfuse3.Operations):
             node,
             ino,
             timeout,
-            owner=self.lower_owner or self._owner,
+            owner=owner,
             dir_mode=self.dir_mode,
             dir_time_ns=self._start_ns,
         )
