@@ -86,6 +86,14 @@ class Handle:
     digest: str | None  # set for a lower object: unpin on release
 
 
+def _in_trio_thread(fn: Callable[..., object], *args: object) -> None:
+    """Run ``fn`` in the trio (FUSE) thread when called from one of its worker threads."""
+    try:
+        trio.from_thread.run_sync(fn, *args)
+    except RuntimeError:  # not a trio worker thread (tests, start-up): no loop to race
+        fn(*args)
+
+
 def link_key(node: Node) -> tuple[int, int] | None:
     """The upper file's identity when it has hard links (names of one inode share it)."""
     st = node.upper
@@ -266,19 +274,39 @@ class OpsBase(pyfuse3.Operations):
     def replaced_changed(self, paths: Sequence[str]) -> None:
         """Newer versions of these replaced paths are served: the kernel forgets the old.
 
-        Called from a worker thread (``invalidate_inode`` may block on writeback).
+        A new version gets a new inode number: with the writeback cache the kernel
+        keeps its own size for a cached inode and ignores the size getattr answers,
+        so the old inode would show the old size over the new bytes (truncating a
+        longer version). The old number stays valid for handles opened on it (they
+        read the old version whole). The dentry is invalidated before this returns,
+        so the next lookup, and every stat or open after a refresh, gets the new
+        inode. Called from a worker thread, never a handler (the invalidations wait
+        for the kernel).
         """
         if not self._mounted:
             return
         for path in paths:
+            node = self.layers.resolve(path)
+            if node is not None and node.upper is not None:
+                continue  # this view's own copy shadows it: nothing it shows changed
             ino = self.inodes.find(path)
-            if ino is not None:
-                try:
-                    pyfuse3.invalidate_inode(ino)
-                except OSError as e:
-                    if e.errno != errno.ENOENT:
-                        log.warning("invalidating %r: %s", path, e)
-            self._invalidate_entry(path)
+            if ino is None:
+                continue  # the kernel never looked it up: nothing to forget
+            _in_trio_thread(self.inodes.detach, path)  # the table belongs to that thread
+            try:
+                pyfuse3.invalidate_inode(ino)
+            except OSError as e:
+                if e.errno != errno.ENOENT:
+                    log.warning("invalidating %r: %s", path, e)
+            parent, name = split(path)
+            parent_ino = self.inodes.find(parent)
+            if parent_ino is None:
+                continue
+            try:
+                pyfuse3.invalidate_entry(parent_ino, os.fsencode(name))
+            except OSError as e:
+                if e.errno != errno.ENOENT:  # ENOENT: the kernel had no such dentry
+                    log.warning("invalidating %r: %s", path, e)
 
     def _invalidate_entry(self, path: str) -> None:
         """Make the kernel forget the dentry of ``path`` (asynchronously: no deadlock)."""

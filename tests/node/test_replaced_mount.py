@@ -95,3 +95,17 @@ def test_replaced_paths_across_nodes(cluster: dict[str, Any]) -> None:
     assert b.ask(wb, "refresh")["ok"]
     assert (mb / MODEL).read_bytes() == b"model v3"
     assert (mb / ARTIFACT).read_bytes() == b"artifact-from-b"  # its own, first-writer elsewhere
+
+    # A longer version while C holds the shorter one open (its inode stays alive):
+    # a new open reads every byte of the new version, the old handle the old one.
+    held = open(mc / MODEL, "rb")  # noqa: SIM115 (held across the refresh on purpose)
+    try:
+        assert held.read(5) == b"model"
+        write(ma, MODEL, b"model v4, longer than any before", rename=True)
+        assert a.ask(wa, "publish")["ok"]
+        assert c.ask(wc, "refresh")["ok"]
+        assert (mc / MODEL).read_bytes() == b"model v4, longer than any before"
+        assert (mc / MODEL).stat().st_size == len(b"model v4, longer than any before")
+        assert held.read() == b" v3"
+    finally:
+        held.close()
