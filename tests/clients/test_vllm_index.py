@@ -27,6 +27,10 @@ JOB = Path(__file__).with_name("vllm_index_job.py")
 VPY = os.environ.get("CASFS_VLLM_PYTHON", "")
 INDEX = "torch_compile_cache/0123456789/rank_0_0/backbone/vllm_compile_cache.py"
 
+if os.environ.get("CASFS_REQUIRE_CLIENTS") == "1" and not (VPY and os.access(VPY, os.X_OK)):
+    pytest.fail("CASFS_REQUIRE_CLIENTS=1 but the client venv is missing: run make clients",
+                pytrace=False)
+
 pytestmark = [
     pytest.mark.fuse, pytest.mark.real_client, pytest.mark.slow,
     pytest.mark.skipif(not (VPY and os.access(VPY, os.X_OK)),
