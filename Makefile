@@ -35,7 +35,8 @@ test: bootstrap lint clients
 
 # Only the heavy real clients (vLLM, FlashInfer), node A/B(/C).
 test-clients: clients
-	@$(CLIENTS_ENV) scripts/run-tests.sh tests/clients/test_vllm.py tests/clients/test_flashinfer.py
+	@$(CLIENTS_ENV) scripts/run-tests.sh tests/clients/test_vllm.py tests/clients/test_vllm_index.py \
+		tests/clients/test_flashinfer.py
 
 bench-quick: bootstrap
 	bench/run --quick
