@@ -241,7 +241,7 @@ def trial(node: Node, ns_path: Path, job_pid: int) -> dict[str, Any]:
 
 
 def _fetch_worker_pids(node: Node) -> list[int]:
-    """The node's fetch workers (children of its mount processes)."""
+    """The node's serving fetch workers (not their spares: /proc/<pid>/comm says which)."""
     out = []
     for d in Path("/proc").iterdir():
         if not d.name.isdigit():
@@ -251,7 +251,9 @@ def _fetch_worker_pids(node: Node) -> list[int]:
         except OSError:
             continue
         if b"casfs.node.fetchworker" in cmd and str(node.state / "objects").encode() in cmd:
-            out.append(int(d.name))
+            with contextlib.suppress(OSError):
+                if (d / "comm").read_text().strip() == "casfs-fetch":
+                    out.append(int(d.name))
     return out
 
 

@@ -24,9 +24,11 @@ it). The mount process never waits on the worker without a bound:
   bytes for ``hang_after`` seconds means a stuck root or client; the worker is
   killed and replaced (stalled requests fail: a miss, never retried), so
   blocked threads never pile up and reads hit again once the root recovers;
-* a worker that dies within ``QUICK_DEATH`` seconds of starting is restarted
-  after a back-off (1, 2, 4 ... 10 s); requests wait meanwhile, and the view's
-  fetch timeout bounds what a job waits.
+* a spare worker is started in advance, so a replacement serves at once
+  (no interpreter start and imports while a job waits); a worker that dies
+  within ``QUICK_DEATH`` seconds of starting without completing a fill (a
+  crash loop) is restarted after a back-off (1, 2, 4 ... 10 s); requests wait
+  meanwhile, and the view's fetch timeout bounds what a job waits.
 """
 
 from __future__ import annotations
@@ -54,7 +56,8 @@ log = logging.getLogger(__name__)
 
 HEADER = struct.Struct(">I")
 MAX_MESSAGE = 4 << 20
-QUICK_DEATH = 10.0  # a worker dying sooner than this after its start is restarted with back-off
+QUICK_DEATH = 10.0  # a worker dying this soon after its start, having done nothing: back-off
+SPARE = True  # keep one worker started in advance, so a restart does not wait for imports
 MAX_BACKOFF = 10.0
 TICK = 0.1  # watchdog period: how soon a dead worker is noticed
 SEND_TIMEOUT = 5.0
@@ -130,6 +133,8 @@ class FetchWorker:
         self._last_heard = 0.0  # when the worker last sent anything
         self._next_start = 0.0
         self._backoff = 0.0
+        self._answered = 0  # fills the current worker completed
+        self._spare: tuple[subprocess.Popen[bytes], socket.socket] | None = None
         self._dead: list[subprocess.Popen[bytes]] = []  # killed, not reaped yet
         self._closed = False
         self._watchdog = threading.Thread(target=self._watch, name="fetch-watchdog", daemon=True)
@@ -166,6 +171,11 @@ class FetchWorker:
         with self._lock:
             self._closed = True
             proc, self._proc = self._proc, None
+            spare, self._spare = self._spare, None
+            if spare is not None:
+                with contextlib.suppress(OSError):
+                    spare[0].kill()
+                spare[1].close()
             self._fail_all_locked(FetchWorkerError("the fetch worker is shut down"))
             if self._wsock is not None:
                 with contextlib.suppress(OSError):
@@ -235,6 +245,7 @@ class FetchWorker:
         if isinstance(counted, dict):
             req.counters.merge({k: v for k, v in counted.items() if isinstance(v, int)})
         if msg["ok"]:
+            self._answered += 1
             req.reply = msg
         else:
             kind = msg.get("kind")
@@ -303,7 +314,7 @@ class FetchWorker:
             self._wsock = None
         self.counters.inc("worker_deaths")
         lived = time.monotonic() - self._started_at
-        if lived < QUICK_DEATH:
+        if lived < QUICK_DEATH and not self._answered:  # a crash loop, not a killed worker
             self._backoff = min(MAX_BACKOFF, max(1.0, self._backoff * 2))
         else:
             self._backoff = 0.0
@@ -328,7 +339,7 @@ class FetchWorker:
     def _reap_locked(self) -> None:
         self._dead = [p for p in self._dead if p.poll() is None]
 
-    def _start_locked(self) -> None:
+    def _spawn_locked(self) -> tuple[subprocess.Popen[bytes], socket.socket] | None:
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         level = logging.getLevelName(logging.getLogger().getEffectiveLevel()).lower()
         cmd = [sys.executable, "-m", "casfs.node.fetchworker", "--fd", str(child.fileno()),
@@ -342,25 +353,41 @@ class FetchWorker:
         except OSError as e:
             parent.close()
             log.error("cannot start the fetch worker: %s", e)
-            self._backoff = min(MAX_BACKOFF, max(1.0, self._backoff * 2))
-            self._next_start = time.monotonic() + self._backoff
-            return
+            return None
         finally:
             child.close()
-        self._gen += 1
-        self._proc = proc
-        self._started_at = time.monotonic()
-        self.counters.inc("worker_starts")
         # A send that cannot finish in SEND_TIMEOUT (a wedged worker) fails instead of
         # blocking; settimeout would make the reader's recv non-blocking too.
         parent.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO,
                           struct.pack("ll", int(SEND_TIMEOUT), 0))
+        return proc, parent
+
+    def _start_locked(self) -> None:
+        """Make the spare the worker (started earlier: no import wait), then a new spare."""
+        spare, self._spare = self._spare, None
+        if spare is not None and spare[0].poll() is not None:
+            spare[1].close()
+            self._dead.append(spare[0])
+            spare = None
+        started = spare or self._spawn_locked()
+        if started is None:
+            self._backoff = min(MAX_BACKOFF, max(1.0, self._backoff * 2))
+            self._next_start = time.monotonic() + self._backoff
+            return
+        proc, parent = started
+        self._gen += 1
+        self._proc = proc
+        self._started_at = time.monotonic()
+        self._answered = 0
+        self.counters.inc("worker_starts")
         self._wsock = parent
         threading.Thread(target=self._read, args=(parent, self._gen), daemon=True,
                          name=f"fetch-reader-{self._gen}").start()
-        log.debug("fetch worker %d started", proc.pid)
+        log.debug("fetch worker %d serving", proc.pid)
         for req in list(self._pending.values()):  # what the dead worker left: once more
             self._send_locked(req)
+        if SPARE:
+            self._spare = self._spawn_locked()
 
     def stop_worker(self, sig: int = signal.SIGKILL) -> None:
         """Signal the current worker (tests)."""
