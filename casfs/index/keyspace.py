@@ -64,7 +64,9 @@ Named databases
           pack (after the pack is in the root) or that found the object
           already packed. A pending ``promoted`` record whose digest is here is
           published with the ``"pack"`` extras; dedup and lazy fetch read it
-          too. An entry whose pack is gone (gc) is deleted by the publisher.
+          too. An entry whose pack is gone (gc) is deleted by the publisher, and
+          so is one whose record was published (the manifest row holds it):
+          the table holds about what is pending.
 
 ``counters``
     key ``mount \\0 counter name`` -> i64. Only ever changed by increments

@@ -159,9 +159,11 @@ class NodeIndex:
     def iter_promoted(self, mount: str) -> Iterator[PromotedRecord]:
         return promoted.iter_promoted(self._env, mount)
 
-    def mark_published(self, mount: str, items: Iterable[str | Entry], seq: int) -> int:
-        """Mark records published in ``seq`` (an Entry must still match its record's digest)."""
-        return promoted.mark_published(self._env, mount, items, seq)
+    def mark_published(self, mount: str, items: Iterable[str | Entry], seq: int,
+                       root: str | None = None) -> int:
+        """Mark records published in ``seq`` (an Entry must still match its record's digest);
+        with ``root``, drop the pack locations the published rows now hold."""
+        return promoted.mark_published(self._env, mount, items, seq, root)
 
     # --- counters -------------------------------------------------------------
 

@@ -183,16 +183,22 @@ def count_pending(env: IndexEnv, mount: str) -> int:
     return env.read(txn_fn)
 
 
-def mark_published(env: IndexEnv, mount: str, items: Iterable[str | Entry], seq: int) -> int:
+def mark_published(env: IndexEnv, mount: str, items: Iterable[str | Entry], seq: int,
+                   root: str | None = None) -> int:
     """Mark pending records published in generation ``seq``; returns how many changed.
 
     Given an Entry, the record changes only if it still holds that digest: a
     file re-promoted with new content while a publication ran stays pending.
-    Given a bare path, the record changes whatever its digest.
+    Given a bare path, the record changes whatever its digest. With ``root``,
+    the pack locations of published Entries with ``"pack"`` extras are dropped
+    from ``packed``: the published rows hold them now, so the table stays as
+    small as what is pending (a same-digest record promoted meanwhile loses its
+    location and is promoted again: publication checks every pending object).
     """
     mountb = ks.check_name(mount, "mount")
     todo = list(items)
     db, pend = env.dbs[ks.DB_PROMOTED], env.dbs[ks.DB_PENDING]
+    pdb = env.dbs.get(ks.DB_PACKED)
 
     def txn_fn(txn: lmdb.Transaction) -> int:
         n = 0
@@ -211,6 +217,9 @@ def mark_published(env: IndexEnv, mount: str, items: Iterable[str | Entry], seq:
             txn.put(key, new, db=db)
             txn.delete(key, db=pend)
             n += 1
+            if (root is not None and pdb is not None and isinstance(item, Entry)
+                    and item.extras and "pack" in item.extras):
+                txn.delete(ks.packed_key(root, item.digest), db=pdb)
         return n
 
     return env.write(txn_fn)

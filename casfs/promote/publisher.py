@@ -119,7 +119,7 @@ class Publisher:
             if res.seq is not None:
                 # Conflicting paths are settled too: the published entry stays.
                 # Entries, not bare paths: a file re-promoted meanwhile stays pending.
-                self.index.mark_published(self.key, pending, res.seq)
+                self.index.mark_published(self.key, pending, res.seq, self.gens.root.root_id)
             if res.added:
                 self.counters.inc("generations_published")
                 self.counters.inc("files_published", res.added)

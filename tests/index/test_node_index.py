@@ -330,6 +330,9 @@ def test_version_1_index_is_read_then_upgraded(tmp_path: Path) -> None:
         assert pending.extras == {"pack": ["ef" * 32, 16, 30]}
         (plain,) = ix.pending("m", "another root")
         assert plain.extras is None
+        # Published: the row holds the location now, the table keeps only what is pending.
+        assert ix.mark_published("m", [pending], 1, "root") == 1
+        assert ix.pack_location("root", digest) is None
     env = lmdb.open(str(tmp_path / "index"), max_dbs=16)
     with env.begin() as txn:
         assert txn.get(ks.META_FORMAT_VERSION, db=env.open_db(ks.DB_META, txn=txn)) == b"2"
