@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ctypes
+import importlib
 import logging
 import os
 import signal
@@ -181,6 +182,8 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's ^C is for the mount process
     logfmt.setup(logfmt.LEVELS[args.log_level], tag="[fetch] ")
     _set_name(b"casfs-spare")
+    for mod in ("casfs.store.root", "casfs.tenants"):  # now, not while a job waits on us
+        importlib.import_module(mod)
     sock = socket.socket(fileno=args.fd)
     Worker(sock, args.dir, args.threads).serve()
     return 0
