@@ -17,7 +17,7 @@ import lmdb
 
 from casfs.index import keyspace as ks
 from casfs.index.lmdbenv import IndexEnv, scan_prefix, txn_get
-from casfs.index.tree import DIR, LowerNode
+from casfs.index.tree import DIR, LowerNode, walk
 from casfs.store.entry import Entry
 from casfs.store.generations import RELOCATE, is_replace
 from casfs.util.paths import is_valid_relpath, parent_dirs
@@ -239,9 +239,4 @@ class LmdbLowerTree:
 
     def walk(self, dirpath: str = "") -> Iterator[Entry]:
         """Every file under ``dirpath``, depth first, in name order."""
-        for name, node in self.children(dirpath):
-            path = f"{dirpath}/{name}" if dirpath else name
-            if node is DIR:
-                yield from self.walk(path)
-            elif isinstance(node, Entry):
-                yield node
+        return walk(self, dirpath)

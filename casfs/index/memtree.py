@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from typing import Protocol
 
 from casfs.index import keyspace as ks
-from casfs.index.tree import DIR, LowerNode
+from casfs.index.tree import DIR, LowerNode, walk
 from casfs.store.entry import Entry
 from casfs.store.generations import RELOCATE
 
@@ -98,12 +98,7 @@ class MemLowerTree:
 
     def walk(self, dirpath: str = "") -> Iterator[Entry]:
         """Every file under ``dirpath``, depth first, in name order."""
-        for name, node in self.children(dirpath):
-            path = f"{dirpath}/{name}" if dirpath else name
-            if node is DIR:
-                yield from self.walk(path)
-            elif isinstance(node, Entry):
-                yield node
+        return walk(self, dirpath)
 
 
 class _SeqTree(Protocol):

@@ -30,6 +30,16 @@ class LowerTree(Protocol):
         ...
 
 
+def walk(tree: LowerTree, dirpath: str = "") -> Iterator[Entry]:
+    """Every file of ``tree`` under ``dirpath``, depth first, in name order."""
+    for name, node in tree.children(dirpath):
+        path = f"{dirpath}/{name}" if dirpath else name
+        if node is DIR:
+            yield from walk(tree, path)
+        elif isinstance(node, Entry):
+            yield node
+
+
 class ObjectFetcher(Protocol):
     """Turns an entry into a verified, read-only local file."""
 
