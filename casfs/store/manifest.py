@@ -152,8 +152,9 @@ def _entries_fast(rows: list[Any], version: int) -> list[Entry] | None:
         return None
     # Lowercase hex only: deleting every hex digit must leave nothing (a C-speed
     # pass; a regex over 6 MB of digests is 20x slower).
+    # (non-ASCII, lone surrogates included, becomes "?": not a hex digit)
     if not set(map(len, digests)) <= {64} or joined.encode(
-            "utf-8", "surrogateescape").translate(None, _HEX_DIGITS):
+            "ascii", "replace").translate(None, _HEX_DIGITS):
         return None
     if not rows:
         return []

@@ -38,7 +38,11 @@ def check_relpath(path: object) -> str:
         raise HostileManifestError(f"path is not a string: {path!r:.80}")
     if not path:
         raise HostileManifestError("empty path")
-    if len(path.encode("utf-8", "surrogateescape")) > PATH_MAX:
+    try:
+        encoded = path.encode("utf-8", "surrogateescape")  # escapes: a name's raw bytes
+    except UnicodeEncodeError:  # JSON "\ud800": no file system name is that
+        raise HostileManifestError(f"path holds a lone surrogate: {path!r:.80}") from None
+    if len(encoded) > PATH_MAX:
         raise HostileManifestError(f"path too long: {path[:80]!r}...")
     if "\0" in path:
         raise HostileManifestError(f"path contains NUL: {path!r:.80}")

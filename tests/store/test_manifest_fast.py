@@ -34,6 +34,7 @@ def rowwise(rows: list[Any], version: int) -> list[Any]:
     [7, "1" * 64, 3, 0o644, 5], ["a/c", 7, 3, 0o644, 5], ["a/c", "\u00e9" * 64, 3, 0o644, 5],
     ["a/c", "1" * 64, 3, 0o644, 5, {"Bad": 1}], ["a/c", "1" * 64, 3, 0o644], "a/c",
     ["a/c/" + "x" * 256, "1" * 64, 3, 0o644, 5], ["a\nb", "1" * 64, 3, 0o644, 5],
+    ["a/c", "\ud800" * 64, 3, 0o644, 5], ["a/\ud800", "1" * 64, 3, 0o644, 5],
 ])
 def test_refused_alike(bad: Any) -> None:
     rows = [GOOD, bad]
