@@ -89,6 +89,17 @@ class _RootSource:
         return fetchproc.shared(cfg.state_dir / "objects",
                                 hang_after=max(2 * cfg.fetch_timeout, 5.0))
 
+    def _pack_of(self, digest: str) -> tuple[str, int, int] | None:
+        """Where a pack holds ``digest``, if this process knows: from a manifest it read,
+        or from the index (packs this node's promotion wrote, maybe unpublished yet)."""
+        objects = self._svc.root.objects if self._svc.root is not None else None
+        if objects is None:
+            return None
+        loc = objects.locations.get(digest)
+        if loc is None and objects.lookup is not None:
+            loc = objects.lookup(digest)
+        return loc
+
     def fill_cache(self, digest: str, size: int, progressed: Callable[[], None]
                    ) -> tuple[int, int, int] | None:
         """casfs.index.objcache.CacheFiller: the fetch worker process fills the cache."""
@@ -104,8 +115,8 @@ class _RootSource:
         if ondemand:
             svc.ondemand_fetches += 1  # prefetch threads wait while this is > 0
         try:
-            reply = worker.fill(digest, size, spec, cfg.namespace,
-                                svc.root.objects.locations.get(digest), progressed, svc.counters)
+            reply = worker.fill(digest, size, spec, cfg.namespace, self._pack_of(digest),
+                                progressed, svc.counters)
         except fetchproc.FetchWorkerError:
             svc.counters.inc("fetch_worker_lost")
             raise

@@ -172,7 +172,7 @@ def test_hung_server_and_wrong_bytes_are_misses(
             monkeypatch.setenv(k, v)
         url = f"s3://casfs-slow/root?endpoint={srv.endpoint}"
         root = SharedRoot.open(url, create=True)
-        files = {f"f{i}": os.urandom(4000 + i) for i in range(3)}
+        files = {f"f{i}": os.urandom(4000 + i) for i in range(4)}
         ents = [Entry(p, root.objects.put_bytes(d).digest, len(d), 0o644, 0)
                 for p, d in files.items()]
         assert root.generations().publish("testns", ents, node="seed").seq == 1
@@ -201,6 +201,8 @@ def test_hung_server_and_wrong_bytes_are_misses(
             # f2: the client's own request timeout (= fetch_timeout) or the view's
             timed_out = sum(st.get(k, 0) for k in ("fetch_errors", "fetch_timeouts", "fetch_slow"))
             assert timed_out >= 2, sorted(st.items())
+            # The server answers again: a cold read hits, no remount (the fetch worker)
+            assert (mp / "f3").read_bytes() == files["f3"]
             node.stop(w)
         finally:
             node.stop_all()
