@@ -3,7 +3,8 @@
 Several nodes (one state dir and one real FUSE mount each) share one root and
 one namespace. Writer threads create files through the mounts; reader threads
 read random known paths through random mounts; a chaos thread kills mount
-workers (kill -9, then restarts them), corrupts objects in the root in every
+workers (kill -9, then restarts them) and their fetch workers (kill -9: the mount
+replaces them itself), corrupts objects in the root in every
 way the fault suite knows, and runs gc racing the readers. Every file's bytes
 are a function of its path, so any reader can tell a wrong byte.
 
@@ -40,6 +41,7 @@ from casfs.node.config import MountConfig
 from casfs.node.worker import Worker, spawn
 from casfs.store.entry import Entry
 from casfs.store.objects import object_key
+from casfs.store.packs import pack_key, parse_location
 from casfs.store.root import SharedRoot
 
 NS = "soak"
@@ -128,7 +130,7 @@ class Soak:
 
     # --- faults ----------------------------------------------------------------------------
     def chaos(self, interval: float, kills: bool) -> None:
-        actions = ["corrupt", "gc", "publish"] + (["kill"] if kills else [])
+        actions = ["corrupt", "gc", "publish"] + (["kill", "kill_fetch"] if kills else [])
         while not self.stop.wait(random.uniform(0.5, 1.5) * interval):
             action = random.choice(actions)
             try:
@@ -156,6 +158,18 @@ class Soak:
             self.epoch[i] += 1
             self.down.discard(i)
 
+    def _kill_fetch(self) -> None:
+        """kill -9 of a mount's fetch worker: its reads must not notice (retried)."""
+        i = random.randrange(len(self.cfgs))
+        if self.workers[i] is None or i in self.down:
+            return
+        from casfs.node import control
+
+        st = control.request(self.cfgs[i].socket_path, "status", timeout=30)
+        pid = (st.get("fetch_worker") or {}).get("pid")
+        if pid:
+            os.kill(int(pid), 9)
+
     def _corrupt(self) -> None:
         root = SharedRoot.open(self.root)
         gens = root.generations()
@@ -163,6 +177,16 @@ class Soak:
             return
         entries = list(gens.entries(NS).entries.values())
         e = random.choice(entries)
+        pack = parse_location((e.extras or {}).get("pack"))
+        if pack is not None:  # a packed object: damage its range of the pack
+            digest, off, length = pack
+            with open(self.root / pack_key(digest), "r+b") as f:
+                f.seek(off + length - 1)
+                b = f.read(1)
+                f.seek(off + length - 1)
+                f.write(bytes([b[0] ^ 1]))
+            self.faults["corrupt_pack_bitflip"] += 1
+            return
         path = self.root / object_key(e.digest)
         kind = random.choice(["bitflip", "truncate", "zero", "symlink", "fifo", "directory"])
         data = path.read_bytes()
