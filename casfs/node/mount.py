@@ -193,6 +193,7 @@ class MountService:
             # CASFS_VERIFY_CACHE=0: trust cache files without hashing (benchmarks only)
             verify_first_open=os.environ.get("CASFS_VERIFY_CACHE", "1") != "0",
         )
+        self.cache.flushed_elsewhere = True  # flush_counters, every 2 s in a worker thread
         if fetchproc.enabled() and cfg.mode != "dir":
             source.worker()
         if cfg.mode == "overlay" and (why := overlay.unavailable_reason()) is not None:
@@ -663,6 +664,7 @@ class MountService:
         return {"ok": True, "served_seq": self.served_seq}
 
     def flush_counters(self) -> None:
+        self.cache.flush_touches()  # the LRU hits of warm opens (flushed_elsewhere)
         snap = self.counters.snapshot()
         delta = {k: v - self._flushed.get(k, 0) for k, v in snap.items()}
         if any(delta.values()):
