@@ -99,6 +99,7 @@ for name in sys.argv[1:]:
         out["packages"][name] = metadata.version(name) if metadata else None
     except Exception:
         out["packages"][name] = None
+out["path"] = [p for p in sys.path if p]  # where the metadata came from (probe cache)
 print(json.dumps(out))
 """
 _PROBE_TIMEOUT_S = 30.0
@@ -185,12 +186,18 @@ def resolve_interpreter(cmd: Sequence[str] = (), env: Mapping[str, str] | None =
 
 
 @functools.lru_cache(maxsize=16)
-def _probe(interpreter: str, env_items: tuple[tuple[str, str], ...]) -> JobEnv:
+def _probe(interpreter: str, env_items: tuple[tuple[str, str], ...],
+           cache: str | None = None) -> JobEnv:
+    key = _probe_key(interpreter, env_items) if cache else None
+    doc = _cached_probe(cache, key) if cache and key else None
     try:
-        proc = subprocess.run([interpreter, "-c", _PROBE, *_all_dists()],
-                              capture_output=True, text=True, timeout=_PROBE_TIMEOUT_S,
-                              env=dict(env_items), check=False, stdin=subprocess.DEVNULL)
-        doc = json.loads(proc.stdout)
+        if doc is None:
+            proc = subprocess.run([interpreter, "-c", _PROBE, *_all_dists()],
+                                  capture_output=True, text=True, timeout=_PROBE_TIMEOUT_S,
+                                  env=dict(env_items), check=False, stdin=subprocess.DEVNULL)
+            doc = json.loads(proc.stdout)
+            if cache and key:
+                _store_probe(cache, key, doc)
         return JobEnv(interpreter, doc.get("python"), doc.get("libc"),
                       {k: v for k, v in doc.get("packages", {}).items() if isinstance(k, str)})
     except (OSError, subprocess.SubprocessError, ValueError, AttributeError) as e:
@@ -199,9 +206,79 @@ def _probe(interpreter: str, env_items: tuple[tuple[str, str], ...]) -> JobEnv:
         return JobEnv(interpreter, None, None, {})
 
 
+# --- the probe cache: one interpreter start (~0.1 s, more in a large venv) saved per job ---
+# A probe's answer is kept with the identity of the interpreter, the environment it
+# ran in, the list of packages asked about, and the mtime of every sys.path entry it
+# searched: installing, upgrading or removing a distribution adds or removes a
+# *.dist-info / *.egg-info entry in one of them, which changes that mtime.
+_PROBE_CACHE_MAX = 32
+
+
+def _mtime(path: str) -> int | None:
+    try:
+        return os.stat(path).st_mtime_ns
+    except OSError:
+        return None
+
+
+def _probe_key(interpreter: str, env_items: tuple[tuple[str, str], ...]) -> str | None:
+    try:
+        st = os.stat(interpreter)
+    except OSError:
+        return None
+    # The working directory too: the probe's sys.path starts with it (a source tree
+    # holding an *.egg-info answers for its package there).
+    ident = [interpreter, os.path.realpath(interpreter), st.st_ino, st.st_size,
+             st.st_mtime_ns, list(env_items), _all_dists(), os.getcwd()]
+    return blake3.blake3(json.dumps(ident).encode()).hexdigest()[:32]
+
+
+def _read_probe_cache(cache: str) -> dict[str, Any]:
+    try:
+        with open(cache, "rb") as f:
+            doc = json.loads(f.read(1 << 20))
+    except (OSError, ValueError):
+        return {}
+    return doc if isinstance(doc, dict) else {}
+
+
+def _cached_probe(cache: str, key: str) -> dict[str, Any] | None:
+    hit = _read_probe_cache(cache).get(key)
+    if not isinstance(hit, dict) or not isinstance(hit.get("doc"), dict):
+        return None
+    paths = hit.get("paths")
+    if not isinstance(paths, list) or not all(
+            isinstance(p, list) and len(p) == 2 and _mtime(str(p[0])) == p[1] for p in paths):
+        return None  # something was installed or removed since: probe again
+    return dict(hit["doc"])
+
+
+def _store_probe(cache: str, key: str, doc: dict[str, Any]) -> None:
+    from casfs.util.atomic import write_atomic
+
+    found = doc.get("path")
+    if not isinstance(found, list):
+        return
+    entries = _read_probe_cache(cache)
+    entries.pop(key, None)
+    while len(entries) >= _PROBE_CACHE_MAX:
+        entries.pop(next(iter(entries)))
+    entries[key] = {"doc": doc, "paths": [[p, _mtime(p)] for p in found if isinstance(p, str)]}
+    try:
+        os.makedirs(os.path.dirname(cache), exist_ok=True)
+        write_atomic(cache, json.dumps(entries).encode())
+    except OSError as e:
+        log.debug("probe cache %s not written: %s", cache, e)
+
+
 def job_env(cmd: Sequence[str] = (), env: Mapping[str, str] | None = None,
-            python: str | None = None) -> JobEnv:
-    """The job's interpreter and its package versions (see ``resolve_interpreter``)."""
+            python: str | None = None, *, cache: str | os.PathLike[str] | None = None
+            ) -> JobEnv:
+    """The job's interpreter and its package versions (see ``resolve_interpreter``).
+
+    ``cache``: a file keeping probe answers until the interpreter or a directory
+    on its sys.path changes (casfs run and casfs env: in the node state dir).
+    """
     env = dict(os.environ if env is None else env)
     interpreter = resolve_interpreter(cmd, env, python)
     if interpreter is None:
@@ -209,7 +286,8 @@ def job_env(cmd: Sequence[str] = (), env: Mapping[str, str] | None = None,
     # The job's PYTHONPATH counts (packages found through it are the job's).
     keep = {k: v for k, v in env.items() if k in ("PATH", "PYTHONPATH", "PYTHONHOME",
                                                   "VIRTUAL_ENV", "HOME", "LD_LIBRARY_PATH")}
-    return _probe(interpreter, tuple(sorted(keep.items())))
+    return _probe(interpreter, tuple(sorted(keep.items())),
+                  os.fspath(cache) if cache is not None else None)
 
 
 def fingerprint(family: str, job: JobEnv | None = None) -> Fingerprint:

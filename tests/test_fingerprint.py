@@ -201,3 +201,40 @@ def test_key_compare_exit_status(tmp_path: Path) -> None:
     (tmp_path / "bad.json").write_text("{")
     bad = key("--compare", str(tmp_path / "bad.json"))
     assert bad.returncode == 2 and "not a casfs key --json output" in bad.stderr
+
+
+def test_probe_cache_answers_until_a_path_entry_changes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """casfs run keeps the job interpreter's probe; installing anything reprobes."""
+    from casfs import fingerprint as fp
+
+    site = tmp_path / "site"
+    (site / "torch-9.9.9.dist-info").mkdir(parents=True)
+    (site / "torch-9.9.9.dist-info" / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: torch\nVersion: 9.9.9\n")
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(site)}
+    cache = tmp_path / "state" / "probes.json"
+    runs: list[object] = []
+    real_run = subprocess.run
+
+    def counted(*a: object, **kw: object) -> object:
+        runs.append(a)
+        return real_run(*a, **kw)  # type: ignore[call-overload]
+
+    monkeypatch.setattr(fp.subprocess, "run", counted)
+    fp._probe.cache_clear()
+    first = fp.job_env(python=sys.executable, env=env, cache=cache)
+    assert first.packages["torch"] == "9.9.9" and len(runs) == 1 and cache.exists()
+    fp._probe.cache_clear()  # a new CLI process: only the file remains
+    assert fp.job_env(python=sys.executable, env=env, cache=cache) == first
+    assert len(runs) == 1  # answered from the cache
+    # An upgrade: a new dist-info (and the old one gone) changes the directory.
+    (site / "torch-9.9.9.dist-info" / "METADATA").unlink()
+    (site / "torch-9.9.9.dist-info").rmdir()
+    (site / "torch-10.0.dist-info").mkdir()
+    (site / "torch-10.0.dist-info" / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: torch\nVersion: 10.0\n")
+    fp._probe.cache_clear()
+    assert fp.job_env(python=sys.executable, env=env, cache=cache).packages["torch"] == "10.0"
+    assert len(runs) == 2
+    fp._probe.cache_clear()

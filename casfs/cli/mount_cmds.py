@@ -273,6 +273,11 @@ def _caches(names: list[str], namespace: str | None,
     return out
 
 
+def _probe_cache() -> Path:
+    """Where casfs run/env keep the job interpreter's probe (casfs.fingerprint)."""
+    return default_state_dir().absolute() / "run" / "probes.json"
+
+
 def cache_vars(paths: dict[str, str], job_env: dict[str, str] | os._Environ[str],
                companions: bool) -> dict[str, str]:
     """The variables pointing each family's tools at its directory (the registry says which).
@@ -305,7 +310,7 @@ def cmd_env(args: argparse.Namespace) -> int:
     from casfs.node import client
 
     caches = _caches(_families(args.family, args.namespace), args.namespace,
-                     lambda: job_env((), os.environ, args.python))
+                     lambda: job_env((), os.environ, args.python, cache=_probe_cache()))
     pid = args.pid or client.lease_pid_default()
     start = host_config(args, for_run=False) if args.start else None
     reply, _sock = client.lease(default_state_dir().absolute(), caches, pid, start=start)
@@ -355,7 +360,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     # The node's mount process starts while the job's interpreter is probed.
     early = client.start_early(state, start) if start is not None else None
     try:
-        caches = _caches(names, args.namespace, lambda: job_env(cmd, os.environ, args.python))
+        caches = _caches(names, args.namespace,
+                         lambda: job_env(cmd, os.environ, args.python, cache=_probe_cache()))
     finally:
         if early is not None:
             early.join()
