@@ -117,7 +117,7 @@ def run_case(location: Any, src: Path, nbytes: int, packs: bool, work: Path) -> 
 
 
 def run_promotion(location: Any, src: Path, nbytes: int, packs: bool, work: Path,
-                  name: str) -> dict[str, Any]:
+                  name: str, profiler: Any = None) -> dict[str, Any]:
     """A mount's promotion and publication (casfs.promote: the code ``casfs publish`` runs
     in a mount process), over an upper holding the tree, with the node's real LMDB index."""
     from casfs.index.node_index import NodeIndex
@@ -142,6 +142,8 @@ def run_promotion(location: Any, src: Path, nbytes: int, packs: bool, work: Path
             namespace="bench-promote", counters=counters, rules=r, fingerprint=None,
             max_bytes=None)
         promoter.scan_all()
+        if profiler is not None:  # bench.promotion --profile: this part only
+            profiler.enable()
         c0 = time.process_time()  # every thread of this process: robust to others' load
         t0 = time.perf_counter()
         res = promoter.run_once(final=True)
@@ -151,6 +153,8 @@ def run_promotion(location: Any, src: Path, nbytes: int, packs: bool, work: Path
         out = publisher.publish()
         publish_s = time.perf_counter() - t1
         cpu_s = time.process_time() - c0
+        if profiler is not None:
+            profiler.disable()
     finally:
         index.close()
     assert out.ok and res.errors == 0, (out.message, res.last_error)

@@ -135,11 +135,17 @@ class NodeIndex:
         """Where this node's promotion put ``digest`` inside a pack (casfs.store.packs)."""
         return promoted.pack_location(self._env, root, digest)
 
+    def pack_locations(self, root: str, digests: Iterable[str]) -> dict[str, promoted.Location]:
+        return promoted.pack_locations(self._env, root, digests)
+
     def forget_pack_locations(self, root: str, digests: Iterable[str]) -> int:
         return promoted.forget_pack_locations(self._env, root, digests)
 
     def get_promoted(self, mount: str, path: str) -> PromotedRecord | None:
         return promoted.get_promoted(self._env, mount, path)
+
+    def get_promoted_many(self, mount: str, paths: Iterable[str]) -> dict[str, PromotedRecord]:
+        return promoted.get_promoted_many(self._env, mount, paths)
 
     def forget_promoted(self, mount: str, path: str) -> bool:
         return promoted.forget_promoted(self._env, mount, path)

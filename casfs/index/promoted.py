@@ -83,6 +83,26 @@ def pack_location(env: IndexEnv, root: str, digest: str) -> Location | None:
     return ks.unpack_packed(value) if value is not None else None
 
 
+def pack_locations(env: IndexEnv, root: str, digests: Iterable[str]) -> dict[str, Location]:
+    """``pack_location`` of many digests in one read transaction per batch: the found ones."""
+    pdb = env.dbs.get(ks.DB_PACKED)
+    if pdb is None:
+        return {}
+    keys = [(d, ks.packed_key(root, d)) for d in digests]
+    out: dict[str, Location] = {}
+    for i in range(0, len(keys), _BATCH):
+
+        def txn_fn(txn: lmdb.Transaction, part: list[tuple[str, bytes]] = keys[i:i + _BATCH],
+                   ) -> None:
+            for d, key in part:
+                value = txn.get(key, db=pdb)
+                if value is not None:
+                    out[d] = ks.unpack_packed(bytes(value))
+
+        env.read(txn_fn)
+    return out
+
+
 def forget_pack_locations(env: IndexEnv, root: str, digests: Iterable[str]) -> int:
     """Drop the pack locations of ``digests`` (their pack is gone); returns how many."""
     pdb = env.dbs.get(ks.DB_PACKED)
@@ -100,6 +120,28 @@ def get_promoted(env: IndexEnv, mount: str, path: str) -> PromotedRecord | None:
         return None
     rec = _record(value)
     return rec if rec.entry.path == path else None  # a long path's key is a hash
+
+
+def get_promoted_many(env: IndexEnv, mount: str, paths: Iterable[str],
+                      ) -> dict[str, PromotedRecord]:
+    """``get_promoted`` of many paths, one read transaction per batch: the found ones."""
+    mountb = ks.check_name(mount, "mount")
+    keys = [(p, ks.promoted_key(mountb, p)) for p in paths]
+    db = env.dbs[ks.DB_PROMOTED]
+    out: dict[str, PromotedRecord] = {}
+    for i in range(0, len(keys), _BATCH):
+
+        def txn_fn(txn: lmdb.Transaction, part: list[tuple[str, bytes]] = keys[i:i + _BATCH],
+                   ) -> None:
+            for path, key in part:
+                value = txn.get(key, db=db)
+                if value is not None:
+                    rec = _record(bytes(value))
+                    if rec.entry.path == path:  # a long path's key is a hash
+                        out[path] = rec
+
+        env.read(txn_fn)
+    return out
 
 
 def forget_promoted(env: IndexEnv, mount: str, path: str) -> bool:

@@ -146,7 +146,10 @@ def import_tree(
         locations = packer.flush()
         for rel, e in list(entries.items()):
             if e.extras is not None and e.extras.get("pack", 0) is None:
-                entries[rel] = replace(e, extras={**e.extras, "pack": list(locations[e.digest])})
+                loc = locations.get(e.digest)  # None: its pack failed, it was stored loose
+                rest = {k: v for k, v in e.extras.items() if k != "pack"}
+                extras = {**rest, "pack": list(loc)} if loc is not None else rest or None
+                entries[rel] = replace(e, extras=extras)
         report.packs = packer.packs_written
     complete_groups(entries, lambda rel: (src / rel).read_bytes(), report, rules)
     report.files = len(entries)

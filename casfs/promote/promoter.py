@@ -35,6 +35,7 @@ from typing import Any, TypeVar
 
 from casfs.families import CacheRules, walk_files
 from casfs.index.node_index import NodeIndex
+from casfs.index.promoted import PromotedRecord
 from casfs.index.tree import LowerTree
 from casfs.promote.tracker import WriteTracker
 from casfs.store.entry import Entry
@@ -57,12 +58,21 @@ PARALLEL_MIN = 8  # below this many files a round is hashed serially
 _T = TypeVar("_T")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class _Candidate:
     rel: str
-    full: Path
+    full: str
     st: os.stat_result
     seen_at: float
+
+
+@dataclass(slots=True)
+class _Blob:
+    """A small object read and hashed, to store once the wave's dedup has run."""
+    digest: str
+    data: bytes
+    remember: bool = False  # keep its bytes (publication reads it back)
+    put: PutResult | None = None  # set once stored or found in the root
 
 
 @dataclass
@@ -95,6 +105,9 @@ class Promoter:
         probe_loose: bool = True,
     ) -> None:
         self.upper = upper
+        self._upper = str(upper)
+        self._known: dict[str, PromotedRecord] = {}  # this wave's promoted records
+        self._records = False  # this wave is the commit records' (family rules, once a path)
         self.objects = objects
         self.index = index
         self.key = key  # promotion state is kept per namespace (one upper per namespace)
@@ -146,18 +159,13 @@ class Promoter:
             res.deferred += len(held)
             paths = [p for p in paths if p not in held]
         # Commit records last, so a group and its children can go in one round.
-        for wave in ([p for p in paths if not self.rules.is_commit_record(p)],
-                     [p for p in paths if self.rules.is_commit_record(p)]):
-            todo = [c for c in (self._guarded(self._check, rel, res) for rel in wave) if c]
-            if len(todo) >= PARALLEL_MIN:
-                # Hashing, compression and file I/O release the GIL: overlap them.
-                with ThreadPoolExecutor(self.threads) as pool:
-                    puts = list(pool.map(lambda c: self._guarded(self._put, c, res), todo))
-            else:
-                puts = [self._guarded(self._put, c, res) for c in todo]
-            for cand, put in zip(todo, puts, strict=True):
-                if put is not None:
-                    self._guarded(self._finish, (cand, put), res)
+        is_record = self.rules.is_commit_record
+        waves = ([p for p in paths if not is_record(p)], [p for p in paths if is_record(p)])
+        with ThreadPoolExecutor(self.threads) as pool:
+            for records, wave in enumerate(waves):
+                if wave:
+                    self._records = bool(records)
+                    self._promote_wave(wave, res, pool)
         located = self._flush_packs(res)
         if self._batch:
             crashpoint("after-objects")
@@ -170,6 +178,33 @@ class Promoter:
             self.counters.inc("promoted_files", res.promoted)
             self.counters.inc("promoted_bytes", res.bytes)
         return res
+
+    def _promote_wave(self, wave: list[str], res: RoundResult, pool: ThreadPoolExecutor) -> None:
+        """Check, read and hash, dedup, then store one wave's paths.
+
+        The index is read once per wave (every path's promoted record, then every
+        new small object's pack location), not once per file; reading, hashing and
+        compressing run in ``pool`` (blake3, zstd and file I/O release the GIL).
+        """
+        self._known = self.index.get_promoted_many(self.key, wave)
+        todo = [c for c in (self._guarded(self._check, rel, res) for rel in wave) if c]
+        got = self._map(pool, self._read, todo, res)
+        small = [g for g in got if isinstance(g, _Blob)]
+        if small:
+            self._dedup(small)
+            new = [b for b in small if b.put is None]
+            for b, put in zip(new, self._map(pool, self._pack, new, res), strict=True):
+                b.put = put
+        for cand, g in zip(todo, got, strict=True):
+            put = g.put if isinstance(g, _Blob) else g
+            if put is not None:
+                self._guarded(self._finish, (cand, put), res)
+
+    def _map(self, pool: ThreadPoolExecutor, fn: Callable[[Any, RoundResult], _T],
+             items: list[Any], res: RoundResult) -> list[_T | None]:
+        if len(items) < PARALLEL_MIN:
+            return [self._guarded(fn, x, res) for x in items]
+        return list(pool.map(lambda x: self._guarded(fn, x, res), items))
 
     def _guarded(self, fn: Callable[[Any, RoundResult], _T], arg: Any,
                  res: RoundResult) -> _T | None:
@@ -186,7 +221,7 @@ class Promoter:
     def _check(self, rel: str, res: RoundResult) -> _Candidate | None:
         """Whether ``rel`` needs hashing now; settles the paths that do not."""
         seen_at = time.monotonic()
-        full = self.upper / rel
+        full = os.path.join(self._upper, rel)
         try:
             st = os.lstat(full)
         except (FileNotFoundError, NotADirectoryError):
@@ -198,7 +233,8 @@ class Promoter:
             if not self.rules.is_scratch(rel):
                 for dirpath, _, files in os.walk(full):
                     for f in files:
-                        self.tracker.modified(os.path.relpath(os.path.join(dirpath, f), self.upper))
+                        self.tracker.modified(os.path.relpath(os.path.join(dirpath, f),
+                                                              self._upper))
             return None
         if (not stat.S_ISREG(st.st_mode) or self.rules.is_scratch(rel)
                 or not is_valid_relpath(rel)):
@@ -211,19 +247,20 @@ class Promoter:
             log.warning("not promoting %s: %d bytes is over the object size limit", rel,
                         st.st_size)
             return None
-        if self._settled(rel, st):
+        if self._settled(rel, st, prefetched=True):
             self.tracker.forget(rel, seen_at)
             return None
-        if self.rules.is_commit_record(rel) and not self._group_ready(rel, full):
+        if self._records and not self._group_ready(rel, full):
             res.deferred += 1
             return None
         return _Candidate(rel, full, st, seen_at)
 
-    def _settled(self, rel: str, st: os.stat_result) -> bool:
-        """Whether ``rel`` as ``st`` is already promoted or was put there by casfs."""
+    def _settled(self, rel: str, st: os.stat_result, *, prefetched: bool = False) -> bool:
+        """Whether ``rel`` as ``st`` is already promoted or was put there by casfs
+        (``prefetched``: its promoted record, if any, is in this wave's ``_known``)."""
         if self.unchanged is not None and self.unchanged(rel, st):
             return True
-        rec = self.index.get_promoted(self.key, rel)
+        rec = self._known.get(rel) if prefetched else self.index.get_promoted(self.key, rel)
         if rec is None or rec.entry.mtime_ns != st.st_mtime_ns:
             return False
         # A path-bearing file is stored path-free (another size): its mtime tells.
@@ -232,8 +269,9 @@ class Promoter:
     def _flush_packs(self, res: RoundResult) -> dict[str, Location]:
         """Write the round's last pack; the pack location of every promoted packed object.
 
-        An entry whose object was meant for a pack that could not be written
-        leaves the batch (its path stays dirty: retried next round).
+        A pack that could not be written went out as loose objects (PackWriter's
+        fallback); an entry whose object could be written neither way leaves the
+        batch (its path stays dirty: retried next round).
         """
         packer, self._packer = self._packer, None
         if packer is None:
@@ -250,7 +288,7 @@ class Promoter:
             loc = written.get(entry.digest) or self._reused.get(entry.digest)
             if loc is not None:
                 located[entry.digest] = loc
-            elif entry.digest in packer.added:
+            elif entry.digest in packer.added and entry.digest not in packer.loose:
                 del self._batch[rel]  # its pack was not written
                 res.promoted -= 1
                 res.bytes -= entry.size
@@ -259,42 +297,52 @@ class Promoter:
             self.objects.locate(digest, list(loc))  # publication reads some of them back
         if packer.packs_written:
             self.counters.inc("packs_promoted", packer.packs_written)
+        if packer.loose:  # its pack could not be written (logged once by PackWriter)
+            self.counters.inc("promoted_loose_fallback", len(packer.loose))
         return located
 
-    def _put(self, c: _Candidate, res: RoundResult) -> PutResult:
+    def _read(self, c: _Candidate, res: RoundResult) -> _Blob | PutResult:
+        """Read and hash ``c``: a small object's bytes (stored later, after the wave's
+        dedup), or a large one stored loose at once."""
         bearer = self.rules.path_bearer(c.rel)
         if bearer is not None:
             # Stored path-free, so the cache works at any path (casfs.families).
-            data = c.full.read_bytes()
+            with open_regular(c.full) as f:
+                data = f.read()
             stored = bearer.to_pathfree(c.rel, data) if len(data) == c.st.st_size else None
             if stored is not None:
                 self._read_sizes[c.rel] = len(data)
-                put = self._store(stored)
+                if self._packer is not None and len(stored) <= SMALL_OBJECT:
+                    return _Blob(digest_bytes(stored), stored, remember=True)
+                put = self.objects.put_bytes(stored)
                 self.objects.remember(put.digest, stored)  # publication reads it back
                 return put
         if self._packer is not None and c.st.st_size <= SMALL_OBJECT:
             with open_regular(c.full) as f:  # never a FIFO or a link a job left there
                 data = f.read(SMALL_OBJECT + 1)
-            put = self._store(data)
-            if self.rules.is_commit_record(c.rel):
-                self.objects.remember(put.digest, data)  # the group check reads it back
-            return put
+            if len(data) > SMALL_OBJECT:
+                return self.objects.put_bytes(data)  # grew since the lstat: _finish defers it
+            # The group check reads a commit record back.
+            return _Blob(digest_bytes(data), data, remember=self._records)
         return self.objects.put_file(c.full)
 
-    def _store(self, data: bytes) -> PutResult:
-        """Store ``data``: into this round's pack when small, unless the root has it."""
-        if self._packer is None or len(data) > SMALL_OBJECT:
-            return self.objects.put_bytes(data)
-        digest = digest_bytes(data)
-        loc = (self.index.pack_location(self.root_id, digest)
-               or self.objects.locations.get(digest))
-        if loc is not None:  # packed already (by this node, or named by a manifest read)
-            self._reused[digest] = loc
-            return PutResult(digest, len(data), False)
-        if self.probe_loose and self.objects.has_sound(digest, len(data)):  # older writers
-            return PutResult(digest, len(data), False)
-        self._packer.add(data, digest)
-        return PutResult(digest, len(data), True)
+    def _dedup(self, blobs: list[_Blob]) -> None:
+        """Settle the small objects the root has already (packed or loose)."""
+        known = self.index.pack_locations(self.root_id, {b.digest for b in blobs})
+        for b in blobs:
+            if b.remember:
+                self.objects.remember(b.digest, b.data)
+            loc = known.get(b.digest) or self.objects.locations.get(b.digest)
+            if loc is not None:  # packed already (by this node, or named by a manifest read)
+                self._reused[b.digest] = loc
+                b.put = PutResult(b.digest, len(b.data), False)
+            elif self.probe_loose and self.objects.has_sound(b.digest, len(b.data)):
+                b.put = PutResult(b.digest, len(b.data), False)  # older writers' loose copy
+
+    def _pack(self, b: _Blob, res: RoundResult) -> PutResult:
+        assert self._packer is not None
+        self._packer.add(b.data, b.digest)  # compressed here, in a pool thread
+        return PutResult(b.digest, len(b.data), True)
 
     def _finish(self, item: tuple[_Candidate, PutResult], res: RoundResult) -> None:
         c, put = item
@@ -311,9 +359,10 @@ class Promoter:
         res.promoted += 1
         res.bytes += put.size
 
-    def _group_ready(self, rel: str, full: Path) -> bool:
+    def _group_ready(self, rel: str, full: str) -> bool:
         try:
-            children = self.rules.record_children(rel, full.read_bytes())
+            with open(full, "rb") as f:
+                children = self.rules.record_children(rel, f.read())
         except OSError:
             return False
         if children is None:
@@ -321,7 +370,8 @@ class Promoter:
         for child in children:
             if child in self._batch or self.index.get_promoted(self.key, child) is not None:
                 continue
-            if not (self.upper / child).exists() and isinstance(self.lower.lookup(child), Entry):
+            if (not os.path.exists(os.path.join(self._upper, child))
+                    and isinstance(self.lower.lookup(child), Entry)):
                 continue  # the child is served from lower, unchanged
             return False
         return True

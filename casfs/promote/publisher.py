@@ -172,10 +172,13 @@ class Publisher:
 
     def _mark(self, e: Entry) -> Entry:
         """The extras a reader needs: replaced path, path count of a path-free file."""
-        extras = dict(e.extras or {})
-        if self.rules.replace_rule(e.path) is not None:
-            extras[REPLACE] = True
+        replaced = self.rules.replace_rule(e.path) is not None
         bearer = self.rules.path_bearer(e.path)
+        if not replaced and bearer is None and (e.extras is None or e.extras):
+            return e  # the common case: nothing to add (no copy per entry)
+        extras = dict(e.extras or {})
+        if replaced:
+            extras[REPLACE] = True
         if bearer is not None:
             try:
                 n = bearer.count(e.path, self.gens.objects.get_bytes(e.digest, e.size))
@@ -229,9 +232,10 @@ class Publisher:
         children = self.rules.record_children(group.path, data)
         if children is None:
             return False
+        recs = self.index.get_promoted_many(self.key, children)  # one read, not a scan
         for c in children:
             final = adding.get(c) or (snap.entries[c].digest if c in snap.entries else None)
-            rec = self.index.get_promoted(self.key, c)  # one lookup per child, not a scan
+            rec = recs.get(c)
             mine = rec.entry.digest if rec else None  # None: unchanged from the lower layer
             if final is None or (mine is not None and final != mine):
                 return False

@@ -187,6 +187,13 @@ class ObjectStore:
             payload, codec = data, CODEC_RAW
         return HEADER.pack(MAGIC, VERSION, codec, 0, len(data)) + payload
 
+    def put_stored(self, digest: str, stored: bytes) -> bool:
+        """Store ``stored`` (what ``encode`` made of the object ``digest``) loose, create-only;
+        whether this call created it."""
+        with atomic.staged_file(self.backend.staging_dir, "obj-", 0o444, sync=False) as (f, tmp):
+            f.write(stored)
+        return self._install(object_key(digest), tmp, repair=False)
+
     def _compressor(self) -> zstandard.ZstdCompressor:
         # One per thread (a compressor is not thread-safe), re-used: making one per
         # object cost ~20% of compressing a few-KB compiler artefact.

@@ -75,14 +75,20 @@ class PackWriter:
     location of every object added since the writer was made.
     """
 
-    def __init__(self, store: ObjectStore, target: int = PACK_TARGET) -> None:
+    def __init__(self, store: ObjectStore, target: int = PACK_TARGET, *,
+                 fallback: bool = True) -> None:
         self.store = store
         self.target = target
+        # A pack that cannot be written (packs/ not writable: a root made before packs
+        # by another user) goes out as loose objects instead, so publication never waits
+        # on it; False: its members are lost to the caller (``added`` minus the others).
+        self.fallback = fallback
         self._buf: list[tuple[str, bytes]] = []
         self._size = 0
         self._seen: set[str] = set()
         self.added: set[str] = set()  # every digest given to ``add`` (written or not)
         self.locations: dict[str, Location] = {}
+        self.loose: set[str] = set()  # added, then written loose (the pack failed)
         self.packs_written = 0
         self._lock = threading.Lock()
 
@@ -115,10 +121,31 @@ class PackWriter:
         return dict(self.locations)
 
     def _write(self, batch: list[tuple[str, bytes]]) -> None:
-        locations = write_pack(self.store, batch)
+        try:
+            locations = write_pack(self.store, batch)
+        except OSError as e:
+            if not self.fallback:
+                raise
+            self._write_loose(batch, e)
+            return
         with self._lock:
             self.locations.update(locations)
             self.packs_written += 1
+
+    def _write_loose(self, batch: list[tuple[str, bytes]], why: OSError) -> None:
+        """Store a pack's members as loose objects (a member is a loose object's bytes)."""
+        global _fallback_logged
+        self.store.counters.inc("packs_fallback_loose")
+        if not _fallback_logged:
+            _fallback_logged = True
+            log.warning("cannot write a pack (%s): storing its objects loose instead", why)
+        for digest, member in batch:
+            self.store.put_stored(digest, member)  # an OSError here: the caller's, as before
+            with self._lock:
+                self.loose.add(digest)
+
+
+_fallback_logged = False  # the pack fallback is logged once per process (then counted)
 
 
 def write_pack(store: ObjectStore, batch: list[tuple[str, bytes]]) -> dict[str, Location]:
