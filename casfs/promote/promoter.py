@@ -26,6 +26,7 @@ from __future__ import annotations
 import logging
 import os
 import stat
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -128,6 +129,10 @@ class Promoter:
         # POSIX root; on an object store a request per object, what packs save: there
         # only packed copies this node knows of are found (docs/format.md).
         self.probe_loose = probe_loose
+        # A round keeps its batch and its pack writer on the instance: two rounds at
+        # once (the periodic one and a publication's) would swap packers mid-round and
+        # record objects in a pack that is never written. One round at a time.
+        self._round = threading.Lock()
         self._packer: PackWriter | None = None  # this round's
         self._reused: dict[str, Location] = {}  # digest -> where it is packed already
 
@@ -149,6 +154,10 @@ class Promoter:
 
     def run_once(self, *, final: bool = False) -> RoundResult:
         """Promote every quiet dirty path; ``final`` ignores the quiet period (shutdown)."""
+        with self._round:
+            return self._run_once(final)
+
+    def _run_once(self, final: bool) -> RoundResult:
         res = RoundResult()
         self._batch = {}
         self._packer = PackWriter(self.objects) if self.packs else None
