@@ -193,7 +193,7 @@ class Promoter:
 
         The index is read once per wave (every path's promoted record, then every
         new small object's pack location), not once per file; reading, hashing and
-        compressing run in ``pool`` (blake3, zstd and file I/O release the GIL).
+        compressing run in ``pool`` (zstd and file I/O release the GIL; blake3 is cheap).
         """
         self._known = self.index.get_promoted_many(self.key, wave)
         todo = [c for c in (self._guarded(self._check, rel, res) for rel in wave) if c]
@@ -336,7 +336,7 @@ class Promoter:
         return self.objects.put_file(c.full)
 
     def _dedup(self, blobs: list[_Blob]) -> None:
-        """Settle the small objects the root has already (packed or loose)."""
+        """Settle the small objects the root has packed already (one index read)."""
         known = self.index.pack_locations(self.root_id, {b.digest for b in blobs})
         for b in blobs:
             if b.remember:
@@ -345,12 +345,14 @@ class Promoter:
             if loc is not None:  # packed already (by this node, or named by a manifest read)
                 self._reused[b.digest] = loc
                 b.put = PutResult(b.digest, len(b.data), False)
-            elif self.probe_loose and self.objects.has_sound(b.digest, len(b.data)):
-                b.put = PutResult(b.digest, len(b.data), False)  # older writers' loose copy
 
     def _pack(self, b: _Blob, res: RoundResult) -> PutResult:
+        """Store a new small object into this round's pack, in a pool thread: the loose
+        probe is a round trip on a network filesystem, compression runs outside the GIL."""
         assert self._packer is not None
-        self._packer.add(b.data, b.digest)  # compressed here, in a pool thread
+        if self.probe_loose and self.objects.has_sound(b.digest, len(b.data)):
+            return PutResult(b.digest, len(b.data), False)  # older writers' loose copy
+        self._packer.add(b.data, b.digest)
         return PutResult(b.digest, len(b.data), True)
 
     def _finish(self, item: tuple[_Candidate, PutResult], res: RoundResult) -> None:
