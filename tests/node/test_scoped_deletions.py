@@ -12,6 +12,13 @@ import pytest
 pytestmark = pytest.mark.fuse
 
 
+def _logs(tmp_path: Path) -> str:
+    """The node's mount process logs, for a failure message (this test once failed
+    under load with no clue: k/a ENOENT in the third job, no lookup miss counted)."""
+    return "".join(f"\n--- {p}\n{p.read_text(errors='replace')[-6000:]}"
+                   for p in sorted((tmp_path / "state").glob("log/*.log")))
+
+
 def casfs_run(tmp_path: Path, script: str, *extra: str) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, CASFS_ROOT=str(tmp_path / "root"),
                CASFS_STATE_DIR=str(tmp_path / "state"), CASFS_MOUNT_BASE=str(tmp_path / "mnt"))
@@ -36,5 +43,5 @@ def test_rm_rf_by_one_job_is_not_seen_by_the_next(tmp_path: Path) -> None:
     # The third job finds the cluster's cache again (and the second job's file).
     r = casfs_run(tmp_path, 'cat "$CASFS_CACHE_DIR/k/a" "$CASFS_CACHE_DIR/b" "$CASFS_CACHE_DIR/c"',
                   "--mode", mode)
-    assert r.returncode == 0, r.stderr
+    assert r.returncode == 0, r.stderr + _logs(tmp_path)
     assert r.stdout.split() == ["kernel", "top", "mine"]
