@@ -166,6 +166,7 @@ class ObjectStore:
         self._recent_bytes = 0
         self._recent_lock = threading.Lock()
         self._located = False
+        self._locate_lock = threading.Lock()
 
     # --- writing ----------------------------------------------------------
     def has(self, digest: str) -> bool:
@@ -323,11 +324,19 @@ class ObjectStore:
             self.locations[digest] = loc
 
     def _locate_once(self) -> bool:
-        """Run the locator (reads manifests) once per handle; True if it ran now."""
-        if self.locator is None or self._located:
+        """Run the locator (reads manifests) once per handle; True once it has run.
+
+        A miss racing the first one waits for it to finish: the locations it is
+        reading may be the ones this miss needs (a fetch worker's prefetch and a
+        job's open of another packed object were both misses, and the second one
+        saw the flag set, found no location yet and reported the object missing).
+        """
+        if self.locator is None:
             return False
-        self._located = True  # once: a later miss must not re-read manifests each time
-        self.locator()
+        with self._locate_lock:
+            if not self._located:
+                self._located = True  # once: a later miss must not re-read manifests
+                self.locator()
         return True
 
     def _open_packed(self, digest: str) -> BinaryIO | None:

@@ -133,3 +133,38 @@ def test_loose_only_roots_stay_readable(tmp_path: Path) -> None:
     assert export_tree(reader, snap.record, tmp_path / "o").failed == []  # type: ignore[arg-type]
     assert maintenance.verify(reader).problems == []
     assert len(files) == len(snap.entries)
+
+
+def test_misses_racing_the_locator_wait_for_it(any_root: SharedRoot) -> None:
+    """Two misses at once on a handle that has not located packs yet (a fetch worker
+    serving a prefetch and a job's open): both must find their objects, I2."""
+    import threading
+    import time
+
+    w = PackWriter(any_root.objects)
+    blobs = [os.urandom(200 + i) for i in range(8)]
+    for b in blobs:
+        w.add(b)
+    locs = w.flush()
+    fresh = SharedRoot.open(any_root.location)
+
+    def slow_locator() -> None:  # reading manifests takes a while on a shared root
+        time.sleep(0.3)
+        for d, loc in locs.items():
+            fresh.objects.locate(d, list(loc))
+
+    fresh.objects.locator = slow_locator
+    got: dict[int, bytes | BaseException] = {}
+
+    def read(i: int) -> None:
+        try:
+            got[i] = fresh.objects.get_bytes(digest_bytes(blobs[i]), len(blobs[i]))
+        except BaseException as e:  # surfaced below
+            got[i] = e
+
+    threads = [threading.Thread(target=read, args=(i,)) for i in range(len(blobs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert got == dict(enumerate(blobs))
