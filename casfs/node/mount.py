@@ -16,6 +16,7 @@ promotion/publication retry in the background.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import errno
 import fcntl
@@ -25,7 +26,7 @@ import signal
 import stat
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -72,14 +73,8 @@ class _RootSource:
         if root is None:
             return _NoSource().get_into(digest, expected_size, out)
         self._svc.counters.inc("objects_fetched")
-        ondemand = not prefetch.in_prefetch_thread()
-        if ondemand:
-            self._svc.ondemand_fetches += 1  # prefetch threads wait while this is > 0
-        try:
+        with self._svc.ondemand():
             n = root.objects.get_into(digest, expected_size, out)
-        finally:
-            if ondemand:
-                self._svc.ondemand_fetches -= 1
         self._svc.counters.inc("bytes_fetched", n)
         return n
 
@@ -111,18 +106,13 @@ class _RootSource:
                 "timeout": cfg.fetch_timeout}
         worker = self.worker()
         svc.counters.inc("objects_fetched")
-        ondemand = not prefetch.in_prefetch_thread()
-        if ondemand:
-            svc.ondemand_fetches += 1  # prefetch threads wait while this is > 0
         try:
-            reply = worker.fill(digest, size, spec, cfg.namespace, self._pack_of(digest),
-                                progressed, svc.counters)
+            with svc.ondemand():
+                reply = worker.fill(digest, size, spec, cfg.namespace, self._pack_of(digest),
+                                    progressed, svc.counters)
         except fetchproc.FetchWorkerError:
             svc.counters.inc("fetch_worker_lost")
             raise
-        finally:
-            if ondemand:
-                svc.ondemand_fetches -= 1
         svc.counters.inc("bytes_fetched", int(reply.get("n", 0)))
         ident = reply.get("ident")
         if isinstance(ident, list) and len(ident) == 3 and all(isinstance(v, int) for v in ident):
@@ -230,7 +220,8 @@ class MountService:
             dirmode.RestoreStamps(cfg.state_dir / f"restored-{cfg.namespace}.json", self.lower)
             if cfg.mode == "dir" else None
         )
-        self.ondemand_fetches = 0  # the job's own fetches in flight (a rough count)
+        self.ondemand_fetches = 0  # the job's own fetches in flight (see ondemand)
+        self._ondemand_lock = threading.Lock()
         self.recorder = profile.Recorder()
         # Published entries jobs opened (retention by use): every view mode feeds it.
         self.uses = usage.UseLog()
@@ -550,6 +541,22 @@ class MountService:
         return dict(self._ingredients or {})
 
     # --- background work (worker threads) ---------------------------------
+    @contextlib.contextmanager
+    def ondemand(self) -> Iterator[None]:
+        """Count a fetch of the job's own (not the prefetcher's) while it runs: prefetch
+        threads wait while any is in flight. Locked: fetch threads update it at once,
+        and a lost update would leave prefetch waiting for good."""
+        if prefetch.in_prefetch_thread():
+            yield
+            return
+        with self._ondemand_lock:
+            self.ondemand_fetches += 1
+        try:
+            yield
+        finally:
+            with self._ondemand_lock:
+                self.ondemand_fetches -= 1
+
     def promote_once(self, final: bool = False) -> int:
         if self.root is None:
             self._open_root()
