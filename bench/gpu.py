@@ -300,8 +300,12 @@ def env_info(cpu: bool) -> dict[str, Any]:
 
 
 def no_gpu_reason() -> str | None:
+    import warnings
+
     try:
-        import torch
+        with warnings.catch_warnings():  # e.g. torch without numpy: the reason stays one line
+            warnings.simplefilter("ignore")
+            import torch
     except ImportError:
         return "torch is not installed"
     if not torch.cuda.is_available():

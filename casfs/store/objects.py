@@ -166,7 +166,7 @@ class ObjectStore:
         self._recent_bytes = 0
         self._recent_lock = threading.Lock()
         self._located = False
-        self._locate_lock = threading.Lock()
+        self._locate_lock = threading.RLock()  # the locator reads manifests: it may miss too
 
     # --- writing ----------------------------------------------------------
     def has(self, digest: str) -> bool:

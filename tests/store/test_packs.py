@@ -168,3 +168,30 @@ def test_misses_racing_the_locator_wait_for_it(any_root: SharedRoot) -> None:
     for t in threads:
         t.join(30)
     assert got == dict(enumerate(blobs))
+
+
+def test_a_locator_that_misses_itself_does_not_wait_on_itself(any_root: SharedRoot) -> None:
+    """The locator reads manifests through the same handle: a missing manifest is a miss
+    inside the locator, which must not wait for the locator (a young record naming a
+    missing manifest hung a mount's start for good)."""
+    import threading
+
+    fresh = SharedRoot.open(any_root.location)
+    inner: list[BaseException] = []
+
+    def locator() -> None:
+        try:
+            fresh.objects.get_bytes("ab" * 32)  # a manifest that is not there (yet)
+        except ObjectMissingError as e:
+            inner.append(e)
+
+    fresh.objects.locator = locator
+    def outer() -> None:
+        with pytest.raises(ObjectMissingError):
+            fresh.objects.get_bytes("cd" * 32)
+
+    t = threading.Thread(target=outer, daemon=True)
+    t.start()
+    t.join(20)
+    assert not t.is_alive(), "a miss inside the locator waited for the locator"
+    assert len(inner) == 1
