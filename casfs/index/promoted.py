@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
-from typing import Literal
+from typing import Any, Literal
 
 import lmdb
 
@@ -88,16 +88,22 @@ def pack_locations(env: IndexEnv, root: str, digests: Iterable[str]) -> dict[str
     pdb = env.dbs.get(ks.DB_PACKED)
     if pdb is None:
         return {}
-    keys = [(d, ks.packed_key(root, d)) for d in digests]
-    out: dict[str, Location] = {}
+    found = _read_batched(env, pdb, [(d, ks.packed_key(root, d)) for d in digests])
+    return {d: ks.unpack_packed(v) for d, v in found.items()}
+
+
+def _read_batched(env: IndexEnv, db: Any, keys: list[tuple[str, bytes]]) -> dict[str, bytes]:
+    """The values of ``keys`` ((name, key) pairs) in ``db``, one read transaction per
+    batch (a long transaction would pin old pages): name -> value, the found ones."""
+    out: dict[str, bytes] = {}
     for i in range(0, len(keys), _BATCH):
 
         def txn_fn(txn: lmdb.Transaction, part: list[tuple[str, bytes]] = keys[i:i + _BATCH],
                    ) -> None:
-            for d, key in part:
-                value = txn.get(key, db=pdb)
+            for name, key in part:
+                value = txn.get(key, db=db)
                 if value is not None:
-                    out[d] = ks.unpack_packed(bytes(value))
+                    out[name] = bytes(value)
 
         env.read(txn_fn)
     return out
@@ -126,21 +132,13 @@ def get_promoted_many(env: IndexEnv, mount: str, paths: Iterable[str],
                       ) -> dict[str, PromotedRecord]:
     """``get_promoted`` of many paths, one read transaction per batch: the found ones."""
     mountb = ks.check_name(mount, "mount")
-    keys = [(p, ks.promoted_key(mountb, p)) for p in paths]
-    db = env.dbs[ks.DB_PROMOTED]
+    found = _read_batched(env, env.dbs[ks.DB_PROMOTED],
+                          [(p, ks.promoted_key(mountb, p)) for p in paths])
     out: dict[str, PromotedRecord] = {}
-    for i in range(0, len(keys), _BATCH):
-
-        def txn_fn(txn: lmdb.Transaction, part: list[tuple[str, bytes]] = keys[i:i + _BATCH],
-                   ) -> None:
-            for path, key in part:
-                value = txn.get(key, db=db)
-                if value is not None:
-                    rec = _record(bytes(value))
-                    if rec.entry.path == path:  # a long path's key is a hash
-                        out[path] = rec
-
-        env.read(txn_fn)
+    for path, value in found.items():
+        rec = _record(value)
+        if rec.entry.path == path:  # a long path's key is a hash
+            out[path] = rec
     return out
 
 

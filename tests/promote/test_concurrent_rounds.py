@@ -9,13 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from casfs.families import rules as family_rules
 from casfs.index.node_index import NodeIndex
-from casfs.promote.promoter import Promoter
-from casfs.promote.publisher import Publisher
-from casfs.promote.tracker import WriteTracker
 from casfs.store.root import SharedRoot
-from casfs.util.counters import Counters
+from tests.promote.rig import promotion_rig
 
 
 @pytest.mark.parametrize("delay", [0.03, 0.06, 0.1, 0.15])
@@ -27,15 +23,8 @@ def test_overlapping_rounds_publish_only_written_packs(tmp_path: Path, delay: fl
         (upper / rel).parent.mkdir(parents=True, exist_ok=True)
         (upper / rel).write_bytes(data)
     index = NodeIndex.open(tmp_path / "state")
-    counters, tracker, rules = Counters(), WriteTracker(), family_rules("triton")
     try:
-        promoter = Promoter(upper=upper, objects=root.objects, index=index, key="ns",
-                            rules=rules, tracker=tracker, counters=counters,
-                            lower=index.lower_tree("ns", 0), stable_after=0.0, packs=True,
-                            root_id=root.root_id)
-        publisher = Publisher(generations=root.generations(), index=index, key="ns",
-                              namespace="ns", counters=counters, rules=rules, fingerprint=None,
-                              max_bytes=None)
+        promoter, publisher, _, tracker = promotion_rig(root, upper, index)
         promoter.scan_all()
         errors: list[BaseException] = []
 

@@ -13,15 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from casfs.families import rules as family_rules
 from casfs.index.node_index import NodeIndex
-from casfs.promote.promoter import Promoter
-from casfs.promote.publisher import Publisher
-from casfs.promote.tracker import WriteTracker
 from casfs.store.objects import object_key
 from casfs.store.packs import iter_packs
 from casfs.store.root import SharedRoot, open_to_users
-from casfs.util.counters import Counters
+from tests.promote.rig import promotion_rig
 from tests.users import open_tmp, real_users
 
 
@@ -35,15 +31,8 @@ def test_unwritable_packs_fall_back_to_loose_objects(tmp_path: Path) -> None:
         (upper / rel).parent.mkdir(parents=True, exist_ok=True)
         (upper / rel).write_bytes(data)
     index = NodeIndex.open(tmp_path / "state")
-    counters, tracker, rules = Counters(), WriteTracker(), family_rules("triton")
     try:
-        promoter = Promoter(upper=upper, objects=root.objects, index=index, key="ns",
-                            rules=rules, tracker=tracker, counters=counters,
-                            lower=index.lower_tree("ns", 0), stable_after=0.0, packs=True,
-                            root_id=root.root_id)
-        publisher = Publisher(generations=root.generations(), index=index, key="ns",
-                              namespace="ns", counters=counters, rules=rules, fingerprint=None,
-                              max_bytes=None)
+        promoter, publisher, counters, tracker = promotion_rig(root, upper, index)
         assert promoter.scan_all() == len(files)
         res = promoter.run_once(final=True)
         assert (res.promoted, res.errors) == (len(files), 0)
