@@ -128,6 +128,29 @@ def proc_cpu(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def thread_cpu(pid: int | None) -> dict[int, int]:
+    """CPU nanoseconds of each live thread of ``pid`` (schedstat: exact, where
+    ``proc_cpu`` counts 10 ms ticks, a 4,000-file pass's whole cost); {} if gone."""
+    out: dict[int, int] = {}
+    if pid is None:
+        return out
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for t in tids:
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            out[int(t)] = int(Path(f"/proc/{pid}/task/{t}/schedstat").read_text().split()[0])
+    return out
+
+
+def cpu_since(pid: int | None, before: dict[int, int]) -> float:
+    """Seconds of CPU ``pid``'s threads used since ``before`` (``thread_cpu``); a thread
+    that ended meanwhile is left out (its last moments: nothing in the passes here)."""
+    now = thread_cpu(pid)
+    return sum(ns - before.get(t, 0) for t, ns in now.items()) / 1e9
+
+
 def drop_caches() -> bool:
     """Drop the page cache (root only); False where not permitted.
 

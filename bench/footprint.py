@@ -25,13 +25,13 @@ def _rss_mb(pid: int) -> float:
     return float("nan")
 
 
-def _fetch_workers_rss_mb(pid: int) -> float:
-    """RSS of the mount process's fetch worker and its spare (casfs.node.fetchproc)."""
+def _workers_rss_mb(pid: int, module: bytes = b"casfs.node.fetchworker") -> float:
+    """RSS of the mount process's children running ``module``: its fetch worker and the
+    spare (casfs.node.fetchproc), or its promotion worker (casfs.node.promoteproc)."""
     total = 0.0
     for d in Path("/proc").iterdir():
         try:
-            if not d.name.isdigit() or b"casfs.node.fetchworker" not in (
-                    d / "cmdline").read_bytes():
+            if not d.name.isdigit() or module not in (d / "cmdline").read_bytes():
                 continue
             if int((d / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
                 total += _rss_mb(int(d.name))
@@ -61,7 +61,8 @@ def run(fx: Fixture, s: Settings) -> list[Result]:
                 n += 1
         walk_s = time.perf_counter() - t0
         rss_walk, fds_walk = _rss_mb(m.pid), _fds(m.pid)
-        fetch_rss = _fetch_workers_rss_mb(m.pid)
+        fetch_rss = _workers_rss_mb(m.pid)
+        promote_rss = _workers_rss_mb(m.pid, b"casfs.node.promoteworker")
         log(f"footprint: idle for {idle_s:.0f} s")
         cpu0 = proc_cpu(m.pid)
         time.sleep(idle_s)
@@ -72,5 +73,5 @@ def run(fx: Fixture, s: Settings) -> list[Result]:
         "ready_s": round(ready_s, 3), "rss_ready_mb": rss_ready, "fds_ready": fds_ready,
         "walked_entries": n, "walk_s": round(walk_s, 2), "rss_after_walk_mb": rss_walk,
         "fds_after_walk": fds_walk, "idle_cpu_percent": round(100 * idle_cpu, 2),
-        "fetch_workers_rss_mb": fetch_rss,
+        "fetch_workers_rss_mb": fetch_rss, "promote_worker_rss_mb": promote_rss,
     }, {}, [Target("rss_after_walk_mb", 150)])]

@@ -3,11 +3,16 @@
     python -m bench.fusecount write KERNELS     the Triton put pattern into an empty view
     python -m bench.fusecount read KERNELS      a Triton-like lower tree, read twice
     python -m bench.fusecount chunked KERNELS   the put pattern, 4 KB per write() (a linker)
+    python -m bench.fusecount probe KERNELS     stat 7 missing names per directory, twice
+                                                (per file: per name probed)
 
 Serves casfs's view (OverlayOperations over a plain-directory lower, as in
 casfs.view.testserve) with every handler counted, runs the bench client against
 it in a child process and prints one JSON line: requests per file for each
 operation, per pass. Timing on a loaded machine is noise; a request count is not.
+Beside the counts: the mount process's user and system CPU per file during the
+pass (``server_user_us``, ``server_sys_us``: handlers, pyfuse3 and trio, the
+upper's syscalls) and the client's own files/s.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from __future__ import annotations
 import collections
 import functools
 import json
+import os
 import shutil
 import sys
 import tempfile
@@ -31,6 +37,8 @@ from casfs.util.counters import Counters
 from casfs.view.ops import OverlayOperations
 from casfs.view.session import serve
 from casfs.view.testserve import DirFetcher, tree_from_dir
+
+PROBES = 7  # missing names stat-ed per directory in ``probe`` mode
 
 HANDLERS = ("lookup", "forget", "getattr", "setattr", "readlink", "open", "create", "read",
             "write", "flush", "fsync", "release", "opendir", "readdir", "releasedir", "mkdir",
@@ -64,7 +72,9 @@ def measure(mode: str, kernels: int) -> dict[str, Any]:
         lower_dir.mkdir()
         mnt.mkdir()
         files = kernels * tree.FILES_PER_KERNEL
-        if mode == "read":
+        if mode == "probe":
+            files = (kernels + 1) * PROBES  # every kernel directory and the top one
+        if mode in ("read", "probe"):
             tree.build(lower_dir, kernels, seed="count")
         lower, sources = tree_from_dir(lower_dir)
         ops, counts = counting_ops(lower, DirFetcher(sources), upper, WriteTracker(), Counters())
@@ -73,10 +83,17 @@ def measure(mode: str, kernels: int) -> dict[str, Any]:
 
         async def run_pass(label: str, cmd: list[str]) -> None:
             before = collections.Counter(counts)
-            await trio.run_process(cmd, capture_stdout=True)
+            t0 = os.times()
+            proc = await trio.run_process(cmd, capture_stdout=True)
+            t1 = os.times()
             delta = counts - before
             passes[label] = {k: round(v / files, 2) for k, v in sorted(delta.items())}
             passes[label]["total"] = round(sum(delta.values()) / files, 2)
+            # This process is the mount (the client is a child): its CPU per file
+            # (handlers, pyfuse3, trio; the counting wrappers add ~1 us a request).
+            passes[label]["server_user_us"] = round((t1.user - t0.user) / files * 1e6, 1)
+            passes[label]["server_sys_us"] = round((t1.system - t0.system) / files * 1e6, 1)
+            passes[label]["client_files_per_s"] = json.loads(proc.stdout).get("files_per_s")
 
         async def background(nursery: trio.Nursery) -> None:
             async def drive() -> None:
@@ -85,6 +102,9 @@ def measure(mode: str, kernels: int) -> dict[str, Any]:
                 elif mode == "chunked":
                     await run_pass("chunked", [*client, "write", str(mnt), str(kernels), "c",
                                                "4096"])
+                elif mode == "probe":  # per file: PROBES missing names per directory
+                    for label in ("first", "again"):
+                        await run_pass(label, [*client, "probe", str(mnt), str(PROBES)])
                 else:
                     await run_pass("first", [*client, "read", str(mnt)])
                     await run_pass("warm", [*client, "read", str(mnt)])
@@ -99,7 +119,7 @@ def measure(mode: str, kernels: int) -> dict[str, Any]:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 2 or argv[0] not in ("read", "write", "chunked"):
+    if len(argv) != 2 or argv[0] not in ("read", "write", "chunked", "probe"):
         print(__doc__, file=sys.stderr)
         return 2
     print(json.dumps(measure(argv[0], int(argv[1]))))

@@ -42,12 +42,14 @@ class Mount:
 
 def config(root: Path, state_dir: Path, mountpoint: Path, namespace: str, *,
            family: str = "generic", stable_after: float = 3600.0,
-           publish_interval: float = 3600.0, mode: str = "fuse") -> MountConfig:
+           publish_interval: float = 3600.0, mode: str = "fuse",
+           wait_warm: float = 0.0) -> MountConfig:
     """A mount that promotes/publishes only when told (or on unmount), unless overridden."""
     return MountConfig(name="bench", family=family, namespace=namespace,
                        mountpoint=mountpoint, root=root, state_dir=state_dir,
                        stable_after=stable_after, publish_interval=publish_interval,
-                       refresh_interval=3600.0, shutdown_timeout=600.0, mode=mode)
+                       refresh_interval=3600.0, shutdown_timeout=600.0, mode=mode,
+                       wait_warm=wait_warm)
 
 
 @contextlib.contextmanager

@@ -3,8 +3,8 @@
 Several nodes (one state dir and one real FUSE mount each) share one root and
 one namespace. Writer threads create files through the mounts; reader threads
 read random known paths through random mounts; a chaos thread kills mount
-workers (kill -9, then restarts them) and their fetch workers (kill -9: the mount
-replaces them itself), corrupts objects in the root in every
+workers (kill -9, then restarts them), their fetch and promotion workers (kill
+-9: the mount replaces them itself), corrupts objects in the root in every
 way the fault suite knows, and runs gc racing the readers. Every file's bytes
 are a function of its path, so any reader can tell a wrong byte.
 
@@ -130,7 +130,8 @@ class Soak:
 
     # --- faults ----------------------------------------------------------------------------
     def chaos(self, interval: float, kills: bool) -> None:
-        actions = ["corrupt", "gc", "publish"] + (["kill", "kill_fetch"] if kills else [])
+        actions = ["corrupt", "gc", "publish"] + (
+            ["kill", "kill_fetch", "kill_promote"] if kills else [])
         while not self.stop.wait(random.uniform(0.5, 1.5) * interval):
             action = random.choice(actions)
             try:
@@ -167,6 +168,18 @@ class Soak:
 
         st = control.request(self.cfgs[i].socket_path, "status", timeout=30)
         pid = (st.get("fetch_worker") or {}).get("pid")
+        if pid:
+            os.kill(int(pid), 9)
+
+    def _kill_promote(self) -> None:
+        """kill -9 of a mount's promotion worker: nothing written may be lost (retried)."""
+        i = random.randrange(len(self.cfgs))
+        if self.workers[i] is None or i in self.down:
+            return
+        from casfs.node import control
+
+        st = control.request(self.cfgs[i].socket_path, "status", timeout=30)
+        pid = (st.get("promote_worker") or {}).get("pid")
         if pid:
             os.kill(int(pid), 9)
 
@@ -237,6 +250,9 @@ class Soak:
                         if not rel.endswith(".tmp") and e.digest != blake3.blake3(
                             content(rel)).hexdigest())
             out["published_wrong_entries"] = wrong
+            # Every file a writer created is published by the final publications, however
+            # often its mount or its promotion worker was killed (nothing lost).
+            out["written_not_published"] = len(set(self.known) - set(snap.entries))
             out["published_leftover_tmp_files"] = len(tmps)
         except CasfsError as e:
             out["newest_complete"] = False

@@ -89,6 +89,17 @@ def inductor_cache(dest: Path) -> dict[str, Any]:
     return result
 
 
+def synthetic_source(work: Path, files: int, result: dict[str, Any]) -> tuple[Path, int]:
+    """``files`` Triton-like files under ``work/src`` (synthetic_triton_tree), its file and
+    byte counts recorded in ``result`` beside the machine's cores and load; (src, bytes)."""
+    result.update({"cpus": os.cpu_count(), "loadavg": round(os.getloadavg()[0], 2)})
+    src = work / "src"
+    synthetic_triton_tree(src, files)
+    count, nbytes = tree_bytes(src)
+    result["tree"] = {"files": count, "bytes": nbytes}
+    return src, nbytes
+
+
 def tree_bytes(path: Path) -> tuple[int, int]:
     files = nbytes = 0
     for dirpath, _, names in os.walk(path):

@@ -1,6 +1,6 @@
-"""What a job sees when casfsd's mount process (or its fetch worker) dies (kill -9), measured.
+"""What a job sees when casfsd's mount process (or one of its workers) dies (kill -9), measured.
 
-    python -m bench.worker_death [--trials N] [--kill mount|fetch]
+    python -m bench.worker_death [--trials N] [--kill mount|fetch|promote]
 
 A real casfsd in a tmp dir serves a namespace a job leased (``casfs env``) and
 one configured mount. Probe processes read a published file and create new
@@ -22,6 +22,15 @@ check their bytes, while the fetch worker of every mount process is killed
 worker, so the job should see only correct bytes (a miss if a fetch lost its
 worker twice), never ENOTCONN or EIO; the figures are the outcomes and the
 read latency (what a kill adds to the reads it interrupts).
+
+``--kill promote``: probes write new small files into both namespaces (and
+read each back) every 10 ms, while the promotion worker of every mount
+process (promotion and publication, casfs.node.promoteworker) is killed
+``--kills`` times per trial. The job should see only successful writes and
+correct bytes; the figures are the outcomes, the write latency, and how long
+after the last kill every file the probes wrote is in the namespace's newest
+generation (``publish_after_last_kill_s``; publish_interval is 0.5 s), plus
+the RSS of the mount processes and their workers.
 """
 
 from __future__ import annotations
@@ -84,6 +93,27 @@ with open(log_path, "w", buffering=1) as log:
         except OSError as e:
             r = errno.errorcode.get(e.errno, str(e.errno))
         log.write(f"{t:.6f} {(time.monotonic() - t) * 1000:.2f} {r} {name}\n")
+'''
+WRITE_PROBE = r'''
+import errno, os, sys, time
+write_dir, log_path, stop_path = sys.argv[1:4]
+os.makedirs(write_dir, exist_ok=True)
+i = 0
+with open(log_path, "w", buffering=1) as log:
+    while not os.path.exists(stop_path):
+        name = f"p{os.getpid()}-{i}"
+        data = (name * 60).encode()
+        t = time.monotonic()
+        try:
+            with open(os.path.join(write_dir, name), "wb") as f:
+                f.write(data)
+            with open(os.path.join(write_dir, name), "rb") as f:
+                r = "ok" if f.read() == data else "WRONG"
+        except OSError as e:
+            r = errno.errorcode.get(e.errno, str(e.errno))
+        log.write(f"{t:.6f} {(time.monotonic() - t) * 1000:.2f} {r} {name}\n")
+        i += 1
+        time.sleep(0.01)
 '''
 COLD_SIZE = 64 << 10  # bytes per cold file: random, so its fetch is not trivially short
 
@@ -240,8 +270,9 @@ def trial(node: Node, ns_path: Path, job_pid: int) -> dict[str, Any]:
     return out
 
 
-def _fetch_worker_pids(node: Node) -> list[int]:
-    """The node's serving fetch workers (not their spares: /proc/<pid>/comm says which)."""
+def _worker_pids(module: bytes, arg: Path, comm: str | None = None) -> list[int]:
+    """Processes running ``python -m module`` with ``arg`` on their command line
+    (and named ``comm`` in /proc/<pid>/comm, when given)."""
     out = []
     for d in Path("/proc").iterdir():
         if not d.name.isdigit():
@@ -250,11 +281,16 @@ def _fetch_worker_pids(node: Node) -> list[int]:
             cmd = (d / "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if b"casfs.node.fetchworker" in cmd and str(node.state / "objects").encode() in cmd:
+        if module in cmd and str(arg).encode() in cmd:
             with contextlib.suppress(OSError):
-                if (d / "comm").read_text().strip() == "casfs-fetch":
+                if comm is None or (d / "comm").read_text().strip() == comm:
                     out.append(int(d.name))
     return out
+
+
+def _fetch_worker_pids(node: Node) -> list[int]:
+    """The node's serving fetch workers (not their spares: /proc/<pid>/comm says which)."""
+    return _worker_pids(b"casfs.node.fetchworker", node.state / "objects", "casfs-fetch")
 
 
 def cold_files(tmp: Path, trials: int, per_trial: int) -> tuple[dict[str, Path], list[str]]:
@@ -317,6 +353,104 @@ def fetch_trial(node: Node, ns_path: Path, names: list[str], kills: int) -> dict
     return out
 
 
+def _promote_worker_pids(node: Node) -> list[int]:
+    """The node's promotion workers (one per mount process)."""
+    return _worker_pids(b"casfs.node.promoteworker", node.state)
+
+
+def _rss_kib(pid: int) -> int:
+    with contextlib.suppress(OSError):
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return 0
+
+
+def rss(node: Node) -> dict[str, Any]:
+    """RSS (MiB) of the mount processes and of their fetch and promotion workers."""
+    mounts = set(node.worker_pids().values())
+    fetch = [int(d.name) for d in Path("/proc").iterdir() if d.name.isdigit()
+             and b"casfs.node.fetchworker" in (cmd := _cmdline(d))
+             and str(node.state / "objects").encode() in cmd]
+    promote = _promote_worker_pids(node)
+    mib = lambda pids: sorted(round(_rss_kib(p) / 1024, 1) for p in pids)  # noqa: E731
+    return {"mount_mib": mib(mounts), "fetch_worker_mib": mib(fetch),
+            "promote_worker_mib": mib(promote)}
+
+
+def _cmdline(d: Path) -> bytes:
+    try:
+        return (d / "cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+def _published_names(node: Node, ns: str) -> set[str]:
+    out = node.cli("ls", "--json", "-r", ns, "promo")
+    try:
+        doc = json.loads(out)
+    except ValueError:
+        return set()
+    rows = doc if isinstance(doc, list) else doc.get("entries", [])
+    return {Path(str(r.get("path", ""))).name for r in rows if isinstance(r, dict)}
+
+
+def promote_trial(node: Node, ns_path: Path, kills: int) -> dict[str, Any]:
+    """Kill the promotion workers ``kills`` times while probes write; then how long until
+    everything written is published."""
+    tmp = Path(tempfile.mkdtemp(dir=node.tmp))
+    stop = tmp / "stop"
+    bases = {"on_demand": (ns_path, "ondemand-test"), "configured": (node.static, "kern-test")}
+    probes = {name: subprocess.Popen([sys.executable, "-c", WRITE_PROBE, str(base / "promo"),
+                                      str(tmp / f"{name}.log"), str(stop)])
+              for name, (base, _) in bases.items()}
+    _wait(lambda: all((tmp / f"{n}.log").exists() and (tmp / f"{n}.log").stat().st_size
+                      for n in bases), "the probes")
+    killed = 0
+    rng = random.Random(1)
+    last_kill = time.monotonic()
+    for _ in range(kills):
+        time.sleep(rng.uniform(0.3, 1.0))
+        for pid in _promote_worker_pids(node):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+                killed += 1
+        last_kill = time.monotonic()
+    stop.touch()
+    for p in probes.values():
+        p.wait(60)
+    out: dict[str, Any] = {"promote_workers_killed": killed}
+    written: dict[str, set[str]] = {}
+    for name in bases:
+        rows = [line.split() for line in (tmp / f"{name}.log").read_text().splitlines()]
+        rows = [r for r in rows if len(r) == 4]
+        outcomes: dict[str, int] = {}
+        for r in rows:
+            outcomes[r[2]] = outcomes.get(r[2], 0) + 1
+        ms = sorted(float(r[1]) for r in rows)
+        written[name] = {r[3] for r in rows if r[2] == "ok"}
+        out[name] = {
+            "writes": len(rows), "outcomes": outcomes,
+            "wrong_bytes": outcomes.get("WRONG", 0),
+            "errors": sum(v for k, v in outcomes.items() if k != "ok"),
+            "write_ms_p50": ms[len(ms) // 2] if ms else None,
+            "write_ms_max": ms[-1] if ms else None,
+            "publish_after_last_kill_s": None,  # stays None: not all published in 120 s
+        }
+    # Every file a probe wrote in the newest generation: when, after the last kill
+    # (resolution: one `casfs ls` per namespace and poll).
+    left = set(bases)
+    deadline = time.monotonic() + 120
+    while left and time.monotonic() < deadline:
+        for name in sorted(left):
+            if written[name] <= _published_names(node, bases[name][1]):
+                out[name]["publish_after_last_kill_s"] = round(time.monotonic() - last_kill, 2)
+                left.discard(name)
+        time.sleep(0.1)
+    out["rss"] = rss(node)
+    return out
+
+
 def setup(node: Node) -> tuple[Path, subprocess.Popen[str]]:
     """A job holding a lease on one namespace; a published file in both mounts."""
     job = subprocess.Popen(
@@ -335,9 +469,10 @@ def setup(node: Node) -> tuple[Path, subprocess.Popen[str]]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="bench.worker_death")
     ap.add_argument("--trials", type=int, default=3)
-    ap.add_argument("--kill", choices=("mount", "fetch"), default="mount",
-                    help="kill the mount processes (default) or their fetch workers")
-    ap.add_argument("--kills", type=int, default=5, help="fetch worker kills per trial")
+    ap.add_argument("--kill", choices=("mount", "fetch", "promote"), default="mount",
+                    help="kill the mount processes (default), their fetch workers or their"
+                         " promotion workers")
+    ap.add_argument("--kills", type=int, default=5, help="worker kills per trial")
     ap.add_argument("--cold-files", type=int, default=400,
                     help="cold files per trial and namespace (--kill fetch)")
     ap.add_argument("--pause", type=float, default=12.0,
@@ -348,7 +483,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({"skipped": "needs root and /dev/fuse"}))
         return 0
     with tempfile.TemporaryDirectory(prefix="casfs-worker-death-") as t:
-        seed, names = ({}, []) if args.kill == "mount" else cold_files(
+        seed, names = ({}, []) if args.kill != "fetch" else cold_files(
             Path(t), args.trials, args.cold_files)
         node = Node(Path(t), seed)
         job = None
@@ -356,6 +491,10 @@ def main(argv: list[str] | None = None) -> int:
             ns_path, job = setup(node)
             trials = []
             for i in range(args.trials):
+                if args.kill == "promote":
+                    time.sleep(2.0)
+                    trials.append(promote_trial(node, ns_path, args.kills))
+                    continue
                 if args.kill == "fetch":
                     time.sleep(2.0)
                     trials.append(fetch_trial(node, ns_path, names[i * args.cold_files:(

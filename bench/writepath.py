@@ -4,8 +4,10 @@
   FileCacheManager.put does (bench.clients), through a casfs mount and into a
   plain directory; ratio of the two.
 * Promotion: after the write, ``casfs publish`` (the control socket's publish:
-  promote every file, then publish) times hash + compress + store of what was
-  written (the mount's stable_after is an hour, so nothing was promoted before).
+  promote every file, then publish): promotion (hash + compress + store of what
+  was written, the reply's ``promote_s``) and the whole request with publication
+  (``publish_now``); the mount's stable_after is an hour, so nothing was promoted
+  before.
   Also the store alone: ObjectStore.put_file over the same files in-process.
 * Publication latency: 10 new files on top of the 100,000-entry namespace
   (10,000 with --quick) with GenerationStore.publish; a fresh GenerationStore
@@ -42,8 +44,8 @@ def client_writes(s: Settings, kernels: int) -> Result:
     work = s.workdir / "write"
     root = work / "root"
     SharedRoot.open(root, create=True)
-    runs: dict[str, list[Any]] = {"plain": [], "casfs": [], "publish_s": [], "store_s": [],
-                                  "overlay": []}
+    runs: dict[str, list[Any]] = {"plain": [], "casfs": [], "publish_s": [], "promote_s": [],
+                                  "store_s": [], "overlay": []}
     use_overlay = overlay.unavailable_reason() is None
     for i in range(s.reps(3, 1)):
         log(f"write: {kernels} kernel dirs, round {i + 1}")
@@ -57,6 +59,7 @@ def client_writes(s: Settings, kernels: int) -> Result:
             runs["publish_s"].append(round(time.perf_counter() - t0, 3))
             if not reply.get("ok"):
                 raise RuntimeError(f"casfs publish failed: {reply}")
+            runs["promote_s"].append(reply["promote_s"])
         if use_overlay:
             with mounted(config(root, work / f"onode{i}", work / "mnt", f"bench-owrite-{i}",
                                 mode="overlay")) as m:
@@ -83,12 +86,16 @@ def client_writes(s: Settings, kernels: int) -> Result:
     plain_s = median([r["seconds"] for r in runs["plain"]])
     casfs_s = median([r["seconds"] for r in runs["casfs"]])
     pub_s, store_s = median(runs["publish_s"]), median(runs["store_s"])
+    promote_s = median(runs["promote_s"])
     ov_s = median([r["seconds"] for r in runs["overlay"]]) if runs["overlay"] else None
     figures = {
         "files": nfiles, "mb": round(mb, 1),
         "plain_files_per_s": round(nfiles / plain_s), "casfs_files_per_s": round(nfiles / casfs_s),
         "publish_now_s": round(pub_s, 3),
-        "promotion_mb_per_s": round(mb / pub_s, 1), "promotion_files_per_s": round(nfiles / pub_s),
+        # Issue 11 states promotion and publication apart: the target is promotion's.
+        "promotion_mb_per_s": round(mb / promote_s, 1),
+        "promotion_files_per_s": round(nfiles / promote_s),
+        "publish_now_mb_per_s": round(mb / pub_s, 1),
         "store_only_mb_per_s": round(mb / store_s, 1),
         "store_only_files_per_s": round(nfiles / store_s),
     }

@@ -12,6 +12,11 @@ from typing import Any
 
 import pytest
 
+# No test reaches a casfsd that serves this machine's jobs (/run/casfs/casfsd.sock, the
+# default): `casfs run` would lease from it instead of the test's own mount process.
+# A test that wants a jobs socket points CASFS_SOCKET at its own.
+os.environ["CASFS_SOCKET"] = f"/nonexistent/casfs-tests-{os.getpid()}/casfsd.sock"
+
 
 @pytest.fixture
 def casfs_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Path]]:

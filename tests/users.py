@@ -5,16 +5,23 @@ groups, like a job started by Slurm or a login shell). The interpreter must be
 one the user can execute: the venv's own if its path is open to everyone,
 otherwise the system python of the same minor version with the venv's
 site-packages on PYTHONPATH (a pyenv under /root is not reachable by users).
+A checkout users cannot enter (``mktemp -d`` is 0700, as the checkout or one of
+its parents) is opened for traversal only (o+x, until exit), bind-mounted at an
+open path when a parent is closed, and imported through links, so they run the
+same code.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import functools
 import os
 import shutil
 import site
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,11 +43,60 @@ def _world_executable(path: str) -> bool:
     return True
 
 
+@functools.cache
+def _open_repo() -> Path:
+    """REPO, or a bind mount of it at a path every user can traverse."""
+    mode = REPO.stat().st_mode
+    if not mode & 0o001:  # the checkout itself is 0700 (``mktemp -d``): users may
+        os.chmod(REPO, mode | 0o001)  # pass through it (no listing), until exit
+        atexit.register(os.chmod, REPO, mode)
+    if _world_executable(str(REPO)):
+        return REPO
+    d = Path(tempfile.mkdtemp(prefix="casfs-repo-"))
+    os.chmod(d, 0o755)
+    subprocess.run(["mount", "--bind", str(REPO), str(d)], check=True, capture_output=True)
+
+    def _unbind() -> None:
+        subprocess.run(["umount", "-l", str(d)], capture_output=True)
+        with contextlib.suppress(OSError):
+            d.rmdir()
+
+    atexit.register(_unbind)
+    return d
+
+
+def _reachable(path: str) -> str:
+    """``path`` as users can reach it: through the bind mount when it lies in REPO."""
+    p = Path(path)
+    try:
+        rel = p.relative_to(REPO)
+    except ValueError:
+        return path
+    return str(_open_repo() / rel)
+
+
+@functools.cache
+def _import_dir() -> str:
+    """A PYTHONPATH entry users import the checkout's packages from. Python lists
+    each entry to find modules, so a checkout they may only pass through looks
+    empty: then a directory of links to its packages stands in."""
+    base = _open_repo()
+    if REPO.stat().st_mode & 0o004:
+        return str(base)
+    d = Path(tempfile.mkdtemp(prefix="casfs-import-"))
+    os.chmod(d, 0o755)
+    for name in ("casfs", "tests", "bench"):
+        (d / name).symlink_to(base / name)
+    atexit.register(shutil.rmtree, d, ignore_errors=True)
+    return str(d)
+
+
 def user_python() -> tuple[str, str]:
     """(interpreter, PYTHONPATH) that any user can run casfs with."""
-    paths = [str(REPO), *site.getsitepackages()]
-    if _world_executable(sys.executable):
-        return sys.executable, os.pathsep.join(paths)
+    paths = [_import_dir(), *(_reachable(p) for p in site.getsitepackages())]
+    exe = _reachable(sys.executable)
+    if _world_executable(exe):
+        return exe, os.pathsep.join(paths)
     ver = f"python{sys.version_info.major}.{sys.version_info.minor}"
     for cand in (f"/usr/bin/{ver}", f"/usr/local/bin/{ver}"):
         if os.path.exists(cand) and _world_executable(cand):

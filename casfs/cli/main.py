@@ -85,6 +85,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         return 0
+    except OSError as e:
+        # The environment, not a bug (a FIFO or a file where the root has a directory,
+        # a full or read-only disk, no permission): one line, like any other error.
+        if args.verbose > 1:
+            raise
+        print(f"casfs: error: {e}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

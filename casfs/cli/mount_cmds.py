@@ -38,6 +38,9 @@ def make_config(args: argparse.Namespace, family: str, mountpoint: Path,
     from casfs.tenants import Credentials
 
     families.check(family)
+    if args.wait_warm and args.mode != "overlay":
+        raise UsageError("--wait-warm needs --mode overlay (other modes serve prefetched"
+                         " files as soon as they arrive)")
     # This process's own tenant: a mount it starts is served to it alone.
     policy = load_tenants()
     tenant = policy.resolve(Credentials.of_self())
@@ -45,8 +48,9 @@ def make_config(args: argparse.Namespace, family: str, mountpoint: Path,
     if namespace is None or namespace == AUTO:
         fp = fingerprint(family)
         namespace, ingredients = fp.namespace, dict(fp.ingredients)
+    state_dir = default_state_dir().absolute()
     return MountConfig(
-        name=args.name or family,
+        name=args.name or _free_name(state_dir, family),
         family=family,
         namespace=tenant.store_namespace(check_namespace(namespace)),
         ingredients=ingredients,
@@ -54,7 +58,7 @@ def make_config(args: argparse.Namespace, family: str, mountpoint: Path,
         tenants=policy.to_dict(),
         mountpoint=mountpoint.absolute(),
         root=default_root(),
-        state_dir=default_state_dir().absolute(),
+        state_dir=state_dir,
         stable_after=args.stable_after,
         publish_interval=args.publish_interval,
         refresh_interval=args.refresh_interval,
@@ -62,7 +66,21 @@ def make_config(args: argparse.Namespace, family: str, mountpoint: Path,
         scratch_patterns=tuple(args.exclude or ()),
         mode=args.mode,
         fetch_timeout=args.fetch_timeout,
+        wait_warm=args.wait_warm,
     )
+
+
+def _free_name(state_dir: Path, family: str) -> str:
+    """The family's name, or ``family-N`` when a running mount has it already: the name
+    keys a mount's socket and registry, so two mounts sharing one would shadow each
+    other (``casfs umount``/``status`` would find only one, and publish neither)."""
+    taken = {m.get("name") for m in control.registered(state_dir / "run")}
+    n = 1
+    name = family
+    while name in taken:
+        n += 1
+        name = f"{family}-{n}"
+    return name
 
 
 def cmd_mount(args: argparse.Namespace) -> int:
@@ -77,6 +95,8 @@ def cmd_mount(args: argparse.Namespace) -> int:
         MountService(cfg).serve()
         return 0
     w = worker.spawn(cfg, verbose=args.verbose)
+    if cfg.wait_warm:
+        _prewarm([w])
     print(f"mounted {cfg.namespace} at {cfg.mountpoint} (pid {w.proc.pid}, log {w.log_path})")
     return 0
 
@@ -189,13 +209,16 @@ def cmd_stats(args: argparse.Namespace) -> int:
     replies = _ask(args, "stats")
     if args.json:
         emit_json([{"name": r["name"], "mountpoint": r["mountpoint"],
+                    "mount_ready_s": r.get("mount_ready_s"),
                     "warm_ready_s": r.get("warm_ready_s"),
                     "counters": r["counters"]} for r in replies])
         return 0
     for r in replies:
         print(f"{r['name']} ({r['mountpoint']}):")
-        if r.get("warm_ready_s") is not None:  # the profile's hot set is local
-            print(f"  {'warm_ready_s':<24} {r['warm_ready_s']}")
+        # The two readiness points: the job may start / the profile's hot set is local.
+        for k in ("mount_ready_s", "warm_ready_s"):
+            if r.get(k) is not None:
+                print(f"  {k:<24} {r[k]}")
         for k, v in sorted(r["counters"].items()):
             print(f"  {k:<24} {v}")
     return 0
@@ -240,7 +263,21 @@ def summary_line(family: str, st: dict[str, Any] | None) -> str:
             # a conflict is a path another node published first with other bytes: the
             # cluster keeps the first version, so this job's copy stays node-local
             + (f"; {c['publish_conflicts']} paths conflicted (another node's version kept;"
-               " --report lists them)" if c.get("publish_conflicts") else ""))
+               " --report lists them)" if c.get("publish_conflicts") else "")
+            + _readiness(st))
+
+
+def _readiness(st: dict[str, Any]) -> str:
+    """The two readiness points, when the mount reports them (its own process's)."""
+    ready, warm = st.get("mount_ready_s"), st.get("warm_ready_s")
+    if ready is None:
+        return ""
+    out = f"; mount-ready {ready:.2f}s"
+    if warm is not None:
+        out += f", warm-ready {warm:.2f}s"
+    elif st.get("counters", {}).get("warm_wait_timeouts"):
+        out += ", not warm-ready (--wait-warm timed out)"
+    return out
 
 
 def _families(spec: str | None, namespace: str | None) -> list[str]:
@@ -390,6 +427,16 @@ def cmd_run(args: argparse.Namespace) -> int:
                 cfg = dataclasses.replace(make_config(args, c["family"], base / c["namespace"],
                                                       c["namespace"]), mode=mode,
                                           ingredients=dict(c.get("ingredients") or {}))
+                other = _serving_dir(cfg) if mode == "dir" else None
+                if other is not None:
+                    # Another job's dir-mode process serves this namespace here (no FUSE,
+                    # so no leases): share its plain directory instead of a private one.
+                    print(f"casfs: {c['family']}: sharing {cfg.mountpoint} with another"
+                          f" job's dir-mode process (pid {other['pid']}); it publishes what"
+                          " is there when its job ends, later files at the next run",
+                          file=sys.stderr)
+                    paths[c["family"]] = str(cfg.mountpoint)
+                    continue
                 workers.append(worker.spawn(cfg, verbose=args.verbose))
                 paths[c["family"]] = str(cfg.mountpoint)
         except (CasfsError, OSError) as e:
@@ -397,6 +444,8 @@ def cmd_run(args: argparse.Namespace) -> int:
                 w.stop()
             workers = []
             paths, private = _private_dirs(names, f"no cache can be served ({_why(e)})")
+        if mode == "overlay" and args.wait_warm:
+            _prewarm(workers)
     env = dict(os.environ)
     env.update(cache_vars(paths, env, args.companions))
     if lease is not None:
@@ -438,6 +487,29 @@ def cmd_run(args: argparse.Namespace) -> int:
         if private is not None:
             shutil.rmtree(private, ignore_errors=True)
     return rc if rc >= 0 else 128 - rc
+
+
+def _serving_dir(cfg: MountConfig) -> dict[str, Any] | None:
+    """The registry entry of a running dir-mode process of ``cfg``'s namespace at its path."""
+    for m in control.registered(cfg.run_dir):
+        if m.get("namespace") == cfg.namespace and m.get("mountpoint") == str(cfg.mountpoint):
+            return m
+    return None
+
+
+def _prewarm(workers: list[Any]) -> None:
+    """--wait-warm: the mounts are warm-ready; look the linked hot set up once through
+    each overlay (from here, the job's side), so the job's first touch runs at warm
+    speed (casfs.view.overlay.prewarm)."""
+    from casfs.node.guard import mounts_at
+    from casfs.view import overlay
+
+    for w in workers:
+        cfg = w.cfg
+        top = mounts_at(cfg.mountpoint)[-1:]
+        if top and top[0].fstype == "overlay":  # not a mount that fell back to fuse
+            overlay.prewarm(overlay.OverlayPaths(cfg.upper, cfg.overlay_base).links,
+                            cfg.mountpoint)
 
 
 def cmd_reclaim(args: argparse.Namespace) -> int:
@@ -514,6 +586,10 @@ def _write_report(path: Path, cmd: list[str], rc: int, caches: list[dict[str, An
                           if k.endswith(("_errors", "_timeouts")) or k == "rejections"),
             "conflicts": cnt.get("publish_conflicts", 0),
             "conflict_paths": (st or {}).get("conflict_paths", [])[:10],
+            # seconds from the mount's start: the job could start / the hot set was local
+            "mount_ready_s": (st or {}).get("mount_ready_s"),
+            "warm_ready_s": (st or {}).get("warm_ready_s"),
+            "prefetched_files": cnt.get("prefetched_files", 0),
         })
     doc = {"casfs_run_report": 1, "host": socket.gethostname(), "command": cmd,
            "exit_status": rc, "time": time.time(),
@@ -526,6 +602,13 @@ def _positive(text: str) -> float:
     v = float(text)
     if not v > 0:
         raise argparse.ArgumentTypeError(f"must be > 0: {text}")
+    return v
+
+
+def _non_negative(text: str) -> float:
+    v = float(text)
+    if not v >= 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0: {text}")
     return v
 
 
@@ -543,6 +626,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                             " (e.g. FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1)")
 
     def mount_opts(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--wait-warm", type=_non_negative, nargs="?", const=60.0, default=0.0,
+                       metavar="S",
+                       help="overlay mode: start the job only once the namespace's access"
+                            " profile (its hot set) is on the node, so the kernel serves it"
+                            " natively; at most S seconds (default 60), then with what is"
+                            " local")
         p.add_argument("--namespace", "-n", help="explicit namespace (default: auto)")
         p.add_argument("--name", help="mount name (default: the family)")
         p.add_argument("--stable-after", type=float, default=2.0, metavar="S")

@@ -281,8 +281,10 @@ def cmd_verify(args: argparse.Namespace) -> int:
         rep = maintenance.verify(root, progress=bar.advance)
     if args.json:
         emit_json({"objects": rep.objects, "packs": rep.packs, "generations": rep.generations,
-                   "problems": rep.problems, "ok": not rep.problems})
+                   "problems": rep.problems, "repaired": rep.repaired, "ok": not rep.problems})
     else:
+        for p in rep.repaired:
+            print(f"repaired: {p}")
         for p in rep.problems:
             print(f"problem: {p}")
         print(f"verified {rep.objects} objects, {rep.packs} packs, {rep.generations} generations:"

@@ -38,7 +38,7 @@ from casfs.tenants import (
 from casfs.tenants import MODES as TENANT_MODES
 from casfs.util.defaults import default_mount_base, default_root, default_state_dir
 from casfs.util.fsinfo import check_local_fs
-from casfs.util.location import RootLocation, S3Location, is_url, parse_location
+from casfs.util.location import RootLocation, S3Location, check_endpoint, is_url, parse_location
 
 DEFAULT_METRICS_PORT = 9464
 JOBS_SOCKET_NAME = "casfsd.sock"
@@ -50,7 +50,8 @@ _BYTES_RE = re.compile(r"(\d+(?:\.\d+)?)\s*([KMGT]?)(i?B?)", re.IGNORECASE)
 _UNITS = {"": 0, "K": 1, "M": 2, "G": 3, "T": 4}
 # Keys a [[mounts]] table may set, and [defaults] may set for every mount.
 OPTION_KEYS = ("stable_after", "publish_interval", "refresh_interval", "shutdown_timeout",
-               "allow_other", "namespace_max_bytes", "exclude", "mode", "fetch_timeout", "packs")
+               "allow_other", "namespace_max_bytes", "exclude", "mode", "fetch_timeout", "packs",
+               "wait_warm")
 MODES = ("fuse", "overlay", "dir")
 
 
@@ -68,6 +69,7 @@ class MountOptions:
     mode: str = "fuse"  # "dir" for hosts without FUSE
     fetch_timeout: float = 10.0
     packs: bool = True  # promotion packs small objects (casfs.store.packs; records need v2)
+    wait_warm: float = 0.0  # overlay mode: seconds READY may wait for the hot set (0: no wait)
 
 
 @dataclass(frozen=True)
@@ -128,7 +130,7 @@ class DaemonConfig:
             cache_max_bytes=self.cache_max_bytes, namespace_max_bytes=o.namespace_max_bytes,
             scratch_patterns=o.exclude, mode=o.mode, fetch_timeout=o.fetch_timeout,
             guard=True,  # supervised: a restart follows a crash, so guard the gap
-            ingredients=dict(m.ingredients), packs=o.packs,
+            ingredients=dict(m.ingredients), packs=o.packs, wait_warm=o.wait_warm,
         )
 
     def mount_configs(self) -> list[MountConfig]:
@@ -274,7 +276,7 @@ def as_endpoint(v: Any, key: str) -> str:
     s = as_str(v, key)
     if not s.startswith(("http://", "https://")):
         raise ConfigError(f"{key}: expected an http:// or https:// URL, got {s!r}")
-    return s
+    return check_endpoint(s, key)
 
 
 def as_str_list(v: Any, key: str) -> tuple[str, ...]:
@@ -332,6 +334,7 @@ def _options(t: _Table, base: MountOptions) -> MountOptions:
         mode=_mode(t, base.mode),
         fetch_timeout=t.get("fetch_timeout", as_positive, base.fetch_timeout),
         packs=t.get("packs", as_bool, base.packs),
+        wait_warm=t.get("wait_warm", as_non_negative, base.wait_warm),
     )
 
 

@@ -9,6 +9,7 @@ Each family is one module of this package declaring a ``FAMILY``
 from __future__ import annotations
 
 import importlib
+import threading
 from collections.abc import Iterable, Mapping
 
 from casfs.errors import UsageError
@@ -39,14 +40,21 @@ DEFAULT_DAEMON = ("triton", "inductor")
 FALLBACK = "generic"
 
 _REGISTRY: dict[str, Family] = {}
+_LOADING = threading.Lock()
 
 
 def _load() -> dict[str, Family]:
+    """The registry, filled once and whole: a thread asking while another fills it
+    waits, and never sees it half filled (it would find no such family)."""
     if not _REGISTRY:
-        for mod in _MODULES:
-            fam: Family = importlib.import_module(f"casfs.families.{mod}").FAMILY
-            assert fam.name == mod, f"casfs.families.{mod} declares {fam.name!r}"
-            _REGISTRY[fam.name] = fam
+        with _LOADING:
+            if not _REGISTRY:
+                loaded: dict[str, Family] = {}
+                for mod in _MODULES:
+                    fam: Family = importlib.import_module(f"casfs.families.{mod}").FAMILY
+                    assert fam.name == mod, f"casfs.families.{mod} declares {fam.name!r}"
+                    loaded[fam.name] = fam
+                _REGISTRY.update(loaded)  # one step under the GIL
     return _REGISTRY
 
 

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from casfs.families.base import CommitRecord, Family, PathBearing, ReplacedPath, ReplaceRule
+from casfs.util import noatime
 
 
 class CacheRules:
@@ -122,7 +123,7 @@ def walk_files(top: str | os.PathLike[str], rules: CacheRules) -> Iterator[tuple
     itself, with is_scratch True (so callers can count what they skip).
     """
     top = os.fspath(top)
-    for dirpath, dirnames, filenames in os.walk(top):
+    for dirpath, dirnames, filenames in noatime.walk(top):
         rel_dir = os.path.relpath(dirpath, top)
         rel_dir = "" if rel_dir == "." else rel_dir
         for name in list(dirnames):

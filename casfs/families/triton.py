@@ -18,6 +18,7 @@ published at one path hits at any other.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import posixpath
@@ -39,14 +40,30 @@ def is_scratch(name: str) -> bool:
 
 def is_group_file(relpath: str) -> bool:
     """True for a Triton commit record, ``<KEY>/__grp__<name>.json``."""
-    name = posixpath.basename(relpath)
+    name = relpath.rpartition("/")[2]  # posixpath.basename, without its overhead
     return name.startswith(GROUP_PREFIX) and name.endswith(".json")
 
 
+# Promotion and publication parse each group file 4-6 times (group check, path-free
+# form, relocation count, group consistency): parses of small ones are cached.
+_CACHED_BELOW = 64 << 10
+
+
 def _child_paths(data: bytes) -> dict[str, str] | None:
+    paths = _parsed_child_paths(data)
+    return dict(paths) if paths is not None else None  # a copy: the parse is cached
+
+
+def _parsed_child_paths(data: bytes) -> dict[str, str] | None:
+    if type(data) is bytes and len(data) < _CACHED_BELOW:  # hashable, bounded
+        return _parse_child_paths_cached(data)
+    return _parse_child_paths(data)
+
+
+def _parse_child_paths(data: bytes) -> dict[str, str] | None:
     try:
         doc = json.loads(data)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):  # deep nesting: damaged too
         return None
     if not isinstance(doc, dict):
         return None
@@ -54,6 +71,9 @@ def _child_paths(data: bytes) -> dict[str, str] | None:
     if not isinstance(paths, dict) or not all(isinstance(p, str) for p in paths.values()):
         return None
     return paths
+
+
+_parse_child_paths_cached = functools.lru_cache(maxsize=1024)(_parse_child_paths)
 
 
 def group_children(relpath: str, data: bytes) -> list[str] | None:
@@ -64,7 +84,15 @@ def group_children(relpath: str, data: bytes) -> list[str] | None:
     would treat as a miss (unparsable JSON, no ``child_paths``) gives None, as
     does a child whose name could escape the directory.
     """
-    paths = _child_paths(data)
+    if type(data) is bytes and len(data) < _CACHED_BELOW:  # hashable, bounded
+        children = _group_children_cached(relpath, data)
+    else:
+        children = _group_children(relpath, data)
+    return list(children) if children is not None else None
+
+
+def _group_children(relpath: str, data: bytes) -> tuple[str, ...] | None:
+    paths = _parsed_child_paths(data)
     if paths is None:
         return None
     directory = posixpath.dirname(relpath)
@@ -76,7 +104,10 @@ def group_children(relpath: str, data: bytes) -> list[str] | None:
             log.warning("group file %s names an unusable child %r", relpath, path[:200])
             return None
         children.add(child)
-    return sorted(children)
+    return tuple(sorted(children))
+
+
+_group_children_cached = functools.lru_cache(maxsize=1024)(_group_children)
 
 
 def group_written_root(relpath: str, data: bytes) -> str | None:

@@ -83,6 +83,7 @@ Named databases
 
 from __future__ import annotations
 
+import functools
 import json
 import struct
 from typing import Any
@@ -226,7 +227,12 @@ def unpack_promoted(value: bytes) -> tuple[int, bytes, int, int, int, int, str]:
 
 
 def packed_key(root_id: str, digest: str) -> bytes:
-    return blake3(enc(root_id)).digest()[:8] + digest_to_raw(digest)
+    return _root_tag(root_id) + digest_to_raw(digest)
+
+
+@functools.lru_cache(maxsize=64)
+def _root_tag(root_id: str) -> bytes:
+    return blake3(enc(root_id)).digest()[:8]  # once per root, not once per object
 
 
 def pack_packed(pack: str, offset: int, length: int) -> bytes:

@@ -204,6 +204,59 @@ class LmdbLowerTree:
             memo[path] = node
         return node
 
+    def lookup_many(self, paths: list[str]) -> list[LowerNode | None]:
+        """``lookup`` of each path, the misses in one read transaction (about half the
+        cost per path of single lookups: recording a batch of observed opens)."""
+        if self._memo_seq != self.max_seq:
+            self._memo, self._listed, self._memo_seq = {}, {}, self.max_seq
+        memo = self._memo
+        out: list[LowerNode | None] = [DIR if p == "" else memo.get(p) for p in paths]
+        miss = [i for i, n in enumerate(out) if n is None]
+        if not miss:
+            return out
+        ns, lower = self._ns, self._lower
+
+        def get(txn: lmdb.Transaction) -> list[bytes | None]:
+            return [txn_get(txn, ks.lower_key(ns, paths[i]), lower) for i in miss]
+
+        for i, value in zip(miss, self._env.read(get), strict=True):
+            node = out[i] = self._node(paths[i], value)
+            if node is not None:
+                if len(memo) >= _MEMO_MAX:
+                    memo.clear()
+                memo[paths[i]] = node
+        return out
+
+    def digests_many(self, paths: list[str]) -> list[str | None]:
+        """The digest of each path that is a file entry (None: absent, or a directory),
+        in one read transaction, building no Entry and memoising nothing: recording a
+        batch of opens the kernel served (overlay mode), where new objects would only
+        feed the garbage collector."""
+        if self._memo_seq != self.max_seq:
+            self._memo, self._listed, self._memo_seq = {}, {}, self.max_seq
+        memo, ns, lower, max_seq = self._memo, self._ns, self._lower, self.max_seq
+        out: list[str | None] = [None] * len(paths)
+        miss: list[int] = []
+        for i, p in enumerate(paths):
+            node = memo.get(p)
+            if node is None:
+                if p:
+                    miss.append(i)
+            elif isinstance(node, Entry):
+                out[i] = node.digest
+        if not miss:
+            return out
+
+        def get(txn: lmdb.Transaction) -> list[bytes | None]:
+            return [txn_get(txn, ks.lower_key(ns, paths[i]), lower) for i in miss]
+
+        for i, value in zip(miss, self._env.read(get), strict=True):
+            if value is not None:
+                kind, raw, _, _, _, seq = ks.unpack_lower(value)
+                if kind != ks.KIND_DIR and seq <= max_seq:
+                    out[i] = raw.hex()
+        return out
+
     def children(self, dirpath: str) -> Iterator[tuple[str, LowerNode]]:
         # Memoised like lookups (a warm reader lists each directory on every run):
         # at a fixed max_seq a directory gains no entry (a new generation's rows

@@ -149,6 +149,27 @@ class StagedLowerTree:
         mem = self._mem
         return mem.lookup(path) if mem is not None else self._db.lookup(path)
 
+    def lookup_many(self, paths: list[str]) -> list[LowerNode | None]:
+        """``lookup`` of each path (from LMDB: one read transaction for all)."""
+        mem = self._mem
+        if mem is not None:
+            return [mem.lookup(p) for p in paths]
+        many = getattr(self._db, "lookup_many", None)
+        if many is not None:
+            out: list[LowerNode | None] = many(paths)
+            return out
+        return [self._db.lookup(p) for p in paths]
+
+    def digests_many(self, paths: list[str]) -> list[str | None]:
+        """The digest of each path that is a file entry (None: absent or a directory)."""
+        mem = self._mem
+        if mem is None:
+            many = getattr(self._db, "digests_many", None)
+            if many is not None:
+                out: list[str | None] = many(paths)
+                return out
+        return [n.digest if isinstance(n, Entry) else None for n in self.lookup_many(paths)]
+
     def children(self, dirpath: str) -> Iterator[tuple[str, LowerNode]]:
         mem = self._mem
         return mem.children(dirpath) if mem is not None else self._db.children(dirpath)

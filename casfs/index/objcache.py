@@ -35,6 +35,7 @@ import shutil
 import stat
 import threading
 import time
+import weakref
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -66,6 +67,8 @@ THREADS_ABOVE = 32 << 20
 # fetch thread. (bench/readpath "remount": 991 files/s when every first open
 # went to a thread, against 1,916 without hashing.)
 INLINE_VERIFY_MAX = 256 << 10
+# A cache file is opened never following a link and never blocking (a FIFO put there).
+_OPEN_CACHED = os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
 
 
 class ObjectSource(Protocol):
@@ -82,11 +85,13 @@ class ObjectSource(Protocol):
 class _Fill:
     """One in-flight fill; waiters block on ``done`` and then read ``error``."""
 
-    def __init__(self) -> None:
+    def __init__(self, speculative: bool = False) -> None:
         self.done = threading.Event()
         self.error: BaseException | None = None
         self.waiters = 0
         self.started = self.progressed = time.monotonic()  # progressed: last bytes written
+        # A read-ahead's (fill_many): when it fails, a waiter fills the object itself.
+        self.speculative = speculative
 
 
 def _rewrap(error: BaseException) -> BaseException:
@@ -160,6 +165,7 @@ def fill_file(directory: Path, source: ObjectSource, digest: str, size: int,
     path = object_path(directory, digest)
     tmp = temp_name(path.parent, "fill-")
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
+    renamed = False
     try:
         try:
             fd = os.open(tmp, flags, 0o600)
@@ -179,11 +185,13 @@ def fill_file(directory: Path, source: ObjectSource, digest: str, size: int,
             )
         os.chmod(tmp, 0o444)
         os.rename(tmp, path)
+        renamed = True
     except OSError as e:
         raise CasfsError(f"local object cache {directory}: {e}") from e
     finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
+        if not renamed:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
     return n
 
 
@@ -198,6 +206,9 @@ class LocalObjectCache:
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
         self._dir = str(self.directory)  # warm opens build paths as strings (no pathlib)
+        # Warm opens resolve "ab/cdef..." from here (not the whole path each time).
+        self._dir_fd = os.open(self._dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        weakref.finalize(self, os.close, self._dir_fd)
         self.cap_bytes = cap_bytes
         self._index = index
         self._source = source
@@ -240,6 +251,35 @@ class LocalObjectCache:
         self.unpin(digest)
         return None  # absent, damaged, or large and not yet verified here: fetch hashes it
 
+    def open_cached(self, entry: Entry) -> int | None:
+        """An open read-only fd of the cached object, pinned (``unpin`` after closing
+        it), if it is local and trusted already; else None (call ``cached``/``fetch``).
+
+        The warm open of a mount: one open and one fstat relative to the cache
+        directory's fd, no lstat of the whole path first, one lock. Anything
+        unusual (absent, not a regular file, wrong size, not verified in this
+        process yet, being filled) is left to the slow path, which repairs it.
+        """
+        digest = entry.digest
+        with self._lock:
+            if digest in self._fills:
+                return None
+            self._pins[digest] += 1
+        try:
+            fd = os.open(f"{digest[:2]}/{digest[2:]}", _OPEN_CACHED, dir_fd=self._dir_fd)
+        except OSError:
+            self.unpin(digest)
+            return None
+        st = os.fstat(fd)
+        if (not stat.S_ISREG(st.st_mode) or st.st_size != entry.size
+                or (self.verify_first_open
+                    and self._verified.get(digest) != (st.st_ino, st.st_mtime_ns, st.st_size))):
+            os.close(fd)
+            self.unpin(digest)
+            return None
+        self._touch(digest, entry.size)
+        return fd
+
     def unpin(self, digest: str) -> None:
         with self._lock:
             if self._pins[digest] <= 1:
@@ -260,8 +300,11 @@ class LocalObjectCache:
         path = self.path_of(digest)
         with self._lock:
             self._pins[digest] += 1  # before looking, so eviction cannot race the check
+            # Being filled (a read-ahead): its file may be in place, not yet trusted. Wait
+            # for the fill instead of hashing the file meanwhile.
+            filling = digest in self._fills
         try:
-            if not self._usable(digest, path, size):
+            if filling or not self._usable(digest, path, size):
                 self._fill_coalesced(digest, size, path)
             self._touch(digest, size)
         except BaseException:
@@ -377,15 +420,22 @@ class LocalObjectCache:
             self._counters.inc(name)
 
     def _fill_coalesced(self, digest: str, size: int, path: Path) -> None:
-        with self._lock:
-            fill = self._fills.get(digest)
-            owner = fill is None
-            if fill is None:
-                fill = self._fills[digest] = _Fill()
-            else:
-                fill.waiters += 1
-        if not owner:
+        while True:
+            with self._lock:
+                fill = self._fills.get(digest)
+                owner = fill is None
+                if fill is None:
+                    fill = self._fills[digest] = _Fill()
+                else:
+                    fill.waiters += 1
+            if owner:
+                break
+            if fill.speculative:
+                self._count("readahead_waits")  # a job's open waited for a read-ahead
             fill.done.wait()
+            if fill.speculative and (fill.error is not None
+                                     or not self._usable(digest, path, size)):
+                continue  # a read-ahead failed (or had another size): fill it ourselves
             if fill.error is not None:
                 raise _rewrap(fill.error)
             if not self._usable(digest, path, size):  # the filler was asked for another size
@@ -402,6 +452,106 @@ class LocalObjectCache:
                 del self._fills[digest]
             fill.done.set()
         self._after_fill()
+
+    def fill_many(self, items: list[tuple[str, int]], packs: list[str] | None = None
+                  ) -> tuple[int, int]:
+        """Fill several objects (read-ahead) with one request to the filler, each
+        verified like any fill; those local already or being filled are skipped.
+        A job's open of one of them meanwhile waits for it (and fills it itself if
+        it fails). ``packs``: the filler also adds the other members of these packs
+        (its identity of each file is trusted like a fill's). Errors are not raised:
+        returns (filled, failed)."""
+        mine: dict[str, tuple[int, _Fill]] = {}
+        with self._lock:
+            for digest, size in items:
+                if digest not in self._fills and digest not in mine:
+                    mine[digest] = (size, _Fill(speculative=True))
+                    self._fills[digest] = mine[digest][1]
+        todo = []
+        for digest, (size, fill) in mine.items():
+            try:
+                local = self._usable(digest, self.path_of(digest), size)
+            except OSError:
+                local = False
+            if local:
+                self._end_fill(digest, fill, None)
+            else:
+                todo.append((digest, size))
+        filled: dict[str, tuple[int, int]] = {}
+        failed = 0
+
+        def done(digest: str, ident: tuple[int, int, int] | None,
+                 error: BaseException | None) -> None:
+            nonlocal failed
+            size, fill = mine.get(digest, (0, None))
+            if fill is None or fill.done.is_set():
+                return  # not ours, or answered already (a request sent twice)
+            if error is None:
+                st = self._stat_ok(self.path_of(digest), size)
+                if st is None or (ident != (st.st_ino, st.st_mtime_ns, st.st_size)
+                                  and not self._trusted(digest, st)
+                                  and not self._verify(digest, self.path_of(digest), st)):
+                    error = CorruptObjectError(f"object {digest}: no verified file of {size}"
+                                               " bytes after the fetch worker's fill")
+                else:
+                    self._remember(digest, (st.st_ino, st.st_mtime_ns, st.st_size))
+                    filled[digest] = (size, time.time_ns())
+            if error is not None:
+                failed += 1
+            self._end_fill(digest, fill, error)
+
+        def progressed() -> None:
+            now = time.monotonic()
+            for _, fill in mine.values():
+                fill.progressed = now
+
+        def adopt(digest: str, size: int, ident: tuple[int, int, int]) -> None:
+            """A file the filler added (a pack member): trusted if it is still that file."""
+            if not _DIGEST.fullmatch(digest) or digest in mine:
+                return
+            with self._lock:
+                if digest in self._fills:
+                    return  # a fill of it runs here: that one decides
+            st = self._stat_ok(self.path_of(digest), size)
+            if st is not None and ident == (st.st_ino, st.st_mtime_ns, st.st_size):
+                self._remember(digest, ident)
+                filled[digest] = (size, time.time_ns())
+
+        # The filler's fill_many(items, progressed, done), if it has one (the fetch
+        # worker's: one request): done(digest, ident, error) once per object answered.
+        batch = getattr(self._filler, "fill_many", None)
+        try:
+            if batch is not None and (todo or packs):
+                if packs:
+                    batch(todo, progressed, done, packs, adopt)
+                else:
+                    batch(todo, progressed, done)
+            else:
+                for digest, size in todo:  # no batch filler: one by one, in this thread
+                    try:
+                        self._fill(digest, size, self.path_of(digest))
+                        done(digest, None, None)
+                    except (CasfsError, OSError) as e:
+                        done(digest, None, e)
+        except Exception as e:  # the request as a whole: a hint lost, never the job's error
+            log.debug("read-ahead of %d objects failed: %s", len(todo), e)
+        finally:
+            for digest, _ in todo:  # not answered (the request failed): failed
+                done(digest, None, CasfsError("read-ahead: no answer"))
+        if filled and not self._index.readonly:
+            with self._lock:
+                for digest in filled:
+                    self._touches.pop(digest, None)
+            cachedb.record(self._index.env, filled)
+            self._after_fill()
+        return len(filled), failed
+
+    def _end_fill(self, digest: str, fill: _Fill, error: BaseException | None) -> None:
+        with self._lock:
+            if self._fills.get(digest) is fill:
+                del self._fills[digest]
+            fill.error = error
+            fill.done.set()
 
     def fill_progress(self, digest: str) -> float | None:
         """Seconds since the in-flight fill of ``digest`` last received bytes.

@@ -13,7 +13,7 @@ the promoted records of the round, and attached to pending entries as their
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import lmdb
@@ -197,12 +197,10 @@ def pending(env: IndexEnv, mount: str, root: str = "") -> Iterator[Entry]:
     while batch := read_batch(after):
         for _, value, loc in batch:
             if value is not None:
-                rec = _record(value)
-                if rec.state == "pending":
-                    if loc is None:
-                        yield rec.entry
-                    else:
-                        yield replace(rec.entry, extras={"pack": list(ks.unpack_packed(loc))})
+                state, raw, size, mode, mtime_ns, _, path = ks.unpack_promoted(value)
+                if state != ks.STATE_PUBLISHED:  # built at once: no copy per packed entry
+                    extras = {"pack": list(ks.unpack_packed(loc))} if loc is not None else None
+                    yield Entry(path, raw.hex(), size, mode, mtime_ns, extras)
         after = batch[-1][0]
 
 

@@ -60,6 +60,14 @@ class ObjectFetcher(Protocol):
         """
         ...
 
+    def open_cached(self, entry: Entry) -> int | None:
+        """An open read-only fd of the object, pinned, if it is local and trusted
+        already; else None (the caller then uses ``cached`` or ``fetch``).
+
+        The warm open's shortcut: no lookup of the file before opening it.
+        """
+        ...
+
     def unpin(self, digest: str) -> None:
         """The caller no longer uses the file returned by ``fetch`` for ``digest``."""
         ...

@@ -28,6 +28,10 @@ class MountConfig:
     shutdown_timeout: float = 30.0
     fetch_timeout: float = 10.0  # the longest an open waits for a lower object (then a miss)
     prefetch: bool = True  # fetch the namespace's access profile in the background
+    readahead: bool = True  # a miss fetches the rest of its directory (casfs.node.readahead)
+    # overlay mode: hold mount-ready up to this many seconds until the access profile's
+    # hot set is local, so the links layer (fixed at mount) serves it natively; 0: don't
+    wait_warm: float = 0.0
     allow_other: bool = False
     cache_max_bytes: int = 20 << 30
     namespace_max_bytes: int | None = None
@@ -58,6 +62,11 @@ class MountConfig:
         return self.state_dir / "upper" / self.namespace
 
     @property
+    def overlay_base(self) -> Path:
+        """Overlay mode's layers (casfs.view.overlay.OverlayPaths.base)."""
+        return self.state_dir / "overlay" / self.namespace
+
+    @property
     def writable_dir(self) -> Path:
         """Where the job's writes land: the upper layer, or the directory itself in dir mode."""
         return self.mountpoint if self.mode == "dir" else self.upper
@@ -83,6 +92,8 @@ class MountConfig:
         if self.mode not in ("fuse", "overlay", "dir"):
             raise ConfigError(f"mount {self.name}: mode must be 'fuse', 'overlay' or 'dir',"
                               f" not {self.mode!r}")
+        if not self.wait_warm >= 0:
+            raise ConfigError(f"mount {self.name}: wait_warm must be >= 0 seconds")
         if self.stable_after < 0 or self.publish_interval <= 0 or self.refresh_interval <= 0:
             raise ConfigError(f"mount {self.name}: intervals must be positive")
 

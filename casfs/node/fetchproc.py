@@ -8,10 +8,19 @@ there costs the mount process a miss, never its FUSE connection.
 Protocol (a Unix socketpair, one message = 4-byte big-endian length + JSON):
 
     mount -> worker  {"op": "fill", "id": n, "digest", "size", "root": {spec}, "ns", "pack"}
-    worker -> mount  {"id": n, "started": true}     a worker thread took it
+                     {"op": "fill_many", "id": n, "objects": [[digest, size, pack], ...],
+                      "root", "ns", "packs": [pack digest, ...]}
+                                                    read-ahead: several objects, then the
+                                                    other members of whole packs
+    worker -> mount  {"id": n, "started": true}     a worker thread took it (sent only by a
+                                                    fill still running after 0.05 s)
                      {"id": n, "progress": true}    bytes arrived (at most every 0.2 s)
+                     {"id": n, "one": digest, "ident": [...]} or {..., "kind", "error"}
+                                                    fill_many: one of its objects is done
+                     {"id": n, "one": digest, "ident": [...], "size": n}
+                                                    fill_many: a pack member it added
                      {"id": n, "ok": true, "n": bytes, "ident": [ino, mtime_ns, size],
-                      "counters": {...}}
+                      "counters": {...}}            (fill_many: "counters" only)
                      {"id": n, "ok": false, "kind": "corrupt"|"missing"|"error", "error": text}
 
 A fill's result is the object's file in the cache directory (verified by the
@@ -55,7 +64,7 @@ from casfs.util.counters import Counters
 log = logging.getLogger(__name__)
 
 HEADER = struct.Struct(">I")
-MAX_MESSAGE = 4 << 20
+MAX_MESSAGE = 64 << 20  # the promotion worker's replies name paths (lost, conflicts)
 QUICK_DEATH = 10.0  # a worker dying this soon after its start, having done nothing: back-off
 SPARE = True  # keep one worker started in advance, so a restart does not wait for imports
 MAX_BACKOFF = 10.0
@@ -113,15 +122,28 @@ class _Request:
     sent_at: float = 0.0
     progressed: float = 0.0
     stalled: bool = False
+    on_part: Callable[[dict[str, Any]], None] | None = None  # fill_many's "one" messages
 
 
 class FetchWorker:
-    """One fetch worker process for a cache directory, restarted when it dies or hangs."""
+    """One fetch worker process for a cache directory, restarted when it dies or hangs.
 
-    def __init__(self, directory: Path, *, hang_after: float = 20.0, threads: int = 16) -> None:
+    The machinery (spawn, watchdog, one retry, hang detection) is the same for
+    casfs.node.promoteproc's promotion worker: ``module`` is the child's module,
+    ``args`` its arguments after ``--fd``, ``label`` how logs and errors name it,
+    ``spare`` whether a replacement is kept started in advance.
+    """
+
+    def __init__(self, directory: Path, *, hang_after: float = 20.0, threads: int = 16,
+                 module: str = "casfs.node.fetchworker", args: list[str] | None = None,
+                 label: str = "fetch worker", spare: bool | None = None) -> None:
         self.directory = Path(directory)
         self.hang_after = hang_after
         self.threads = threads
+        self.module = module
+        self.args = args if args is not None else ["--dir", str(self.directory)]
+        self.label = label
+        self.keep_spare = spare
         self.counters = Counters()  # worker_starts, worker_deaths, worker_hangs
         self._lock = threading.Lock()
         self._pending: dict[int, _Request] = {}
@@ -137,7 +159,7 @@ class FetchWorker:
         self._spare: tuple[subprocess.Popen[bytes], socket.socket] | None = None
         self._dead: list[subprocess.Popen[bytes]] = []  # killed, not reaped yet
         self._closed = False
-        self._watchdog = threading.Thread(target=self._watch, name="fetch-watchdog", daemon=True)
+        self._watchdog = threading.Thread(target=self._watch, name=f"{label}-watchdog", daemon=True)
         self._watchdog.start()
 
     # --- the caller's side --------------------------------------------------
@@ -153,10 +175,29 @@ class FetchWorker:
         """
         msg = {"op": "fill", "digest": digest, "size": size, "root": root, "ns": namespace,
                "pack": pack}
-        req = _Request(msg, progressed, counters)
+        return self.call(msg, progressed, counters)
+
+    def fill_many(self, objects: list[tuple[str, int, Any]], root: dict[str, Any],
+                  namespace: str, progressed: Callable[[], None], counters: Counters,
+                  on_one: Callable[[dict[str, Any]], None], packs: list[str] | None = None
+                  ) -> dict[str, Any]:
+        """Have the worker put several objects ((digest, size, pack location)) into the
+        cache, then every member of ``packs`` (read whole, see fetchworker); ``on_one``
+        gets each object's ``one`` message as it is done (from the reader thread; maybe
+        twice for one digest if the request was sent again to a new worker). Raises
+        like ``fill`` when the request as a whole fails."""
+        msg = {"op": "fill_many", "objects": [list(o) for o in objects], "root": root,
+               "ns": namespace, "packs": packs or []}
+        return self.call(msg, progressed, counters, on_one)
+
+    def call(self, msg: dict[str, Any], progressed: Callable[[], None],
+             counters: Counters, on_part: Callable[[dict[str, Any]], None] | None = None
+             ) -> dict[str, Any]:
+        """Send one request (``op`` and its fields) and wait for its reply (see fill)."""
+        req = _Request(msg, progressed, counters, on_part=on_part)
         with self._lock:
             if self._closed:
-                raise FetchWorkerError("the fetch worker is shut down")
+                raise FetchWorkerError(f"the {self.label} is shut down")
             msg["id"] = rid = self._next_id
             self._next_id += 1
             self._pending[rid] = req
@@ -176,7 +217,7 @@ class FetchWorker:
                 with contextlib.suppress(OSError):
                     spare[0].kill()
                 spare[1].close()
-            self._fail_all_locked(FetchWorkerError("the fetch worker is shut down"))
+            self._fail_all_locked(FetchWorkerError(f"the {self.label} is shut down"))
             if self._wsock is not None:
                 with contextlib.suppress(OSError):
                     self._wsock.shutdown(socket.SHUT_RDWR)
@@ -203,7 +244,7 @@ class FetchWorker:
         try:
             send_msg(self._wsock, req.msg)
         except OSError as e:  # dead or wedged worker: the watchdog replaces it
-            log.warning("cannot send to the fetch worker: %s", e)
+            log.warning("cannot send to the %s: %s", self.label, e)
             self._kill_locked("it does not read its requests")
 
     def _read(self, sock: socket.socket, gen: int) -> None:
@@ -214,7 +255,7 @@ class FetchWorker:
                     break
                 self._on_message(msg)
         except (OSError, ValueError) as e:
-            log.warning("fetch worker connection: %s", e)
+            log.warning("%s connection: %s", self.label, e)
         finally:
             sock.close()
             with self._lock:
@@ -233,13 +274,18 @@ class FetchWorker:
             if "ok" not in msg:
                 req.started = True
                 req.progressed = time.monotonic()
-                progress = "progress" in msg
+                progress = "progress" in msg or "one" in msg
             else:
                 del self._pending[rid]
                 progress = False
         if progress:
             req.progressed_cb()
         if "ok" not in msg:
+            if "one" in msg and req.on_part is not None:
+                try:
+                    req.on_part(msg)
+                except Exception:  # the reader must outlive any bug: every request waits on it
+                    log.exception("%s: handling a partial reply", self.label)
             return
         counted = msg.get("counters")
         if isinstance(counted, dict):
@@ -262,7 +308,7 @@ class FetchWorker:
                 if not self._watch_once():
                     return
             except Exception:  # the watchdog must outlive any bug: requests wait on it
-                log.exception("fetch worker watchdog")
+                log.exception("%s watchdog", self.label)
 
     def _watch_once(self) -> bool:
         with self._lock:
@@ -291,14 +337,14 @@ class FetchWorker:
             for r in stalled:
                 r.stalled = True
             self.counters.inc("worker_hangs")
-            self._kill_locked(f"{len(stalled)} fetches got nothing for"
+            self._kill_locked(f"{len(stalled)} requests got nothing for"
                               f" {self.hang_after:.0f}s (a stuck shared root?)")
 
     def _kill_locked(self, why: str) -> None:
         proc = self._proc
         if proc is None:
             return
-        log.warning("fetch worker %d: %s: replacing it", proc.pid, why)
+        log.warning("%s %d: %s: replacing it", self.label, proc.pid, why)
         with contextlib.suppress(OSError):
             proc.kill()
         self._worker_died_locked("killed")
@@ -320,14 +366,16 @@ class FetchWorker:
             self._backoff = 0.0
         self._next_start = time.monotonic() + self._backoff
         if how != "killed":
-            log.warning("fetch worker %d died (%s) after %.1fs; restarting%s", proc.pid, how,
+            log.warning("%s %d died (%s) after %.1fs; restarting%s", self.label, proc.pid, how,
                         lived, f" in {self._backoff:.0f}s" if self._backoff else "")
         for rid, req in list(self._pending.items()):
             if req.sent_to and (req.stalled or req.tries >= 2):
                 del self._pending[rid]
+                what = (f"object {req.msg['digest']}" if "digest" in req.msg
+                        else str(req.msg.get("op")))
                 req.error = FetchWorkerError(
-                    f"object {req.msg['digest']}: the fetch worker "
-                    + ("hung" if req.stalled else "died twice") + " during the fetch")
+                    f"{what}: the {self.label} "
+                    + ("hung" if req.stalled else "died twice") + " during the request")
                 req.done.set()
 
     def _fail_all_locked(self, error: BaseException) -> None:
@@ -342,9 +390,8 @@ class FetchWorker:
     def _spawn_locked(self) -> tuple[subprocess.Popen[bytes], socket.socket] | None:
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         level = logging.getLevelName(logging.getLogger().getEffectiveLevel()).lower()
-        cmd = [sys.executable, "-m", "casfs.node.fetchworker", "--fd", str(child.fileno()),
-               "--dir", str(self.directory), "--threads", str(self.threads),
-               "--parent", str(os.getpid())]
+        cmd = [sys.executable, "-m", self.module, "--fd", str(child.fileno()), *self.args,
+               "--threads", str(self.threads), "--parent", str(os.getpid())]
         if level in ("debug", "info", "warning", "error"):
             cmd += ["--log-level", level]
         try:
@@ -352,7 +399,7 @@ class FetchWorker:
                                     restore_signals=True)
         except OSError as e:
             parent.close()
-            log.error("cannot start the fetch worker: %s", e)
+            log.error("cannot start the %s: %s", self.label, e)
             return None
         finally:
             child.close()
@@ -382,11 +429,11 @@ class FetchWorker:
         self.counters.inc("worker_starts")
         self._wsock = parent
         threading.Thread(target=self._read, args=(parent, self._gen), daemon=True,
-                         name=f"fetch-reader-{self._gen}").start()
-        log.debug("fetch worker %d serving", proc.pid)
+                         name=f"{self.label}-reader-{self._gen}").start()
+        log.debug("%s %d serving", self.label, proc.pid)
         for req in list(self._pending.values()):  # what the dead worker left: once more
             self._send_locked(req)
-        if SPARE:
+        if SPARE if self.keep_spare is None else self.keep_spare:
             self._spare = self._spawn_locked()
 
     def stop_worker(self, sig: int = signal.SIGKILL) -> None:

@@ -23,9 +23,12 @@ import signal
 import socket
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
+
+import blake3
 
 from casfs.errors import CasfsError, CorruptObjectError, ObjectMissingError
 from casfs.index.objcache import fill_file, object_path
@@ -36,6 +39,14 @@ from casfs.util.crashpoint import crashpoint
 log = logging.getLogger(__name__)
 
 PROGRESS_EVERY = 0.2  # seconds between progress messages of one fill
+STARTED_AFTER = 0.05  # a fill running this long tells the mount it started (see Worker)
+MAX_SPAN = 4 << 20  # fill_many: pack members within this many bytes come from one read
+ITEM_THREADS = 4  # fill_many: objects filled at once (all requests together)
+OTHER_FILL_WAIT = 30.0  # a fill waits this long for another thread's fill of its object
+MAX_PACK = 4 << 20  # fill_many's "packs": a pack is read whole only up to this size ...
+MAX_PACK_BYTES = 16 << 20  # ... filling at most this many bytes of its members ...
+MAX_PACK_MEMBER = 1 << 20  # ... none larger than this (packs hold objects up to 64 KiB)
+MAX_PACKS_DONE = 1 << 16  # packs read whole by this worker (each once; then no more)
 
 
 class _Roots:
@@ -88,13 +99,19 @@ def _open_root(spec: dict[str, Any], namespace: str) -> Any:
     return root
 
 
-class Worker:
-    def __init__(self, sock: socket.socket, directory: Path, threads: int) -> None:
+class ChildServer:
+    """A worker child's request loop: each request runs in the pool; replies, progress
+    and the process's exit when the mount process goes go through ``send``."""
+
+    NAME = b"casfs-worker"  # the process name once it serves (a spare until then)
+
+    def __init__(self, sock: socket.socket, threads: int, prefix: str) -> None:
         self.sock = sock
-        self.directory = directory
-        self.roots = _Roots()
-        self.pool = ThreadPoolExecutor(threads, thread_name_prefix="fill")
+        self.pool = ThreadPoolExecutor(threads, thread_name_prefix=prefix)
         self._send_lock = threading.Lock()
+
+    def handler(self, op: Any) -> Callable[[dict[str, Any]], None] | None:
+        raise NotImplementedError
 
     def send(self, msg: dict[str, Any]) -> None:
         with self._send_lock:
@@ -113,15 +130,71 @@ class Worker:
                 msg = None
             if msg is None:
                 os._exit(0)  # the mount process closed its end: nothing left to do
-            if not named:  # a spare until its first request (ps, top and the benches see it)
-                named = _set_name(b"casfs-fetch")
-            if msg.get("op") == "fill":
-                self.pool.submit(self.fill, msg)
+            if not named:  # ps, top and the benches tell a spare from a serving worker
+                named = _set_name(self.NAME)
+            fn = self.handler(msg.get("op"))
+            if fn is not None:
+                self.pool.submit(fn, msg)
+
+
+class Worker(ChildServer):
+    NAME = b"casfs-fetch"
+
+    def __init__(self, sock: socket.socket, directory: Path, threads: int) -> None:
+        super().__init__(sock, threads, "fill")
+        self.directory = directory
+        self.roots = _Roots()
+        # Fills running now: id -> [start, "started" sent]. A fill says "started" only
+        # once it has run STARTED_AFTER (the mount's hang detection needs it then);
+        # a quicker one only answers: one message per fill instead of three.
+        self._active: dict[Any, list[Any]] = {}
+        self._packs_lock = threading.Lock()
+        self._inflight: dict[str, _InFlight] = {}  # digest -> its fill running here
+        self._inflight_lock = threading.Lock()
+        # fill_many's objects (its own pool: a request waiting on the shared one could
+        # wait behind itself)
+        self.items = ThreadPoolExecutor(ITEM_THREADS, thread_name_prefix="fill-item")
+        self._packs_done: set[str] = set()
+        self._active_cond = threading.Condition()
+        threading.Thread(target=self._announce, name="announce", daemon=True).start()
+
+    def handler(self, op: Any) -> Callable[[dict[str, Any]], None] | None:
+        return self.fill if op == "fill" else self.fill_many if op == "fill_many" else None
+
+    def _announce(self) -> None:
+        while True:
+            with self._active_cond:
+                while not self._active:
+                    self._active_cond.wait()
+            time.sleep(STARTED_AFTER / 2)
+            now = time.monotonic()
+            with self._active_cond:  # held while sending: a fill answers only after this
+                for rid, state in self._active.items():
+                    if not state[1] and now - state[0] >= STARTED_AFTER:
+                        state[1] = True
+                        self.send({"id": rid, "started": True})
 
     def fill(self, msg: dict[str, Any]) -> None:
+        self._run(msg, self._fill)
+
+    def fill_many(self, msg: dict[str, Any]) -> None:
+        self._run(msg, self._fill_many)
+
+    def _run(self, msg: dict[str, Any], fn: Callable[[Any, dict[str, Any], float], None]
+             ) -> None:
         rid = msg.get("id")
-        self.send({"id": rid, "started": True})
-        last = [0.0]
+        t0 = time.monotonic()
+        with self._active_cond:
+            self._active[rid] = [t0, False]
+            self._active_cond.notify()
+        try:
+            fn(rid, msg, t0)
+        finally:
+            with self._active_cond:
+                self._active.pop(rid, None)
+
+    def _progress(self, rid: Any, t0: float) -> Callable[[], None]:
+        last = [t0]  # progress messages only for a fill still running after PROGRESS_EVERY
 
         def progressed() -> None:
             now = time.monotonic()
@@ -129,6 +202,61 @@ class Worker:
                 last[0] = now
                 self.send({"id": rid, "progress": True})
 
+        return progressed
+
+    def _fill_many(self, rid: Any, msg: dict[str, Any], t0: float) -> None:
+        """Several objects (read-ahead), one after another in this thread: a message
+        ``{"id", "one": digest, "ident"}`` (or ``"kind", "error"``) as each is done, so
+        a job waiting for one of them goes on, then ``ok``. Members of one pack come
+        from one range read (``ObjectStore.read_members``)."""
+        progressed = self._progress(rid, t0)
+        key, root = "", None
+        try:
+            key, root = self.roots.get(msg["root"], str(msg["ns"]))
+            items = [(str(d), int(n), p) for d, n, p in msg["objects"]]
+            wanted = {}
+            for digest, _, pack in items:
+                if pack is not None:
+                    root.objects.locate(digest, pack)
+                    loc = root.objects.locations.get(digest)
+                    if loc is not None:
+                        wanted[digest] = loc
+            stored = root.objects.read_members(wanted, MAX_SPAN) if len(wanted) > 1 else {}
+
+            def one(item: tuple[str, int, Any]) -> None:
+                digest, size, _ = item
+                crashpoint("fetch-worker")
+                try:
+                    member = stored.get(digest)
+                    src = root.objects if member is None else _Stored(root.objects, member)
+                    self._once(digest, lambda: fill_file(self.directory, src, digest, size,
+                                                         progressed))
+                    st = os.lstat(object_path(self.directory, digest))
+                    self.send({"id": rid, "one": digest,
+                               "ident": [st.st_ino, st.st_mtime_ns, st.st_size]})
+                except Exception as e:  # this object only: the others go on
+                    kind, text = _failure(e, digest)
+                    self.send({"id": rid, "one": digest, "kind": kind, "error": text})
+
+            # A few at a time, in order: a cache file's creation waits on the disk more
+            # than it computes, and the job opens them in this order.
+            list(self.items.map(one, items))
+            for pack in msg.get("packs") or []:
+                self._whole_pack(rid, root, str(pack), {d for d, _, _ in items})
+            self._reply(rid, {"id": rid, "ok": True,
+                              "counters": self.roots.counters_delta(key, root)})
+        except Exception as e:  # a bad request or root: every object not answered is a miss
+            kind, text = _failure(e, None)
+            self._reply(rid, {"id": rid, "ok": False, "kind": kind, "error": text,
+                              "counters": self.roots.counters_delta(key, root) if root else {}})
+
+    def _reply(self, rid: Any, msg: dict[str, Any]) -> None:
+        with self._active_cond:  # never before a "started" being sent for it
+            self._active.pop(rid, None)
+        self.send(msg)
+
+    def _fill(self, rid: Any, msg: dict[str, Any], t0: float) -> None:
+        progressed = self._progress(rid, t0)
         key, root = "", None
         try:
             digest, size = str(msg["digest"]), int(msg["size"])
@@ -136,19 +264,130 @@ class Worker:
             if msg.get("pack") is not None:
                 root.objects.locate(digest, msg["pack"])
             crashpoint("fetch-worker")
-            n = fill_file(self.directory, root.objects, digest, size, progressed)
+            self._once(digest, lambda: fill_file(self.directory, root.objects, digest, size,
+                                                 progressed))
+            n = size
             st = os.lstat(object_path(self.directory, digest))
-            self.send({"id": rid, "ok": True, "n": n,
-                       "ident": [st.st_ino, st.st_mtime_ns, st.st_size],
-                       "counters": self.roots.counters_delta(key, root)})
+            self._reply(rid, {"id": rid, "ok": True, "n": n,
+                              "ident": [st.st_ino, st.st_mtime_ns, st.st_size],
+                              "counters": self.roots.counters_delta(key, root)})
         except Exception as e:  # every failure is an answer: the mount turns it into a miss
-            kind = ("corrupt" if isinstance(e, CorruptObjectError) else
-                    "missing" if isinstance(e, ObjectMissingError) else "error")
-            if not isinstance(e, CasfsError | OSError):
-                log.exception("fetch of %s failed", msg.get("digest"))
-            self.send({"id": rid, "ok": False, "kind": kind,
-                       "error": e.message if isinstance(e, CasfsError) else str(e),
-                       "counters": self.roots.counters_delta(key, root) if root else {}})
+            kind, text = _failure(e, msg.get("digest"))
+            self._reply(rid, {"id": rid, "ok": False, "kind": kind, "error": text,
+                              "counters": self.roots.counters_delta(key, root) if root else {}})
+
+
+    def _once(self, digest: str, fill: Callable[[], int], wait: bool = True) -> bool:
+        """Run ``fill`` (a fill_file of ``digest``) unless a thread of this worker is
+        filling that object already (a job's open racing a read-ahead): then wait
+        for it and use its file if it succeeded (``wait=False``: return False at
+        once). Raises what ``fill`` raises."""
+        with self._inflight_lock:
+            other = self._inflight.get(digest)
+            mine = None
+            if other is None:
+                mine = self._inflight[digest] = _InFlight()
+        if other is not None:
+            if not wait:
+                return False
+            if other.done.wait(OTHER_FILL_WAIT) and other.ok:
+                return True  # its file is in place, verified
+            fill()  # it failed (or is slow): our own
+            return True
+        assert mine is not None
+        try:
+            fill()
+            mine.ok = True
+        finally:
+            with self._inflight_lock:
+                if self._inflight.get(digest) is mine:
+                    del self._inflight[digest]
+            mine.done.set()
+        return True
+
+    def _whole_pack(self, rid: Any, root: Any, pack: str, asked: set[str]) -> None:
+        """Read-ahead of a pack a job read a member of: its other members are usually
+        read together (promoted together), so the whole pack is read once (one GET,
+        at most MAX_PACK bytes, checked against its name) and every member not in the
+        cache yet is filled, each verified by its own digest. Each is announced as
+        ``{"id", "one": digest, "ident", "size"}``; a failure is only logged."""
+        from casfs.store.objects import HEADER_SIZE, parse_header
+        from casfs.store.packs import pack_key, parse_index
+
+        with self._packs_lock:
+            if pack in self._packs_done or len(self._packs_done) > MAX_PACKS_DONE:
+                return
+            self._packs_done.add(pack)
+        try:
+            info = root.objects.backend.info(pack_key(pack))
+            if info is None or info.size > MAX_PACK:
+                return
+            raw = root.objects.backend.read_range(pack_key(pack), 0, info.size)
+            if blake3.blake3(raw).hexdigest() != pack:
+                raise CorruptObjectError(f"pack {pack}: content does not match its name")
+            members = parse_index(raw, pack).members
+        except (CasfsError, OSError) as e:
+            log.info("read-ahead of pack %s: %s", pack, e)
+            return
+        root.objects.counters.inc("pack_whole_reads")
+        todo: list[tuple[str, bytes, int]] = []
+        total = 0
+        for digest, (off, length) in sorted(members.items(), key=lambda kv: kv[1][0]):
+            if digest in asked or os.path.lexists(object_path(self.directory, digest)):
+                continue
+            stored = raw[off:off + length]
+            try:
+                size = parse_header(stored[:HEADER_SIZE], digest).size
+            except CasfsError as e:  # that member only
+                log.info("read-ahead of %s from pack %s: %s", digest, pack, e)
+                continue
+            if size <= MAX_PACK_MEMBER and total + size <= MAX_PACK_BYTES:
+                total += size
+                todo.append((digest, stored, size))
+
+        def one(item: tuple[str, bytes, int]) -> None:
+            digest, stored, size = item
+            try:
+                if not self._once(digest, lambda: fill_file(
+                        self.directory, _Stored(root.objects, stored), digest, size),
+                        wait=False):
+                    return  # a job's own fill of it runs: that one answers
+                st = os.lstat(object_path(self.directory, digest))
+            except (CasfsError, OSError) as e:  # that member only (rejected: counted)
+                log.info("read-ahead of %s from pack %s: %s", digest, pack, e)
+                return
+            self.send({"id": rid, "one": digest, "size": size,
+                       "ident": [st.st_ino, st.st_mtime_ns, st.st_size]})
+
+        list(self.items.map(one, todo))
+
+
+class _InFlight:
+    """A fill running in this worker: others of the same object wait for it."""
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.ok = False
+
+
+class _Stored:
+    """An object source for one object whose stored bytes were read already."""
+
+    def __init__(self, objects: Any, stored: bytes) -> None:
+        self.objects = objects
+        self.stored = stored
+
+    def get_into(self, digest: str, expected_size: int | None, out: Any) -> int:
+        return int(self.objects.get_stored_into(digest, expected_size, self.stored, out))
+
+
+def _failure(e: Exception, digest: object) -> tuple[str, str]:
+    """(kind, text) of a failed fill, as the mount process reads them."""
+    kind = ("corrupt" if isinstance(e, CorruptObjectError) else
+            "missing" if isinstance(e, ObjectMissingError) else "error")
+    if not isinstance(e, CasfsError | OSError):
+        log.exception("fetch of %s failed", digest)
+    return kind, e.message if isinstance(e, CasfsError) else str(e)
 
 
 def _set_name(name: bytes) -> bool:
@@ -169,19 +408,28 @@ def _die_with_parent(parent: int) -> None:
         os._exit(0)  # it died before prctl took effect
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="casfs-fetch-worker")
+def start_child(prog: str, dir_flag: str, threads: int, tag: str, name: bytes,
+                argv: list[str] | None) -> argparse.Namespace:
+    """The common start of a mount process's worker child: its arguments (``--fd``,
+    ``dir_flag``, ``--threads``, ``--parent``, ``--log-level``), death with the
+    parent, ^C left to the mount process, logging and the process name."""
+    ap = argparse.ArgumentParser(prog=prog)
     ap.add_argument("--fd", type=int, required=True)
-    ap.add_argument("--dir", type=Path, required=True)
-    ap.add_argument("--threads", type=int, default=16)
+    ap.add_argument(dir_flag, type=Path, required=True)
+    ap.add_argument("--threads", type=int, default=threads)
     ap.add_argument("--parent", type=int, default=0)
     ap.add_argument("--log-level", choices=sorted(logfmt.LEVELS), default="info")
     args = ap.parse_args(argv)
     if args.parent:
         _die_with_parent(args.parent)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's ^C is for the mount process
-    logfmt.setup(logfmt.LEVELS[args.log_level], tag="[fetch] ")
-    _set_name(b"casfs-spare")
+    logfmt.setup(logfmt.LEVELS[args.log_level], tag=tag)
+    _set_name(name)
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = start_child("casfs-fetch-worker", "--dir", 16, "[fetch] ", b"casfs-spare", argv)
     for mod in ("casfs.store.root", "casfs.tenants"):  # now, not while a job waits on us
         importlib.import_module(mod)
     sock = socket.socket(fileno=args.fd)

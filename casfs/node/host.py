@@ -86,6 +86,7 @@ class NodeHost:
         self.leases: dict[str, Lease] = {}
         self.final: dict[Key, dict[str, Any]] = {}  # stats of released namespaces
         self._attaching: dict[Key, trio.Event] = {}
+        self._detaching: dict[Key, trio.Event] = {}
         self._check_lock: trio.Lock | None = None
         self._nursery: trio.Nursery | None = None
         self.stopping = False
@@ -111,8 +112,10 @@ class NodeHost:
         from casfs.node.mount import MountService
 
         key = (tenant, namespace)
-        while key in self._attaching:
-            await self._attaching[key].wait()
+        # Attached by another lease just now, or being released: its final publication
+        # holds the namespace's lock (a new MountService would be refused): wait for it.
+        while (ev := self._attaching.get(key) or self._detaching.get(key)) is not None:
+            await ev.wait()
         s = self.served.get(key)
         if s is not None:
             return s
@@ -134,6 +137,7 @@ class NodeHost:
             self.served[key] = s
             self.final.pop(key, None)
             reclaim.record_served(mcfg)
+            svc.mark_ready()
             log.info("serving %s@%d at %s", namespace, svc.served_seq, mcfg.mountpoint)
         finally:
             del self._attaching[key]
@@ -157,6 +161,14 @@ class NodeHost:
         s = self.served.pop(key, None)
         if s is None:
             return None
+        ev = self._detaching[key] = trio.Event()  # a lease for it meanwhile waits
+        try:
+            return await self._detach(key, s)
+        finally:
+            del self._detaching[key]
+            ev.set()
+
+    async def _detach(self, key: Key, s: Served) -> dict[str, Any]:
         self.mux.detach(*key)
         if s.scope is not None:
             s.scope.cancel()

@@ -21,8 +21,8 @@ import dataclasses
 import errno
 import fcntl
 import logging
+import math
 import os
-import signal
 import stat
 import threading
 import time
@@ -33,25 +33,30 @@ from typing import Any
 import trio
 
 from casfs import families
-from casfs.errors import CasfsError, ObjectMissingError, UsageError
+from casfs.errors import CasfsError, CorruptObjectError, ObjectMissingError, UsageError
 from casfs.index.memtree import MemLowerTree, StagedLowerTree
 from casfs.index.node_index import NodeIndex
 from casfs.index.objcache import LocalObjectCache
-from casfs.node import control, fetchproc, prefetch, usage
+from casfs.node import control, fetchproc, prefetch, promoteproc, readahead, usage
 from casfs.node.config import MountConfig
-from casfs.promote.promoter import Promoter
-from casfs.promote.publisher import Publisher
+from casfs.promote.promoter import Promoter, RoundResult
+from casfs.promote.publisher import Publisher, PublishOutcome, profile_options
 from casfs.promote.tracker import WriteTracker
 from casfs.store import profile, reads
 from casfs.store.entry import Entry
-from casfs.store.generations import GenerationStore, Record, Snapshot
+from casfs.store.generations import GenerationStore, PublishResult, Record, Snapshot
 from casfs.store.root import SharedRoot
 from casfs.tenants import TenantPolicy
+from casfs.util.bounded import call_bounded
 from casfs.util.counters import Counters
 from casfs.view import dirmode, overlay, session
 
 log = logging.getLogger(__name__)
 
+ROOT_RETRY_AFTER = 5.0  # seconds before a root that failed to open is tried again
+# The longest opening the root may hold a mount's start (or a refresh): the marker is
+# one small read, and a job must not wait a whole fetch timeout on a hung server (I4).
+ROOT_OPEN_TIMEOUT = 3.0
 USE_TICK_S = 15.0  # how often a mount checks whether its read record is due (casfs.node.usage)
 
 
@@ -84,7 +89,7 @@ class _RootSource:
         return fetchproc.shared(cfg.state_dir / "objects",
                                 hang_after=max(2 * cfg.fetch_timeout, 5.0))
 
-    def _pack_of(self, digest: str) -> tuple[str, int, int] | None:
+    def pack_of(self, digest: str) -> tuple[str, int, int] | None:
         """Where a pack holds ``digest``, if this process knows: from a manifest it read,
         or from the index (packs this node's promotion wrote, maybe unpublished yet)."""
         objects = self._svc.root.objects if self._svc.root is not None else None
@@ -95,29 +100,79 @@ class _RootSource:
             loc = objects.lookup(digest)
         return loc
 
+    def fill_many(self, items: list[tuple[str, int]], progressed: Callable[[], None],
+                  done: Callable[[str, tuple[int, int, int] | None, BaseException | None], None],
+                  packs: list[str] | None = None,
+                  adopt: Callable[[str, int, tuple[int, int, int]], None] | None = None
+                  ) -> None:
+        """casfs.index.objcache.CacheFiller: several objects in one request (read-ahead);
+        ``done`` is called once per object answered (identity or error), ``adopt`` for
+        each other member of ``packs`` the worker added (digest, size, identity)."""
+        svc = self._svc
+        cfg, spec = svc.cfg, self._spec()
+        sizes = dict(items)
+
+        def one(msg: dict[str, Any]) -> None:
+            digest, ident = msg.get("one"), _ident(msg.get("ident"))
+            if isinstance(digest, str) and digest not in sizes:  # a pack member it added
+                size = msg.get("size")
+                if ident is not None and adopt is not None and type(size) is int and size >= 0:
+                    svc.counters.inc("objects_fetched")
+                    svc.counters.inc("bytes_fetched", size)
+                    adopt(digest, size, ident)
+                return
+            if not isinstance(digest, str):
+                return
+            if ident is not None:
+                svc.counters.inc("bytes_fetched", sizes[digest])
+                done(digest, ident, None)
+            else:
+                kind = msg.get("kind")
+                cls = (CorruptObjectError if kind == "corrupt" else
+                       ObjectMissingError if kind == "missing" else CasfsError)
+                done(digest, None, cls(str(msg.get("error", "fetch failed"))))
+
+        svc.counters.inc("objects_fetched", len(items))
+        try:
+            with svc.ondemand():
+                self.worker().fill_many([(d, n, self.pack_of(d)) for d, n in items], spec,
+                                        cfg.namespace, progressed, svc.counters, one, packs)
+        except fetchproc.FetchWorkerError:
+            svc.counters.inc("fetch_worker_lost")
+            raise
+
     def fill_cache(self, digest: str, size: int, progressed: Callable[[], None]
                    ) -> tuple[int, int, int] | None:
         """casfs.index.objcache.CacheFiller: the fetch worker process fills the cache."""
         svc = self._svc
-        if svc.root is None:
-            raise ObjectMissingError("the shared root is unavailable")
-        cfg = svc.cfg
-        spec = {"root": str(cfg.root), "tenant": cfg.tenant, "tenants": cfg.tenants,
-                "timeout": cfg.fetch_timeout}
+        cfg, spec = svc.cfg, self._spec()
         worker = self.worker()
         svc.counters.inc("objects_fetched")
         try:
             with svc.ondemand():
-                reply = worker.fill(digest, size, spec, cfg.namespace, self._pack_of(digest),
+                reply = worker.fill(digest, size, spec, cfg.namespace, self.pack_of(digest),
                                     progressed, svc.counters)
         except fetchproc.FetchWorkerError:
             svc.counters.inc("fetch_worker_lost")
             raise
         svc.counters.inc("bytes_fetched", int(reply.get("n", 0)))
-        ident = reply.get("ident")
-        if isinstance(ident, list) and len(ident) == 3 and all(isinstance(v, int) for v in ident):
-            return (ident[0], ident[1], ident[2])
-        return None
+        return _ident(reply.get("ident"))
+
+    def _spec(self) -> dict[str, Any]:
+        """How the fetch worker opens the root (sent over the socket, never on argv)."""
+        svc = self._svc
+        if svc.root is None:
+            raise ObjectMissingError("the shared root is unavailable")
+        cfg = svc.cfg
+        return {"root": str(cfg.root), "tenant": cfg.tenant, "tenants": cfg.tenants,
+                "timeout": cfg.fetch_timeout}
+
+
+def _ident(raw: object) -> tuple[int, int, int] | None:
+    """A cache file's identity as the fetch worker reports it (a list of 3 ints)."""
+    if isinstance(raw, list) and len(raw) == 3 and all(type(v) is int for v in raw):
+        return (raw[0], raw[1], raw[2])
+    return None
 
 
 class MountService:
@@ -138,8 +193,12 @@ class MountService:
         self.tracker = WriteTracker()
         self.root: SharedRoot | None = None
         self.root_error: str | None = None
+        self._root_failed_at = -math.inf  # monotonic end of the last failed _open_root
         self.served_seq = 0
         self.started = time.time()
+        self._t0 = time.monotonic()  # the origin of mount_ready_s and warm_ready_s
+        self.mount_ready_s: float | None = None
+        self._stopping = False
         self._lock_fd: int | None = None
         self._gens_store: GenerationStore | None = None
         # Tenants: the root trusts only what this mount's tenant could have written,
@@ -155,6 +214,9 @@ class MountService:
         self._staged: tuple[Record, list[list[Entry]], MemLowerTree] | None = None
         self._stop_indexing = threading.Event()
         self._replaced_pending: set[str] = set()
+        # Paths an ingest added while serving: the view drops the kernel's negative
+        # dentries for them once they are served (casfs.view.op_base.lower_added).
+        self._added_pending: list[str] = []
         self._refresh_lock = threading.Lock()
         self.served_seq = self._initial_seq()
         self._may_stage = False
@@ -186,12 +248,17 @@ class MountService:
         self.cache.flushed_elsewhere = True  # flush_counters, every 2 s in a worker thread
         if fetchproc.enabled() and cfg.mode != "dir":
             source.worker()
+        # Promotion and publication run in the promotion worker (casfs.node.promoteproc)
+        # wherever a FUSE connection is to be protected; dir mode has none.
+        self._promote_lock = threading.Lock()  # one round per namespace at a time
+        if self._in_worker():
+            promoteproc.shared(cfg.state_dir)
         if cfg.mode == "overlay" and (why := overlay.unavailable_reason()) is not None:
             log.warning("%s: %s: serving in fuse mode instead", cfg.name, why)
             self.counters.inc("overlay_fallback")
             cfg = self.cfg = dataclasses.replace(cfg, mode="fuse")
         self.overlay_paths = (
-            overlay.OverlayPaths(cfg.upper, cfg.state_dir / "overlay" / cfg.namespace)
+            overlay.OverlayPaths(cfg.upper, cfg.overlay_base)
             if cfg.mode == "overlay" else None
         )
         self._overlay_mounted = False
@@ -210,10 +277,14 @@ class MountService:
                               share_bits=self.tenant.share_bits if self.tenant else 0,
                               replaced=self._is_replaced, presenter=self.relocator)
             if cfg.mode == "fuse" else
-            # overlay: the FUSE layer serves lower only; its upper stays empty (read-only)
+            # overlay: the FUSE layer serves lower only; its upper stays empty (read-only).
+            # Directories show nlink 1: the overlay's first listing of a merged directory
+            # (the root: every kernel dir) would otherwise list each child directory
+            # here while the job waits (~10 us a file of a first pass).
             OverlayOperations(self.lower, self.cache, self.overlay_paths.fuse_upper,
                               self.tracker, self.counters, fetch_timeout=cfg.fetch_timeout,
-                              replaced=self._is_replaced, presenter=self.relocator)
+                              replaced=self._is_replaced, presenter=self.relocator,
+                              dir_nlink=False)
             if self.overlay_paths is not None else None
         )
         self.restore_stamps = (
@@ -227,10 +298,15 @@ class MountService:
         self.uses = usage.UseLog()
         self._not_lower: set[str] = set()  # observed opens of other paths, this epoch
         self.uses.on_epoch.append(self._not_lower.clear)
-        self._open_watch: Any = None  # overlay mode: casfs.view.opens.FanotifyOpens
+        self._open_watch: Any = None  # overlay mode: casfs.view.opens.OpenWatchProcess
         self.prefetcher: prefetch.Prefetcher | None = None
+        self.readahead: readahead.ReadAhead | None = None
         if self.ops is not None:
             self.ops.on_lower_open = self._lower_opened
+            if cfg.readahead:
+                self.readahead = readahead.ReadAhead(self.cache, self.lower, self.counters,
+                                                     pack_of=source.pack_of)
+                self.ops.on_lower_miss = self.readahead.missed
         self.publisher: Publisher | None = None
         self.last_promotion_error = ""
         self._ingredients: dict[str, Any] | None = None
@@ -279,10 +355,22 @@ class MountService:
         self._lock_fd = fd
 
     def _open_root(self) -> None:
+        # A root that just failed to open (after up to fetch_timeout) is not tried again
+        # at once: a release's promotion and publication each tried, so a stalled root
+        # held `casfs run` twice fetch_timeout after its job had ended.
+        if time.monotonic() - self._root_failed_at < ROOT_RETRY_AFTER:
+            return
+        bound = min(self.cfg.fetch_timeout, ROOT_OPEN_TIMEOUT)
         try:
-            self.root = SharedRoot.open(self.cfg.root, create=True, counters=self.counters,
-                                        tenants=self.policy,
-                                        timeout=self.cfg.fetch_timeout)
+            # In a thread: a POSIX root on a dead hard NFS mount blocks in the kernel
+            # for good, and a job's start must not wait for it (I4).
+            self.root = call_bounded(
+                # per namespace: namespaces attached at once must not refuse each other
+                f"root-open:{self.cfg.root}:{self.cfg.tenant}:{self.cfg.namespace}",
+                lambda: SharedRoot.open(self.cfg.root, create=True, counters=self.counters,
+                                        tenants=self.policy, timeout=self.cfg.fetch_timeout,
+                                        open_timeout=bound),
+                bound + 1.0)
             self.root_error = None
             # A packed object fetched before any manifest was read this run (a
             # restarted mount serving its indexed generation): learn where packs
@@ -294,6 +382,7 @@ class MountService:
         except (CasfsError, OSError) as e:
             self.root = None
             self.root_error = str(e)
+            self._root_failed_at = time.monotonic()
             self.counters.inc("root_unavailable")
             log.error("%s: shared root unavailable, serving local state only: %s",
                       self.cfg.name, e)
@@ -360,6 +449,8 @@ class MountService:
         else:
             for entries in new_parts:
                 replaced += self.index.add_entries(ns, rec.seq, entries).replaced
+                if getattr(self, "ops", None) is not None:
+                    self._added_pending += [e.path for e in entries]
             self._set_ingested(rec)
             log.info("%s: indexed %s@%d (%d files)", self.cfg.name, ns, rec.seq, rec.entries)
         self._check_mount_path(rec)
@@ -570,12 +661,89 @@ class MountService:
             # creates and renames, not writes, so the upper is rescanned too.
             self._last_scan = time.monotonic()
             p.scan_all()
-        res = p.run_once(final=final)
+        if self._in_worker():
+            with self._promote_lock:
+                res = self._promote_in_worker(final)
+        else:
+            res = p.run_once(final=final)
         if res.errors:
             self.last_promotion_error = res.last_error
         elif res.promoted:
             self.last_promotion_error = ""
         return res.promoted
+
+    def _in_worker(self) -> bool:
+        return self.cfg.mode != "dir" and promoteproc.enabled()
+
+    def _root_spec(self) -> dict[str, Any]:
+        cfg = self.cfg
+        return {"root": str(cfg.root), "tenant": cfg.tenant, "tenants": cfg.tenants,
+                "timeout": cfg.fetch_timeout}
+
+    def _promote_in_worker(self, final: bool) -> RoundResult:
+        """One promotion round in the promotion worker; the tracker stays here."""
+        cfg = self.cfg
+        res = RoundResult()
+        paths = self.tracker.quiet(0.0 if final else cfg.stable_after,
+                                   with_writers=final and cfg.mode == "overlay")
+        if paths and cfg.mode == "overlay":
+            held = self._dir_writers(paths)
+            res.deferred += len(held)
+            paths = [p for p in paths if p not in held]
+        # Bounded requests, commit records last: a group's children go in an earlier
+        # request (their rows are written when the group is checked) or in its own.
+        is_record = self.rules.is_commit_record
+        paths = [p for p in paths if not is_record(p)] + [p for p in paths if is_record(p)]
+        worker = promoteproc.shared(cfg.state_dir)
+        for i in range(0, len(paths), promoteproc.CHUNK):
+            msg = {"op": "promote", "root": self._root_spec(), "ns": cfg.namespace,
+                   "upper": str(cfg.writable_dir), "family": cfg.family,
+                   "scratch": list(cfg.scratch_patterns), "packs": cfg.packs,
+                   "max_seq": self.lower.max_seq, "paths": paths[i:i + promoteproc.CHUNK]}
+            try:
+                reply = worker.call(msg, lambda: None, self.counters)
+            except CasfsError as e:  # the worker died twice or hung: the paths stay dirty
+                self.counters.inc("promote_worker_lost")
+                res.errors += 1
+                res.last_error = e.message
+                log.warning("%s: promotion round failed (will retry): %s", cfg.name, e.message)
+                return res
+            for ev in reply.get("events") or []:
+                if ev[0] == "f":
+                    self.tracker.forget(ev[1], ev[2])
+                else:
+                    self.tracker.modified(ev[1])
+            res.promoted += int(reply.get("promoted", 0))
+            res.bytes += int(reply.get("bytes", 0))
+            res.deferred += int(reply.get("deferred", 0))
+            res.errors += int(reply.get("errors", 0))
+            res.last_error = str(reply.get("last_error", "")) or res.last_error
+        return res
+
+    def _publish_in_worker(self, pub: Publisher) -> PublishOutcome:
+        """Publication in the promotion worker: the outcome as Publisher.publish's."""
+        cfg = self.cfg
+        opened = self.recorder.paths()
+        msg = {"op": "publish", "root": self._root_spec(), "ns": cfg.namespace,
+               "family": cfg.family, "scratch": list(cfg.scratch_patterns),
+               "fingerprint": pub.fingerprint, "max_bytes": pub.max_bytes, "opened": opened}
+        try:
+            reply = promoteproc.shared(cfg.state_dir).call(msg, lambda: None, self.counters)
+        except CasfsError as e:  # the worker died twice or hung: retried next interval
+            self.counters.inc("publish_errors")
+            log.warning("%s: publication failed (will retry): %s", cfg.name, e.message)
+            out = PublishOutcome(False, f"failed: {e.message}")
+            pub.last = out
+            return out
+        for path in reply.get("lost") or []:
+            self.tracker.modified(path)
+        if reply.get("profiled"):
+            self.recorder.mark_published(len(opened))
+        raw = reply.get("result")
+        out = PublishOutcome(bool(reply.get("published")), str(reply.get("message", "")),
+                             PublishResult(**raw) if isinstance(raw, dict) else None)
+        pub.last = out
+        return out
 
     def _promotion_state(self) -> tuple[int, str]:
         """(files still awaiting promotion, the last promotion error or '')."""
@@ -594,8 +762,14 @@ class MountService:
             self.uses.put_back(batch)
             return
         try:
-            reads.record(self.root.backend, self.cfg.namespace, self.index.node_id,
-                         batch.paths, time.time(), until=batch.until)
+            if self._in_worker():  # a write to the shared root: not in the FUSE process
+                promoteproc.shared(self.cfg.state_dir).call(
+                    {"op": "reads", "root": self._root_spec(), "ns": self.cfg.namespace,
+                     "node": self.index.node_id, "paths": list(batch.paths),
+                     "time": time.time(), "until": batch.until}, lambda: None, self.counters)
+            else:
+                reads.record(self.root.backend, self.cfg.namespace, self.index.node_id,
+                             batch.paths, time.time(), until=batch.until)
             self.counters.inc("read_records")
             self.counters.inc("read_record_paths", len(batch.paths))
         except (CasfsError, OSError) as e:
@@ -611,7 +785,7 @@ class MountService:
             self._open_root()
             return {"ok": False, "message": f"shared root unavailable: {self.root_error}",
                     "pending_promotion": waiting, "promotion_error": error}
-        out = pub.publish()
+        out = self._publish_in_worker(pub) if self._in_worker() else pub.publish()
         res = out.result
         if res is not None and res.added:
             self.refresh_once()  # serve (and report) the generation we just made
@@ -663,6 +837,9 @@ class MountService:
             if self._replaced_pending:
                 changed, self._replaced_pending = sorted(self._replaced_pending), set()
                 self._replaced_changed(changed)
+            added, self._added_pending = self._added_pending, []
+            if added and self.ops is not None:
+                self.ops.lower_added(added)
             self.served_seq = seq
             self.counters.inc("refreshes")
             if self.cfg.mode == "dir":
@@ -701,9 +878,14 @@ class MountService:
             "pending_publication": self.pending_publication(),
             "last_publish": self.last_publish,
             "conflict_paths": self.conflict_paths,
+            # The two readiness points, in seconds from the mount's start: the job may
+            # start / the profile's hot set is local (before mount-ready with wait_warm).
+            "mount_ready_s": self.mount_ready_s,
             "warm_ready_s": self.prefetcher.warm_ready_s if self.prefetcher else None,
             "counters": self.counters.snapshot(),
+            "open_watch": self._open_watch_status(),
             "fetch_worker": fetchproc.status_of(self.cfg.state_dir / "objects"),
+            "promote_worker": promoteproc.status_of(self.cfg.state_dir),
         }
 
     # --- serving ------------------------------------------------------------
@@ -713,8 +895,11 @@ class MountService:
             # In a thread: status reads the index, which must not stall FUSE requests.
             return {"ok": True, **await trio.to_thread.run_sync(self.status)}
         if cmd == "publish":
+            t0 = time.monotonic()
             await trio.to_thread.run_sync(self.promote_once, True, abandon_on_cancel=True)
-            return await trio.to_thread.run_sync(self.publish_once, abandon_on_cancel=True)
+            promote_s = time.monotonic() - t0  # apart from publication (issue 11's figures)
+            reply = await trio.to_thread.run_sync(self.publish_once, abandon_on_cancel=True)
+            return {**reply, "promote_s": round(promote_s, 4)}
         if cmd == "refresh":
             return await trio.to_thread.run_sync(self.refresh_once, abandon_on_cancel=True)
         return {"ok": False, "error": f"unknown command {cmd!r}"}
@@ -769,30 +954,39 @@ class MountService:
             self._not_lower.add(rel)  # the job's own files, scratch: no lookup next time
         return True
 
+    def _observed_opens(self, rels: list[str]) -> None:
+        """``_observed_open`` for a batch (overlay's listener): one index read for all,
+        one lock per log for all (this runs beside the job)."""
+        seen, not_lower = self.uses.recorded, self._not_lower
+        # once each: a file opened again before its ignore mark was set comes twice
+        todo = list(dict.fromkeys(r for r in rels if not seen(r) and r not in not_lower))
+        if not todo:
+            return
+        paths: list[str] = []
+        digests: list[str] = []
+        for rel, digest in zip(todo, self.lower.digests_many(todo), strict=True):
+            if digest is not None:
+                paths.append(rel)
+                digests.append(digest)
+            elif len(not_lower) < reads.MAX_PATHS:
+                not_lower.add(rel)
+        if not paths:
+            return
+        self.recorder.opened_many(paths)
+        self.uses.opened_many(paths)
+        self.counters.inc("opens_recorded", len(paths))
+        if self.prefetcher is not None:
+            self.prefetcher.opened_many(digests)
+
     def _profile_options(self, published: list[Entry]) -> dict[str, Any]:
-        """The record's ``profile``: the newest record's, merged with what this mount's
-        jobs opened and the files it publishes now (a cold run's hot set is what it
-        wrote). Runs in the publishing thread; any failure only drops the profile."""
-        try:
-            assert self.root is not None
-            rec = self._gens().latest(self.cfg.namespace)
-            old = rec.options.get("profile") if rec is not None else None
-            older: list[tuple[str, int]] = []
-            runs = 0
-            if isinstance(old, str):
-                try:
-                    older, runs = profile.decode(self.root.objects.get_bytes(old))
-                except (CasfsError, OSError, ValueError) as e:
-                    log.warning("%s: ignoring the profile %s: %s", self.cfg.name, old, e)
-            paths = self.recorder.paths()
-            merged, runs = profile.merge(older, runs, [*paths, *(e.path for e in published)])
-            put = self.root.objects.put_bytes(profile.encode(merged, runs))
-            self.recorder.mark_published(len(paths))
-            self.counters.inc("profiles_published")
-            return {"profile": put.digest}
-        except (CasfsError, OSError) as e:
-            log.warning("%s: publishing without a profile: %s", self.cfg.name, e)
-            return {}
+        """The record's ``profile`` (casfs.promote.publisher.profile_options), in the
+        publishing thread of this process (no promotion worker)."""
+        opened = self.recorder.paths()
+        out = profile_options(self._gens(), self.cfg.namespace, opened, published,
+                              self.counters)
+        if out:
+            self.recorder.mark_published(len(opened))
+        return out
 
     def _hot_set(self) -> list[str]:
         """The paths of the served generation's profile, hottest first ([] if none)."""
@@ -805,18 +999,49 @@ class MountService:
         paths, _ = profile.decode(self.root.objects.get_bytes(digest))
         return [p for p, _ in paths]
 
-    def start_prefetch(self) -> None:
+    def start_prefetch(self, paced: bool = True) -> None:
         if not self.cfg.prefetch or self.prefetcher is not None or self.root is None:
             return
         self.prefetcher = prefetch.Prefetcher(
             self.cache, self.lower, self.counters,
             ondemand_busy=lambda: self.ondemand_fetches > 0,
-            max_bytes=min(self.cfg.cache_max_bytes, 4 << 30) // 2)
+            max_bytes=min(self.cfg.cache_max_bytes, 4 << 30) // 2,
+            origin=self._t0, paced=paced)
         self.prefetcher.start(self._hot_set)
 
+    def wait_warm(self, timeout: float) -> None:
+        """Hold mount-ready until the hot set is local, at most ``timeout`` seconds.
+
+        Overlay mode builds its links layer after this, so the kernel serves the
+        hot set natively (the links layer is fixed for the life of the mount).
+        Nothing runs on the mount yet: the bandwidth bound is lifted until the
+        wait ends; on timeout the job starts with what is local and the rest
+        keeps arriving in the background (served by the FUSE layer)."""
+        self.start_prefetch(paced=False)
+        p = self.prefetcher
+        if p is None:  # prefetch off, or no shared root: nothing to wait for
+            return
+        t0 = time.monotonic()
+        warm = p.wait(timeout)
+        p.pace()
+        self.counters.inc("warm_waits")
+        if not warm and not self._stopping:
+            self.counters.inc("warm_wait_timeouts")
+            log.warning("%s: not warm-ready after %.1fs: mounting with what is local",
+                        self.cfg.name, time.monotonic() - t0)
+        # The hot set's cache rows (one LRU touch per object fetched) and counters are
+        # written now, while nothing runs, not by the first timer tick beside the job.
+        try:
+            self.flush_counters()
+        except Exception:  # the periodic flush tries again
+            log.exception("%s: flushing counters after the warm wait failed", self.cfg.name)
+
     def stop_prefetch(self) -> None:
+        """Cancel the background fetches (prefetch, read-ahead): the namespace goes."""
         if self.prefetcher is not None:
             self.prefetcher.stop()
+        if self.readahead is not None:
+            self.readahead.stop()
 
     def _publish_if_pending(self) -> None:
         if self.pending_publication():
@@ -824,6 +1049,7 @@ class MountService:
 
     async def _shutdown(self) -> None:
         """Final promotion and publication, bounded by shutdown_timeout."""
+        self._stopping = True
         await trio.to_thread.run_sync(self.stop_prefetch)
         with trio.move_on_after(self.cfg.shutdown_timeout) as scope:
             await trio.to_thread.run_sync(self.promote_once, True, abandon_on_cancel=True)
@@ -832,14 +1058,26 @@ class MountService:
             log.warning("%s: final publication did not finish within %.0fs", self.cfg.name,
                         self.cfg.shutdown_timeout)
 
+    def mark_ready(self) -> None:
+        """Mount-ready: a job may start on the namespace now (``mount_ready_s``)."""
+        self.mount_ready_s = round(time.monotonic() - self._t0, 3)
+
     def serve(self, on_ready: Callable[[], None] | None = None) -> None:
         from casfs.node import guard
 
         cfg = self.cfg
         guard.refuse_stacking(cfg.mountpoint, f"namespace {cfg.namespace}")
+        for other in control.registered(cfg.run_dir):
+            # (Same mount point: a supervisor's replacement for a worker it gave up on.)
+            if (other.get("name") == cfg.name and other.get("pid") != os.getpid()
+                    and other.get("mountpoint") != str(cfg.mountpoint)):
+                raise UsageError(f"a casfs mount named {cfg.name} already runs at"
+                                 f" {other.get('mountpoint')} (pid {other.get('pid')}):"
+                                 " give this one another --name")
         cfg.mountpoint.mkdir(parents=True, exist_ok=True)
 
         def ready() -> None:
+            self.mark_ready()
             control.write_registry(cfg.run_dir, cfg.name, {
                 "name": cfg.name, "pid": os.getpid(), "mountpoint": str(cfg.mountpoint),
                 "namespace": cfg.namespace, "socket": str(cfg.socket_path),
@@ -888,6 +1126,10 @@ class MountService:
         async def background(nursery: trio.Nursery) -> None:
             # The FUSE layer serves from here on; mounting the overlay looks up its
             # root, so it must happen off this (the FUSE) thread.
+            if cfg.wait_warm > 0:
+                await trio.to_thread.run_sync(self.wait_warm, cfg.wait_warm)
+            if self._stopping:  # stopped while waiting: never mount, never say READY
+                await trio.sleep_forever()
             await trio.to_thread.run_sync(self._mount_overlay)
             await self._background(nursery)
 
@@ -933,9 +1175,23 @@ class MountService:
 
     def _watch_opens(self) -> None:
         """Overlay mode: the kernel serves linked files without casfs; fanotify tells."""
-        from casfs.view.opens import FanotifyOpens
+        from casfs.view.opens import FanotifyOpens, OpenWatchProcess
 
-        w = FanotifyOpens(self.cfg.mountpoint, self._observed_open)
+        # The per-event work runs in a child process at low CPU priority, off the
+        # job's cores and this process's GIL; only the recording runs here.
+        # CASFS_OPEN_WATCH_PROCESS=0: a thread of this process instead (as before);
+        # "off": no listener (benchmarks).
+        w: FanotifyOpens | OpenWatchProcess
+        how = os.environ.get("CASFS_OPEN_WATCH_PROCESS", "1")
+        if how == "off":
+            log.warning("%s: CASFS_OPEN_WATCH_PROCESS=off: opens of linked files are not "
+                        "recorded", self.cfg.name)
+            return
+        if how == "0":
+            w = FanotifyOpens(self.cfg.mountpoint, self._observed_open)
+        else:
+            w = OpenWatchProcess(self.cfg.mountpoint, self._observed_open,
+                                 on_opens=self._observed_opens)
         try:
             w.start()
         except OSError as e:  # retention and profiles then see FUSE-served opens only
@@ -945,10 +1201,18 @@ class MountService:
         self._open_watch = w
         self.uses.on_epoch.append(w.reset)
 
+    def _open_watch_status(self) -> dict[str, Any] | None:
+        """Overlay mode's open listener: its pid, paths received, restarts, failed."""
+        w = self._open_watch
+        if w is None:
+            return None
+        return {"pid": w.pid, "events": w.events, "restarts": w.restarts, "failed": w.failed}
+
     def _unmount_overlay(self) -> None:
         if self._open_watch is not None:
             self._open_watch.stop()
             self.counters.inc("open_events", self._open_watch.events)
+            self.counters.inc("open_watch_restarts", self._open_watch.restarts)
             self._open_watch = None
         if self._watcher is not None:
             self._watcher.stop()
@@ -1047,15 +1311,13 @@ class MountService:
             await self._background(nursery)
             # Catch SIGTERM before telling the parent we serve: a job that ends at once
             # is stopped right after READY, and the default action would skip the final
-            # publication and the stats.
-            with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            # publication and the stats. As in the FUSE session, a second signal must
+            # not cut the final publication: stop_signals swallows it.
+            with session.stop_signals() as signals:
                 ready()
                 async for signum in signals:
                     log.info("%s: signal %d: shutting down", self.cfg.name, signum)
                     break
-            # As in the FUSE session: a second signal must not cut the final publication.
-            signal.signal(signal.SIGTERM, signal.SIG_IGN)
-            signal.signal(signal.SIGINT, signal.SIG_IGN)
             await self._shutdown()
             nursery.cancel_scope.cancel()
 

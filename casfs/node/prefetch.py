@@ -4,8 +4,12 @@ Runs in the background after mount-ready, in a few threads, below on-demand
 fetches in priority (a prefetch thread waits while a job's own fetch is in
 flight), bounded in bandwidth (``bytes_per_s``) and in cache bytes
 (``max_bytes``), and cancelled at unmount. When the whole hot set is local
-the mount is *warm-ready* (``warm_ready_s`` in stats, from the start of the
-prefetch). Counters: ``prefetched_files``/``prefetched_bytes``,
+the mount is *warm-ready* (``warm_ready_s`` in stats, seconds from ``origin``:
+the mount's start, the same origin as ``mount_ready_s``). ``wait`` lets a mount
+hold its readiness until warm-ready (overlay mode's ``wait_warm``: the hot set
+is then linked into the overlay and served by the kernel); while nothing else
+runs the bandwidth bound is lifted (``paced=False``) and put back by ``pace``.
+Counters: ``prefetched_files``/``prefetched_bytes``,
 ``prefetch_hits`` (an open of a prefetched object, once per object),
 ``prefetch_wasted_bytes`` (prefetched, never opened by the time of unmount).
 A failing object is skipped (the job's own open will miss or fetch it).
@@ -44,6 +48,8 @@ class Prefetcher:
         threads: int = 2,
         max_bytes: int = 2 << 30,
         bytes_per_s: float = 200e6,
+        origin: float | None = None,
+        paced: bool = True,
     ) -> None:
         self.cache = cache
         self.lower = lower
@@ -60,13 +66,19 @@ class Prefetcher:
         self._prefetched: dict[str, int] = {}  # digest -> size
         self._used: set[str] = set()
         self._workers: list[threading.Thread] = []
-        self._t0 = 0.0
+        self._origin = origin
+        self._paced = paced
+        self._pace_t0 = 0.0  # the bandwidth bound counts from here ...
+        self._pace_bytes = 0  # ... these bytes
         self._running = 0
+        self.finished = threading.Event()  # every worker ended: warm, bounded or stopped
         self.warm_ready_s: float | None = None
 
     def start(self, load_paths: Callable[[], list[str]]) -> None:
         """Read the hot set (``load_paths``, off the caller's thread) and fetch it."""
-        self._t0 = time.monotonic()
+        self._pace_t0 = time.monotonic()
+        if self._origin is None:
+            self._origin = self._pace_t0
         t = threading.Thread(target=self._plan, args=(load_paths,), name="casfs-prefetch",
                              daemon=True)
         self._workers.append(t)
@@ -107,11 +119,15 @@ class Prefetcher:
         finally:
             with self._lock:
                 self._running -= 1
-                done = self._running == 0 and not self._stop.is_set()
+                last = self._running == 0
+                done = last and not self._stop.is_set()
             if done:
-                self.warm_ready_s = round(time.monotonic() - self._t0, 3)
-                log.info("prefetch: warm-ready after %.2fs (%d files, %d bytes)",
-                         self.warm_ready_s, len(self._prefetched), self._bytes)
+                assert self._origin is not None
+                self.warm_ready_s = round(time.monotonic() - self._origin, 3)
+                log.info("prefetch: warm-ready %.2fs after the mount's start (%d files,"
+                         " %d bytes)", self.warm_ready_s, len(self._prefetched), self._bytes)
+            if last:
+                self.finished.set()
 
     def _one(self, e: Entry) -> None:
         local = self.cache.cached(e)
@@ -126,7 +142,8 @@ class Prefetcher:
                 self.counters.inc("prefetch_bounded")
                 return
             self._bytes += e.size
-            due = self._t0 + self._bytes / self.bytes_per_s
+            self._pace_bytes += e.size
+            due = self._pace_t0 + self._pace_bytes / self.bytes_per_s if self._paced else 0.0
         delay = due - time.monotonic()
         if delay > 0 and self._stop.wait(delay):
             return
@@ -142,6 +159,18 @@ class Prefetcher:
         self.counters.inc("prefetched_files")
         self.counters.inc("prefetched_bytes", e.size)
 
+    def wait(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for the prefetch to end; True if warm-ready."""
+        self.finished.wait(timeout)
+        return self.warm_ready_s is not None
+
+    def pace(self) -> None:
+        """Put the bandwidth bound back (a job starts now), counting from now."""
+        with self._lock:
+            self._pace_t0 = time.monotonic()
+            self._pace_bytes = 0
+            self._paced = True
+
     def opened(self, digest: str) -> None:
         """A job opened ``digest``: a hit if it was prefetched (counted once)."""
         if digest in self._prefetched and digest not in self._used:
@@ -150,6 +179,17 @@ class Prefetcher:
                     return
                 self._used.add(digest)
             self.counters.inc("prefetch_hits")
+
+    def opened_many(self, digests: list[str]) -> None:
+        """``opened`` for each of ``digests`` (one lock for all)."""
+        hits = [d for d in digests if d in self._prefetched and d not in self._used]
+        if not hits:
+            return
+        with self._lock:
+            new = set(hits) - self._used
+            self._used |= new
+        if new:
+            self.counters.inc("prefetch_hits", len(new))
 
     def stop(self, timeout: float = 5.0) -> None:
         """Cancel (unmount): wait briefly for fetches in flight; count what went unused."""

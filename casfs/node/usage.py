@@ -71,6 +71,15 @@ class UseLog:
                 self._seen[path] = None
                 self._pending.append(path)
 
+    def opened_many(self, paths: list[str]) -> None:
+        """``opened`` for each of ``paths`` (one lock for all: a batch of observed opens)."""
+        with self._lock:
+            seen, pending = self._seen, self._pending
+            for p in paths:
+                if p not in seen:
+                    seen[p] = None
+                    pending.append(p)
+
     def due(self) -> bool:
         """Whether ``take`` has something it should write now."""
         now = self.clock()

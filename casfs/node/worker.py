@@ -124,8 +124,9 @@ def spawn(cfg: MountConfig, *, ready_timeout: float = 120.0, verbose: int = 0,
     cfg.check()
     return start_process(
         "casfs.node.worker", cfg, config_to_json(cfg), where=f"mount {cfg.name} at",
-        ready_timeout=ready_timeout, verbose=verbose, log_to_stderr=log_to_stderr,
-        log_format=log_format, log_level=log_level, die_with_parent=die_with_parent)
+        ready_timeout=ready_timeout + cfg.wait_warm, verbose=verbose,
+        log_to_stderr=log_to_stderr, log_format=log_format, log_level=log_level,
+        die_with_parent=die_with_parent)
 
 
 def start_process(module: str, cfg: Any, cfg_json: str, *, where: str,
@@ -182,6 +183,10 @@ def start_process(module: str, cfg: Any, cfg_json: str, *, where: str,
     finally:
         os.close(r)
     if line != "READY":
+        # A child that said why exits at once; its status tells whether FUSE itself
+        # was the problem (casfs run then falls back to dir mode, not to a private dir).
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=5 if line else 0.1)
         if proc.poll() is None:
             proc.kill()
             proc.wait()
@@ -189,6 +194,8 @@ def start_process(module: str, cfg: Any, cfg_json: str, *, where: str,
             os.close(life_w)
         last = _last_log_line(log_path) if log_path else ""
         reason = line or last or "it exited without saying why"
+        if proc.returncode == FuseUnavailableError.exit_code:
+            raise FuseUnavailableError(f"{where} {cfg.mountpoint} failed: {reason}")
         raise CasfsError(f"{where} {cfg.mountpoint} failed: {reason}")
     return Worker(cfg, proc, stats_out, log_path, life_w)
 

@@ -11,18 +11,19 @@ from __future__ import annotations
 import logging
 import os
 import stat
+import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from casfs.errors import UsageError
+from casfs.errors import CasfsError, UsageError
 from casfs.families import CacheRules, walk_files
 from casfs.store.entry import Entry
 from casfs.store.generations import RELOCATE, PublishResult
 from casfs.store.objects import digest_bytes, max_object_bytes
-from casfs.store.packs import SMALL_OBJECT, PackWriter, parse_location
+from casfs.store.packs import SMALL_OBJECT, PackWriter, parse_location, read_pack
 from casfs.store.root import SharedRoot
 from casfs.util.paths import is_valid_relpath
 
@@ -99,6 +100,7 @@ def import_tree(
         on_total(len(found))
     packer = PackWriter(root.objects) if packs else None
     known = _stored_digests(root, namespace) if packs else {}
+    sound = _SoundPacks(root)
 
     def put(item: tuple[str, Path]) -> tuple[Entry | None, bool]:
         rel, path = item
@@ -114,9 +116,15 @@ def import_tree(
                 report.skipped_other.append(rel)  # changed while being read: not stable
                 return None, False
             if digest in known:  # already stored (loose or packed): name it as it is
-                ex = {"pack": known[digest]} if known[digest] is not None else None
+                loc = known[digest]
+                created = False
+                if loc is None or not sound.holds(loc[0], digest):
+                    # Damaged (or gone): write it loose, which repairs a loose object and
+                    # serves rows naming a damaged pack (ObjectStore reads its loose copy).
+                    created = root.objects.put_bytes(data).created
+                ex = {"pack": loc} if loc is not None else None
                 return Entry(rel, digest, len(data), st.st_mode & 0o7777, st.st_mtime_ns, ex), \
-                    False
+                    created
             packer.add(data)
             return Entry(rel, digest, len(data), st.st_mode & 0o7777, st.st_mtime_ns,
                          {"pack": None}), True
@@ -160,13 +168,33 @@ def import_tree(
     return report
 
 
+class _SoundPacks:
+    """Which packs are intact, each read and hashed once (an import is the repair tool:
+    it must not name a member of a damaged pack as stored, as it re-verifies loose objects)."""
+
+    def __init__(self, root: SharedRoot) -> None:
+        self.root = root
+        self.members: dict[str, frozenset[str]] = {}
+        self.lock = threading.Lock()
+
+    def holds(self, pack: str, digest: str) -> bool:
+        with self.lock:  # one reader per pack; imports hash files in a few threads
+            if pack not in self.members:
+                try:
+                    _, info = read_pack(self.root.objects, pack)
+                    self.members[pack] = frozenset(info.members)
+                except (CasfsError, OSError) as e:
+                    log.warning("pack %s is damaged or unreadable (%s): its members are"
+                                " written loose", pack, e)
+                    self.members[pack] = frozenset()
+            return digest in self.members[pack]
+
+
 def _stored_digests(root: SharedRoot, namespace: str) -> dict[str, list[Any] | None]:
     """digest -> pack location (None: a loose object) of the namespace's newest generation.
 
     Files already stored are named as they are instead of being packed again.
     """
-    from casfs.errors import CasfsError
-
     gens = root.generations()
     try:
         if gens.latest(namespace) is None:

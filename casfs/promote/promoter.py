@@ -11,7 +11,8 @@ its children.
 Small objects (up to casfs.store.packs.SMALL_OBJECT) go into pack objects,
 one round's worth at a time (one file or PUT per ~1 MiB instead of one per
 object); large ones stay loose. An object already in the root (packed, as
-this node or a manifest it read knows, or loose) is not written again. The
+this node or a manifest it read knows, or loose where the published file at
+its path has the same bytes) is not written again. The
 round writes its packs completely under their digest names first, then
 records the promoted entries and their pack locations in one index
 transaction: a crash in between leaves an unnamed pack (gc's), never an
@@ -28,8 +29,9 @@ import os
 import stat
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -37,7 +39,7 @@ from typing import Any, TypeVar
 from casfs.families import CacheRules, walk_files
 from casfs.index.node_index import NodeIndex
 from casfs.index.promoted import PromotedRecord
-from casfs.index.tree import LowerTree
+from casfs.index.tree import DIR, LowerTree
 from casfs.promote.tracker import WriteTracker
 from casfs.store.entry import Entry
 from casfs.store.objects import (
@@ -45,9 +47,11 @@ from casfs.store.objects import (
     PutResult,
     digest_bytes,
     max_object_bytes,
-    open_regular,
+    read_regular,
+    read_regular_stat,
 )
 from casfs.store.packs import SMALL_OBJECT, Location, PackWriter
+from casfs.util import noatime
 from casfs.util.counters import Counters
 from casfs.util.crashpoint import crashpoint
 from casfs.util.paths import is_valid_relpath
@@ -55,16 +59,23 @@ from casfs.util.paths import is_valid_relpath
 log = logging.getLogger(__name__)
 
 
-PARALLEL_MIN = 8  # below this many files a round is hashed serially
+PARALLEL_MIN = 8  # below this many tasks a step runs in the calling thread
+PART_BYTES = 2 << 20  # small files read and hashed, then packed, as one part (a short
+# head and tail: packing starts after one part and the last one is packed alone)
+PARTS_IN_FLIGHT = 2  # parts being packed while the next one is read
+PACKING_THREADS = 2  # parts packed at once: one part's pack writes overlap the next one's zstd
+ZSTD_THREADS = 2  # zstd's native threads per part being packed
+PROBE_CHUNK = 32  # loose probes per pool task
 _T = TypeVar("_T")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: a frozen __init__ costs ~1 us more per file
 class _Candidate:
     rel: str
     full: str
     st: os.stat_result
     seen_at: float
+    after: os.stat_result | None = None  # its fstat once read (else _finish lstats it)
 
 
 @dataclass(slots=True)
@@ -72,8 +83,10 @@ class _Blob:
     """A small object read and hashed, to store once the wave's dedup has run."""
     digest: str
     data: bytes
+    rel: str
     remember: bool = False  # keep its bytes (publication reads it back)
     put: PutResult | None = None  # set once stored or found in the root
+    probe: bool = False  # the lower names these bytes at this path: look for a loose copy
 
 
 @dataclass
@@ -104,6 +117,7 @@ class Promoter:
         packs: bool = True,
         root_id: str = "",
         probe_loose: bool = True,
+        progress: Callable[[], None] | None = None,
     ) -> None:
         self.upper = upper
         self._upper = str(upper)
@@ -122,12 +136,14 @@ class Promoter:
         # Files casfs itself put in place (dir mode's restore): published already.
         self.unchanged = unchanged
         self._batch: dict[str, tuple[Entry, float]] = {}  # promoted this round, not yet indexed
+        self._proc_decides = False  # this round: writers come from busy(), not the tracker
         self._read_sizes: dict[str, int] = {}  # path-bearing files: bytes read, before rewriting
         self.packs = packs  # small objects into packs (casfs.store.packs)
         self.root_id = root_id  # pack locations are per shared root
-        # Look for a loose copy of each new small object (older writers)? An lstat on a
-        # POSIX root; on an object store a request per object, what packs save: there
-        # only packed copies this node knows of are found (docs/format.md).
+        # Look for a loose copy (older writers) of a new small object whose bytes the
+        # published file at its path has (a job rewrote it)? An lstat on a POSIX root; on
+        # an object store a request, what packs save: there only packed copies this node
+        # knows of are found (docs/format.md). Other new small objects are not probed.
         self.probe_loose = probe_loose
         # A round keeps its batch and its pack writer on the instance: two rounds at
         # once (the periodic one and a publication's) would swap packers mid-round and
@@ -135,6 +151,14 @@ class Promoter:
         self._round = threading.Lock()
         self._packer: PackWriter | None = None  # this round's
         self._reused: dict[str, Location] = {}  # digest -> where it is packed already
+        self._unstored: set[str] = set()  # this round's objects whose loose probe failed
+        self._lower_dirs: dict[str, bool] = {}  # this round's: directory -> in the lower
+        self._max_object = max_object_bytes()  # read once per wave (the environment's)
+        self._packing: ThreadPoolExecutor | None = None  # this round's packing thread
+        self._inflight: deque[Future[None]] = deque()  # parts being packed
+        self._group_data: dict[str, bytes] = {}  # commit records read by the group check
+        # Called after each step of each path (the promotion worker's sign of life).
+        self.progress = progress
 
     def scan_all(self) -> int:
         """Mark every upper file not yet promoted as dirty (start-up, crash recovery)."""
@@ -162,7 +186,14 @@ class Promoter:
         self._batch = {}
         self._packer = PackWriter(self.objects) if self.packs else None
         self._reused = {}
-        paths = self.tracker.quiet(0.0 if final else self.stable_after)
+        self._unstored = set()
+        self._lower_dirs = {}
+        self._inflight = deque()
+        self._group_data = {}
+        # At shutdown /proc (busy) decides who still writes, not inotify's lagging closes.
+        self._proc_decides = final and self.busy is not None
+        paths = self.tracker.quiet(0.0 if final else self.stable_after,
+                                   with_writers=self._proc_decides)
         if self.busy is not None:
             held = self.busy(paths)
             res.deferred += len(held)
@@ -170,11 +201,16 @@ class Promoter:
         # Commit records last, so a group and its children can go in one round.
         is_record = self.rules.is_commit_record
         waves = ([p for p in paths if not is_record(p)], [p for p in paths if is_record(p)])
-        with ThreadPoolExecutor(self.threads) as pool:
+        # Packing (zstd in native threads, pack writes) runs beside this thread, which
+        # reads and hashes the next part meanwhile.
+        with (ThreadPoolExecutor(self.threads) as pool,
+              ThreadPoolExecutor(PACKING_THREADS) as packing):
+            self._packing = packing
             for records, wave in enumerate(waves):
                 if wave:
                     self._records = bool(records)
                     self._promote_wave(wave, res, pool)
+            self._drain(0, res)
         located = self._flush_packs(res)
         if self._batch:
             crashpoint("after-objects")
@@ -191,23 +227,99 @@ class Promoter:
     def _promote_wave(self, wave: list[str], res: RoundResult, pool: ThreadPoolExecutor) -> None:
         """Check, read and hash, dedup, then store one wave's paths.
 
-        The index is read once per wave (every path's promoted record, then every
-        new small object's pack location), not once per file; reading, hashing and
-        compressing run in ``pool`` (zstd and file I/O release the GIL; blake3 is cheap).
+        The index is read once per wave (every path's promoted record), then once
+        per part (every new small object's pack location), not once per file. Large
+        files are stored loose in ``pool`` (their zstd runs outside the GIL) while
+        this thread reads and hashes the small ones (local upper files: a pool task
+        per few-KB file cost more than it saved); the small ones are compressed in
+        one native multi-threaded call per part (PackWriter.add_many).
         """
         self._known = self.index.get_promoted_many(self.key, wave)
-        todo = [c for c in (self._guarded(self._check, rel, res) for rel in wave) if c]
-        got = self._map(pool, self._read, todo, res)
+        self._max_object = max_object_bytes()
+        part: list[_Candidate] = []
+        nbytes = 0
+        # Checked as read, part by part: packing starts after one part, not the whole wave.
+        for rel in wave:
+            c = self._guarded(self._check, rel, res)
+            if c is None:
+                continue
+            part.append(c)
+            nbytes += c.st.st_size
+            if nbytes >= PART_BYTES:
+                self._promote_part(part, res, pool)
+                part, nbytes = [], 0
+        if part:
+            self._promote_part(part, res, pool)
+
+    def _promote_part(self, todo: list[_Candidate], res: RoundResult,
+                      pool: ThreadPoolExecutor) -> None:
+        """Store ``todo`` (at most ~PART_BYTES of small files in memory at once)."""
+        packing = self._packer is not None
+        large = {i: pool.submit(self._guarded, self._read, c, res) for i, c in enumerate(todo)
+                 if not packing or c.st.st_size > SMALL_OBJECT}
+        got: list[_Blob | PutResult | None] = [
+            None if i in large else self._guarded(self._read, c, res)
+            for i, c in enumerate(todo)]
+        for i, fut in large.items():
+            got[i] = fut.result()
         small = [g for g in got if isinstance(g, _Blob)]
         if small:
             self._dedup(small)
-            new = [b for b in small if b.put is None]
-            for b, put in zip(new, self._map(pool, self._pack, new, res), strict=True):
-                b.put = put
+            self._pack_new([b for b in small if b.put is None], res, pool)
         for cand, g in zip(todo, got, strict=True):
             put = g.put if isinstance(g, _Blob) else g
             if put is not None:
                 self._guarded(self._finish, (cand, put), res)
+
+    def _pack_new(self, new: list[_Blob], res: RoundResult, pool: ThreadPoolExecutor) -> None:
+        """Store new small objects into this round's packs, in the packing thread (sets
+        each blob's ``put`` now: an object that cannot be stored leaves the batch in
+        _flush_packs, its path stays dirty)."""
+        assert self._packer is not None and self._packing is not None
+        for b in new:
+            b.put = PutResult(b.digest, len(b.data), True)
+        if not new:
+            return
+        items = [(b.digest, b.data) for b in new if not b.probe]
+        probe = [(b.digest, b.data) for b in new if b.probe]
+        # Loose copies: a round trip each on a network filesystem, so in the pool, a
+        # chunk per task; the packing thread waits for them, not this one (it reads and
+        # hashes the next part meanwhile).
+        probes = [pool.submit(self._probe, probe[i:i + PROBE_CHUNK], res)
+                  for i in range(0, len(probe), PROBE_CHUNK)]
+        self._drain(PARTS_IN_FLIGHT - 1, res)  # bounds the bytes held for packing
+        self._inflight.append(self._packing.submit(self._pack_part, self._packer, items, probes))
+
+    def _pack_part(self, packer: PackWriter, items: list[tuple[str, bytes]],
+                   probes: list[Future[list[tuple[str, bytes]]]]) -> None:
+        """Packing thread: pack ``items`` and what the loose probes left of theirs."""
+        packer.add_many(items + [item for f in probes for item in f.result()], ZSTD_THREADS)
+
+    def _drain(self, keep: int, res: RoundResult) -> None:
+        """Wait until at most ``keep`` parts are being packed. A part whose pack could be
+        written neither way is settled by _flush_packs (its paths stay dirty)."""
+        while len(self._inflight) > keep:
+            try:
+                self._inflight.popleft().result()
+            except OSError as e:
+                self._failed(e, res)
+
+    def _probe(self, items: list[tuple[str, bytes]], res: RoundResult,
+               ) -> list[tuple[str, bytes]]:
+        """``items`` but for those an intact loose object holds; a failed probe's object
+        goes to ``_unstored`` (its paths stay dirty: retried next round)."""
+        has_sound = self.objects.has_sound
+        out = []
+        for item in items:
+            try:
+                if has_sound(item[0], len(item[1])):
+                    continue
+            except OSError as e:
+                self._unstored.add(item[0])
+                self._failed(e, res)
+                continue
+            out.append(item)
+        return out
 
     def _map(self, pool: ThreadPoolExecutor, fn: Callable[[Any, RoundResult], _T],
              items: list[Any], res: RoundResult) -> list[_T | None]:
@@ -221,16 +333,22 @@ class Promoter:
         try:
             return fn(arg, res)
         except OSError as e:
-            res.errors += 1
-            res.last_error = str(e)
-            self.counters.inc("promote_errors")
-            log.warning("promotion step failed (will retry): %s", e)
+            self._failed(e, res)
             return None
+        finally:
+            if self.progress is not None:
+                self.progress()
+
+    def _failed(self, e: OSError, res: RoundResult) -> None:
+        res.errors += 1
+        res.last_error = str(e)
+        self.counters.inc("promote_errors")
+        log.warning("promotion step failed (will retry): %s", e)
 
     def _check(self, rel: str, res: RoundResult) -> _Candidate | None:
         """Whether ``rel`` needs hashing now; settles the paths that do not."""
         seen_at = time.monotonic()
-        full = os.path.join(self._upper, rel)
+        full = f"{self._upper}/{rel}"  # not os.path.join, per file (rel is checked below)
         try:
             st = os.lstat(full)
         except (FileNotFoundError, NotADirectoryError):
@@ -240,7 +358,7 @@ class Promoter:
             # A directory renamed into place (Inductor's TritonBundler): promote its files.
             self.tracker.forget(rel, seen_at)
             if not self.rules.is_scratch(rel):
-                for dirpath, _, files in os.walk(full):
+                for dirpath, _, files in noatime.walk(full):
                     for f in files:
                         self.tracker.modified(os.path.relpath(os.path.join(dirpath, f),
                                                               self._upper))
@@ -249,7 +367,7 @@ class Promoter:
                 or not is_valid_relpath(rel)):
             self.tracker.forget(rel, seen_at)
             return None
-        if st.st_size > max_object_bytes():
+        if st.st_size > self._max_object:
             # Every reader would refuse it (objects.max_object_bytes): keep it local.
             self.tracker.forget(rel, seen_at)
             self.counters.inc("promote_skipped_too_large")
@@ -259,7 +377,7 @@ class Promoter:
         if self._settled(rel, st, prefetched=True):
             self.tracker.forget(rel, seen_at)
             return None
-        if self._records and not self._group_ready(rel, full):
+        if self._records and not self._group_ready(rel, full, st.st_size):
             res.deferred += 1
             return None
         return _Candidate(rel, full, st, seen_at)
@@ -297,13 +415,14 @@ class Promoter:
             loc = written.get(entry.digest) or self._reused.get(entry.digest)
             if loc is not None:
                 located[entry.digest] = loc
-            elif entry.digest in packer.added and entry.digest not in packer.loose:
-                del self._batch[rel]  # its pack was not written
-                res.promoted -= 1
+            elif entry.digest in self._unstored or (
+                    entry.digest in packer.added and entry.digest not in packer.loose):
+                del self._batch[rel]  # its loose probe failed (counted), or its pack was
+                res.promoted -= 1  # not written
                 res.bytes -= entry.size
-                res.errors += 1
-        for digest, loc in located.items():
-            self.objects.locate(digest, list(loc))  # publication reads some of them back
+                res.errors += entry.digest not in self._unstored
+        # Publication reads some of them back (our own locations: no parsing needed).
+        self.objects.locations.update(located)
         if packer.packs_written:
             self.counters.inc("packs_promoted", packer.packs_written)
         if packer.loose:  # its pack could not be written (logged once by PackWriter)
@@ -316,23 +435,24 @@ class Promoter:
         bearer = self.rules.path_bearer(c.rel)
         if bearer is not None:
             # Stored path-free, so the cache works at any path (casfs.families).
-            with open_regular(c.full) as f:
-                data = f.read()
+            data = self._group_data.pop(c.rel, None)  # read by the group check already
+            if data is None:
+                data = read_regular(c.full, c.st.st_size + 1, c.st.st_size)
             stored = bearer.to_pathfree(c.rel, data) if len(data) == c.st.st_size else None
             if stored is not None:
                 self._read_sizes[c.rel] = len(data)
                 if self._packer is not None and len(stored) <= SMALL_OBJECT:
-                    return _Blob(digest_bytes(stored), stored, remember=True)
+                    return _Blob(digest_bytes(stored), stored, c.rel, remember=True)
                 put = self.objects.put_bytes(stored)
                 self.objects.remember(put.digest, stored)  # publication reads it back
                 return put
         if self._packer is not None and c.st.st_size <= SMALL_OBJECT:
-            with open_regular(c.full) as f:  # never a FIFO or a link a job left there
-                data = f.read(SMALL_OBJECT + 1)
+            # No FIFO, no link; its stat once read: _finish needs no second lookup.
+            data, c.after = read_regular_stat(c.full, SMALL_OBJECT + 1, c.st.st_size)
             if len(data) > SMALL_OBJECT:
                 return self.objects.put_bytes(data)  # grew since the lstat: _finish defers it
             # The group check reads a commit record back.
-            return _Blob(digest_bytes(data), data, remember=self._records)
+            return _Blob(digest_bytes(data), data, c.rel, remember=self._records)
         return self.objects.put_file(c.full)
 
     def _dedup(self, blobs: list[_Blob]) -> None:
@@ -345,23 +465,31 @@ class Promoter:
             if loc is not None:  # packed already (by this node, or named by a manifest read)
                 self._reused[b.digest] = loc
                 b.put = PutResult(b.digest, len(b.data), False)
+            elif self.probe_loose and self._lower_dir(b.rel.rpartition("/")[0]):
+                # The same bytes as the published file at this path (a job rewrote it):
+                # maybe a loose object (older writers); only these are probed, not every
+                # new object (a stat each, and threads taking the GIL from this one).
+                low = self.lower.lookup(b.rel)
+                b.probe = isinstance(low, Entry) and low.digest == b.digest
 
-    def _pack(self, b: _Blob, res: RoundResult) -> PutResult:
-        """Store a new small object into this round's pack, in a pool thread: the loose
-        probe is a round trip on a network filesystem, compression runs outside the GIL."""
-        assert self._packer is not None
-        if self.probe_loose and self.objects.has_sound(b.digest, len(b.data)):
-            return PutResult(b.digest, len(b.data), False)  # older writers' loose copy
-        self._packer.add(b.data, b.digest)
-        return PutResult(b.digest, len(b.data), True)
+    def _lower_dir(self, d: str) -> bool:
+        """Whether the lower has directory ``d`` (once per directory and round: a new
+        kernel's files sit in a new directory, so their paths are not looked up)."""
+        known = self._lower_dirs.get(d)
+        if known is None:
+            known = self._lower_dirs[d] = self.lower.lookup(d) is DIR
+        return known
 
     def _finish(self, item: tuple[_Candidate, PutResult], res: RoundResult) -> None:
         c, put = item
         st = c.st
-        after = os.lstat(c.full)
+        after = c.after or os.lstat(c.full)
         read_size = self._read_sizes.pop(c.rel, put.size)
-        if (after.st_size, after.st_mtime_ns) != (st.st_size, st.st_mtime_ns) or (
-            read_size != st.st_size or self.tracker.has_writers(c.rel)
+        # The inode too: one renamed over the path between the check and the read.
+        if (after.st_size, after.st_mtime_ns, after.st_ino) != (
+                st.st_size, st.st_mtime_ns, st.st_ino) or (
+            read_size != st.st_size
+            or (self.tracker.has_writers(c.rel) and not self._proc_decides)
         ):
             res.deferred += 1  # changed while hashing: not stable yet
             return
@@ -370,12 +498,12 @@ class Promoter:
         res.promoted += 1
         res.bytes += put.size
 
-    def _group_ready(self, rel: str, full: str) -> bool:
+    def _group_ready(self, rel: str, full: str, size: int) -> bool:
         try:
-            with open(full, "rb") as f:
-                children = self.rules.record_children(rel, f.read())
+            data = read_regular(full, size + 1, size)
         except OSError:
             return False
+        children = self.rules.record_children(rel, data)
         if children is None:
             return False
         for child in children:
@@ -385,4 +513,5 @@ class Promoter:
                     and isinstance(self.lower.lookup(child), Entry)):
                 continue  # the child is served from lower, unchanged
             return False
+        self._group_data[rel] = data  # _read stores these bytes (no second read)
         return True

@@ -31,6 +31,8 @@ from casfs.errors import (
 )
 from casfs.families import CacheRules
 from casfs.index.node_index import NodeIndex
+from casfs.index.promoted import PromotedRecord
+from casfs.store import profile
 from casfs.store.entry import Entry
 from casfs.store.generations import (
     RELOCATE,
@@ -215,24 +217,30 @@ class Publisher:
     def _consistent_groups(self, snap: Snapshot, new: list[Entry]) -> list[Entry]:
         """Drop group files whose children would not all be this writer's bytes."""
         adding = {e.path: e.digest for e in new}
+        groups = {e.path: self._children(e) for e in new if self.rules.is_commit_record(e.path)}
+        # One index read for every group's children, not one per group.
+        recs = self.index.get_promoted_many(
+            self.key, {c for children in groups.values() for c in children or ()})
         keep: list[Entry] = []
         for e in new:
-            if self.rules.is_commit_record(e.path) and not self._group_ok(e, snap, adding):
+            if e.path in groups and not self._group_ok(groups[e.path], snap, adding, recs):
                 self.counters.inc("groups_dropped")
                 log.info("not publishing group %s: its children are not all ours", e.path)
                 continue
             keep.append(e)
         return keep
 
-    def _group_ok(self, group: Entry, snap: Snapshot, adding: dict[str, str]) -> bool:
+    def _children(self, group: Entry) -> list[str] | None:
         try:
             data = self.gens.objects.get_bytes(group.digest, group.size)
         except CasfsError:
-            return False
-        children = self.rules.record_children(group.path, data)
+            return None
+        return self.rules.record_children(group.path, data)
+
+    def _group_ok(self, children: list[str] | None, snap: Snapshot, adding: dict[str, str],
+                  recs: dict[str, PromotedRecord]) -> bool:
         if children is None:
             return False
-        recs = self.index.get_promoted_many(self.key, children)  # one read, not a scan
         for c in children:
             final = adding.get(c) or (snap.entries[c].digest if c in snap.entries else None)
             rec = recs.get(c)
@@ -240,3 +248,27 @@ class Publisher:
             if final is None or (mine is not None and final != mine):
                 return False
         return True
+
+
+def profile_options(gens: GenerationStore, namespace: str, opened: list[str],
+                    published: list[Entry], counters: Counters) -> dict[str, Any]:
+    """The record's ``profile``: the newest record's, merged with what the jobs opened
+    (``opened``) and the files published now (a cold run's hot set is what it wrote).
+    Any failure only drops the profile ({})."""
+    try:
+        rec = gens.latest(namespace)
+        old = rec.options.get("profile") if rec is not None else None
+        older: list[tuple[str, int]] = []
+        runs = 0
+        if isinstance(old, str):
+            try:
+                older, runs = profile.decode(gens.objects.get_bytes(old))
+            except (CasfsError, OSError, ValueError) as e:
+                log.warning("%s: ignoring the profile %s: %s", namespace, old, e)
+        merged, runs = profile.merge(older, runs, [*opened, *(e.path for e in published)])
+        put = gens.objects.put_bytes(profile.encode(merged, runs))
+        counters.inc("profiles_published")
+        return {"profile": put.digest}
+    except (CasfsError, OSError) as e:
+        log.warning("%s: publishing without a profile: %s", namespace, e)
+        return {}

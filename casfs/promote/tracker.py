@@ -94,12 +94,17 @@ class WriteTracker:
         with self._lock:
             return path in self._writers
 
-    def quiet(self, stable_after: float) -> list[str]:
-        """Dirty paths with no open writer and no change for ``stable_after`` seconds."""
+    def quiet(self, stable_after: float, *, with_writers: bool = False) -> list[str]:
+        """Dirty paths with no open writer and no change for ``stable_after`` seconds.
+
+        ``with_writers``: also paths believed open for writing. Writers inferred from
+        inotify lag behind (a close still queued), so at shutdown dir and overlay
+        modes take every path and let their /proc check decide which are held."""
         cutoff = time.monotonic() - stable_after
         with self._lock:
             return sorted(
-                p for p, t in self._dirty.items() if t <= cutoff and p not in self._writers
+                p for p, t in self._dirty.items()
+                if t <= cutoff and (with_writers or p not in self._writers)
             )
 
     def forget(self, path: str, seen_at: float | None = None) -> None:

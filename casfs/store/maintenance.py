@@ -280,12 +280,17 @@ class VerifyReport:
     packs: int = 0
     generations: int = 0
     problems: list[str] = field(default_factory=list)
+    # Damaged packs every row naming them reads past (a verified loose copy of each
+    # member they use: what `casfs import` of the same files writes): not problems.
+    repaired: list[str] = field(default_factory=list)
 
 
 def verify(root: SharedRoot, *, progress: Progress | None = None) -> VerifyReport:
     """Re-hash every object; parse every record and manifest; check every reference."""
     report = VerifyReport()
     present: dict[str, bool] = {}  # digest -> verified ok
+    damaged: dict[str, str] = {}  # pack -> what is wrong with it
+    uses: dict[str, set[str]] = {}  # pack -> digests rows read from it
     for digest in root.objects.iter_digests():
         report.objects += 1
         try:
@@ -301,7 +306,7 @@ def verify(root: SharedRoot, *, progress: Progress | None = None) -> VerifyRepor
         try:
             raw, info = packs.read_pack(root.objects, pack)
         except (CasfsError, OSError) as e:
-            report.problems.append(f"pack {pack}: {e}")
+            damaged[pack] = f"pack {pack}: {e}"
             continue
         for digest, (off, length) in info.members.items():
             try:
@@ -318,12 +323,19 @@ def verify(root: SharedRoot, *, progress: Progress | None = None) -> VerifyRepor
                 report.problems.append(str(item))
                 continue
             report.generations += 1
-            _verify_record(gens, item, present, report)
+            _verify_record(gens, item, present, report, uses)
+    for pack, why in damaged.items():
+        used = uses.get(pack)
+        if used and all(present.get(d) for d in used):
+            report.repaired.append(f"{why} (every row naming it reads a verified loose copy)")
+        else:
+            report.problems.append(why)
     return report
 
 
 def _verify_record(
-    gens: GenerationStore, rec: Record, present: dict[str, bool], report: VerifyReport
+    gens: GenerationStore, rec: Record, present: dict[str, bool], report: VerifyReport,
+    uses: dict[str, set[str]],
 ) -> None:
     where = f"{rec.namespace}@{rec.seq}"
     bad = "generation {}: {}: object {} is {}"
@@ -333,6 +345,9 @@ def _verify_record(
         report.problems.append(str(e))  # snapshot errors already name the generation
         return
     for ent in snap.entries.values():
+        loc = packs.parse_location(ent.extras.get("pack")) if ent.extras else None
+        if loc is not None:
+            uses.setdefault(loc[0], set()).add(ent.digest)
         ok = present.get(ent.digest)
         if ok is None:
             report.problems.append(bad.format(where, ent.path, ent.digest, "missing"))

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import zstandard
 
-from casfs.store.backend import Backend
+from casfs.store.backend import Backend, NotRegularFileError
 from casfs.store.objects import DIGEST_RE
 
 log = logging.getLogger(__name__)
@@ -80,8 +80,10 @@ def _read(backend: Backend, name: str) -> Mark | None:
                           if isinstance(d, str) and DIGEST_RE.match(d))
     except FileNotFoundError:
         return None
-    except (ValueError, KeyError, TypeError, zstandard.ZstdError) as e:
-        # A damaged mark protects nothing and condemns nothing: ignore it (logged).
+    except (ValueError, KeyError, TypeError, RecursionError, NotRegularFileError,
+            zstandard.ZstdError) as e:
+        # A damaged mark (a FIFO or directory too) protects nothing and condemns
+        # nothing: ignore it (logged).
         log.warning("ignoring damaged gc mark %s: %s", name, e)
         return None
     return Mark(name, info.mtime, digests, packs)

@@ -40,7 +40,10 @@ def decode(data: bytes) -> tuple[list[tuple[str, int]], int]:
     """(paths hottest first, runs); ValueError if ``data`` is not a profile."""
     if len(data) > MAX_BYTES:
         raise ValueError("profile too large")
-    doc: Any = json.loads(data)
+    try:
+        doc: Any = json.loads(data)
+    except RecursionError:  # 200 KB of "[" is under MAX_BYTES
+        raise ValueError("profile nested too deeply") from None
     if not isinstance(doc, dict) or doc.get("casfs_profile") != FORMAT:
         raise ValueError("not a casfs profile (format 1)")
     runs = doc.get("runs")
@@ -84,6 +87,17 @@ class Recorder:
             return
         with self._lock:
             self._seen.setdefault(path, None)
+
+    def opened_many(self, paths: list[str]) -> None:
+        """``opened`` for each of ``paths``, in order (one lock for all)."""
+        with self._lock:
+            seen, room = self._seen, self._limit - len(self._seen)
+            for p in paths:
+                if room <= 0:
+                    return
+                if p not in seen:
+                    seen[p] = None
+                    room -= 1
 
     def __len__(self) -> int:
         return len(self._seen)

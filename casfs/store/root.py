@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 from casfs import __version__
 from casfs.errors import CasfsError, StoreFormatError
 from casfs.store.backend import Backend, LocalBackend
-from casfs.store.objects import ObjectStore
+from casfs.store.objects import ObjectStore, read_regular
 from casfs.util import atomic
 from casfs.util.counters import Counters
 from casfs.util.location import RootLocation, S3Location, parse_location
@@ -44,6 +44,7 @@ if TYPE_CHECKING:
 FORMAT_MAJOR = 1
 FORMAT_VERSION = f"{FORMAT_MAJOR}.0"
 MARKER = "casfs.json"
+MAX_MARKER_BYTES = 1 << 20
 
 
 class SharedRoot:
@@ -81,16 +82,17 @@ class SharedRoot:
     @classmethod
     def open(cls, path: str | os.PathLike[str] | RootLocation, *, create: bool = False,
              counters: Counters | None = None, tenants: TenantPolicy | None = None,
-             timeout: float = 20.0) -> SharedRoot:
+             timeout: float = 20.0, open_timeout: float | None = None) -> SharedRoot:
         """Open the root at ``path``; with ``create``, initialise it if it does not exist yet.
 
         ``timeout`` bounds each request to an object store (a fetch slower than
-        that is a miss).
+        that is a miss); ``open_timeout``, if shorter, bounds the opening read of the
+        marker (a mount's start must not wait a whole fetch timeout on a hung server).
         """
         loc = path if isinstance(path, S3Location) else parse_location(path)
         if isinstance(loc, S3Location):
             return cls._open_s3(loc, create=create, counters=counters, tenants=tenants,
-                                timeout=timeout)
+                                timeout=timeout, open_timeout=open_timeout)
         p = loc
         marker = p / MARKER
         if not marker.exists():
@@ -105,12 +107,17 @@ class SharedRoot:
 
     @classmethod
     def _open_s3(cls, loc: S3Location, *, create: bool, counters: Counters | None,
-                 tenants: TenantPolicy | None, timeout: float) -> SharedRoot:
+                 tenants: TenantPolicy | None, timeout: float,
+                 open_timeout: float | None = None) -> SharedRoot:
         from casfs.store.s3backend import S3Backend
 
         backend = S3Backend(loc, timeout=timeout)
+        # The marker is one small GET: a server that cannot answer it within
+        # open_timeout is treated as down now (the caller retries later).
+        probe = backend if open_timeout is None or open_timeout >= timeout \
+            else S3Backend(loc, timeout=open_timeout, retries=0)
         try:
-            with backend.open(MARKER) as f:
+            with probe.open(MARKER) as f:
                 raw = f.read(1 << 16)
         except FileNotFoundError:
             if not create:
@@ -135,7 +142,9 @@ class SharedRoot:
 
 def check_marker(marker: Path) -> dict[str, object]:
     try:
-        raw = marker.read_bytes()
+        # Never blocking, never followed: a FIFO planted as the marker hung every
+        # command and every mount start on this root.
+        raw = read_regular(marker, MAX_MARKER_BYTES)
     except OSError as e:
         raise StoreFormatError(f"{marker} is unreadable or damaged: {e}") from None
     return parse_marker(raw, str(marker.parent), str(marker))

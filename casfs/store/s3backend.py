@@ -101,6 +101,22 @@ def _credential_provider() -> Any:
     return Boto3CredentialProvider(session)
 
 
+def _profile_endpoint() -> str:
+    """The AWS profile's endpoint (``~/.aws/config``: ``endpoint_url``, or in an ``s3 =``
+    section), which AWS's own SDKs and CLI use after the environment's; "" if none."""
+    if os.environ.get("AWS_IGNORE_CONFIGURED_ENDPOINT_URLS", "").lower() == "true":
+        return ""
+    try:
+        import boto3
+
+        cfg = boto3.Session()._session.get_scoped_config()  # holds secrets: never logged
+    except Exception:  # no boto3, no such profile: AWS's default endpoint
+        return ""
+    s3 = cfg.get("s3")
+    ep = (s3.get("endpoint_url") if isinstance(s3, dict) else None) or cfg.get("endpoint_url")
+    return ep if isinstance(ep, str) else ""
+
+
 class S3Backend:
     """A Backend over ``s3://bucket/prefix``."""
 
@@ -113,7 +129,7 @@ class S3Backend:
         self.staging_dir = staging_dir or staging_dir_for(loc)
         self._ob = obstore
         endpoint = (loc.endpoint or os.environ.get("AWS_ENDPOINT_URL_S3")
-                    or os.environ.get("AWS_ENDPOINT_URL") or "")
+                    or os.environ.get("AWS_ENDPOINT_URL") or _profile_endpoint())
         region = loc.region or os.environ.get("AWS_REGION") \
             or os.environ.get("AWS_DEFAULT_REGION") or ""
         cfg: Any = {}

@@ -6,7 +6,10 @@ behind is always a valid store and a node that recovers. Unset (always, in
 production) it costs one environment lookup per step. With
 ``CASFS_CRASHPOINT_AFTER=n`` the first n passes through the step survive.
 Besides STEPS (promotion and publication), ``fetch-worker`` kills a mount's
-fetch worker before each fill (tests/faults/test_fetch_worker.py).
+fetch worker before each fill (tests/faults/test_fetch_worker.py). With
+``CASFS_CRASHPOINT_ONCE=<file>`` only the first process to get there dies
+(it creates the file): a mount's promotion worker dies at the step once and
+its replacement goes through (tests/faults/test_crashpoints.py).
 """
 
 from __future__ import annotations
@@ -31,5 +34,12 @@ def crashpoint(step: str) -> None:
         return
     n = _passes.get(step, 0)
     _passes[step] = n + 1
-    if n >= int(os.environ.get("CASFS_CRASHPOINT_AFTER", "0") or 0):
-        os.kill(os.getpid(), signal.SIGKILL)
+    if n < int(os.environ.get("CASFS_CRASHPOINT_AFTER", "0") or 0):
+        return
+    once = os.environ.get("CASFS_CRASHPOINT_ONCE")
+    if once:
+        try:
+            os.close(os.open(once, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        except FileExistsError:
+            return  # another process died here already
+    os.kill(os.getpid(), signal.SIGKILL)

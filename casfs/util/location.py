@@ -69,6 +69,18 @@ def parse_location(text: str | os.PathLike[str]) -> RootLocation:
             raise ConfigError(f"root URL: unknown option {k!r} (known: {', '.join(OPTIONS)})")
         opts[k] = v
     ep = opts.get("endpoint", "")
-    if ep and urlsplit(ep).scheme not in ("http", "https"):
-        raise ConfigError(f"root URL: endpoint must be http:// or https://, not {ep!r}")
+    if ep:
+        check_endpoint(ep, "root URL: endpoint")
     return S3Location(bucket, prefix, ep, opts.get("region", ""))
+
+
+def check_endpoint(ep: str, what: str) -> str:
+    """An S3 endpoint URL: http(s), and never credentials (it is shown in status, logs and
+    --json output, and written to configurations)."""
+    u = urlsplit(ep)
+    if "@" in u.netloc:
+        raise ConfigError(f"{what} must not hold credentials: use the AWS environment"
+                          " or profile instead")
+    if u.scheme not in ("http", "https"):
+        raise ConfigError(f"{what} must be http:// or https://, not {ep!r}")
+    return ep

@@ -77,9 +77,11 @@ class FailedPaths:
     def __init__(self, retry_after: float = 30.0) -> None:
         self.retry_after = retry_after
         self._until: dict[str, float] = {}
+        self.version = 0  # bumped on each add: resolved nodes cached before are stale
 
     def add(self, path: str, *, permanent: bool = False) -> None:
         self._until[path] = math.inf if permanent else time.monotonic() + self.retry_after
+        self.version += 1
 
     def __contains__(self, path: object) -> bool:
         until = self._until.get(path) if isinstance(path, str) else None
@@ -95,6 +97,8 @@ class FailedPaths:
 
 
 _ABSENT_MAX = 1 << 16  # remembered absent upper names (~100 B each)
+_NODES_MAX = 1 << 15  # remembered lower-only nodes (~230 B each: <= 8 MB; a job's hot set)
+_LISTINGS_MAX = 1 << 12  # remembered listings of lower-only directories (~0.5 KB each)
 
 
 class Layers:
@@ -122,6 +126,21 @@ class Layers:
         # never kept. Removals need nothing: absent stays absent.
         self._created = 0
         self._absent: dict[str, int] = {}
+        # Resolved lower-only nodes (no upper entry: nothing in them changes but by
+        # a change through this class, a failed fetch or a new lower tree), keyed
+        # by the count of those: a warm open, getattr or listing resolved each path
+        # again (an upper lstat per ancestor, a lower lookup) on every request.
+        self._changes = 0
+        self._nodes: dict[str, tuple[tuple[int, int, int], Node]] = {}
+        # Lower paths known absent, with the lower_version they were seen at. A served
+        # tree from the index answers a miss with an LMDB read transaction, and a
+        # Triton put asks ~17 times about names no lower tree has (its temporary dir,
+        # the file in it, the name it is renamed to). Lower entries are only ever
+        # added, each addition bumps lower_version (``lower_added``, a new tree), and
+        # every lower entry comes with its directories: under an absent directory,
+        # nothing is there either.
+        self._lower_absent: dict[str, int] = {}
+        self._listings: dict[str, tuple[tuple[int, int, int], list[tuple[str, UpperOrLower]]]] = {}
 
     @property
     def lower(self) -> LowerTree:
@@ -155,9 +174,11 @@ class Layers:
     def _creating(self) -> None:
         """An upper entry may have been created (call after the change)."""
         self._created += 1
+        self._changes += 1
 
     def _touched(self, path: str) -> None:
         """``path`` was created, removed or hidden: its directory's subdir count is stale."""
+        self._changes += 1
         self._nlink.pop(split(path)[0], None)
         self._nlink.pop(path, None)
 
@@ -191,11 +212,34 @@ class Layers:
             self._creating()
 
     def unlink(self, path: str) -> None:
+        self._changes += 1
         os.unlink(self.rel(path), dir_fd=self.fd)
 
     def rmdir(self, path: str) -> None:
         self._touched(path)
         os.rmdir(self.rel(path), dir_fd=self.fd)
+
+    def rmdir_if_empty(self, path: str) -> bool:
+        """rmdir the upper directory ``path`` if it holds nothing at all; False (and
+        nothing changed) if it holds entries, whiteouts included."""
+        try:
+            os.rmdir(self.rel(path), dir_fd=self.fd)
+        except OSError as e:
+            if e.errno in (errno.ENOTEMPTY, errno.EEXIST):
+                return False
+            raise
+        self._touched(path)
+        return True
+
+    def holds_visible(self, path: str) -> bool:
+        """Whether the upper directory ``path`` holds anything but whiteouts (stops at
+        the first such entry: no listing, no merge)."""
+        fd = self.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            with os.scandir(fd) as it:
+                return any(not wh.entry_is_whiteout(e) for e in it)
+        finally:
+            os.close(fd)
 
     def rename(self, old: str, new: str) -> None:
         self._touched(old)
@@ -287,14 +331,37 @@ class Layers:
                 return i == len(parts) - 1
         return True
 
+    def lower_lookup(self, path: str) -> LowerNode | None:
+        """``lower.lookup(path)``, with misses remembered (see ``_lower_absent``)."""
+        version = self.lower_version
+        absent = self._lower_absent
+        if absent.get(path) == version:
+            return None
+        if absent.get(path.rpartition("/")[0]) != version:
+            node = self._lower.lookup(path)
+            if node is not None:
+                return node
+        if len(absent) >= _ABSENT_MAX:
+            absent.clear()
+        absent[path] = version
+        return None
+
     def lower_node(self, path: str) -> LowerNode | None:
         """The visible lower node at ``path`` (ignoring an upper entry at ``path`` itself)."""
-        node = self.lower.lookup(path)
+        node = self.lower_lookup(path)
         if node is None or not self.lower_visible(path):
             return None
         return node
 
+    def state(self) -> tuple[int, int, int]:
+        """Changes so far to what any path resolves to: equal states, equal answers."""
+        return (self._changes, self.lower_version, self.failed.version)
+
     def resolve(self, path: str) -> Node | None:
+        key = (self._changes, self.lower_version, self.failed.version)
+        hit = self._nodes.get(path)
+        if hit is not None and hit[0] == key:
+            return hit[1]
         st = self.upper_stat(path)
         if st is not None and not stat.S_ISDIR(st.st_mode):
             return Node(path, st, None)
@@ -303,13 +370,36 @@ class Layers:
             return None
         if st is not None and lnode is not DIR:
             lnode = None  # an upper dir over a lower file: the file is shadowed
-        return Node(path, st, lnode)
+        node = Node(path, st, lnode)
+        if st is None:  # an upper stat changes with every write: never kept
+            if len(self._nodes) >= _NODES_MAX:
+                self._nodes.clear()
+            self._nodes[path] = (key, node)
+        return node
 
     def is_opaque(self, path: str) -> bool:
         return bool(path) and self._opaque(path)
 
     def children(self, node: Node) -> list[tuple[str, UpperOrLower]]:
-        """Visible children of a merged directory, sorted, without duplicates."""
+        """Visible children of a merged directory, sorted, without duplicates.
+
+        A lower-only directory's listing is kept as its resolved node is (see
+        ``resolve``): callers must not change the list.
+        """
+        # Not while any lower object failed: a failure shows again when it expires.
+        if node.upper is None and not len(self.failed):
+            key = (self._changes, self.lower_version, self.failed.version)
+            hit = self._listings.get(node.path)
+            if hit is not None and hit[0] == key:
+                return hit[1]
+            listing = self._children(node)
+            if len(self._listings) >= _LISTINGS_MAX:
+                self._listings.clear()
+            self._listings[node.path] = (key, listing)
+            return listing
+        return self._children(node)
+
+    def _children(self, node: Node) -> list[tuple[str, UpperOrLower]]:
         upper: list[tuple[str, os.DirEntry[str]]] = []
         whiteouts: list[str] = []
         if node.upper is not None:
@@ -354,17 +444,25 @@ class Layers:
         return n
 
     # --- mutations of upper ---------------------------------------------
-    def ensure_upper_dir(self, path: str, dir_mode: int) -> None:
-        """Make ``path`` and its ancestors exist as upper directories (copy-up of dirs)."""
-        if not path or self.upper_stat(path) is not None:
-            return
+    def ensure_upper_dir(self, path: str, dir_mode: int) -> os.stat_result | None:
+        """Make ``path`` and its ancestors exist as upper directories (copy-up of dirs).
+
+        Returns the directory's stat when it already existed (None if made here):
+        a create in it needs the parent's group and setgid bit, without asking again.
+        """
+        if not path:
+            return None
+        st = self.upper_stat(path)
+        if st is not None:
+            return st
         parent, _ = split(path)
         self.ensure_upper_dir(parent, dir_mode)
         try:
             self.mkdir(path, dir_mode)
         except FileExistsError:
-            return
+            return None
         self.chmod(path, dir_mode)  # not subject to the daemon's umask
+        return None
 
     def add_whiteout(self, path: str, dir_mode: int) -> None:
         """Hide lower ``path``, replacing a non-directory upper entry there atomically.

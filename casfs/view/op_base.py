@@ -14,8 +14,9 @@ import functools
 import logging
 import os
 import stat
+import sys
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar
@@ -41,6 +42,22 @@ S = TypeVar("S", bound="OpsBase")
 # creation, and it computes O_APPEND offsets itself (pwrite must not append).
 STRIP_FLAGS = os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_NOCTTY
 ROOT_TIMEOUT = 1.0
+_FS_ENCODING = sys.getfilesystemencoding()  # os.fsdecode's (with surrogateescape)
+# Negative dentries the kernel may hold at once on this view's word (~100 B each):
+# past this, misses are answered uncached (the kernel asks again each time).
+NEGATIVE_MAX = 1 << 16
+
+def _fuse_error(ops: Any, name: str, e: Exception) -> pyfuse3.FUSEError:
+    """The one rule for what leaves a handler: a Miss is ENOENT (its entry dropped
+    from the kernel), an OSError keeps its errno, anything else is a bug: EIO."""
+    if isinstance(e, Miss):
+        ops._invalidate_entry(e.path)
+        return pyfuse3.FUSEError(errno.ENOENT)
+    if isinstance(e, OSError):
+        return pyfuse3.FUSEError(e.errno or errno.EIO)
+    log.exception("bug in %s", name)
+    return pyfuse3.FUSEError(errno.EIO)
+
 
 def fuse_errors(
     fn: Callable[Concatenate[S, P], Awaitable[R]],
@@ -53,14 +70,27 @@ def fuse_errors(
             return await fn(self, *args, **kwargs)
         except pyfuse3.FUSEError:
             raise
-        except Miss as miss:
-            self._invalidate_entry(miss.path)
-            raise pyfuse3.FUSEError(errno.ENOENT) from None
-        except OSError as e:
-            raise pyfuse3.FUSEError(e.errno or errno.EIO) from None
-        except Exception:
-            log.exception("bug in %s", fn.__name__)
-            raise pyfuse3.FUSEError(errno.EIO) from None
+        except Exception as e:
+            raise _fuse_error(self, fn.__name__, e) from None
+
+    return wrapper
+
+
+def sync_handler(
+    fn: Callable[Concatenate[S, P], R],
+) -> Callable[Concatenate[S, P], Coroutine[Any, Any, R]]:
+    """``fuse_errors`` for a handler that never awaits, written as a plain function:
+    one coroutine per request instead of two (lookup, getattr, mkdir, rmdir, write
+    and read are most of a Triton put's and a warm read's requests)."""
+
+    @functools.wraps(fn)
+    async def wrapper(self: S, *args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return fn(self, *args, **kwargs)
+        except pyfuse3.FUSEError:
+            raise
+        except Exception as e:
+            raise _fuse_error(self, fn.__name__, e) from None
 
     return wrapper
 
@@ -127,6 +157,7 @@ class OpsBase(pyfuse3.Operations):
         *,
         lower_timeout: float = 3600.0,
         upper_timeout: float = 3600.0,
+        negative_timeout: float = 3600.0,
         fetch_timeout: float = 10.0,
         fetch_threads: int = 16,
         lower_dir_mode: int = 0o777,
@@ -135,8 +166,13 @@ class OpsBase(pyfuse3.Operations):
         replaced: Callable[[str], bool] | None = None,
         replaced_timeout: float = 1.0,
         presenter: Presenter | None = None,
+        dir_nlink: bool = True,
     ) -> None:
         super().__init__()
+        # Directories' link count: 2 + subdirectories (exact), or 1 ("unknown", as
+        # overlayfs shows a merged directory): overlay mode's FUSE layer, where
+        # counting would list every child directory on the overlay's first listing.
+        self.dir_nlink = dir_nlink
         # A shared tenant's cache (casfs.tenants): what one member creates, the
         # others may write too. 0o070: a group domain (group bits follow the
         # owner's, as with umask 002); 0o077: the cluster (everyone). So one
@@ -152,12 +188,22 @@ class OpsBase(pyfuse3.Operations):
         self.replaced_timeout = replaced_timeout
         self.presenter = presenter
         self._presented: dict[tuple[str, str], bytes] = {}  # (path, digest): shown bytes
+        self._lower_kinds: dict[str, tuple[str, bool, bool]] = {}  # see FileOps._open_node
+        # inode -> (layers.state(), path, entry) of a lower file last opened warm
+        self._warm: dict[int, tuple[tuple[int, int, int], str, Entry]] = {}
         self._lower_attr_cache: dict[int, tuple[LowerNode, tuple[int, int],
                                                 pyfuse3.EntryAttributes]] = {}
         # Lower entries appear owned by this (uid, gid): the tenant's, so its jobs
         # may rewrite a replaced path they did not write (the daemon runs as root).
         self.lower_owner: tuple[int, int] | None = None
         self.upper_timeout = upper_timeout
+        # Misses are cached by the kernel (Triton, Inductor and vLLM probe many names
+        # that do not exist). Every negative answered is remembered by (parent inode,
+        # name): names created through the mount replace the kernel's dentry
+        # themselves, and ``lower_added`` invalidates those a refresh makes appear.
+        self.negative_timeout = negative_timeout
+        self._negative: dict[int, set[bytes]] = {}
+        self._negative_n = 0
         self.fetch_timeout = fetch_timeout
         # Fetches get their own threads: stuck ones must not starve fsync or copy-up.
         self._fetch_limiter = trio.CapacityLimiter(fetch_threads)
@@ -175,25 +221,109 @@ class OpsBase(pyfuse3.Operations):
         os.fchmod(self.layers.fd, root_mode)  # any user may create entries, like /tmp
         # Called with (path, digest) on each open of a lower file (access profiles).
         self.on_lower_open: Callable[[str, str], None] | None = None
+        # Called with (path, entry) when an open must fetch a lower object (read-ahead);
+        # on the FUSE loop: it may only note it.
+        self.on_lower_miss: Callable[[str, Entry], None] | None = None
 
     # --- lifecycle / refresh --------------------------------------------
     def init(self) -> None:
         self._mounted = True
 
     def set_lower(self, lower: LowerTree) -> None:
-        """Serve a newer generation (see the module docstring: nothing to invalidate)."""
+        """Serve another LowerTree (a test's; refresh grows the served one in place).
+
+        Any name may appear: every negative dentry the kernel holds is dropped.
+        Called on the trio thread (the invalidations are queued, not awaited).
+        """
         self.layers.lower = lower
+        for parent_ino, names in self._negative.items():
+            for name in names:
+                if self._mounted:
+                    pyfuse3.invalidate_entry_async(parent_ino, name, ignore_enoent=True)
+        self._negative.clear()
+        self._negative_n = 0
 
-    def lower_changed(self) -> None:
-        """The LowerTree grew in place: only cached directory link counts change.
+    def lower_added(self, paths: Iterable[str]) -> None:
+        """The served LowerTree grew in place with ``paths`` (refresh: a worker thread).
 
-        New paths appear on the next lookup/readdir because negative lookups and
-        directory listings are never cached; lower directory attributes are
-        synthesized (their link counts, recounted here, may lag in the kernel's
-        attribute cache until it expires; nothing relies on them: find(1) trusts
-        link counts only on filesystems it knows).
+        Published paths never change bytes, so only names that were absent can
+        change: the kernel forgets its negative dentry for each new path and for
+        each new ancestor directory, before this returns (the caller has already
+        raised the served generation, so the next lookup finds the entry). Lower
+        directory link counts are recounted (the kernel's cached ones may lag
+        until their attributes expire; find(1) trusts link counts only on
+        filesystems it knows). Directory listings are never cached by the kernel.
         """
         self.layers.lower_version += 1
+        if not self._mounted or not self._negative:
+            return
+        paths = list(paths)
+        try:
+            stale = trio.from_thread.run_sync(self._take_negatives, paths)
+        except RuntimeError:  # not a trio worker thread (tests): no loop to race
+            stale = self._take_negatives(paths)
+        for parent_ino, name in stale:
+            try:
+                pyfuse3.invalidate_entry(parent_ino, name)
+            except OSError as e:
+                if e.errno != errno.ENOENT:  # ENOENT: the kernel dropped it already
+                    log.warning("invalidating the negative entry %r: %s", name, e)
+        if stale:
+            self.counters.inc("negative_invalidated", len(stale))
+
+    def _take_negatives(self, paths: Sequence[str]) -> list[tuple[int, bytes]]:
+        """The remembered negative dentries on the way to ``paths`` (trio thread), forgotten."""
+        out: list[tuple[int, bytes]] = []
+        seen: set[str] = set()
+        for path in paths:
+            parent = ""
+            for name in path.split("/"):
+                here = join(parent, name)
+                if here in seen:
+                    parent = here
+                    continue
+                seen.add(here)
+                parent_ino = self.inodes.find(parent)
+                if parent_ino is None:
+                    break  # the kernel knows no dentry there, so none below either
+                names = self._negative.get(parent_ino)
+                bname = os.fsencode(name)
+                if names is not None and bname in names:
+                    self._forget_negative(parent_ino, bname)
+                    out.append((parent_ino, bname))
+                    break  # nothing was looked up below a name that was absent
+                parent = here
+        return out
+
+    def _negative_reply(self, parent_ino: int, name: bytes, path: str) -> pyfuse3.EntryAttributes:
+        """Answer a miss so that the kernel caches it (ENOENT when it must ask again)."""
+        if (self.negative_timeout <= 0 or self._negative_n >= NEGATIVE_MAX
+                or path in self.layers.failed or name in (b".", b"..")):
+            # A failed lower object is retried later: its path may come back.
+            raise err(errno.ENOENT)
+        names = self._negative.setdefault(parent_ino, set())
+        if name not in names:
+            names.add(name)
+            self._negative_n += 1
+        a = pyfuse3.EntryAttributes()
+        a.st_ino = 0
+        a.entry_timeout = self.negative_timeout
+        return a
+
+    def _forget_negative(self, parent_ino: int, name: bytes) -> None:
+        """The kernel's dentry for ``name`` is positive now (or gone): stop tracking it."""
+        names = self._negative.get(parent_ino)
+        if names is not None and name in names:
+            names.discard(name)
+            self._negative_n -= 1
+            if not names:
+                del self._negative[parent_ino]
+
+    def _forget_negatives_under(self, parent_ino: int) -> None:
+        """The kernel forgot ``parent_ino``: its negative dentries went before it."""
+        names = self._negative.pop(parent_ino, None)
+        if names:
+            self._negative_n -= len(names)
 
 
     def _path(self, ino: int) -> str:
@@ -205,16 +335,18 @@ class OpsBase(pyfuse3.Operations):
     def _child(self, parent_ino: int, name: bytes) -> str:
         """Path of an existing-or-not child (no name is reserved: see casfs.view.whiteout)."""
         parent = self._path(parent_ino)
-        sname = os.fsdecode(name)
+        sname = name.decode(_FS_ENCODING, "surrogateescape")  # os.fsdecode, no checks
         if sname == ".":
             return parent
         if sname == "..":
             return split(parent)[0]
-        return join(parent, sname)
+        return f"{parent}/{sname}" if parent else sname
 
     def _new_child(self, parent_ino: int, name: bytes) -> str:
         """Path of a child about to be created."""
-        return join(self._path(parent_ino), os.fsdecode(name))
+        parent = self._path(parent_ino)
+        sname = name.decode(_FS_ENCODING, "surrogateescape")
+        return f"{parent}/{sname}" if parent else sname
 
     def _resolve(self, path: str) -> Node:
         node = self.layers.resolve(path)
@@ -231,7 +363,7 @@ class OpsBase(pyfuse3.Operations):
         if node.has_lower_dir:
             # A directory's link count is 2 + its subdirectories, lower ones included
             # (find(1) and rename tests rely on it); lower-only dirs are cached long.
-            a.st_nlink = 2 + self.layers.subdir_count(node)
+            a.st_nlink = 2 + self.layers.subdir_count(node) if self.dir_nlink else 1
         return a
 
     def _upper_attrs(self, st: os.stat_result, ino: int) -> pyfuse3.EntryAttributes:
@@ -344,16 +476,18 @@ class OpsBase(pyfuse3.Operations):
             return private
         return stat.S_IMODE(perm) & 0o777
 
-    def _own(self, path: str, ctx: pyfuse3.RequestContext, mode: int, created: int) -> None:
+    def _own(self, path: str, ctx: pyfuse3.RequestContext, mode: int, created: int,
+             parent_st: os.stat_result | None = None) -> None:
         """New entries belong to the caller (the daemon runs as root); honour setgid dirs.
 
         ``created`` is the permission the entry was created with; only the
-        syscalls that change something are made.
+        syscalls that change something are made. ``parent_st``: the parent's stat
+        taken just before (its group and setgid bit), else it is read here.
         """
         up = self.layers
         if self._is_root:
             gid = ctx.gid
-            pst = up.lstat(split(path)[0])
+            pst = parent_st if parent_st is not None else up.lstat(split(path)[0])
             created_gid = self._owner[1]
             if pst.st_mode & stat.S_ISGID:
                 gid = created_gid = pst.st_gid  # the kernel already gave it the dir's group
@@ -368,12 +502,15 @@ class OpsBase(pyfuse3.Operations):
         if not stat.S_ISLNK(mode) and (created & ~self._umask != perm):
             up.chmod(path, perm)  # exact mode: the daemon's umask must not apply
 
-    def _prepare_new(self, path: str) -> None:
-        """Make room for a new entry: EEXIST if visible, else free the name of a whiteout."""
+    def _prepare_new(self, path: str) -> os.stat_result | None:
+        """Make room for a new entry: EEXIST if visible, else free the name of a whiteout.
+
+        Returns the parent's upper stat when it existed already (see ``_own``)."""
         if self.layers.resolve(path) is not None:
             raise err(errno.EEXIST)
-        self.layers.ensure_upper_dir(split(path)[0], self.dir_mode)
+        parent_st = self.layers.ensure_upper_dir(split(path)[0], self.dir_mode)
         self.layers.remove_whiteout(path)
+        return parent_st
 
     def _entry_reply(self, path: str) -> pyfuse3.EntryAttributes:
         node = self._resolve(path)

@@ -47,6 +47,8 @@ class CopyUpOps(OpsBase):
         is not hidden, and the next open joins the fill instead of missing
         again; if nothing arrived for STALL seconds the path is hidden for a while.
         """
+        if self.on_lower_miss is not None:
+            self.on_lower_miss(path, entry)
         lock = threading.Lock()
         state = {"done": False, "abandoned": False}
 
@@ -140,4 +142,4 @@ class CopyUpOps(OpsBase):
 
     def _needs_whiteout(self, path: str) -> bool:
         """Would lower ``path`` show once the upper entry at ``path`` is gone?"""
-        return self.layers.lower.lookup(path) is not None and self.layers.lower_visible(path)
+        return self.layers.lower_lookup(path) is not None and self.layers.lower_visible(path)

@@ -3,33 +3,33 @@
 from __future__ import annotations
 
 import errno
-import os
 import stat
 
 import pyfuse3
 
-from casfs.view.layers import join, split
-from casfs.view.op_base import err, fuse_errors, link_key
+from casfs.view.layers import split
+from casfs.view.op_base import err, fuse_errors, link_key, sync_handler
 from casfs.view.op_copyup import CopyUpOps
 from casfs.view.whiteout import WHITEOUT_DEV
 
 
 class DirOps(CopyUpOps):
-    @fuse_errors
-    async def mkdir(
+    @sync_handler
+    def mkdir(
         self, parent_inode: int, name: bytes, mode: int, ctx: pyfuse3.RequestContext
     ) -> pyfuse3.EntryAttributes:
         path = self._new_child(parent_inode, name)
-        self._prepare_new(path)
+        parent_st = self._prepare_new(path)
         created = self._initial_perm(ctx, mode, 0o700)
         self.layers.mkdir(path, created)
-        self._own(path, ctx, stat.S_IFDIR | stat.S_IMODE(mode), created)
-        if self.layers.lower.lookup(path) is not None:
+        self._own(path, ctx, stat.S_IFDIR | stat.S_IMODE(mode), created, parent_st)
+        if self.layers.lower_lookup(path) is not None:
             self.layers.make_opaque(path)  # re-created over a removed lower dir: starts empty
+        self._forget_negative(parent_inode, name)
         return self._entry_reply(path)
 
-    @fuse_errors
-    async def mknod(
+    @sync_handler
+    def mknod(
         self, parent_inode: int, name: bytes, mode: int, rdev: int, ctx: pyfuse3.RequestContext
     ) -> pyfuse3.EntryAttributes:
         if stat.S_ISCHR(mode) and rdev == WHITEOUT_DEV:
@@ -42,16 +42,18 @@ class DirOps(CopyUpOps):
         self._own(path, ctx, mode, created)
         if stat.S_ISREG(mode):
             self.tracker.modified(path)
+        self._forget_negative(parent_inode, name)
         return self._entry_reply(path)
 
-    @fuse_errors
-    async def symlink(
+    @sync_handler
+    def symlink(
         self, parent_inode: int, name: bytes, target: bytes, ctx: pyfuse3.RequestContext
     ) -> pyfuse3.EntryAttributes:
         path = self._new_child(parent_inode, name)
         self._prepare_new(path)
         self.layers.symlink(target, path)
         self._own(path, ctx, stat.S_IFLNK, 0)
+        self._forget_negative(parent_inode, name)
         return self._entry_reply(path)
 
     @fuse_errors
@@ -76,11 +78,12 @@ class DirOps(CopyUpOps):
         self.inodes.lookup(new)  # the reply counts as a lookup of the inode
         if stat.S_ISREG(st.st_mode):
             self.tracker.modified(new)
+        self._forget_negative(new_parent_inode, new_name)
         return self._upper_attrs(st, inode)
 
 
-    @fuse_errors
-    async def unlink(self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> None:
+    @sync_handler
+    def unlink(self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> None:
         path = self._child(parent_inode, name)
         node = self._resolve(path)
         if node.is_dir:
@@ -93,17 +96,28 @@ class DirOps(CopyUpOps):
         self.inodes.detach(path)
         self.tracker.removed(path)
 
-    @fuse_errors
-    async def rmdir(self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> None:
+    @sync_handler
+    def rmdir(self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> None:
         path = self._child(parent_inode, name)
         node = self._resolve(path)
         if not node.is_dir:
             raise err(errno.ENOTDIR)
-        if self.layers.children(node):
-            raise err(errno.ENOTEMPTY)
-        if node.upper is not None:
-            self.layers.clear_markers(path)
-            self.layers.rmdir(path)
+        if node.upper is not None and not node.has_lower_dir:
+            # Only its upper entries can show (no lower directory is merged in): the
+            # upper's own rmdir tells empty from not, with no listing (a Triton put's
+            # temporary dir, and removedirs's ENOTEMPTY of the key dir after it). A
+            # directory holding only whiteouts is empty to the job: cleared, removed.
+            if not self.layers.rmdir_if_empty(path):
+                if self.layers.holds_visible(path):
+                    raise err(errno.ENOTEMPTY)
+                self.layers.clear_markers(path)
+                self.layers.rmdir(path)
+        else:
+            if self.layers.children(node):
+                raise err(errno.ENOTEMPTY)
+            if node.upper is not None:
+                self.layers.clear_markers(path)
+                self.layers.rmdir(path)
         if self._needs_whiteout(path):
             self.layers.add_whiteout(path, self.dir_mode)
         self.inodes.detach(path)
@@ -143,7 +157,7 @@ class DirOps(CopyUpOps):
             if src.has_lower_dir:
                 await self._copy_up_tree(src)
                 self.layers.make_opaque(old)
-            elif self.layers.lower.lookup(new) is not None:
+            elif self.layers.lower_lookup(new) is not None:
                 self.layers.make_opaque(old)  # must not merge with lower entries at ``new``
         elif src.lower_file is not None:
             await self._copy_up(src)
@@ -157,10 +171,11 @@ class DirOps(CopyUpOps):
             self.layers.add_whiteout(old, self.dir_mode)
         self.inodes.rename(old, new)
         self.tracker.renamed(old, new)
+        self._forget_negative(parent_inode_new, name_new)
 
 
-    @fuse_errors
-    async def opendir(self, inode: int, ctx: pyfuse3.RequestContext) -> int:
+    @sync_handler
+    def opendir(self, inode: int, ctx: pyfuse3.RequestContext) -> int:
         node = self._resolve(self._path(inode))
         if not node.is_dir:
             raise err(errno.ENOTDIR)
@@ -170,21 +185,26 @@ class DirOps(CopyUpOps):
         self._dirs[fh] = (node.path, [name for name, _ in self.layers.children(node)])
         return fh
 
-    @fuse_errors
-    async def readdir(self, fh: int, start_id: int, token: pyfuse3.ReaddirToken) -> None:
+    @sync_handler
+    def readdir(self, fh: int, start_id: int, token: pyfuse3.ReaddirToken) -> None:
         path, names = self._dirs[fh]
+        prefix = f"{path}/" if path else ""
+        resolve, inodes = self.layers.resolve, self.inodes  # per entry: no attribute lookups
         for i in range(start_id, len(names)):
-            cpath = join(path, names[i])
-            node = self.layers.resolve(cpath)
+            name = names[i]
+            cpath = prefix + name
+            node = resolve(cpath)
             if node is None:
                 continue  # removed since opendir
-            key = link_key(node)
-            ino = self.inodes.ino(cpath, key)
+            key = link_key(node) if node.upper is not None else None
+            ino = inodes.ino(cpath, key)
             attrs = self._attrs(node, ino)
-            if not pyfuse3.readdir_reply(token, os.fsencode(names[i]), attrs, i + 1):
-                self.inodes.drop_if_unused(ino)
+            # os.fsencode's own encoding (UTF-8, surrogateescape), without its checks
+            if not pyfuse3.readdir_reply(token, name.encode("utf-8", "surrogateescape"),
+                                         attrs, i + 1):
+                inodes.drop_if_unused(ino)
                 return
-            self.inodes.lookup(cpath, key)  # readdirplus counts as a lookup
+            inodes.lookup(cpath, key)  # readdirplus counts as a lookup
 
     async def releasedir(self, fh: int) -> None:
         self._dirs.pop(fh, None)

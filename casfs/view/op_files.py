@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import stat
 
@@ -11,8 +12,10 @@ import trio
 
 from casfs.store.entry import Entry
 from casfs.view.layers import Node, split
-from casfs.view.op_base import STRIP_FLAGS, Handle, Miss, err, fuse_errors
+from casfs.view.op_base import STRIP_FLAGS, Handle, Miss, err, fuse_errors, sync_handler
 from casfs.view.op_copyup import CopyUpOps
+
+log = logging.getLogger(__name__)
 
 
 def _writeback_flags(flags: int) -> int:
@@ -33,6 +36,8 @@ def _open_cached(path: str) -> int:
 
 
 _PRESENTED_MAX = 4096  # remembered presented files (group files: a few hundred bytes)
+_KINDS_MAX = 1 << 16  # remembered (path: digest, presented, keep_cache) of lower files
+_WRITES = os.O_WRONLY | os.O_RDWR | os.O_TRUNC  # an open with any of these may copy up
 
 
 class FileOps(CopyUpOps):
@@ -41,7 +46,17 @@ class FileOps(CopyUpOps):
         writable = accmode != os.O_RDONLY or bool(flags & os.O_TRUNC)
         entry = node.lower_file
         if entry is not None and not writable:
-            if self.presenter is not None and self.presenter.size(entry) is not None:
+            kind = self._lower_kinds.get(node.path)
+            if kind is None or kind[0] != entry.digest:
+                # (digest, presented, keep_cache): each depends on the path and its
+                # digest only, and asking the family's rules costs ~3 us per open.
+                kind = (entry.digest,
+                        self.presenter is not None and self.presenter.size(entry) is not None,
+                        not self.replaced(node.path))
+                if len(self._lower_kinds) >= _KINDS_MAX:
+                    self._lower_kinds.clear()
+                self._lower_kinds[node.path] = kind
+            if kind[1]:
                 shown = self._presented.get((node.path, entry.digest))
                 if shown is None:
                     src = self.fetcher.cached(entry) or await self._fetch(node.path, entry)
@@ -59,27 +74,17 @@ class FileOps(CopyUpOps):
                 self._handles[fd] = Handle(fd, ino, node.path, False, None)
                 return pyfuse3.FileInfo(fh=fd, keep_cache=True)
             # Warm: the object is local, open it inline. Cold: fetch in a thread.
-            src = self.fetcher.cached(entry) or await self._fetch(node.path, entry)
-            try:
-                fd = _open_cached(src)
-            except FileNotFoundError:
-                # Evicted by another mount process between fetch and open: once more.
-                self.fetcher.unpin(entry.digest)
-                src = await self._fetch(node.path, entry)
-                try:
-                    fd = _open_cached(src)
-                except OSError as e:
-                    self.fetcher.unpin(entry.digest)
-                    raise self._lower_failed(node.path, e) from None
-            except OSError as e:
-                self.fetcher.unpin(entry.digest)
-                raise self._lower_failed(node.path, e) from None
-            self.counters.inc("open_lower")
-            if self.on_lower_open is not None:
-                self.on_lower_open(node.path, entry.digest)
-            self._handles[fd] = Handle(fd, ino, node.path, False, entry.digest)
+            warm = self.fetcher.open_cached(entry)
+            if warm is None:
+                fd = await self._open_fetched(node.path, entry)
+            else:
+                fd = warm
+                if kind[2]:  # the next open of this inode may skip the resolving
+                    if len(self._warm) >= _KINDS_MAX:
+                        self._warm.clear()
+                    self._warm[ino] = (self.layers.state(), node.path, entry)
             # A replaced path's pages may hold an older version: never keep them.
-            return pyfuse3.FileInfo(fh=fd, keep_cache=not self.replaced(node.path))
+            return self._opened_lower(fd, ino, node.path, entry, kind[2])
         if entry is not None:
             await self._copy_up(node, empty=bool(flags & os.O_TRUNC))
             self._invalidate_entry(node.path)  # drop the long lower timeouts
@@ -93,6 +98,31 @@ class FileOps(CopyUpOps):
             self.tracker.modified(node.path)
         return pyfuse3.FileInfo(fh=fd)
 
+    def _opened_lower(self, fd: int, ino: int, path: str, entry: Entry,
+                      keep_cache: bool) -> pyfuse3.FileInfo:
+        self.counters.inc("open_lower")
+        if self.on_lower_open is not None:
+            self.on_lower_open(path, entry.digest)
+        self._handles[fd] = Handle(fd, ino, path, False, entry.digest)
+        return pyfuse3.FileInfo(fh=fd, keep_cache=keep_cache)
+
+    async def _open_fetched(self, path: str, entry: Entry) -> int:
+        """An fd of the entry's object (pinned) when it is not both local and trusted yet."""
+        src = self.fetcher.cached(entry) or await self._fetch(path, entry)
+        try:
+            return _open_cached(src)
+        except FileNotFoundError:
+            # Evicted by another mount process between fetch and open: once more.
+            self.fetcher.unpin(entry.digest)
+            src = await self._fetch(path, entry)
+            try:
+                return _open_cached(src)
+            except OSError as e:
+                self.fetcher.unpin(entry.digest)
+                raise self._lower_failed(path, e) from None
+        except OSError as e:
+            self.fetcher.unpin(entry.digest)
+            raise self._lower_failed(path, e) from None
 
     def _present(self, path: str, entry: Entry, src: str) -> bytes:
         """The presented bytes of ``entry`` (small: a group file), remembered per path
@@ -114,8 +144,26 @@ class FileOps(CopyUpOps):
         self._presented[(path, entry.digest)] = shown
         return shown
 
-    @fuse_errors
     async def open(self, inode: int, flags: int, ctx: pyfuse3.RequestContext) -> pyfuse3.FileInfo:
+        if not flags & _WRITES:
+            # A lower file opened warm before, nothing in the view changed since, the
+            # inode still attached (a newer version of a replaced path detaches it):
+            # nothing to resolve again; only its object must still be cached. Not
+            # wrapped in fuse_errors (a coroutine per request): the same rule inline.
+            warm = self._warm.get(inode)
+            if (warm is not None and warm[0] == self.layers.state()
+                    and self.inodes.path(inode) is not None):
+                try:
+                    fd = self.fetcher.open_cached(warm[2])
+                    if fd is not None:
+                        return self._opened_lower(fd, inode, warm[1], warm[2], True)
+                except Exception:
+                    log.exception("bug in open")
+                    raise err(errno.EIO) from None
+        return await self._open(inode, flags)
+
+    @fuse_errors
+    async def _open(self, inode: int, flags: int) -> pyfuse3.FileInfo:
         path = self._path(inode)
         node = self._resolve(path)
         if node.is_dir:
@@ -143,8 +191,9 @@ class FileOps(CopyUpOps):
                 raise err(errno.EISDIR)
             ino = self.inodes.lookup(path)
             fi = await self._open_node(node, ino, flags)
+            self._forget_negative(parent_inode, name)
             return fi, self._attrs(self._resolve(path), ino)
-        self.layers.ensure_upper_dir(split(path)[0], self.dir_mode)
+        parent_st = self.layers.ensure_upper_dir(split(path)[0], self.dir_mode)
         self.layers.remove_whiteout(path)
         created = self._initial_perm(ctx, mode, 0o600)
         fd = self.layers.open(
@@ -154,7 +203,7 @@ class FileOps(CopyUpOps):
             created,
         )
         try:
-            self._own(path, ctx, stat.S_IFREG | stat.S_IMODE(mode), created)
+            self._own(path, ctx, stat.S_IFREG | stat.S_IMODE(mode), created, parent_st)
         except BaseException:
             os.close(fd)
             self.layers.unlink(path)
@@ -163,16 +212,18 @@ class FileOps(CopyUpOps):
         writable = flags & os.O_ACCMODE != os.O_RDONLY
         self._handles[fd] = Handle(fd, ino, path, writable, None)
         if writable:
-            self.tracker.opened_for_write(path)
-        self.tracker.modified(path)
+            self.tracker.opened_for_write(path)  # marks it changed too
+        else:
+            self.tracker.modified(path)
+        self._forget_negative(parent_inode, name)
         return pyfuse3.FileInfo(fh=fd), self._upper_attrs(os.fstat(fd), ino)
 
-    @fuse_errors
-    async def read(self, fh: int, off: int, size: int) -> bytes:
+    @sync_handler
+    def read(self, fh: int, off: int, size: int) -> bytes:
         return os.pread(self._handle(fh).fd, size, off)
 
-    @fuse_errors
-    async def write(self, fh: int, off: int, buf: bytes) -> int:
+    @sync_handler
+    def write(self, fh: int, off: int, buf: bytes) -> int:
         h = self._handle(fh)
         n = os.pwrite(h.fd, buf, off)
         self.tracker.modified(self.inodes.path(h.ino) or h.path)
@@ -190,14 +241,20 @@ class FileOps(CopyUpOps):
         fd = self._handle(fh).fd
         await trio.to_thread.run_sync(os.fdatasync if datasync else os.fsync, fd)
 
-    @fuse_errors
     async def release(self, fh: int) -> None:
+        # fuse_errors's rule inline (no coroutine per request): only FUSEError leaves.
         h = self._handles.pop(fh, None)
         if h is None:
             return
-        os.close(h.fd)
-        if h.digest is not None:
-            self.fetcher.unpin(h.digest)
-        if h.writable:
-            self.tracker.closed_for_write(self.inodes.path(h.ino) or h.path)
+        try:
+            os.close(h.fd)
+            if h.digest is not None:
+                self.fetcher.unpin(h.digest)
+            if h.writable:
+                self.tracker.closed_for_write(self.inodes.path(h.ino) or h.path)
+        except OSError as e:
+            raise err(e.errno or errno.EIO) from None
+        except Exception:
+            log.exception("bug in release")
+            raise err(errno.EIO) from None
 

@@ -11,7 +11,14 @@ Why a mount mark on the overlay, not on the layers: overlayfs opens its lower
 filesystem see nothing (checked on Linux 6.18); the overlay's own open events
 carry the overlay path.
 
-Cost bounds:
+The mount uses ``OpenWatchProcess``: the same events read by a child process
+at ``SCHED_IDLE`` (this module's ``main``), which sends the relative paths
+back through a pipe, so the per-event work below runs off the job's cores
+and the mount process's GIL, and the mount process only records paths
+(``FanotifyOpens`` is the in-process thread, ``CASFS_OPEN_WATCH_PROCESS=0``).
+
+Cost bounds (either way; with the child, only the pipe read and ``on_open``
+run in the mount process):
 
 - about one event per distinct file per *epoch*: when ``on_open`` returns
   True (the path is recorded for this epoch), the file's inode gets an ignore
@@ -27,7 +34,18 @@ Cost bounds:
   overlay serves from its FUSE layer that open is one FUSE OPEN/RELEASE pair
   to the mount process (never to the FUSE thread's own call chain, so it
   cannot deadlock), once per file per epoch;
-- opens by this process itself are ignored.
+- opens by this process itself (the mount process) are ignored;
+- the child: one Python start-up per mount (~40 ms of CPU, at normal
+  priority: it then moves itself to ``SCHED_IDLE``), at most ``RESTARTS``
+  more. While opens flow it reads the queue every ``GATHER_S`` rather than
+  sleeping in poll (the kernel wakes a poller on every event it queues: work
+  on the job's core) and sends paths every ``FLUSH_S`` (one pipe write and one
+  wakeup of the mount process for hundreds of paths, recorded there with one
+  index read and one lock per log). It runs
+  on idle CPU only, so on busy cores it trails the job: until it has marked
+  a file, each further open of that file queues one more event (kernel
+  memory, a few hundred bytes each; the queue is unlimited, never dropped),
+  and recording is that much later (``record_lag_s`` in bench.overlaywarm).
 
 Needs CAP_SYS_ADMIN (as overlay mode does); ``start`` raises OSError
 otherwise and the caller goes without (the FUSE layer still records the
@@ -38,14 +56,19 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import ctypes.util
 import logging
 import os
 import select
+import signal
 import struct
+import subprocess
+import sys
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
+
+from casfs.util.libc import libc
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +91,7 @@ METADATA_VERSION = 3
 # any RLIMIT_NOFILE (a 64 KiB read could need 2,730 fds at once).
 READ_BYTES = 4096
 
-_libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+_libc = libc()
 _libc.fanotify_init.argtypes = [ctypes.c_uint, ctypes.c_uint]
 _libc.fanotify_mark.argtypes = [ctypes.c_int, ctypes.c_uint, ctypes.c_uint64, ctypes.c_int,
                                 ctypes.c_char_p]
@@ -81,6 +104,29 @@ def _check(rc: int, what: str) -> int:
     return rc
 
 
+def _init_group(mountpoint: str) -> int:
+    """A fanotify group with a FAN_OPEN mount mark on ``mountpoint`` (its fd)."""
+    fd = _check(_libc.fanotify_init(
+        FAN_CLASS_NOTIF | FAN_CLOEXEC | FAN_NONBLOCK | FAN_UNLIMITED_QUEUE
+        | FAN_UNLIMITED_MARKS, os.O_RDONLY | os.O_LARGEFILE | os.O_CLOEXEC),
+        "fanotify_init")
+    try:
+        _check(_libc.fanotify_mark(fd, FAN_MARK_ADD | FAN_MARK_MOUNT, FAN_OPEN,
+                                   AT_FDCWD, os.fsencode(mountpoint)),
+               f"fanotify_mark {mountpoint}")
+    except OSError:
+        os.close(fd)
+        raise
+    return fd
+
+
+
+def _flush_marks(fd: int) -> None:
+    """Drop every ignore mark of group ``fd`` (a new epoch), if the group is open."""
+    if fd >= 0:
+        with contextlib.suppress(OSError):
+            _check(_libc.fanotify_mark(fd, FAN_MARK_FLUSH, 0, AT_FDCWD, None), "fanotify flush")
+
 class FanotifyOpens:
     """A thread turning FAN_OPEN events under ``mountpoint`` into ``on_open(relpath)`` calls.
 
@@ -89,8 +135,15 @@ class FanotifyOpens:
     only with a bounded queue, which this never asks for).
     """
 
+    pid: int | None = None  # no process of its own (as OpenWatchProcess's status)
+    restarts = 0
+    failed = False
+
     def __init__(self, mountpoint: Path, on_open: Callable[[str], bool]) -> None:
         self.mountpoint = os.fspath(mountpoint)
+        # What readlink of an event's fd starts with (symlinks resolved, as the kernel
+        # reports): a prefix test is ~3 us cheaper than os.path.relpath per event.
+        self._prefix = os.path.join(os.path.realpath(self.mountpoint), "")
         self.on_open = on_open
         self.events = 0
         self.overflows = 0
@@ -102,18 +155,7 @@ class FanotifyOpens:
 
     def start(self) -> None:
         """Mark the mount and start reading (OSError: fanotify is not usable here)."""
-        self._fd = _check(_libc.fanotify_init(
-            FAN_CLASS_NOTIF | FAN_CLOEXEC | FAN_NONBLOCK | FAN_UNLIMITED_QUEUE
-            | FAN_UNLIMITED_MARKS, os.O_RDONLY | os.O_LARGEFILE | os.O_CLOEXEC),
-            "fanotify_init")
-        try:
-            _check(_libc.fanotify_mark(self._fd, FAN_MARK_ADD | FAN_MARK_MOUNT, FAN_OPEN,
-                                       AT_FDCWD, os.fsencode(self.mountpoint)),
-                   f"fanotify_mark {self.mountpoint}")
-        except OSError:
-            os.close(self._fd)
-            self._fd = -1
-            raise
+        self._fd = _init_group(self.mountpoint)
         self._stop_r, self._stop_w = os.pipe2(os.O_CLOEXEC)
         self._thread = threading.Thread(target=self._run, name="casfs-fanotify", daemon=True)
         self._thread.start()
@@ -121,10 +163,7 @@ class FanotifyOpens:
     def reset(self) -> None:
         """A new epoch: drop every ignore mark, so each file's next open is an event."""
         with self._lock:
-            if self._fd >= 0:
-                with contextlib.suppress(OSError):
-                    _check(_libc.fanotify_mark(self._fd, FAN_MARK_FLUSH, 0, AT_FDCWD, None),
-                           "fanotify flush")
+            _flush_marks(self._fd)
 
     def stop(self) -> None:
         if self._thread is not None:
@@ -178,9 +217,9 @@ class FanotifyOpens:
             path = os.readlink(f"/proc/self/fd/{fd}")
         except OSError:
             return
-        rel = os.path.relpath(path, self.mountpoint)
-        if rel.startswith("..") or rel == "." or path.endswith(" (deleted)"):
-            return
+        if not path.startswith(self._prefix) or path.endswith(" (deleted)"):
+            return  # outside the mount (or its root itself), or unlinked since
+        rel = path[len(self._prefix):]
         try:
             done = self.on_open(rel)
         except Exception:  # a recording bug must not stop the watcher
@@ -191,3 +230,260 @@ class FanotifyOpens:
                 _check(_libc.fanotify_mark(
                     self._fd, FAN_MARK_ADD | FAN_MARK_IGNORED_MASK
                     | FAN_MARK_IGNORED_SURV_MODIFY, FAN_OPEN, fd, None), "ignore mark")
+
+
+# --- the listener in a process of its own ------------------------------------------------
+PR_SET_PDEATHSIG = 1
+RESTARTS = 2  # a listener that dies is started again this often, then recording stops
+RESTART_DELAY = 0.5
+
+
+class OpenWatchProcess:
+    """``FanotifyOpens`` with the per-event work in a child process at low CPU priority.
+
+    The mount process makes the fanotify group and its mount mark (so no open
+    is missed while the child starts, nor while it is restarted: events wait in
+    the kernel's queue), and passes the group's fd to the child
+    (``python -m casfs.view.opens``: SCHED_IDLE, killed with the thread that
+    started it via PR_SET_PDEATHSIG). The child reads events, resolves and
+    closes each fd, adds each file's ignore mark and writes the mount-relative
+    paths, NUL-terminated, one write per batch of events, into a pipe; a thread
+    here reads them and calls ``on_open`` (this process stays the only owner of
+    the use log and profile; its cost per file is ``on_open`` alone). Every
+    reported file gets its ignore mark: ``on_open``'s answer is not asked for.
+
+    A child that dies is started again ``RESTARTS`` times (paths in its last
+    batch may be lost); then opens go unrecorded and one line is logged. The
+    job never notices: the child only watches. ``events`` counts paths
+    received, ``restarts`` the restarts, ``failed`` is True once recording
+    has stopped.
+    """
+
+    def __init__(self, mountpoint: Path, on_open: Callable[[str], object],
+                 on_opens: Callable[[list[str]], object] | None = None) -> None:
+        self.mountpoint = os.fspath(mountpoint)
+        self.on_open = on_open
+        self.on_opens = on_opens  # if given: called per batch instead (cheaper per path)
+        self.events = 0
+        self.restarts = 0
+        self.failed = False
+        self._fd = -1
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._stopping = threading.Event()
+        self._lock = threading.Lock()  # the child handle vs stop; the fd vs reset
+        self._thread: threading.Thread | None = None
+
+    @property
+    def pid(self) -> int | None:
+        """The listener's pid (None while none runs)."""
+        p = self._proc
+        return p.pid if p is not None and p.returncode is None else None
+
+    def start(self) -> None:
+        """Mark the mount and start the listener (OSError: fanotify is not usable here)."""
+        self._fd = _init_group(self.mountpoint)
+        # This thread spawns the child: PR_SET_PDEATHSIG fires when the spawning
+        # *thread* exits, so a short-lived caller thread would kill it early.
+        self._thread = threading.Thread(target=self._supervise, name="casfs-openwatch",
+                                        daemon=True)
+        self._thread.start()
+
+    def reset(self) -> None:
+        """A new epoch: drop every ignore mark (the group is shared with the child)."""
+        with self._lock:
+            _flush_marks(self._fd)
+
+    def stop(self) -> None:
+        self._stopping.set()
+        with self._lock:
+            if self._proc is not None and self._proc.returncode is None:
+                with contextlib.suppress(OSError):
+                    self._proc.kill()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+            self._thread = None
+        with self._lock:
+            if self._fd >= 0:
+                os.close(self._fd)
+                self._fd = -1
+
+    def _spawn(self) -> tuple[subprocess.Popen[bytes], int] | None:
+        r, w = os.pipe2(os.O_CLOEXEC)
+        try:
+            with self._lock:
+                if self._stopping.is_set():
+                    return None
+                proc = subprocess.Popen(
+                    [sys.executable, "-m", "casfs.view.opens", "--fd", str(self._fd),
+                     "--out", str(w), "--ignore-pid", str(os.getpid()),
+                     "--parent", str(os.getpid()), self.mountpoint],
+                    stdin=subprocess.DEVNULL, pass_fds=(self._fd, w), close_fds=True)
+                self._proc = proc
+        except BaseException:
+            os.close(r)
+            raise
+        finally:
+            os.close(w)
+        # The child moves itself to SCHED_IDLE once started: its start-up (~40 ms of
+        # CPU, once) at idle priority could take seconds on busy cores, and events
+        # meanwhile wait unmarked (one per open, not per file).
+        return proc, r
+
+    def _supervise(self) -> None:
+        for attempt in range(RESTARTS + 1):
+            try:
+                got = self._spawn()
+            except OSError as e:
+                log.warning("%s: cannot start the open listener: %s", self.mountpoint, e)
+                got = None
+                if self._stopping.is_set():
+                    return
+            if got is None and self._stopping.is_set():
+                return
+            if got is not None:
+                proc, r = got
+                try:
+                    self._receive(r)
+                finally:
+                    os.close(r)
+                    rc = proc.wait()
+                if self._stopping.is_set():
+                    return
+                why = f"exited with status {rc}"
+            else:
+                why = "did not start"
+            if attempt < RESTARTS:
+                self.restarts += 1
+                log.warning("%s: the open listener %s; starting it again (%d of %d)",
+                            self.mountpoint, why, attempt + 1, RESTARTS)
+                if self._stopping.wait(RESTART_DELAY):
+                    return
+        self.failed = True
+        log.warning("%s: the open listener %s %d times; opens the kernel serves are no "
+                    "longer recorded on this mount", self.mountpoint, why, RESTARTS + 1)
+
+    def _receive(self, r: int) -> None:
+        tail = b""
+        while True:
+            try:
+                chunk = os.read(r, 65536)
+            except InterruptedError:
+                continue
+            if not chunk:
+                return
+            *paths, tail = (tail + chunk).split(b"\0")
+            if self.on_opens is not None:
+                if not paths:
+                    continue
+                self.events += len(paths)
+                rels = [os.fsdecode(p) for p in paths]
+                try:
+                    self.on_opens(rels)
+                except Exception:  # a recording bug must not stop the watcher
+                    log.exception("recording %d opens failed", len(rels))
+                continue
+            for p in paths:
+                self.events += 1
+                rel = os.fsdecode(p)
+                try:
+                    self.on_open(rel)
+                except Exception:  # a recording bug must not stop the watcher
+                    log.exception("recording an open of %s failed", rel)
+
+
+# While opens flow the child reads the queue every GATHER_S instead of being woken
+# per event (a wakeup is work on the job's core: the kernel wakes a poller on each
+# event it queues), and sends what it has every FLUSH_S (one pipe write, one wakeup
+# of the mount process) or at FLUSH_PATHS paths. An open queued meanwhile waits at
+# most GATHER_S + FLUSH_S to be recorded; a file opened again before its ignore mark
+# is set queues one more event (the kernel merges an identical one still queued).
+GATHER_S = 0.05
+FLUSH_S = 0.25
+FLUSH_PATHS = 8192
+
+
+def _drain(fan_fd: int, prefix: bytes, ignore_pid: int, batch: list[bytes]) -> int:
+    """Read every queued event: paths under ``prefix`` into ``batch``, each file's
+    ignore mark set. Returns the number of events read."""
+    n = 0
+    while True:
+        try:
+            buf = os.read(fan_fd, READ_BYTES)
+        except BlockingIOError:
+            return n
+        except OSError as e:  # e.g. EMFILE for the event fds: events are lost
+            log.warning("fanotify read: %s", e)
+            return n
+        if not buf:
+            return n
+        off = 0
+        while off + _META.size <= len(buf):
+            length, ver, _, _, _, fd, pid = _META.unpack_from(buf, off)
+            if ver != METADATA_VERSION or length < _META.size:
+                raise SystemExit(f"fanotify: unexpected event format {ver}")
+            off += length
+            n += 1
+            if fd < 0:
+                continue
+            try:
+                if pid == ignore_pid:
+                    continue
+                try:  # bytes in, bytes out: no decoding per event
+                    path = os.readlink(b"/proc/self/fd/%d" % fd)
+                except OSError:
+                    continue
+                if path.startswith(prefix) and not path.endswith(b" (deleted)"):
+                    batch.append(path[len(prefix):] + b"\0")
+                    _libc.fanotify_mark(fan_fd, FAN_MARK_ADD | FAN_MARK_IGNORED_MASK
+                                        | FAN_MARK_IGNORED_SURV_MODIFY, FAN_OPEN, fd, None)
+            finally:
+                os.close(fd)
+
+
+def _listen(fan_fd: int, out: int, prefix: bytes, ignore_pid: int) -> None:
+    """The child's loop: events in, ignore marks set, relative paths out (one write a batch)."""
+    poll = select.poll()
+    poll.register(fan_fd, select.POLLIN)
+    batch: list[bytes] = []
+    since = 0.0  # when the oldest unsent path was read
+    while True:
+        wait = None if not batch else max(0, int((since + FLUSH_S - time.monotonic()) * 1000))
+        got = 0
+        if poll.poll(wait):
+            if not batch:
+                since = time.monotonic()
+            got = _drain(fan_fd, prefix, ignore_pid, batch)
+        if batch and (len(batch) >= FLUSH_PATHS or time.monotonic() - since >= FLUSH_S):
+            data = memoryview(b"".join(batch))
+            try:  # one writer: paths cannot interleave
+                while data:
+                    data = data[os.write(out, data):]
+            except BrokenPipeError:
+                raise SystemExit(0) from None
+            batch = []
+        if got:
+            time.sleep(GATHER_S)  # opens are flowing: gather, rather than be woken per event
+
+
+def main(argv: list[str] | None = None) -> None:
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m casfs.view.opens",
+                                 description="casfs's fanotify open listener (internal)")
+    ap.add_argument("--fd", type=int, required=True, help="the fanotify group, marked")
+    ap.add_argument("--out", type=int, required=True, help="where paths go")
+    ap.add_argument("--ignore-pid", type=int, default=0)
+    ap.add_argument("--parent", type=int, required=True)
+    ap.add_argument("mountpoint")
+    a = ap.parse_args(argv)
+    _libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+    if os.getppid() != a.parent:  # the parent is gone already
+        raise SystemExit(0)
+    with contextlib.suppress(OSError):  # the per-event work: only CPU nothing else wants
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    _listen(a.fd, a.out, os.fsencode(os.path.join(os.path.realpath(a.mountpoint), "")),
+            a.ignore_pid)
+
+
+if __name__ == "__main__":
+    main()

@@ -13,11 +13,18 @@ re-checking the path, so a racing create/unlink is never clobbered.
 A lower object that fails to fetch or verify makes its path absent for the
 rest of the mount (ENOENT, a cache miss): never EIO, never wrong bytes.
 
-Refresh: ``set_lower`` swaps in a newer generation. Negative lookups are not
-cached by the kernel (ENOENT replies carry no entry timeout) and readdir is
-not cached (no FOPEN_CACHE_DIR), and published paths never change bytes
-(first writer wins), so newly published paths simply appear: nothing to
-invalidate. Except replaced paths (declared by the cache family): they get
+Refresh grows the served LowerTree in place. Published paths never change
+bytes (first writer wins), and readdir is not cached (no FOPEN_CACHE_DIR), so
+only names that were absent change. Misses are cached by the kernel (an
+entry of inode 0 with ``negative_timeout``: compilers probe many names that do
+not exist), and the view remembers each one by (parent inode, name):
+``lower_added`` invalidates those on the way to the paths a refresh added,
+before the refresh returns. Names made through the mount (create, mkdir,
+mknod, symlink, link, rename) turn the kernel's dentry positive by
+themselves; a failed lower object (retried later) is an uncached miss; a
+namespace detached from the mux takes its dentries with it (its directory
+entry is invalidated) and a re-attached one starts with new inode numbers.
+Except replaced paths (declared by the cache family): they get
 short timeouts and no ``keep_cache``, and when a newer version is ingested
 ``replaced_changed`` makes the kernel forget the old attributes, pages and
 dentry. A reader that opened the old version keeps reading it whole (its

@@ -181,6 +181,32 @@ def _mkdirs(links: Path, rel: str, made: set[str]) -> None:
     made.add(rel)
 
 
+def prewarm(links: Path, mountpoint: Path) -> int:
+    """Look up every linked file through the overlay once (lstat): a launcher's step
+    between warm-ready and the job's start, from the job's side, never the mount
+    process's (it does not touch its own mount). A new overlay mount builds its
+    dentries and inodes on each name's first lookup (~4.6 us a file here, a third
+    of a warm read); done here, the job's first touch runs at warm speed. Linked
+    directories are sealed (opaque), so these lookups never reach the FUSE layer.
+    Returns the number of files looked up; errors (a file deleted meanwhile) skip."""
+    n = 0
+    top = str(links)
+    for dirpath, _, names in os.walk(top):
+        rel = os.path.relpath(dirpath, top)
+        base = str(mountpoint) if rel == "." else os.path.join(mountpoint, rel)
+        # Listed too: a directory merged with the FUSE layer (the root, a partly local
+        # one) is listed there on its first listing through a mount (the FUSE
+        # layer's kept nodes and listing, the kernel's FUSE dentries), so the job's
+        # first listing finds them made. A sealed one costs a kernel readdir.
+        with contextlib.suppress(OSError):
+            os.listdir(base)
+        for name in names:
+            with contextlib.suppress(OSError):
+                os.lstat(os.path.join(base, name))
+                n += 1
+    return n
+
+
 def _check_path(p: Path) -> str:
     s = str(p)
     if any(c in s for c in ",:\\\n"):

@@ -14,7 +14,7 @@ import os
 import shutil
 import signal
 import subprocess
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -26,6 +26,38 @@ if TYPE_CHECKING:
     import pyfuse3
 
 log = logging.getLogger(__name__)
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+@contextlib.contextmanager
+def stop_signals() -> Iterator[AsyncIterator[int]]:
+    """trio's receiver of SIGTERM/SIGINT; once it is left, both are ignored.
+
+    A second signal must not kill the process during its shutdown (the final
+    publication, the unmount). On leaving, trio puts back the handlers it found:
+    ignoring the signals only after that (as before) left a moment in which a
+    second one met the default action and killed the process (rc -15, no final
+    publication: 2 of 40 dir-mode stops under a burst of SIGTERMs). So a Python
+    handler that swallows them goes in first, and is what trio puts back; a
+    signal it takes before the receiver is in place is sent again to the receiver.
+    """
+    early: list[int] = []
+
+    def swallow(signum: int, frame: object) -> None:
+        early.append(signum)
+
+    for s in STOP_SIGNALS:
+        signal.signal(s, swallow)
+    try:
+        with trio.open_signal_receiver(*STOP_SIGNALS) as signals:
+            for signum in set(early):
+                os.kill(os.getpid(), signum)
+            early.clear()
+            yield signals
+    finally:
+        for s in STOP_SIGNALS:  # ignored by the kernel too: the interpreter's exit
+            signal.signal(s, signal.SIG_IGN)  # puts back the default for Python handlers
 
 
 def mount_options(fsname: str, *, allow_other: bool, debug: bool,
@@ -94,6 +126,19 @@ async def _main(
     background: Callable[[trio.Nursery], Awaitable[None]] | None,
     on_shutdown: Callable[[], Awaitable[None]] | None,
 ) -> None:
+    # Caught before READY (a job that ends at once is stopped right after it), and from
+    # the first signal on, more are swallowed: one between here and the unmount would
+    # leave a dead mount (ENOTCONN) behind. SIGKILL still works.
+    with stop_signals() as signals:
+        await _session(signals, on_ready, background, on_shutdown)
+
+
+async def _session(
+    signals: AsyncIterator[int],
+    on_ready: Callable[[], None] | None,
+    background: Callable[[trio.Nursery], Awaitable[None]] | None,
+    on_shutdown: Callable[[], Awaitable[None]] | None,
+) -> None:
     import pyfuse3
 
     async with trio.open_nursery() as nursery:
@@ -103,14 +148,9 @@ async def _main(
             nursery.cancel_scope.cancel()  # unmounted from outside: stop background work
 
         async def watch_signals() -> None:
-            with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-                async for signum in signals:
-                    log.info("signal %d: shutting down", signum)
-                    break
-            # A second signal must not kill us between here and the unmount: that
-            # would leave a dead mount (ENOTCONN) behind. SIGKILL still works.
-            signal.signal(signal.SIGTERM, signal.SIG_IGN)
-            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            async for signum in signals:
+                log.info("signal %d: shutting down", signum)
+                break
             if on_shutdown is not None:
                 try:
                     await on_shutdown()

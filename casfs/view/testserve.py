@@ -63,6 +63,10 @@ class DirFetcher:
     def cached(self, entry: Entry) -> str | None:
         return None  # always through fetch (the threaded path)
 
+    def open_cached(self, entry: Entry) -> int | None:
+        return None  # always through fetch (the threaded path)
+
+
     def unpin(self, digest: str) -> None:
         with self._lock:
             self.pins[digest] -= 1

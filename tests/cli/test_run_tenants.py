@@ -61,3 +61,40 @@ def test_casfs_run_serves_each_user_its_own_tenant(shared: Path) -> None:
         assert rc == 0 and "evil" in out, out
         rc, out = run(u2, root, 'cat "$CASFS_CACHE_DIR/KEYDIR/kernel.so"')
         assert rc == 0 and "good" in out and "evil" not in out, out
+
+
+def test_a_user_who_cannot_open_dev_fuse_gets_dir_mode(shared: Path) -> None:
+    """Issue 8 item 5: ``casfs run`` (default fuse mode) by a user the kernel refuses
+    /dev/fuse falls back to dir mode, serves and publishes, not to a private temp dir.
+    A root-only /dev/fuse (0600, as on many nodes) is bound over the real one in a
+    private mount namespace, so the test means the same on every machine."""
+    import shutil
+    import subprocess
+
+    if not shutil.which("unshare"):
+        pytest.skip("needs unshare")
+    root = shared / "root"
+    dev = shared / "fuse-root-only"
+    subprocess.run(["mknod", "-m", "600", str(dev), "c", "10", "229"], check=True)
+    with real_users(1, shared) as (u,):
+        env = u.env(CASFS_ROOT=str(root), CASFS_STATE_DIR=str(u.home / "state"),
+                    CASFS_MOUNT_BASE=str(u.home / "mnt"), CASFS_BUILD_KEY="stack-1",
+                    CASFS_SOCKET=str(u.home / "no-daemon.sock"))
+        from tests.users import user_python
+
+        py, _ = user_python()
+        job = 'echo "$CASFS_CACHE_DIR"; echo hi > "$CASFS_CACHE_DIR/f"'
+        inner = (f"mount --bind {dev} /dev/fuse && exec setpriv --reuid={u.uid}"
+                 f" --regid={u.gid} --init-groups -- {py} -m casfs.cli.main run"
+                 " --family generic -n nf --stable-after 0 -- /bin/sh -c"
+                 f" '{job}'")
+        r = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", inner],
+                           env=env, cwd=str(u.home), capture_output=True, text=True,
+                           timeout=180, check=False)
+        assert r.returncode == 0, r.stderr
+        assert "(dir mode)" in r.stderr and "private and temporary" not in r.stderr, r.stderr
+        served = Path(r.stdout.strip())
+        assert served.name == "nf" and u.home / "mnt" in served.parents, r.stdout
+        assert "1 published" in r.stderr, r.stderr
+        gens = SharedRoot.open(root).generations()
+        assert gens.latest(f"{u.tenant}~nf") is not None

@@ -4,6 +4,7 @@ and credentials kept out of every output."""
 from __future__ import annotations
 
 import filecmp
+import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -121,3 +122,32 @@ def test_probe_accepts_seaweedfs(s3_url: str) -> None:
     probe_create_only(root.backend, s3_url)
     for run in root.backend.list("probes"):  # cleaned up (SeaweedFS may keep empty "dirs")
         assert list(root.backend.list(f"probes/{run}")) == []
+
+
+def test_endpoint_and_credentials_from_an_aws_profile(s3_url: str, seaweed_server: Any,
+                                                      tmp_path: Path) -> None:
+    """The standard AWS config chain: a profile in ~/.aws/config with its endpoint_url and
+    region, its keys in ~/.aws/credentials, nothing in the environment or the URL. The
+    profile's endpoint used to be ignored (requests went to AWS itself)."""
+    import os
+    import subprocess
+    import sys
+
+    from seaweed import ACCESS_KEY
+
+    url = s3_url.split("?")[0]  # no endpoint option
+    (tmp_path / "config").write_text(
+        f"[profile casfs]\nregion = us-east-1\nendpoint_url = {seaweed_server.endpoint}\n")
+    (tmp_path / "credentials").write_text(
+        f"[casfs]\naws_access_key_id = {ACCESS_KEY}\naws_secret_access_key = {SECRET_KEY}\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    env |= {"AWS_PROFILE": "casfs", "AWS_CONFIG_FILE": str(tmp_path / "config"),
+            "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "credentials"),
+            "CASFS_STATE_DIR": str(tmp_path / "state")}
+    for args in (["init", url], ["--root", url, "doctor", "--json"]):
+        r = subprocess.run([sys.executable, "-m", "casfs.cli.main", *args], env=env,
+                           capture_output=True, text=True, timeout=120, check=False)
+        assert r.returncode in (0, 1) and "Traceback" not in r.stderr, r.stderr
+    checks = {c["check"]: c for c in json.loads(r.stdout)}
+    assert checks["shared_root"]["status"] == "ok", checks["shared_root"]
+    assert SECRET_KEY not in r.stdout + r.stderr

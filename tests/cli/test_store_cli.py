@@ -327,3 +327,21 @@ def test_cat_of_corrupt_object_writes_nothing(
     res = cli("cat", "ns", "ab/cab12.so")
     assert "does not match" in res.assert_clean_error()
     assert res.out == ""
+
+
+def test_a_fifo_where_the_root_stages_is_one_line_not_a_traceback(
+    cli: Callable[..., Any], casfs_env: dict[str, Path], tmp_path: Path
+) -> None:
+    """An environment error (here a FIFO where the root's tmp/ directory was) is one
+    `casfs: error:` line from import, as any error; gc, which only collects staging
+    leftovers there, goes on. Both used to end in a NotADirectoryError traceback."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a").write_bytes(b"a")
+    cli("init", check=True)
+    staging = casfs_env["root"] / "tmp"
+    staging.rmdir()
+    os.mkfifo(staging)
+    line = cli("import", src, "-n", "ns", timeout=60).assert_clean_error()
+    assert "Not a directory" in line
+    assert cli("gc", "--keep", "1", "--grace", "0", timeout=60).rc == 0

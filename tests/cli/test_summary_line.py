@@ -1,6 +1,11 @@
-"""The one line `casfs run` prints per cache: what an operator reads first after a job."""
+"""The one line `casfs run` prints per cache: what an operator reads first after a job;
+`--wait-warm` refused outside overlay mode."""
 
 from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
 
 from casfs.cli.mount_cmds import summary_line
 
@@ -17,3 +22,22 @@ def test_summary_line_names_conflicts_only_when_there_are_some() -> None:
 
 def test_summary_line_when_the_mount_process_died() -> None:
     assert summary_line("triton", None) == "triton: no statistics (the mount process died)"
+
+
+def test_summary_line_reports_both_readiness_points() -> None:
+    st: dict = {"namespace": "triton-x", "counters": {}, "mount_ready_s": 1.5,
+                "warm_ready_s": 1.25}
+    assert summary_line("triton", st).endswith("; mount-ready 1.50s, warm-ready 1.25s")
+    st["warm_ready_s"] = None
+    st["counters"]["warm_wait_timeouts"] = 1
+    assert summary_line("triton", st).endswith("not warm-ready (--wait-warm timed out)")
+
+
+def test_wait_warm_needs_overlay_mode(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from casfs.cli.main import main
+
+    rc = main(["--root", str(tmp_path / "root"), "--state-dir", str(tmp_path / "state"),
+               "mount", str(tmp_path / "mnt"), "--namespace", "ns", "--wait-warm=5"])
+    assert rc != 0
+    assert "--wait-warm needs --mode overlay" in capsys.readouterr().err
+    assert not (tmp_path / "state" / "run").exists()  # refused before any mount started

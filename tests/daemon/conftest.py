@@ -14,31 +14,15 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from fusehelpers import lazy_unmount, mounted
+from waiting import wait_until
 
 VENV_BIN = Path(sys.executable).parent
-DEADLINE = 60.0  # generous bound for anything the daemon must do "soon"
-
-
-def wait_until(pred: Callable[[], Any], what: str, timeout: float = DEADLINE,
-               proc: subprocess.Popen[bytes] | None = None) -> Any:
-    """Poll ``pred`` until truthy; fail naming ``what`` (or the dead daemon) otherwise."""
-    deadline = time.monotonic() + timeout
-    while True:
-        v = pred()
-        if v:
-            return v
-        if proc is not None and proc.poll() is not None:
-            pytest.fail(f"casfsd exited (rc={proc.returncode}) while waiting for {what}")
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out waiting for {what}")
-        time.sleep(0.1)
 
 
 class NotifyListener:

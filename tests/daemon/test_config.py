@@ -27,13 +27,15 @@ def minimal(tmp: Path, extra: str = "", mount_extra: str = "") -> str:
 def test_defaults_then_file_then_flags(tmp_path: Path) -> None:
     p = write(tmp_path, minimal(tmp_path, extra='[log]\nlevel = "warning"\n'
                                               "[defaults]\npublish_interval = 7\n",
-                                mount_extra="refresh_interval = 3"))
+                                mount_extra='refresh_interval = 3\nmode = "overlay"\n'
+                                            "wait_warm = 45"))
     cfg = dconfig.load(p)
     (m,) = cfg.mount_configs()
     assert m.publish_interval == 7.0  # [defaults] from the file
     assert m.refresh_interval == 3.0  # the mount's own setting wins over [defaults]
     assert m.stable_after == 2.0  # built-in default
     assert m.allow_other is True
+    assert m.mode == "overlay" and m.wait_warm == 45.0  # overlay: READY waits for the hot set
     assert m.mountpoint == cfg.mount_base / "kern"
     assert m.family == "generic" and m.namespace == "kern-ns"
     assert cfg.log_level == "warning" and cfg.metrics_listen is None

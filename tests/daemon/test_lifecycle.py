@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 from fusehelpers import mounted
+from waiting import wait_until
 
-from .conftest import Daemon, wait_until
+from .conftest import Daemon
 
 pytestmark = [pytest.mark.fuse, pytest.mark.slow]
 
@@ -57,11 +58,17 @@ def test_ready_publish_status_metrics(daemons: Callable[..., Daemon]) -> None:
     out = d.cli("status").stdout
     assert out.splitlines()[0].startswith(f"casfsd: pid {d.proc.pid}"), out  # type: ignore[union-attr]
 
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as r:
-        text = r.read().decode()
+    def counted() -> str:
+        """/metrics once it counts kern's publication (the promotion worker's counters
+        reach the mount process with its reply, just after the root shows it)."""
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as r:
+            text = str(r.read().decode())
+        line = 'casfs_files_published_total{mount="kern",namespace="kern-test"} 1.0'
+        return text if line in text else ""
+
+    text = wait_until(counted, "the publication counted in /metrics", proc=d.proc)
     assert 'casfs_mount_up{mount="kern",namespace="kern-test"} 1.0' in text
     assert 'casfs_mount_up{mount="vllm",namespace="vllm-test"} 1.0' in text
-    assert 'casfs_files_published_total{mount="kern",namespace="kern-test"} 1.0' in text
 
     assert d.terminate() == 0
     assert not any(mounted(p) for p in d.mount_paths)
@@ -94,9 +101,10 @@ def _kill_everything(d: Daemon) -> None:
 
 
 def test_sigkill_then_restart_recovers(daemons: Callable[..., Daemon]) -> None:
-    # stable_after leaves the kill below time to happen before anything is promoted,
-    # even on a loaded machine (at 1 s a slow status call let publication win the race)
-    opts = {"stable_after": 4.0, "publish_interval": 1.0, "refresh_interval": 1.0}
+    # Nothing may be promoted before the kill, however slow the machine: the first run
+    # never finds a file stable (a fixed 1 s, then 4 s, lost the race to a slow status
+    # call under load); the restart promotes at once.
+    opts = {"stable_after": 3600.0, "publish_interval": 1.0, "refresh_interval": 1.0}
     d = daemons("a", two_mounts(), defaults=opts)
     (d.mount_paths[0] / "dir").mkdir()
     (d.mount_paths[0] / "dir" / "a.so").write_bytes(b"A" * 5000)
@@ -111,7 +119,10 @@ def test_sigkill_then_restart_recovers(daemons: Callable[..., Daemon]) -> None:
             os.statvfs(p)  # stat may be answered from attributes cached before the crash
         assert e.value.errno == errno.ENOTCONN
 
-    d.start()  # same config
+    text = d.config.read_text()
+    d.config.write_text(text.replace("stable_after = 3600.0", "stable_after = 0.2"))
+    assert d.config.read_text() != text
+    d.start()  # the same mounts, state and root
     for p in d.mount_paths:
         assert os.statvfs(p).f_bsize  # serving again, not ENOTCONN
     assert (d.mount_paths[0] / "dir" / "a.so").read_bytes() == b"A" * 5000

@@ -16,8 +16,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from waiting import wait_until
 
-from .conftest import Daemon, wait_until
+from .conftest import Daemon
 
 pytestmark = [pytest.mark.fuse, pytest.mark.slow]
 

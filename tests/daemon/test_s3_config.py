@@ -36,10 +36,13 @@ def test_s3_root_with_endpoint(tmp_path: Path) -> None:
     ('root = "s3://Bad_Bucket/x"', "bucket"),
     ('root = "s3://b-ok/x?secret=1"', "unknown option"),
     ('root = "s3://key:pw@b-ok/x"', "credentials"),
+    ('root = "s3://b-ok/x"\nendpoint = "http://key:pw@h:1"', "credentials"),
+    ('root = "s3://b-ok/x?endpoint=http://key:pw@h:1"', "credentials"),
     ('root = "/abs/root"\nendpoint = "http://h:1"', "only for an s3://"),
     ('root = "s3://b-ok/x"\nendpoint = "ftp://h"', "http://"),
     ('root = "gs://b-ok/x"', "scheme"),
 ])
 def test_bad_s3_settings_are_one_clear_error(tmp_path: Path, store: str, words: str) -> None:
-    with pytest.raises(ConfigError, match=words):
+    with pytest.raises(ConfigError, match=words) as e:
         dconfig.load(_write(tmp_path, store))
+    assert "pw" not in str(e.value)  # never echoed

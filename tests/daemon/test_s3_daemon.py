@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 from fusehelpers import mounted
 from seaweed import SECRET_KEY
+from waiting import wait_until
 
-from .conftest import Daemon, wait_until
+from .conftest import Daemon
 
 pytestmark = [pytest.mark.fuse, pytest.mark.slow]
 

@@ -18,10 +18,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from waiting import wait_until
 
 from tests.users import RealUser, open_tmp, real_users, user_python
 
-from .conftest import Daemon, wait_until
+from .conftest import Daemon
 
 pytestmark = [pytest.mark.fuse, pytest.mark.slow]
 

@@ -18,14 +18,14 @@ import os
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
 from fusehelpers import MountedView
+from waiting import wait_until
 
 from tests.node.conftest import Node
 
@@ -44,16 +44,6 @@ def _import(root: Path, tmp_path: Path, env: dict[str, str] | None = None) -> No
                         "testns"], capture_output=True, text=True, timeout=120, check=False,
                        env=env)
     assert r.returncode == 0, r.stderr
-
-
-def _wait(cond: Callable[[], Any], what: str, timeout: float = 30.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        v = cond()
-        if v:
-            return v
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def _worker(node: Node, w: Any) -> dict[str, Any]:
@@ -87,13 +77,13 @@ def test_worker_killed_mid_fetch_job_gets_the_bytes(tmp_path: Path) -> None:
         mp = w.cfg.mountpoint
         try:
             mount_pid = node.ask(w, "status")["pid"]
-            first = _wait(lambda: _worker(node, w).get("pid"), "a fetch worker")
+            first = wait_until(lambda: _worker(node, w).get("pid"), "a fetch worker")
             assert (mp / "d/f1").read_bytes() == FILES["d/f1"]  # the worker opened the root
             assert served.proc is not None
             os.kill(served.proc.pid, signal.SIGSTOP)  # the fetch waits inside the worker
             try:
                 reader = _read(mp / "d/f0")
-                _wait(lambda: _fills_in_flight(tmp_path / "state"), "the worker's fill")
+                wait_until(lambda: _fills_in_flight(tmp_path / "state"), "the worker's fill")
                 os.kill(first, signal.SIGKILL)
             finally:
                 os.kill(served.proc.pid, signal.SIGCONT)
@@ -145,14 +135,14 @@ def test_wedged_worker_is_replaced_and_cold_reads_hit_again(tmp_path: Path) -> N
     w = node.mount(fetch_timeout=2.0)  # hang_after = max(2 * 2, 5) = 5 s
     mp = w.cfg.mountpoint
     try:
-        first = _wait(lambda: _worker(node, w).get("pid"), "a fetch worker")
+        first = wait_until(lambda: _worker(node, w).get("pid"), "a fetch worker")
         os.kill(first, signal.SIGSTOP)
         readers = [_read(mp / f"d/f{i}") for i in range(3)]
         for r in readers:
             _, err = r.communicate(timeout=30)
             assert r.returncode != 0 and b"No such file" in err, err  # I2, never EIO
-        st = _wait(lambda: (s := _worker(node, w)).get("worker_hangs") and s.get("pid") and s,
-                   "the hung worker's replacement")
+        st = wait_until(lambda: (s := _worker(node, w)).get("worker_hangs") and s.get("pid") and s,
+                        "the hung worker's replacement")
         assert st["pid"] != first
         assert (mp / "d/f5").read_bytes() == FILES["d/f5"]  # a cold read hits again
     finally:
@@ -168,7 +158,7 @@ def test_stalled_root_recovers_without_remount(tmp_path: Path) -> None:
         w = node.mount(fetch_timeout=2.0)
         mp = w.cfg.mountpoint
         try:
-            first = _wait(lambda: _worker(node, w).get("pid"), "a fetch worker")
+            first = wait_until(lambda: _worker(node, w).get("pid"), "a fetch worker")
             assert served.proc is not None
             os.kill(served.proc.pid, signal.SIGSTOP)
             try:
@@ -176,8 +166,8 @@ def test_stalled_root_recovers_without_remount(tmp_path: Path) -> None:
                 for r in readers:
                     _, err = r.communicate(timeout=30)
                     assert r.returncode != 0 and b"No such file" in err, err
-                _wait(lambda: _worker(node, w).get("pid") not in (None, first),
-                      "the hung worker's replacement")
+                wait_until(lambda: _worker(node, w).get("pid") not in (None, first),
+                           "the hung worker's replacement")
             finally:
                 os.kill(served.proc.pid, signal.SIGCONT)
             assert (mp / "d/f5").read_bytes() == FILES["d/f5"]

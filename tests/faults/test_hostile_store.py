@@ -96,6 +96,39 @@ def test_nested_record_mount_serves_and_publishes(cluster: dict[str, Any],
     assert b.ask(w, "stats")["counters"]["bad_generations"] >= 1
 
 
+@pytest.mark.fuse
+def test_nested_record_through_casfs_run(cli: Callable[..., Any], casfs_env: dict[str, Path],
+                                         tmp_path: Path) -> None:
+    """Issue 8 item 1 through `casfs run` (I2, I3): its mount process checks each record's
+    tenant before parsing it, and that check let the RecursionError out: the lease was
+    refused and every job of the namespace got a private, empty cache. Now the job is
+    served the newest good generation and its file lands as N+1."""
+    src = _src(tmp_path, {"a": b"A"})
+    cli("import", src, "-n", "ns", check=True)
+    _record_path(casfs_env["root"], 2).write_bytes(b"[" * 200_000)
+    env = dict(os.environ, CASFS_MOUNT_BASE=str(tmp_path / "mnt"))
+    r = subprocess.run([sys.executable, "-m", "casfs.cli.main", "run", "--family", "generic",
+                        "-n", "ns", "--stable-after", "0.2", "--", "/bin/sh", "-c",
+                        'cat "$CASFS_CACHE_DIR/a" && echo N > "$CASFS_CACHE_DIR/new"'],
+                       env=env, capture_output=True, text=True, timeout=180, check=False)
+    assert r.returncode == 0 and r.stdout == "A", (r.stdout, r.stderr)
+    assert "private and temporary" not in r.stderr, r.stderr
+    assert {e["path"] for e in cli("ls", "ns", "--json", check=True).json()} == {"a", "new"}
+    assert _record_path(casfs_env["root"], 3).exists()
+
+
+def test_nested_triton_group_file_is_skipped(cli: Callable[..., Any], tmp_path: Path) -> None:
+    """A job's Triton group file of 200 KB of '[' (a compiler bug, a hostile job) is an
+    incomplete commit record, skipped like any other, not a RecursionError that fails
+    `casfs import` (and every promotion round of the namespace)."""
+    src = _src(tmp_path, {"KEY/__grp__k.json": b"[" * 200_000, "KEY/k.cubin": b"k"})
+    res = cli("import", src, "-n", "tr", "--family", "triton")
+    assert res.rc == 0 and "Traceback" not in res.err, res.err
+    assert "incomplete commit record KEY/__grp__k.json" in res.err
+    assert [e["path"] for e in cli("ls", "tr", "KEY", "--json", check=True).json()] == [
+        "KEY/k.cubin"]
+
+
 def _young_record_naming_a_missing_manifest(root: SharedRoot) -> bytes:
     """Record 2 = record 1 + a delta whose manifest object is not stored yet."""
     x = root.objects.put_bytes(b"X")
@@ -214,3 +247,18 @@ def test_file_bomb_is_a_miss_without_filling_the_disk(cluster: dict[str, Any], t
     cached = sum(f.stat().st_size for f in (b.state / "objects").rglob("*") if f.is_file())
     assert cached < 1 << 20
     assert b.ask(w, "stats")["counters"]["rejections"] >= 1
+
+
+def test_a_fifo_as_the_root_marker_never_blocks(cli: Callable[..., Any],
+                                                 casfs_env: dict[str, Path],
+                                                 tmp_path: Path) -> None:
+    """I4: casfs.json replaced by a FIFO hung every command (ls, doctor) and every mount
+    start on the root forever (a blocking open). Now it is a damaged marker: one line."""
+    cli("import", _src(tmp_path, {"a": b"A"}), "-n", "ns", check=True)
+    marker = casfs_env["root"] / "casfs.json"
+    marker.unlink()
+    os.mkfifo(marker)
+    cli("ls", "ns", timeout=30).assert_clean_error()
+    doc = cli("doctor", "--json", timeout=30)
+    assert doc.rc == 1 and "Traceback" not in doc.err
+    assert {c["check"]: c for c in doc.json()}["shared_root"]["status"] == "fail"

@@ -18,6 +18,7 @@ from typing import Any, BinaryIO
 import pyfuse3
 import pytest
 import trio
+from waiting import wait_until
 
 from casfs.index.node_index import NodeIndex
 from casfs.index.objcache import LocalObjectCache
@@ -35,18 +36,22 @@ DATA = os.urandom(1 << 16)
 
 
 class SlowSource:
-    """Delivers an object in 8 chunks, ``pause`` seconds apart, after ``gate`` opens."""
+    """Delivers an object in 8 chunks, ``pause`` seconds apart, after ``gate`` opens;
+    the chunks after the first wait for ``hold``."""
 
     def __init__(self, pause: float) -> None:
         self.pause = pause
         self.gate = threading.Event()
         self.gate.set()
+        self.hold = threading.Event()
+        self.hold.set()
 
     def get_into(self, digest: str, expected_size: int | None, out: BinaryIO) -> int:
         self.gate.wait(60)
         step = len(DATA) // 8
         for i in range(0, len(DATA), step):
             out.write(DATA[i:i + step])
+            self.hold.wait(60)
             time.sleep(self.pause)
         return len(DATA)
 
@@ -74,11 +79,16 @@ async def _open_read(ops: OverlayOperations) -> bytes | int:
 
 def test_slow_but_progressing_fetch_serves_the_next_open(tmp_path: Path) -> None:
     """I2, I4: the first open misses at the timeout, the fill finishes, the next open hits."""
-    ops = _ops(tmp_path, SlowSource(pause=0.15), timeout=0.4)  # the fill takes ~1.2 s
+    src = SlowSource(pause=0.0)
+    src.hold.clear()  # one chunk arrives, the rest only after the first open gave up
+    ops = _ops(tmp_path, src, timeout=1.0)
+    digest = digest_bytes(DATA)
 
     async def main() -> list[Any]:
         first = await _open_read(ops)
-        await trio.sleep(2.0)  # the fill goes on in the background meanwhile
+        src.hold.set()  # the fill goes on in the background meanwhile
+        # (bytes arrived, so no progress means no fill in flight: it finished)
+        wait_until(lambda: ops.fetcher.fill_progress(digest) is None, "the background fill")
         return [first, await _open_read(ops)]
 
     first, second = trio.run(main)

@@ -57,3 +57,41 @@ def test_stalled_root_is_a_bounded_miss(tmp_path: Path) -> None:
             assert node.ask(w, "stats")["counters"]["fetch_timeouts"] == 1
         finally:
             node.stop_all()
+
+
+def test_root_stalled_at_mount_start_delays_ready_briefly(tmp_path: Path) -> None:
+    """I4: a mount started while the root blocks every access (a dead hard NFS mount)
+    is ready within the root's open bound and serves a miss; when the root answers
+    again a refresh opens it and serves the published files."""
+    from waiting import wait_until
+
+    served = MountedView(tmp_path / "empty", tmp_path / "root-store", tmp_path / "rootfs")
+    (tmp_path / "empty").mkdir()
+    with served:
+        root = tmp_path / "rootfs" / "root"
+        src = tmp_path / "src"
+        src.mkdir()
+        (src / "cold").write_bytes(b"c" * 4000)
+        r = subprocess.run([sys.executable, "-m", "casfs.cli.main", "--root", str(root),
+                            "--state-dir", str(tmp_path / "seed"), "import", str(src), "-n",
+                            "testns"], capture_output=True, text=True, timeout=120, check=False)
+        assert r.returncode == 0, r.stderr
+        node = Node("n", root, tmp_path / "state", tmp_path / "mnt")
+        assert served.proc is not None
+        try:
+            os.kill(served.proc.pid, signal.SIGSTOP)  # the root stops answering
+            try:
+                w = node.mount(fetch_timeout=9.0, refresh_interval=1.0)
+                st = node.ask(w, "stats")
+                # without the bound the start blocked until the root answered again
+                assert st["mount_ready_s"] < 8, st["mount_ready_s"]
+                assert not st["root_available"]
+                res = subprocess.run(["cat", str(w.cfg.mountpoint / "cold")],
+                                     capture_output=True, timeout=30, check=False)
+                assert res.returncode != 0 and b"No such file" in res.stderr, res.stderr
+            finally:
+                os.kill(served.proc.pid, signal.SIGCONT)
+            wait_until(lambda: node.ask(w, "stats")["served_seq"] == 1, what="generation 1")
+            assert (w.cfg.mountpoint / "cold").read_bytes() == b"c" * 4000
+        finally:
+            node.stop_all()

@@ -128,3 +128,41 @@ def test_matches_the_in_memory_reference(index: NodeIndex) -> None:
     for path in [*ref._nodes, "nope", "1/nope"]:
         assert tree.lookup(path) == ref.lookup(path), path
         assert list(tree.children(path)) == list(ref.children(path)), path
+
+
+def test_lookup_many_is_lookup_of_each(index: NodeIndex) -> None:
+    """One read transaction for a batch (overlay's recorded opens), same answers."""
+    from casfs.index.memtree import StagedLowerTree
+
+    index.add_entries("ns", 1, [e("a/b/c.json"), e("a/d.so", D2, 5)])
+    index.add_entries("ns", 2, [e("later")])
+    paths = ["a/d.so", "", "a", "a/b/c.json", "a/nope", "later", "a/d.so"]
+    want = [e("a/d.so", D2, 5), DIR, DIR, e("a/b/c.json"), None, None, e("a/d.so", D2, 5)]
+    tree = index.lower_tree("ns", 1)
+    assert tree.lookup("a/b/c.json") is not None  # one memoised, the rest read
+    assert tree.lookup_many(paths) == want
+    assert tree.lookup_many(paths) == want  # now from the memo
+    tree.max_seq = 2  # a refresh: the memo is dropped, the new entry shows
+    assert tree.lookup_many(["later", "a/nope"]) == [e("later"), None]
+    staged = StagedLowerTree(index.lower_tree("ns", 1))
+    assert staged.lookup_many(paths) == want
+
+
+def test_digests_many_is_the_digest_of_each_file(index: NodeIndex) -> None:
+    """Recording a batch of kernel-served opens: digests of file entries, None for
+    directories and absent paths, entries above max_seq unseen, nothing memoised."""
+    from casfs.index.memtree import StagedLowerTree
+
+    index.add_entries("ns", 1, [e("a/b/c.json"), e("a/d.so", D2, 5)])
+    index.add_entries("ns", 2, [e("later")])
+    paths = ["a/d.so", "", "a", "a/b/c.json", "a/nope", "later", "a/d.so"]
+    want = [D2, None, None, e("a/b/c.json").digest, None, None, D2]
+    tree = index.lower_tree("ns", 1)
+    assert tree.lookup("a/d.so") is not None  # one memoised, the rest read
+    assert tree.digests_many(paths) == want
+    assert tree.lookup_many(["a/b/c.json"]) == [e("a/b/c.json")]
+    assert tree.digests_many(paths) == want  # from the memo where it has them
+    tree.max_seq = 2
+    assert tree.digests_many(["later", "a/nope"]) == [e("later").digest, None]
+    staged = StagedLowerTree(index.lower_tree("ns", 1))
+    assert staged.digests_many(paths) == want

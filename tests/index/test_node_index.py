@@ -337,3 +337,36 @@ def test_version_1_index_is_read_then_upgraded(tmp_path: Path) -> None:
     with env.begin() as txn:
         assert txn.get(ks.META_FORMAT_VERSION, db=env.open_db(ks.DB_META, txn=txn)) == b"2"
     env.close()
+
+
+def test_a_process_killed_inside_a_write_transaction_blocks_no_one(tmp_path: Path) -> None:
+    """The promotion worker writes promoted rows in its own environment of the same
+    index and may be killed at any moment (casfs.node.promoteworker): LMDB's writer
+    mutex is robust, so the mount process writes on, and the dead transaction's rows
+    are not there (the round is redone)."""
+    idx = NodeIndex.open(tmp_path)
+    idx.add_promoted_many("ns", [Entry("before", "a" * 64, 1, 0o644, 1)])
+    script = textwrap.dedent(f"""
+        import os, signal
+        from casfs.index.node_index import NodeIndex
+        from casfs.store.entry import Entry
+        idx = NodeIndex.open({str(tmp_path)!r})
+        real = idx.env.write
+        def write(fn):
+            def dying(txn):
+                fn(txn)  # the rows are put, the transaction is not committed
+                print("inside", flush=True)
+                os.kill(os.getpid(), signal.SIGKILL)
+            return real(dying)
+        idx.env.write = write
+        idx.add_promoted_many("ns", [Entry("lost", "b" * 64, 1, 0o644, 1)])
+    """)
+    child = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                           timeout=60, env=dict(os.environ, PYTHONPATH=os.getcwd()),
+                           check=False)
+    assert child.stdout.strip() == "inside" and child.returncode == -9, child.stderr
+    idx.add_promoted_many("ns", [Entry("after", "c" * 64, 1, 0o644, 1)])  # not blocked
+    assert idx.get_promoted("ns", "after") is not None
+    assert idx.get_promoted("ns", "before") is not None
+    assert idx.get_promoted("ns", "lost") is None
+    idx.close()

@@ -5,16 +5,17 @@ import os
 import stat
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
 import pytest
 from blake3 import blake3
+from waiting import wait_until
 
 from casfs.errors import CasfsError, CorruptObjectError, ObjectMissingError
 from casfs.index.node_index import NodeIndex
-from casfs.index.objcache import LocalObjectCache
+from casfs.index.objcache import LocalObjectCache, fill_file, object_path
 from casfs.store.entry import Entry
 from casfs.util.counters import Counters
 
@@ -73,14 +74,6 @@ def make_cache(
     return LocalObjectCache(tmp_path / "state" / "objects", index, source, cap)
 
 
-def wait_until(cond: object, what: str) -> None:
-    """Poll a condition (no timing assertion: the deadline only stops a hung test)."""
-    deadline = time.monotonic() + 60
-    while not cond():  # type: ignore[operator]
-        assert time.monotonic() < deadline, f"never happened: {what}"
-        time.sleep(0.001)
-
-
 def no_temp_files(cache: LocalObjectCache) -> bool:
     return not [p for p in cache.directory.rglob(".tmp-*")]
 
@@ -121,7 +114,8 @@ def test_concurrent_fetches_coalesce_into_one_fill(
     ]
     for t in threads:
         t.start()
-    wait_until(lambda: cache.pinned(entry.digest) == 8 and source.calls, "8 fetchers waiting")
+    wait_until(lambda: cache.pinned(entry.digest) == 8 and source.calls, "8 fetchers waiting",
+               interval=0.001)
     source.gate.set()
     for t in threads:
         t.join()
@@ -149,7 +143,8 @@ def test_fill_error_reaches_every_waiter_and_is_not_cached(
     for t in threads:
         t.start()
     # every fetcher must be waiting on the one fill before it fails
-    wait_until(lambda: _waiters(cache, entry.digest) == 4, "4 fetchers waiting on 1 fill")
+    wait_until(lambda: _waiters(cache, entry.digest) == 4, "4 fetchers waiting on 1 fill",
+               interval=0.001)
     source.gate.set()
     for t in threads:
         t.join()
@@ -329,3 +324,130 @@ def test_an_intact_cached_file_is_hashed_once_per_mount(
         cache.unpin(entry.digest)
     assert counters.get("cache_verified") == 1 and counters.get("cache_damaged") == 0
     assert source.calls == [entry.digest]  # never refetched
+
+
+def test_open_cached_serves_only_trusted_regular_files(
+    tmp_path: Path, index: NodeIndex, source: FakeSource
+) -> None:
+    """The warm open's shortcut: a pinned fd of a file this cache trusts, else None
+    (absent, never verified by this instance, changed since, not a regular file)."""
+    entry = source.add(b"z" * 5000)
+    cache = make_cache(tmp_path, index, source)
+    assert cache.open_cached(entry) is None and cache.pinned(entry.digest) == 0  # absent
+    path = cache.fetch(entry)
+    cache.unpin(entry.digest)
+    fd = cache.open_cached(entry)
+    assert fd is not None and cache.pinned(entry.digest) == 1
+    assert os.read(fd, 10) == b"z" * 10
+    os.close(fd)
+    cache.unpin(entry.digest)
+    later = make_cache(tmp_path, index, source)  # a new mount: not verified by it yet
+    assert later.open_cached(entry) is None and later.pinned(entry.digest) == 0
+    os.utime(path, ns=(1, 1))  # changed under the first cache: hashed again first
+    assert cache.open_cached(entry) is None and cache.pinned(entry.digest) == 0
+    os.unlink(path)
+    os.mkdir(path)  # not a regular file: left to the slow path, which repairs it
+    cache._remember(entry.digest)
+    assert cache.open_cached(entry) is None and cache.pinned(entry.digest) == 0
+    assert Path(cache.fetch(entry)).read_bytes() == source.objects[entry.digest]
+    cache.unpin(entry.digest)
+
+
+class BatchFiller:
+    """A fetch worker stand-in with fill_many (one request, each object answered)."""
+
+    def __init__(self, directory: Path, source: FakeSource) -> None:
+        self.directory = directory
+        self.source = source
+        self.batches: list[list[str]] = []
+        self.gate: threading.Event | None = None
+        self.fail: set[str] = set()  # answered with an error
+        self.damage: set[str] = set()  # answered ok, but the file holds other bytes
+
+    def _write(self, digest: str, size: int) -> tuple[int, int, int]:
+        fill_file(self.directory, self.source, digest, size)
+        st = os.lstat(object_path(self.directory, digest))
+        return (st.st_ino, st.st_mtime_ns, st.st_size)
+
+    def fill_cache(self, digest: str, size: int, progressed: Callable[[], None]
+                   ) -> tuple[int, int, int] | None:
+        return self._write(digest, size)
+
+    def fill_many(self, items: list[tuple[str, int]], progressed: Callable[[], None],
+                  done: Callable[[str, tuple[int, int, int] | None, BaseException | None],
+                                 None]) -> None:
+        self.batches.append([d for d, _ in items])
+        if self.gate is not None:
+            assert self.gate.wait(60), "test never released the batch"
+        for digest, size in items:
+            if digest in self.fail:
+                done(digest, None, ObjectMissingError(f"object {digest} is missing"))
+                continue
+            ident = self._write(digest, size)
+            if digest in self.damage:
+                path = object_path(self.directory, digest)
+                other = path.with_name("other")
+                other.write_bytes(b"Z" * size)
+                os.replace(other, path)  # same size, other bytes: another inode
+            done(digest, ident, None)
+
+
+def test_fill_many_is_one_request_and_its_files_are_trusted(
+        tmp_path: Path, index: NodeIndex, source: FakeSource) -> None:
+    counters = Counters()
+    directory = tmp_path / "state" / "objects"
+    filler = BatchFiller(directory, source)
+    cache = LocalObjectCache(directory, index, source, 1 << 30, filler=filler,
+                             counters=counters)
+    entries = [source.add(bytes([i]) * (1000 + i)) for i in range(4)]
+    cache.fetch(entries[0])  # local already: fill_many skips it
+    cache.unpin(entries[0].digest)
+    assert cache.fill_many([(e.digest, e.size) for e in entries]) == (3, 0)
+    assert filler.batches == [[e.digest for e in entries[1:]]]
+    for e in entries:
+        fd = cache.open_cached(e)  # trusted without hashing: the filler verified them
+        assert fd is not None
+        assert os.read(fd, 1 << 20) == source.objects[e.digest]
+        os.close(fd)
+        cache.unpin(e.digest)
+    assert "cache_verified" not in counters.snapshot()
+    assert index.cache_bytes() == sum(e.size for e in entries)
+
+
+def test_a_job_waiting_on_a_failed_read_ahead_fetches_itself(
+        tmp_path: Path, index: NodeIndex, source: FakeSource) -> None:
+    directory = tmp_path / "state" / "objects"
+    filler = BatchFiller(directory, source)
+    cache = LocalObjectCache(directory, index, source, 1 << 30, filler=filler)
+    bad, good = source.add(b"b" * 3000), source.add(b"g" * 2000)
+    filler.fail, filler.gate = {bad.digest}, threading.Event()
+    result: list[tuple[int, int]] = []
+    ra = threading.Thread(target=lambda: result.append(
+        cache.fill_many([(bad.digest, bad.size), (good.digest, good.size)])))
+    ra.start()
+    wait_until(lambda: filler.batches, "the read-ahead's request")
+    got: list[str] = []
+    job = threading.Thread(target=lambda: got.append(cache.fetch(bad)))
+    job.start()
+    wait_until(lambda: _waiters(cache, bad.digest) == 1, "the job waiting on the read-ahead")
+    filler.gate.set()
+    ra.join()
+    job.join()
+    assert result == [(1, 1)]
+    assert Path(got[0]).read_bytes() == source.objects[bad.digest]  # its own fill
+
+
+def test_a_read_ahead_file_with_other_bytes_is_never_trusted(
+        tmp_path: Path, index: NodeIndex, source: FakeSource) -> None:
+    counters = Counters()
+    directory = tmp_path / "state" / "objects"
+    filler = BatchFiller(directory, source)
+    cache = LocalObjectCache(directory, index, source, 1 << 30, filler=filler,
+                             counters=counters)
+    e = source.add(b"k" * 4000)
+    filler.damage = {e.digest}
+    assert cache.fill_many([(e.digest, e.size)]) == (0, 1)
+    assert counters.snapshot()["cache_damaged"] == 1  # hashed: not the worker's file
+    assert not cache.path_of(e.digest).exists()
+    assert cache.open_cached(e) is None
+    assert Path(cache.fetch(e)).read_bytes() == source.objects[e.digest]

@@ -35,8 +35,13 @@ class Node:
     def config(self, family: str = "generic", namespace: str = "testns", **kw: Any) -> MountConfig:
         name = kw.pop("name", family)
         mountpoint = kw.pop("mountpoint", self.mount_base / family)
+        # shutdown_timeout bounds the final publication: far past what a loaded CI
+        # machine needs, so a slow stop publishes late instead of publishing less.
+        # No read-ahead unless a test asks: most tests here count what one open fetches
+        # (lazy restore, misses under faults); tests/node/test_readahead.py turns it on.
         opts: dict[str, Any] = {"stable_after": 0.2, "publish_interval": 3600.0,
-                                "refresh_interval": 3600.0, "shutdown_timeout": 30.0}
+                                "refresh_interval": 3600.0, "shutdown_timeout": 120.0,
+                                "readahead": False}
         opts.update(kw)
         return MountConfig(name=name, family=family, namespace=namespace, mountpoint=mountpoint,
                            root=self.root, state_dir=self.state, **opts)

@@ -8,17 +8,17 @@ job's process and by any process that still maps a file there.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 from fusehelpers import mounted
+from waiting import wait_until
 
 from casfs.errors import NotFoundError
 from casfs.node import control
@@ -29,17 +29,6 @@ from casfs.store.root import SharedRoot
 pytestmark = [pytest.mark.fuse]
 
 UID = f"u{os.geteuid()}"  # casfs.tenants: the default tenant of a uid
-
-
-def wait_for(pred: Callable[[], Any], what: str, timeout: float = 60.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        v = pred()
-        if v:
-            return v
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 def published(root: Path, ns: str) -> dict[str, bytes]:
@@ -54,7 +43,7 @@ def published(root: Path, ns: str) -> dict[str, bytes]:
 def host_cfg(node: dict[str, Any], **kw: Any) -> HostConfig:
     opts: dict[str, Any] = {"stable_after": 0.2, "publish_interval": 3600.0,
                             "refresh_interval": 3600.0, "grace": 0.0, "lease_poll": 0.1,
-                            "exit_when_idle": True}
+                            "exit_when_idle": True, "shutdown_timeout": 120.0}
     opts.update(kw)
     return HostConfig(base=node["base"], root=node["root"], state_dir=node["state"], **opts)
 
@@ -81,28 +70,28 @@ def test_two_casfs_run_at_once_share_one_mount(node: dict[str, Any]) -> None:
                   f"while not os.path.exists({str(flag)!r}): time.sleep(0.05)\n"
                   "print(sorted(os.listdir(d)), d)\n")
     path = node["base"] / UID / "shared"
-    wait_for(lambda: mounted(node["base"]) and (path / "first").exists(), "the first job's file")
+    wait_until(lambda: mounted(node["base"]) and (path / "first").exists(), "the first job's file")
     second = casfs(node, "run", "--family", "generic", "-n", "shared", "--stable-after", "0.2",
                    "--", sys.executable, "-c",
                    "import os, pathlib\n"
                    "d = pathlib.Path(os.environ['CASFS_CACHE_DIR'])\n"
                    "assert (d / 'first').read_text() == 'one'\n"
-                   "(d / 'second').write_text('two')\n"
-                   f"open({str(flag)!r}, 'w').close()\n")
+                   "(d / 'second').write_text('two')\n")
     _, err2 = second.communicate(timeout=120)
     assert second.returncode == 0, err2.decode()
     assert b"still used by another job" in err2  # the second job did not unmount
+    flag.touch()  # only now may the first job end: it is the last one out
     out1, err1 = first.communicate(timeout=120)
     assert first.returncode == 0, err1.decode()
     assert out1.decode().split("]")[0] == "['first', 'second'"
     assert str(path) in out1.decode()  # both jobs saw the same directory
     assert published(node["root"], "shared") == {"first": b"one", "second": b"two"}
-    wait_for(lambda: not mounted(node["base"]), "the last job's unmount")
+    wait_until(lambda: not mounted(node["base"]), "the last job's unmount")
     assert not mounts_at(node["base"])  # the read-only guard went with it
 
 
 def test_namespaces_share_one_session_and_come_and_go(node: dict[str, Any]) -> None:
-    w = spawn_host(host_cfg(node))
+    w = spawn_host(host_cfg(node), log_to_stderr=True)
     sock = w.cfg.socket_path
     try:
         job = sleeper()
@@ -134,7 +123,7 @@ def test_namespaces_share_one_session_and_come_and_go(node: dict[str, Any]) -> N
         (Path(r2["caches"][0]["path"]) / "x").write_text("gamma")
         job2.kill()
         job2.wait()
-        wait_for(lambda: published(node["root"], "gamma"), "gamma's final publication")
+        wait_until(lambda: published(node["root"], "gamma"), "gamma's final publication")
         assert published(node["root"], "gamma") == {"x": b"gamma"}
         assert "gamma" not in os.listdir(node["base"] / UID)  # released
         assert held.read() == "in alpha"  # an open file across another namespace's detach
@@ -143,16 +132,54 @@ def test_namespaces_share_one_session_and_come_and_go(node: dict[str, Any]) -> N
 
         job.kill()
         job.wait()
-        wait_for(lambda: w.proc.poll() is not None, "the host to exit once idle")
+        wait_until(lambda: w.proc.poll() is not None, "the host to exit once idle")
         assert published(node["root"], "alpha") == {"g": b"in alpha"}
         assert published(node["root"], "beta") == {"f": b"in beta"}
     finally:
         w.stop()
 
 
+def test_a_lease_during_its_namespaces_release_waits_for_it(node: dict[str, Any]) -> None:
+    """A job's lease arrives while the last one's release still publishes the namespace:
+    it waits for that release, then is served what it published (it was refused:
+    "already mounted", the release holding the namespace's lock)."""
+    w = spawn_host(host_cfg(node, stable_after=3600.0), log_to_stderr=True)
+    sock = w.cfg.socket_path
+    keeper = sleeper()  # another namespace's job: the host stays up whatever the timing
+    try:
+        assert control.request(sock, "lease", pid=keeper.pid,
+                               caches=[{"family": "generic", "namespace": "beta"}])["ok"]
+        job = sleeper()
+        r = control.request(sock, "lease", pid=job.pid,
+                            caches=[{"family": "generic", "namespace": "alpha"}])
+        path = Path(r["caches"][0]["path"])
+        files = {f"f{i}": os.urandom(1500) for i in range(300)}  # a release that takes a while
+        for name, data in files.items():
+            (path / name).write_bytes(data)
+        job.kill()
+        job.wait()
+        wait_until(lambda: "alpha" not in os.listdir(node["base"] / UID), "alpha's release",
+                   interval=0.005)
+        job2 = sleeper()
+        r2 = control.request(sock, "lease", pid=job2.pid,
+                             caches=[{"family": "generic", "namespace": "alpha"}])
+        assert r2["ok"], r2
+        assert r2["caches"][0]["served_seq"] == 1  # the release's publication
+        assert (path / "f7").read_bytes() == files["f7"]
+        job2.kill()
+        job2.wait()
+        keeper.kill()
+        keeper.wait()
+        wait_until(lambda: w.proc.poll() is not None, "the host to exit once idle")
+        assert published(node["root"], "alpha") == files
+    finally:
+        keeper.kill()
+        w.stop()
+
+
 def test_a_mapped_library_keeps_the_namespace(node: dict[str, Any]) -> None:
     """The job is gone but a process still maps a .so from its cache: no release."""
-    w = spawn_host(host_cfg(node))
+    w = spawn_host(host_cfg(node), log_to_stderr=True)
     try:
         job = sleeper()
         r = control.request(w.cfg.socket_path, "lease", pid=job.pid,
@@ -174,11 +201,11 @@ def test_a_mapped_library_keeps_the_namespace(node: dict[str, Any]) -> None:
             return [p for ns in st["namespaces"] for p in ns["users"]]
 
         # The lease is gone; the mapping alone now holds the namespace.
-        assert wait_for(lambda: holders() == [mapper.pid], "the mapping to hold the namespace")
+        assert wait_until(lambda: holders() == [mapper.pid], "the mapping to hold the namespace")
         assert (node["base"] / UID / "libs").is_dir()
         mapper.send_signal(signal.SIGKILL)
         mapper.wait()
-        wait_for(lambda: w.proc.poll() is not None, "release once the mapping is gone")
+        wait_until(lambda: w.proc.poll() is not None, "release once the mapping is gone")
         assert published(node["root"], "libs")["k.so"].startswith(b"\x7fELF")
     finally:
         w.stop()
@@ -232,3 +259,76 @@ def test_nothing_servable_runs_the_job_with_a_private_dir(node: dict[str, Any]) 
     warnings = [ln for ln in r.stderr.splitlines() if "warning" in ln]
     assert len(warnings) == 1 and "private and temporary" in warnings[0]
     assert "casfs-private-" in r.stdout and not Path(r.stdout.strip()).exists()  # cleaned up
+
+
+def test_two_casfs_mount_of_one_family_each_umount_publishes(node: dict[str, Any]) -> None:
+    """Two ``casfs mount`` of one family at two paths (no --name): each is its own mount,
+    found by ``casfs status`` and ``casfs umount``, which publishes it. Both used to be
+    named after the family: the second shadowed the first's socket and registry, and
+    ``casfs umount`` of either said "no casfs process was serving it" and published
+    nothing."""
+    m1, m2 = node["tmp"] / "m1", node["tmp"] / "m2"
+    for m, ns in ((m1, "fa"), (m2, "fb")):
+        p = casfs(node, "mount", str(m), "--family", "generic", "-n", ns,
+                  "--stable-after", "0.2")
+        _, err = p.communicate(timeout=120)
+        assert p.returncode == 0, err.decode()
+    try:
+        (m1 / "f1").write_text("one")
+        (m2 / "f2").write_text("two")
+        st = casfs(node, "status", "--json")
+        out, _ = st.communicate(timeout=60)
+        assert {m["mountpoint"] for m in json.loads(out)} >= {str(m1), str(m2)}
+        for m in (m1, m2):
+            p = casfs(node, "umount", str(m))
+            out, err = p.communicate(timeout=120)
+            assert p.returncode == 0 and b"no casfs process" not in out, (out, err)
+        assert published(node["root"], "fa") == {"f1": b"one"}
+        assert published(node["root"], "fb") == {"f2": b"two"}
+    finally:
+        for m in (m1, m2):
+            subprocess.run(["fusermount3", "-u", "-z", str(m)], capture_output=True, check=False)
+
+
+def test_an_unreachable_root_is_not_tried_again_at_release(node: dict[str, Any]) -> None:
+    """I4 for `casfs run`'s exit: a root that just failed to open (each try may take
+    fetch_timeout) is not tried again at once by the release's promotion and then its
+    publication: with a stalled S3 server that held `casfs run` 2 x 10 s after its job
+    had ended. The job runs, its file stays in the node's upper for a later publication."""
+    env = dict(node["env"], CASFS_ROOT="s3://casfs-none/x?endpoint=http://127.0.0.1:1",
+               AWS_ACCESS_KEY_ID="k", AWS_SECRET_ACCESS_KEY="s", AWS_REGION="us-east-1")
+    r = subprocess.run([sys.executable, "-m", "casfs.cli.main", "run", "--family", "generic",
+                        "-n", "down", "--", "/bin/sh", "-c", 'echo x > "$CASFS_CACHE_DIR/x"'],
+                       env=env, capture_output=True, text=True, timeout=120, check=False)
+    assert r.returncode == 0, r.stderr
+    log = (node["state"] / "log" / "host.log").read_text()
+    assert log.count("shared root unavailable") == 1, log
+    assert (node["state"] / "upper").exists()
+
+
+def test_two_casfs_run_in_dir_mode_share_the_directory(node: dict[str, Any]) -> None:
+    """Issue 8 item 5 without FUSE (dir mode: a user without /dev/fuse falls back to it):
+    a second job of the namespace shares the first's plain directory instead of getting
+    a private temporary one, and what both wrote is published when the first ends."""
+    flag = node["tmp"] / "second-done"
+    first = casfs(node, "run", "--mode", "dir", "--family", "generic", "-n", "dshared",
+                  "--stable-after", "0.2", "--", sys.executable, "-c",
+                  "import os, time, pathlib\n"
+                  "d = pathlib.Path(os.environ['CASFS_CACHE_DIR'])\n"
+                  "(d / 'first').write_text('one')\n"
+                  f"while not os.path.exists({str(flag)!r}): time.sleep(0.05)\n")
+    path = node["base"] / UID / "dshared"
+    wait_until(lambda: (path / "first").exists(), "the first job's file")
+    second = casfs(node, "run", "--mode", "dir", "--family", "generic", "-n", "dshared",
+                   "--stable-after", "0.2", "--", sys.executable, "-c",
+                   "import os, pathlib\n"
+                   "d = pathlib.Path(os.environ['CASFS_CACHE_DIR'])\n"
+                   "assert (d / 'first').read_text() == 'one', d\n"
+                   "(d / 'second').write_text('two')\n")
+    _, err2 = second.communicate(timeout=120)
+    assert second.returncode == 0, err2.decode()
+    assert b"private and temporary" not in err2 and b"sharing" in err2, err2.decode()
+    flag.write_text("")
+    _, err1 = first.communicate(timeout=120)
+    assert first.returncode == 0, err1.decode()
+    assert published(node["root"], "dshared") == {"first": b"one", "second": b"two"}

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import os
 import stat
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+from waiting import wait_until
 
 from casfs.view import overlay
 
@@ -27,13 +27,6 @@ def _fstype(path: Path) -> str | None:
             if parts[4] == target:
                 found = parts[parts.index("-") + 1]
     return found
-
-
-def _wait(cond: Any, what: str, timeout: float = 20) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.2)
 
 
 def test_overlay_mode(cluster: dict[str, Any], tmp_path: Path) -> None:
@@ -78,7 +71,7 @@ def test_overlay_mode(cluster: dict[str, Any], tmp_path: Path) -> None:
         b.ask(w, "publish")
         return "NEW/k.so" in published(cluster["root"])
 
-    _wait(new_published, "NEW/k.so never published")
+    wait_until(new_published, "NEW/k.so never published")
     assert published(cluster["root"])["NEW/k.so"].extras["pack"]  # promoted into a pack
     assert "K1/k.cubin" in published(cluster["root"])  # local deletions are not published
 
@@ -94,3 +87,52 @@ def test_overlay_mode(cluster: dict[str, Any], tmp_path: Path) -> None:
     b.stop(w)
     assert _fstype(mnt) is None
     assert _fstype(b.state / "overlay" / "testns" / "fuse") is None
+
+
+def test_wait_warm_links_the_hot_set(cluster: dict[str, Any], tmp_path: Path) -> None:
+    """wait_warm: a fresh node fetches the access profile's hot set before the overlay
+    is mounted, so the kernel serves it from the links layer (no FUSE open), while a
+    file outside the profile still comes through the FUSE layer."""
+    if (why := overlay.unavailable_reason()) is not None:
+        pytest.skip(why)
+    a, b = cluster["a"], cluster["b"]
+    seed(cluster["root"], {"COLD/k.bin": b"cold" * 500}, tmp=tmp_path)  # no profile
+    hot = {f"H{i}/k.bin": os.urandom(5000 + i) for i in range(5)}
+    w = a.mount()
+    for rel, data in hot.items():
+        (w.cfg.mountpoint / rel).parent.mkdir()
+        (w.cfg.mountpoint / rel).write_bytes(data)
+    wait_until(lambda: b.ask(w, "publish") and set(hot) <= set(published(cluster["root"])),
+               "hot files never published")
+    a.stop(w)  # publishes the profile: the files a wrote
+
+    w = b.mount(mode="overlay", wait_warm=60)
+    mnt = w.cfg.mountpoint
+    st = b.ask(w, "stats")
+    c = st["counters"]
+    assert st["warm_ready_s"] is not None and st["mount_ready_s"] is not None
+    assert st["warm_ready_s"] <= st["mount_ready_s"]  # warm before the job could start
+    assert c["prefetched_files"] == 5 and c["warm_waits"] == 1
+    assert "warm_wait_timeouts" not in c
+    assert c["overlay_linked"] == 5  # every hot file, none of the cold one
+    # casfs run --wait-warm's prewarm: one lookup of each linked file through the
+    # overlay; the hot dirs are sealed, so none reaches the FUSE layer
+    links = b.state / "overlay" / "testns" / "links"
+    assert _fstype(mnt) == "overlay" and overlay.prewarm(links, mnt) == 5
+    c2 = b.ask(w, "stats")["counters"]
+    assert c2.get("lookup_lower", 0) == c.get("lookup_lower", 0)
+    entries = published(cluster["root"])
+    for rel, data in hot.items():
+        assert (mnt / rel).read_bytes() == data
+        obj = b.state / "objects" / entries[rel].digest[:2] / entries[rel].digest[2:]
+        assert (links / rel).samefile(obj)
+        assert os.stat(mnt / rel).st_ino == os.stat(obj).st_ino  # the cache object itself
+    c = b.ask(w, "stats")["counters"]
+    assert c.get("open_lower", 0) == 0  # the kernel served every hot file: no FUSE open
+    assert (mnt / "COLD" / "k.bin").read_bytes() == b"cold" * 500
+    # The cold file came through FUSE (the job's open, and fanotify's event fd's)
+    c3 = b.ask(w, "stats")["counters"]
+    assert c3["open_lower"] >= 1
+    assert c3["lookup_lower"] > c2.get("lookup_lower", 0)  # the FUSE layer counts lookups
+    final = b.stop(w)
+    assert final is not None and final["warm_ready_s"] == st["warm_ready_s"]

@@ -22,13 +22,13 @@ pytestmark = [pytest.mark.fuse, pytest.mark.real_client, pytest.mark.slow]
 
 
 def casfs_run(tmp: Path, node: str, family: str, *cmd: str, mode: str = "fuse",
-              root: str | None = None) -> tuple[dict[str, Any], str]:
+              root: str | None = None, opts: tuple[str, ...] = ()) -> tuple[dict[str, Any], str]:
     require_fuse()
     env = dict(os.environ, CASFS_ROOT=root or str(tmp / "root"), CASFS_STATE_DIR=str(tmp / node),
                CASFS_MOUNT_BASE=str(tmp / "mnt"))
     r = subprocess.run(
         [sys.executable, "-m", "casfs.cli.main", "run", "--family", family, "--mode", mode,
-         "--stable-after", "0.3", "--", sys.executable, *cmd],
+         "--stable-after", "0.3", *opts, "--", sys.executable, *cmd],
         env=env, capture_output=True, text=True, timeout=900, check=False,
     )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
@@ -83,6 +83,17 @@ def test_clients_through_overlay_mode(tmp_path: Path) -> None:
         warm, _ = casfs_run(tmp_path, "node-b", "triton", *args, mode="overlay")
         assert warm["hits"] == n and warm["misses"] == 0
         assert warm["cubin_sha256s"] == cold["cubin_sha256s"]
+    # A fresh node that waits for warm-ready: the profile node-a published is linked
+    # before the job starts (then looked up once by the launcher); same cubins.
+    report = tmp_path / "report.json"
+    warm, summary = casfs_run(tmp_path, "node-e", "triton", *args, mode="overlay",
+                              opts=("--wait-warm=300", "--report", str(report)))
+    assert warm["hits"] == n and warm["misses"] == 0
+    assert warm["cubin_sha256s"] == cold["cubin_sha256s"]
+    assert "warm-ready" in summary and "not warm-ready" not in summary, summary
+    (fam,) = json.loads(report.read_text())["families"]
+    assert fam["prefetched_files"] > 0  # the profile's hot set came before the job
+    assert fam["warm_ready_s"] <= fam["mount_ready_s"]
     ind = ("-m", "casfs.demo.inductor_workload", "--json")
     cold, _ = casfs_run(tmp_path, "node-c", "inductor", *ind)
     warm, _ = casfs_run(tmp_path, "node-d", "inductor", *ind, mode="overlay")

@@ -9,10 +9,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from waiting import wait_until
 
 from casfs.index.node_index import NodeIndex
 
-from .test_host import casfs, published, wait_for
+from .test_host import casfs, published
 
 pytestmark = [pytest.mark.fuse]
 
@@ -48,7 +49,10 @@ def test_idle_namespace_is_published_then_reclaimed(node: dict[str, Any]) -> Non
                  "import os, time\n"
                  "open(os.environ['CASFS_CACHE_DIR'] + '/x', 'w').write('x')\n"
                  "time.sleep(600)")
-    wait_for(lambda: len(namespaces_upper(node)) == 2, "the busy namespace")
+    # Its job's file, not just its upper: the job writes once its lease is granted, so
+    # the namespace is recorded as served by then (reclaim lists it, in use).
+    wait_until(lambda: any((p / "x").exists() for p in namespaces_upper(node)),
+               "the busy namespace's job writing")
 
     out = {r["namespace"]: r for r in reclaim(node)}
     assert out[store_ns]["reclaimed"] and out[store_ns]["published"] == 1

@@ -7,13 +7,13 @@ import contextlib
 import errno
 import os
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from seaweed import SECRET_KEY, SeaweedServer
+from waiting import wait_until
 
 from casfs.errors import CasfsError
 from casfs.store.root import SharedRoot
@@ -112,12 +112,14 @@ def test_server_down_mid_mount_is_a_miss_and_publication_waits(
             st = node.ask(w, "stats")
             assert st["counters"].get("fetch_errors", 0) >= 1
             srv.launch()  # back: the pending publication goes through, retried by the mount
-            deadline = time.monotonic() + 120
-            while time.monotonic() < deadline:
+
+            def published_new() -> bool:
                 with contextlib.suppress(CasfsError, OSError):  # the server warming up
-                    if "new.txt" in _published(url):
-                        break
-                time.sleep(0.5)
+                    return "new.txt" in _published(url)
+                return False
+
+            wait_until(published_new, "the publication retried once the server is back",
+                       timeout=300, interval=0.5)
             node.stop(w)
         finally:
             node.stop_all()
@@ -217,7 +219,9 @@ def test_promoted_packs_are_verified_on_lazy_fetch_through_s3(
     from tests.fusehelpers import corrupt_pack_member
 
     a, b = s3_cluster["a"], s3_cluster["b"]
-    w = a.mount()
+    # Only the publication's round promotes: a periodic round catching some of the
+    # files mid-write (stable_after 0.2 s, a loaded machine) wrote a second pack.
+    w = a.mount(stable_after=3600.0)
     files = {f"KEY{i % 3}/f{i}.ptx": os.urandom(900 + 41 * i) for i in range(12)}
     files["big.so"] = os.urandom(300_000)  # over SMALL_OBJECT: stays loose
     for rel, data in files.items():
@@ -241,3 +245,50 @@ def test_promoted_packs_are_verified_on_lazy_fetch_through_s3(
     assert e.value.errno == errno.ENOENT  # wrong bytes from a pack: a miss, never served
     c = b.ask(wb, "stats")["counters"]
     assert c["packed_reads"] >= 12 and c["rejections"] >= 1
+
+
+def test_a_hung_server_at_mount_start_holds_the_start_briefly(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """I4: a server that accepts and never answers when a mount starts (a job's
+    `casfs run`) delays mount-ready by the root's short open bound, not the whole
+    fetch timeout; once it answers again the mount reopens the root and hits."""
+    import signal
+
+    from casfs.node.mount import ROOT_OPEN_TIMEOUT
+    from casfs.store.entry import Entry
+
+    srv = SeaweedServer(tmp_path / "weed")  # its own server: this test freezes it
+    srv.start()
+    try:
+        srv.create_bucket("casfs-hung")
+        for k, v in srv.env().items():
+            monkeypatch.setenv(k, v)
+        url = f"s3://casfs-hung/root?endpoint={srv.endpoint}"
+        root = SharedRoot.open(url, create=True)
+        data = os.urandom(5000)
+        ent = Entry("f", root.objects.put_bytes(data).digest, len(data), 0o644, 0)
+        assert root.generations().publish("testns", [ent], node="seed").seq == 1
+        node = Node("b", parse_location(url), tmp_path / "state-b", tmp_path / "mnt")  # type: ignore[arg-type]
+        fetch_timeout = 9.0
+        assert srv.proc is not None
+        try:
+            os.killpg(srv.proc.pid, signal.SIGSTOP)
+            try:
+                w = node.mount(fetch_timeout=fetch_timeout, refresh_interval=1.0)
+                ready = node.ask(w, "stats")["mount_ready_s"]
+                # without the open bound the start waited fetch_timeout on the marker
+                assert ready < fetch_timeout - 1, ready
+                assert fetch_timeout - 1 > ROOT_OPEN_TIMEOUT
+                with pytest.raises(OSError) as e:
+                    (w.cfg.mountpoint / "f").read_bytes()
+                assert e.value.errno == errno.ENOENT  # nothing served yet: a miss
+            finally:
+                os.killpg(srv.proc.pid, signal.SIGCONT)
+            # the server answers again: a refresh reopens the root and serves generation 1
+            wait_until(lambda: node.ask(w, "stats").get("served_seq") == 1, what="served gen 1")
+            assert (w.cfg.mountpoint / "f").read_bytes() == data
+            node.stop(w)
+        finally:
+            node.stop_all()
+    finally:
+        srv.kill()

@@ -121,6 +121,7 @@ def test_scratch_names_are_never_published(cluster: dict[str, Any]) -> None:
     assert r["ok"], r
     assert set(published(cluster["root"])) == {"ab/real.py"}
     assert a.ask(w, "status")["served_seq"] == r["seq"] == 1  # serves what it published
+    assert r["promote_s"] >= 0  # promotion timed apart from publication (bench.writepath)
 
 
 def test_group_is_not_published_without_its_children(cluster: dict[str, Any]) -> None:
@@ -189,6 +190,44 @@ def test_refresh_shows_new_generations_in_a_running_mount(cluster: dict[str, Any
     r = b.ask(wb, "refresh")
     assert r["ok"] and r["served_seq"] >= 1
     assert (wb.cfg.mountpoint / "late").read_text() == "published after b mounted"
+
+
+def test_misses_are_cached_until_a_refresh_or_a_create_shows_the_name(
+        cluster: dict[str, Any], tmp_path: Path) -> None:
+    """Negative lookups are cached by the kernel (one LOOKUP per missing name), and
+    every way a name appears makes it visible: a refresh bringing it in from another
+    node (a new file, a new directory tree, a new file in a known directory) and a
+    create, mkdir or rename through the mount."""
+    seed(cluster["root"], {"KEY/old": b"old"}, tmp=tmp_path)
+    a, b = cluster["a"], cluster["b"]
+    wb = b.mount()
+    mp = wb.cfg.mountpoint
+    probes = [mp / "late", mp / "newdir", mp / "newdir" / "sub" / "f", mp / "KEY" / "new",
+              mp / "mine", mp / "mydir", mp / "moved"]
+    for _ in range(3):
+        for p in probes:
+            assert not p.exists()
+    misses = b.ask(wb, "stats")["counters"]["lookup_miss"]
+    assert misses == 6, misses  # newdir/sub/f stops at newdir; the repeats hit the kernel
+    # Names made through the mount show at once.
+    (mp / "mine").write_text("mine")
+    (mp / "mydir").mkdir()
+    (mp / "mine").rename(mp / "moved")
+    assert (mp / "moved").read_text() == "mine" and (mp / "mydir").is_dir()
+    assert not (mp / "mine").exists()
+    # Names another node publishes show after a refresh, not before.
+    wa = a.mount(name="writer", mountpoint=cluster["mnt"] / "node-a")
+    for rel, text in (("late", "late"), ("newdir/sub/f", "deep"), ("KEY/new", "new")):
+        (wa.cfg.mountpoint / rel).parent.mkdir(parents=True, exist_ok=True)
+        (wa.cfg.mountpoint / rel).write_text(text)
+    assert a.ask(wa, "publish")["ok"]
+    assert not (mp / "late").exists()
+    r = b.ask(wb, "refresh")
+    assert r["ok"] and r["served_seq"] >= 2
+    assert (mp / "late").read_text() == "late"
+    assert (mp / "newdir" / "sub" / "f").read_text() == "deep"
+    assert (mp / "KEY" / "new").read_text() == "new"
+    assert b.ask(wb, "stats")["counters"]["negative_invalidated"] == 3
 
 
 def test_unreachable_root_serves_local_state(cluster: dict[str, Any], tmp_path: Path) -> None:
@@ -307,7 +346,7 @@ def test_promotion_packs_small_files_dedups_and_fetches_verified(
     from tests.fusehelpers import corrupt_pack_member
 
     a, b = cluster["a"], cluster["b"]
-    w = a.mount()
+    w = a.mount(stable_after=3600.0)  # one round, the publication's (as on S3)
     files = {f"KEY{i % 3}/f{i}.ptx": os.urandom(900 + 41 * i) for i in range(12)}
     files["big.so"] = os.urandom(300_000)
     for rel, data in files.items():

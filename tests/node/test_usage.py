@@ -55,3 +55,15 @@ def test_forced_and_failed_writes_and_the_bound() -> None:
     assert not log.recorded("a")
     log.opened("a")
     assert log.recorded("a")
+
+
+def test_a_batch_is_recorded_like_single_opens() -> None:
+    clock = Clock()
+    one, many = UseLog(clock=clock), UseLog(clock=clock)
+    for p in ["a", "b", "a", "c"]:
+        one.opened(p)
+    many.opened("a")
+    many.opened_many(["b", "a", "c", "b"])
+    clock.t += 3600
+    a, b = one.take(), many.take()
+    assert a is not None and b is not None and a.paths == b.paths == ["a", "b", "c"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -13,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from waiting import wait_until
 
 from casfs.promote.retention import drop_unused
 from casfs.store import profile
@@ -24,13 +26,6 @@ from .test_two_nodes import published, seed
 pytestmark = pytest.mark.fuse
 
 FILES = {"K/a.bin": b"entry A" * 100, "K/b.bin": b"entry B" * 100, "L/c.bin": b"entry C"}
-
-
-def _wait(cond: Any, what: str, timeout: float = 20) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.1)
 
 
 def _records(root: Path) -> list[dict[str, Any]]:
@@ -70,8 +65,8 @@ def test_gc_drops_what_no_node_opened_since_the_cutoff(
     for _ in range(3):
         assert (mnt / "K" / "a.bin").read_bytes() == FILES["K/a.bin"]
     (mnt / "K" / "new.bin").write_bytes(b"the job's own file")  # not a published entry
-    _wait(lambda: b.ask(w, "stats")["counters"].get("opens_recorded", 0) >= 1,
-          "node b's open of A was not recorded")
+    wait_until(lambda: b.ask(w, "stats")["counters"].get("opens_recorded", 0) >= 1,
+               "node b's open of A was not recorded")
     b.stop(w)
     recs = _records(root)
     assert len(recs) == 2  # node a opened nothing: no record
@@ -101,3 +96,48 @@ def test_gc_drops_what_no_node_opened_since_the_cutoff(
         assert rep.dropped["testns"] == ["K/b.bin", "L/c.bin"]
     left = published(root)
     assert "K/a.bin" in left and "K/b.bin" not in left and "L/c.bin" not in left
+
+
+def test_overlay_listener_death_never_hurts_the_job(cluster: dict[str, Any],
+                                                   tmp_path: Path) -> None:
+    """Overlay mode's open listener is a child process: opens the kernel serves are
+    recorded through it; killed, it is started again (twice), then recording stops
+    with a log line; the job's reads are right throughout."""
+    if (why := overlay.unavailable_reason()) is not None:
+        pytest.skip(why)
+    root, b = cluster["root"], cluster["b"]
+    seed(root, FILES, tmp=tmp_path)
+    w = b.mount()
+    for rel, data in FILES.items():  # every object local: the overlay links them all
+        assert (w.cfg.mountpoint / rel).read_bytes() == data
+    b.stop(w)
+    w = b.mount(mode="overlay")
+    mnt = w.cfg.mountpoint
+
+    def watch() -> dict[str, Any]:
+        st = b.ask(w, "stats")
+        assert st["counters"]["overlay_linked"] == len(FILES)
+        out: dict[str, Any] = st["open_watch"]
+        out["recorded"] = st["counters"].get("opens_recorded", 0)
+        return out
+
+    wait_until(lambda: watch()["pid"] is not None, "no listener process")
+    rels = sorted(FILES)
+    for k, rel in enumerate(rels):
+        assert (mnt / rel).read_bytes() == FILES[rel]
+        if k == 2:
+            break
+        wait_until(lambda k=k: watch()["recorded"] == k + 1, f"the open of {rel} was not recorded")
+        pid = watch()["pid"]
+        os.kill(pid, signal.SIGKILL)
+        wait_until(lambda k=k, pid=pid: watch()["restarts"] == k + 1
+                   and watch()["pid"] not in (None, pid), "the listener was not started again")
+    wait_until(lambda: watch()["recorded"] == 3, "the open after two restarts was not recorded")
+    os.kill(watch()["pid"], signal.SIGKILL)  # the third death: recording stops
+    wait_until(lambda: watch()["failed"], "the listener was started a third time")
+    for rel, data in FILES.items():
+        assert (mnt / rel).read_bytes() == data
+    (mnt / "K" / "new.bin").write_bytes(b"written after")
+    assert (mnt / "K" / "new.bin").read_bytes() == b"written after"
+    assert watch()["pid"] is None
+    b.stop(w)

@@ -268,3 +268,29 @@ def test_export_drops_setuid_bits_from_a_manifest(root: SharedRoot, tmp_path: Pa
     rep = export_tree(root, root.generations().resolve("ns", None), tmp_path / "out")
     assert rep.failed == []
     assert (tmp_path / "out/run.sh").stat().st_mode & 0o7777 == 0o755
+
+
+def test_nested_json_in_a_gc_mark_a_pack_index_and_a_profile_is_damage(tmp_path: Path) -> None:
+    """200 KB of '[' (under every size cap) in the JSON that gc marks, pack indexes and
+    access profiles hold is damage like any other, not a RecursionError escaping gc,
+    verify, or a mount's prefetch (issue 8 item 1, beyond records and manifests)."""
+    import time
+
+    import blake3
+    import zstandard
+
+    from casfs.store import maintenance, profile
+    from casfs.store.packs import FOOTER, PACK_MAGIC, pack_key
+
+    root = SharedRoot.open(tmp_path / "root", create=True)
+    nested = zstandard.ZstdCompressor().compress(b"[" * 200_000)
+    assert root.backend.create_exclusive(f"gc/marks/{int(time.time()) - 10:012d}-{'0' * 32}",
+                                         nested)
+    raw = nested + FOOTER.pack(PACK_MAGIC, 0)
+    pack = blake3.blake3(raw).hexdigest()
+    assert root.backend.create_exclusive(pack_key(pack), raw)
+    os.mkfifo(root.path / "gc" / "marks" / f"{int(time.time()) - 9:012d}-{'1' * 32}")
+    maintenance.gc(root, keep=1, grace=0)  # the marks are ignored (logged), not a crash
+    assert any(pack in p and "bad index" in p for p in maintenance.verify(root).problems)
+    with pytest.raises(ValueError, match="nested"):
+        profile.decode(b"[" * 200_000)

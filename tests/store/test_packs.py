@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -121,6 +122,61 @@ def test_damaged_pack_is_reported_and_a_miss(tmp_path: Path) -> None:
     assert sum(1 for r in files if (tmp_path / "out" / r).exists()) == len(files) - len(users)
 
 
+def test_a_row_claiming_a_huge_pack_member_is_malformed(
+    cli: Any, casfs_env: dict[str, Path], tmp_path: Path
+) -> None:
+    """A hostile row naming a pack range of 2**62 bytes: readers used to allocate what it
+    claims (MemoryError tracebacks from cat, verify and export, and every row of the same
+    digest unreadable, as the bad location replaced the good one). Now it is malformed:
+    the object is found where honest rows say, a loose copy, or it is a miss."""
+    import dataclasses
+
+    src = tmp_path / "src"
+    files = _tree(src)
+    cli("import", "--packs", src, "-n", "ns", check=True)
+    gens = SharedRoot.open(casfs_env["root"]).generations()
+    snap = gens.entries("ns").entries
+    e = snap["k0/f0.ptx"]
+    assert e.extras and e.extras.get("pack")
+    huge = dataclasses.replace(e, path="huge", extras={"pack": [e.extras["pack"][0], 0, 2**62]})
+    gens.publish("ns", [*snap.values(), huge], node="attacker")
+    for rel in ("huge", "k0/f0.ptx"):
+        out = cli("cat", "ns", rel, timeout=60)
+        assert out.rc == 0 and out.out.encode() == files["k0/f0.ptx"], out.err
+    assert cli("verify", "--json", timeout=60).json()["ok"] is True
+    res = cli("export", "ns", tmp_path / "out", timeout=60)
+    assert res.rc == 0 and "Traceback" not in res.err
+
+
+def test_packing_the_same_bytes_again_repairs_a_damaged_pack(any_root: SharedRoot,
+                                                              tmp_path: Path) -> None:
+    """A pack is named by its content, so packing the same files again (a re-import into
+    a namespace whose own rows cannot be trusted, or another namespace) lands on the same
+    name. Create-only found the damaged pack there and kept it: the new rows named it and
+    every read of them missed, for good. Now it is verified and rewritten (on S3 too)."""
+    root = any_root
+    src = tmp_path / "src"
+    files = _tree(src)
+    # one thread: members packed in one order, so the second import makes the same packs
+    import_tree(root, src, "one", rules=rules("generic"), node="n", packs=True, threads=1)
+    packs = sorted(iter_packs(root.objects))
+    victim = packs[0]
+    raw, _ = read_pack(root.objects, victim)
+    bad = bytearray(raw)
+    bad[0] ^= 0xFF  # the first member's first byte
+    staged = root.backend.staging_dir / "bad-pack"
+    staged.write_bytes(bytes(bad))
+    root.backend.replace(pack_key(victim), staged)
+    import_tree(root, src, "two", rules=rules("generic"), node="n", packs=True, threads=1)
+    assert sorted(iter_packs(root.objects)) == packs  # the same names: no new pack
+    read_pack(root.objects, victim)  # hashes to its name again
+    reader = SharedRoot.open(root.location)  # a fresh process: nothing cached
+    for ns in ("one", "two"):
+        snap = reader.generations().entries(ns).entries
+        for rel, data in files.items():
+            assert reader.objects.get_bytes(snap[rel].digest, snap[rel].size) == data, rel
+
+
 def test_loose_only_roots_stay_readable(tmp_path: Path) -> None:
     root = SharedRoot.open(tmp_path / "root", create=True)
     src = tmp_path / "src"
@@ -195,3 +251,27 @@ def test_a_locator_that_misses_itself_does_not_wait_on_itself(any_root: SharedRo
     t.join(20)
     assert not t.is_alive(), "a miss inside the locator waited for the locator"
     assert len(inner) == 1
+
+
+def test_members_of_one_pack_come_from_one_range_read(any_root: SharedRoot) -> None:
+    """read_members: one read per pack (one GET on S3), each member verified on its own."""
+    import io
+
+    w = PackWriter(any_root.objects, target=1 << 20)
+    blobs = [os.urandom(500 + i) for i in range(6)]
+    for b in blobs:
+        w.add(b)
+    locs = w.flush()
+    objs = SharedRoot.open(any_root.location).objects
+    wanted = {digest_bytes(b): locs[digest_bytes(b)] for b in blobs[1:5]}
+    got = objs.read_members(wanted, 1 << 20)
+    assert set(got) == set(wanted) and objs.counters.snapshot()["pack_span_reads"] == 1
+    for b in blobs[1:5]:
+        out = io.BytesIO()
+        assert objs.get_stored_into(digest_bytes(b), len(b), got[digest_bytes(b)], out) == len(b)
+        assert out.getvalue() == b
+    d1, d2 = digest_bytes(blobs[1]), digest_bytes(blobs[2])
+    with pytest.raises(CorruptObjectError):  # another member's bytes: rejected, never served
+        objs.get_stored_into(d1, len(blobs[1]), got[d2], io.BytesIO())
+    assert objs.read_members(wanted, 100) == {}  # wider than allowed: read one by one
+    assert objs.read_members({d1: wanted[d1]}, 1 << 20) == {}  # a lone member: as before

@@ -35,3 +35,7 @@ def test_recorder_keeps_first_opens_in_order() -> None:
     assert r.unpublished()
     r.mark_published(3)
     assert not r.unpublished()
+    many = profile.Recorder(limit=3)  # a batch of observed opens: the same answer
+    many.opened("x")
+    many.opened_many(["y", "x", "z", "w"])
+    assert many.paths() == ["x", "y", "z"]

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from casfs.store.entry import Entry
 from casfs.view.layers import Layers
-from casfs.view.lower import DictLowerTree
+from casfs.view.lower import DictLowerTree, LowerNode
 
 
 def layers(tmp_path: Path) -> Layers:
@@ -53,3 +53,30 @@ def test_absent_answers_do_not_hide_a_creation_between_check_and_record(
     assert ly.raw_stat("late") is None  # the lstat ran before the mkdir
     ly.lstat = real  # type: ignore[method-assign]
     assert ly.raw_stat("late") is not None  # not answered from the stale record
+
+
+class CountingTree(DictLowerTree):
+    def __init__(self, entries: list[Entry]) -> None:
+        super().__init__(entries)
+        self.asked: list[str] = []
+
+    def lookup(self, path: str) -> LowerNode | None:
+        self.asked.append(path)
+        return super().lookup(path)
+
+
+def test_lower_misses_are_remembered_until_the_lower_tree_grows(tmp_path: Path) -> None:
+    """A served tree answers a miss from LMDB: each absent path is asked once, a path
+    under an absent directory not at all, until lower_version says entries were added."""
+    tree = CountingTree([Entry("a/b", "11" * 32, 1, 0o644, 0)])
+    ly = Layers(tree, tmp_path / "upper")
+    for _ in range(3):
+        assert ly.lower_lookup("k") is None
+        assert ly.lower_lookup("k/tmp") is None and ly.lower_lookup("k/tmp/f") is None
+        assert ly.lower_lookup("a/b") is not None
+    assert tree.asked == ["k", "a/b", "a/b", "a/b"]  # found nodes: the tree's own memo
+    tree.add(Entry("k/tmp/f", "22" * 32, 1, 0o644, 0))
+    assert ly.lower_lookup("k/tmp/f") is None  # not told yet (a refresh tells first)
+    ly.lower_version += 1  # what ``lower_added`` and a new lower tree do
+    assert ly.lower_lookup("k/tmp/f") is not None
+    assert ly.resolve("k/tmp/f") is not None and ly.resolve("k") is not None

@@ -27,6 +27,10 @@ class NoFetch:
     def cached(self, entry: object) -> str | None:
         return None
 
+    def open_cached(self, entry: object) -> int | None:
+        return None  # always through fetch (the threaded path)
+
+
     def unpin(self, digest: str) -> None:
         pass
 
