@@ -405,6 +405,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     paths: dict[str, str] = {}
     lease: tuple[Path, str] | None = None
     workers: list[worker.Worker] = []
+    shares: list[_DirJob] = []
     private: Path | None = None
     if mode == "fuse":
         try:
@@ -427,22 +428,20 @@ def cmd_run(args: argparse.Namespace) -> int:
                 cfg = dataclasses.replace(make_config(args, c["family"], base / c["namespace"],
                                                       c["namespace"]), mode=mode,
                                           ingredients=dict(c.get("ingredients") or {}))
-                other = _serving_dir(cfg) if mode == "dir" else None
-                if other is not None:
-                    # Another job's dir-mode process serves this namespace here (no FUSE,
-                    # so no leases): share its plain directory instead of a private one.
-                    print(f"casfs: {c['family']}: sharing {cfg.mountpoint} with another"
-                          f" job's dir-mode process (pid {other['pid']}); it publishes what"
-                          " is there when its job ends, later files at the next run",
-                          file=sys.stderr)
-                    paths[c["family"]] = str(cfg.mountpoint)
-                    continue
-                workers.append(worker.spawn(cfg, verbose=args.verbose))
+                if mode == "dir":
+                    # No FUSE, so no node mount process and no leases: the jobs of the
+                    # namespace share one dir-mode process, the last one out stops it
+                    # (casfs.node.dirshare).
+                    shares.append(_join_dir(cfg, c["family"], args.verbose))
+                else:
+                    workers.append(worker.spawn(cfg, verbose=args.verbose))
                 paths[c["family"]] = str(cfg.mountpoint)
         except (CasfsError, OSError) as e:
             for w in workers:
                 w.stop()
-            workers = []
+            for js in shares:
+                _leave_dir(js)
+            workers, shares = [], []
             paths, private = _private_dirs(names, f"no cache can be served ({_why(e)})")
         if mode == "overlay" and args.wait_warm:
             _prewarm(workers)
@@ -472,6 +471,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             got = {st.get("namespace"): st for st in client.release(*lease, wait=True)}
             stats = [(c["family"], got.get(c["namespace"])) for c in caches]
         stats += [(w.cfg.family, w.stop()) for w in workers]
+        stats += [(js.family, _leave_dir(js)) for js in shares]
         idle = [fam for fam, st in stats if len(stats) > 1 and _unused(st)]
         for fam, st in stats:
             if fam not in idle:
@@ -495,6 +495,58 @@ def _serving_dir(cfg: MountConfig) -> dict[str, Any] | None:
         if m.get("namespace") == cfg.namespace and m.get("mountpoint") == str(cfg.mountpoint):
             return m
     return None
+
+
+@dataclasses.dataclass
+class _DirJob:
+    """This job's part in a dir-mode directory (``own``: the process it spawned, if
+    it found none serving)."""
+
+    family: str
+    cfg: MountConfig
+    share: Any  # casfs.node.dirshare.DirShare
+    own: Any = None  # casfs.node.worker.Worker
+
+
+def _join_dir(cfg: MountConfig, family: str, verbose: int) -> _DirJob:
+    from casfs.node import dirshare, worker
+
+    share = dirshare.DirShare(cfg.run_dir, cfg.mountpoint)
+    with share.joining():
+        other = _serving_dir(cfg)
+        own = None
+        if other is None:
+            own = worker.spawn(cfg, verbose=verbose)
+            share.spawned(own.proc.pid)
+        else:
+            print(f"casfs: {family}: sharing {cfg.mountpoint} with another job's dir-mode"
+                  f" process (pid {other['pid']}); the last job to end publishes",
+                  file=sys.stderr)
+        share.enter()
+    return _DirJob(family, cfg, share, own)
+
+
+def _leave_dir(js: _DirJob) -> dict[str, Any] | None:
+    """Count this job out of its dir-mode directory; the last one out stops the process
+    (final publication) and gets its final stats, the others a "shared" line."""
+    from casfs.node import dirshare
+
+    with js.share.leaving() as last:
+        if not last:
+            if js.own is not None:
+                js.own.release()  # it keeps serving the jobs left; the last one stops it
+            return {"shared": True, "namespace": js.cfg.namespace}
+        if js.own is not None and js.own.proc.poll() is None:
+            return js.own.stop()
+        # The one serving now (the one this job shared, or a replacement another job
+        # spawned after it died), if a casfs run spawned it: a casfs mount's is not ours.
+        other = _serving_dir(js.cfg)
+        if other is not None and js.share.spawned() == int(other["pid"]):
+            return dirshare.stop_registered(js.cfg.run_dir, other,
+                                            js.cfg.shutdown_timeout + 15)
+        if js.own is not None:
+            return js.own.stop()  # it died: its stats if it left any
+        return {"shared": True, "namespace": js.cfg.namespace} if other is not None else None
 
 
 def _prewarm(workers: list[Any]) -> None:

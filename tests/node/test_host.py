@@ -332,3 +332,57 @@ def test_two_casfs_run_in_dir_mode_share_the_directory(node: dict[str, Any]) -> 
     _, err1 = first.communicate(timeout=120)
     assert first.returncode == 0, err1.decode()
     assert published(node["root"], "dshared") == {"first": b"one", "second": b"two"}
+
+
+def test_dir_mode_last_job_out_publishes_the_late_files(node: dict[str, Any]) -> None:
+    """Dir mode follows the rule of leases: the last job out publishes. Two overlapping
+    `casfs run --mode dir` jobs of one namespace; the first (which spawned the dir-mode
+    process) ends first, the second writes more files after that, then ends: those late
+    files are watched, promoted and published by the second's exit, and a second node
+    (fresh state dir, same root) restores them."""
+    f1, f2 = node["tmp"] / "end-first", node["tmp"] / "end-second"
+    opts = ("run", "--mode", "dir", "--family", "generic", "-n", "dlast", "--stable-after",
+            "0.2", "--")
+    first = casfs(node, *opts, sys.executable, "-c",
+                  "import os, time, pathlib\n"
+                  "d = pathlib.Path(os.environ['CASFS_CACHE_DIR'])\n"
+                  "(d / 'first').write_text('one')\n"
+                  f"while not os.path.exists({str(f1)!r}): time.sleep(0.05)\n")
+    path = node["base"] / UID / "dlast"
+    try:
+        wait_until(lambda: (path / "first").exists(), "the first job's file")
+        second = casfs(node, *opts, sys.executable, "-c",
+                       "import os, time, pathlib\n"
+                       "d = pathlib.Path(os.environ['CASFS_CACHE_DIR'])\n"
+                       "(d / 'early').write_text('two')\n"
+                       f"while not os.path.exists({str(f2)!r}): time.sleep(0.05)\n"
+                       "(d / 'late').write_text('three')\n"
+                       "(d / 'sub').mkdir()\n"
+                       "(d / 'sub' / 'late2').write_bytes(b'four' * 5000)\n")
+        wait_until(lambda: (path / "early").exists(), "the second job's first file")
+        f1.write_text("")
+        _, err1 = first.communicate(timeout=120)
+        assert first.returncode == 0, err1.decode()
+        assert b"still used by another job" in err1, err1.decode()
+        f2.write_text("")
+        _, err2 = second.communicate(timeout=120)
+        assert second.returncode == 0, err2.decode()
+        assert b"sharing" in err2 and b"published" in err2, err2.decode()
+        want = {"first": b"one", "early": b"two", "late": b"three",
+                "sub/late2": b"four" * 5000}
+        assert published(node["root"], "dlast") == want
+        # nothing left serving the directory: the last job stopped the process
+        assert control.registered(node["state"] / "run") == []
+        env_b = dict(node["env"], CASFS_STATE_DIR=str(node["tmp"] / "state-b"),
+                     CASFS_MOUNT_BASE=str(node["tmp"] / "mnt-b"))
+        check = subprocess.run(
+            [sys.executable, "-m", "casfs.cli.main", *opts, sys.executable, "-c",
+             "import os, pathlib\n"
+             "d = pathlib.Path(os.environ['CASFS_CACHE_DIR'])\n"
+             "assert (d / 'late').read_text() == 'three'\n"
+             "assert (d / 'sub' / 'late2').read_bytes() == b'four' * 5000\n"],
+            env=env_b, capture_output=True, timeout=120, check=False)
+        assert check.returncode == 0, check.stderr.decode()
+    finally:
+        for m in control.registered(node["state"] / "run"):  # a failed run's orphan
+            os.kill(int(m["pid"]), signal.SIGKILL)

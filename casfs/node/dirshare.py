@@ -1,0 +1,146 @@
+"""Dir mode's jobs of one namespace share one process; the last one out stops it.
+
+Without FUSE there is no node mount process handing out leases: the first
+``casfs run --mode dir`` of a namespace spawns the dir-mode process (it
+restores, watches with inotify, promotes and publishes), and a second job of
+the namespace on the node shares its directory. As in fuse mode, the last job
+out publishes and releases: whichever job ends last stops the process, which
+publishes everything stable (SIGTERM: the final publication), and until then
+the files any of the jobs writes are watched and promoted.
+
+Two flock'd files next to the mount registry, keyed by the served directory:
+
+- ``<key>.join``: held exclusive while a job joins (finds the running process
+  or spawns one) and while a job leaves (finds whether it is the last, and if
+  so stops the process). The two never interleave, so a job never joins a
+  process that is being stopped, and never spawns a second one beside it.
+- ``<key>.users``: each job holds it shared while it runs. A leaving job drops
+  its share and, under the join lock, tries it exclusive without waiting:
+  success means no other job is left.
+
+A job killed outright drops its share with its process (the kernel releases
+flocks), so the jobs left still find the last one among them. The spawner
+that is not the last leaves the process running (it lives in its own session)
+for the last job, which stops it by pid: the registry's pid, checked to be a
+casfs mount process (``/proc/<pid>/cmdline``) through a pidfd, so a reused pid
+is never signalled.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import select
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+WORKER_MODULE = b"casfs.node.worker"
+
+
+class DirShare:
+    """One job's membership of a dir-mode directory (``run_dir``: the registry's)."""
+
+    def __init__(self, run_dir: Path, mountpoint: Path) -> None:
+        key = hashlib.sha256(os.fsencode(mountpoint)).hexdigest()[:20]
+        run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self._join = run_dir / f"dirshare-{key}.join"
+        self._users = run_dir / f"dirshare-{key}.users"
+        self._pid = run_dir / f"dirshare-{key}.pid"  # the process a casfs run spawned
+        self._fd: int | None = None  # our shared lock on ``_users`` while the job runs
+
+    def _open(self, path: Path) -> int:
+        return os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+
+    @contextlib.contextmanager
+    def joining(self) -> Iterator[None]:
+        """Hold the join lock: find or spawn the process, then ``enter``."""
+        fd = self._open(self._join)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
+
+    def spawned(self, pid: int | None = None) -> int | None:
+        """Record the pid of the process this job spawned (under ``joining``); without
+        ``pid``, the one recorded: only that one is the jobs' to stop (a ``casfs mount``
+        of the same directory is not)."""
+        if pid is not None:
+            from casfs.util.atomic import write_atomic
+
+            write_atomic(self._pid, str(pid).encode())
+            return pid
+        try:
+            return int(self._pid.read_bytes())
+        except (OSError, ValueError):
+            return None
+
+    def enter(self) -> None:
+        """Count this job in (call under ``joining``)."""
+        if self._fd is None:
+            fd = self._open(self._users)
+            fcntl.flock(fd, fcntl.LOCK_SH)
+            self._fd = fd
+
+    def drop(self) -> None:
+        """Count this job out without deciding anything (it never served)."""
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    @contextlib.contextmanager
+    def leaving(self) -> Iterator[bool]:
+        """Count this job out; yields whether it was the last (then stop the process
+        inside the block: nobody joins until it is gone)."""
+        with self.joining():
+            self.drop()
+            fd = self._open(self._users)
+            try:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    last = True
+                except BlockingIOError:
+                    last = False
+                yield last
+            finally:
+                os.close(fd)
+
+
+def _is_worker(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return WORKER_MODULE in f.read().split(b"\0")
+    except OSError:
+        return False
+
+
+def stop_registered(run_dir: Path, info: dict[str, Any], timeout: float) -> dict[str, Any] | None:
+    """Stop the dir-mode process of registry entry ``info`` (not our child): SIGTERM,
+    wait for its exit (its final publication), SIGKILL after ``timeout``; its final
+    stats, None if it left none."""
+    pid = int(info["pid"])
+    stats = run_dir / f"{info['name']}.final-stats"
+    try:
+        pidfd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        pidfd = None
+    if pidfd is not None:
+        try:
+            if _is_worker(pid):  # checked after the pidfd pins the process
+                signal.pidfd_send_signal(pidfd, signal.SIGTERM)
+                if not select.select([pidfd], [], [], timeout)[0]:
+                    signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+                    select.select([pidfd], [], [], 10)
+        except ProcessLookupError:
+            pass
+        finally:
+            os.close(pidfd)
+    try:  # written before it exits
+        return dict(json.loads(stats.read_bytes()))
+    except (OSError, ValueError):
+        return None
