@@ -11,6 +11,17 @@ which obstore then uses through its credential-provider hook.
 Mapping of the verbs:
 - put_if_absent / create_exclusive: PUT with ``If-None-Match: *``; 412 or 409
   means another writer created the key first (False), exactly like EEXIST.
+  A staged file over ``MULTIPART_OVER`` (a large object or pack) is streamed
+  up in parts instead (``_upload``: memory stays about PART_SIZE x
+  (PART_CONCURRENCY + 1) whatever its size; a single PUT holds the whole
+  object in memory, and obstore's create-only PUT cannot be multipart). Its
+  create-only check is a HEAD just before: such keys are content-addressed,
+  so a writer racing through that window uploads the same bytes under the
+  same name (readers verify them either way). The object appears whole when
+  the upload completes, or not at all: a failed upload is aborted, and one
+  cut by a crash stays an incomplete multipart upload, which no GET or LIST
+  sees (a bucket lifecycle rule ``AbortIncompleteMultipartUpload`` frees its
+  parts).
 - sync: nothing (a PUT is durable once it returns).
 - list: LIST with a delimiter. Listing may lag on some servers; callers never
   depend on it for correctness (records are found by probing forward).
@@ -33,11 +44,17 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from casfs.store.backend import KeyInfo
+from casfs.util.crashpoint import crashpoint
 from casfs.util.location import S3Location
 
 log = logging.getLogger(__name__)
 
 STREAM_CHUNK = 1 << 20
+# Staged files larger than this are uploaded in parts of PART_SIZE, at most
+# PART_CONCURRENCY in flight (S3's smallest part is 5 MiB, the last one excepted).
+MULTIPART_OVER = 16 << 20
+PART_SIZE = 8 << 20
+PART_CONCURRENCY = 2
 
 
 class S3UnavailableError(OSError):
@@ -173,9 +190,31 @@ class S3Backend:
 
     def put_if_absent(self, key: str, staged: Path) -> bool:
         try:
-            return self._create(key, staged.read_bytes())
+            if staged.stat().st_size <= MULTIPART_OVER:
+                return self._create(key, staged.read_bytes())
+            if self.info(key) is not None:  # see the module's docstring
+                return False
+            self._upload(key, staged)
+            return True
         finally:
             staged.unlink(missing_ok=True)
+
+    def _upload(self, key: str, staged: Path) -> None:
+        """Stream ``staged`` into ``key`` as a multipart upload (overwrites), aborted on
+        any failure: the object is there whole, or not at all."""
+        _check_key(key)
+        try:
+            with open(staged, "rb") as f, self._ob.open_writer(
+                    self.store, key, buffer_size=PART_SIZE,
+                    max_concurrency=PART_CONCURRENCY) as w:
+                # leaving the block by an exception aborts the upload; normally it completes
+                while chunk := f.read(PART_SIZE):
+                    w.write(chunk)
+                    crashpoint("s3-part-sent")
+        except S3UnavailableError:
+            raise
+        except Exception as e:  # the writer's errors may be OSErrors: none keeps its text
+            raise _oserror(e) from None
 
     def sync(self) -> None:
         pass  # a completed PUT is durable
@@ -183,7 +222,12 @@ class S3Backend:
     def replace(self, key: str, staged: Path) -> None:
         _check_key(key)
         try:
-            self._ob.put(self.store, key, staged.read_bytes(), use_multipart=False)
+            if staged.stat().st_size > MULTIPART_OVER:
+                self._upload(key, staged)
+            else:
+                self._ob.put(self.store, key, staged.read_bytes(), use_multipart=False)
+        except S3UnavailableError:
+            raise
         except Exception as e:
             raise _oserror(e) from None
         finally:

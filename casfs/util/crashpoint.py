@@ -6,7 +6,9 @@ behind is always a valid store and a node that recovers. Unset (always, in
 production) it costs one environment lookup per step. With
 ``CASFS_CRASHPOINT_AFTER=n`` the first n passes through the step survive.
 Besides STEPS (promotion and publication), ``fetch-worker`` kills a mount's
-fetch worker before each fill (tests/faults/test_fetch_worker.py). With
+fetch worker before each fill (tests/faults/test_fetch_worker.py), and
+``s3-part-sent`` kills a multipart upload to an S3 root after each part it
+hands over (tests/cli/test_s3_large.py). With
 ``CASFS_CRASHPOINT_ONCE=<file>`` only the first process to get there dies
 (it creates the file): a mount's promotion worker dies at the step once and
 its replacement goes through (tests/faults/test_crashpoints.py).
