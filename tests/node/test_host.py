@@ -386,3 +386,41 @@ def test_dir_mode_last_job_out_publishes_the_late_files(node: dict[str, Any]) ->
     finally:
         for m in control.registered(node["state"] / "run"):  # a failed run's orphan
             os.kill(int(m["pid"]), signal.SIGKILL)
+
+
+def test_dir_mode_a_killed_first_job_counts_out(node: dict[str, Any]) -> None:
+    """The `casfs run` that spawned the dir-mode process is killed outright (SIGKILL: no
+    exit path runs); its flock goes with it, so the other job, ending later, is the last
+    one out: it stops the orphaned process, which publishes both jobs' files."""
+    f2 = node["tmp"] / "end-second"
+    opts = ("run", "--mode", "dir", "--family", "generic", "-n", "dkill", "--stable-after",
+            "0.2", "--")
+    first = casfs(node, *opts, sys.executable, "-c",
+                  "import os, time, pathlib\n"
+                  "d = pathlib.Path(os.environ['CASFS_CACHE_DIR'])\n"
+                  "(d / 'first').write_text('one')\n"
+                  "time.sleep(600)\n", start_new_session=True)
+    path = node["base"] / UID / "dkill"
+    try:
+        wait_until(lambda: (path / "first").exists(), "the first job's file")
+        second = casfs(node, *opts, sys.executable, "-c",
+                       "import os, time, pathlib\n"
+                       "d = pathlib.Path(os.environ['CASFS_CACHE_DIR'])\n"
+                       "(d / 'early').write_text('')\n"
+                       f"while not os.path.exists({str(f2)!r}): time.sleep(0.05)\n"
+                       "(d / 'late').write_text('two')\n")
+        # its job runs: it has joined
+        wait_until(lambda: (path / "early").exists(), "the second job's first file")
+        os.killpg(first.pid, signal.SIGKILL)  # casfs run and its job: no exit path runs
+        first.wait(30)
+        assert control.registered(node["state"] / "run") != []  # the process lives on
+        f2.write_text("")
+        _, err2 = second.communicate(timeout=120)
+        assert second.returncode == 0, err2.decode()
+        assert b"published" in err2, err2.decode()
+        assert published(node["root"], "dkill") == {"first": b"one", "early": b"",
+                                                     "late": b"two"}
+        assert control.registered(node["state"] / "run") == []
+    finally:
+        for m in control.registered(node["state"] / "run"):
+            os.kill(int(m["pid"]), signal.SIGKILL)
