@@ -1,16 +1,21 @@
 """Two versions of casfs's FUSE mount side by side, in the same minutes.
 
-    python -m bench.abfuse write ROUNDS KERNELS OLD_TREE NEW_TREE
-    python -m bench.abfuse read ROUNDS KERNELS OLD_TREE NEW_TREE
+    python -m bench.abfuse write ROUNDS KERNELS OLD_TREE [NEW_TREE] [--floor-tasks MIN,MAX]
+    python -m bench.abfuse read ROUNDS KERNELS OLD_TREE [NEW_TREE]
 
 OLD_TREE and NEW_TREE are checkouts of casfs (``git archive REV | tar -x -C DIR``):
-each mount process runs with that tree first on PYTHONPATH. Per round, in an order
-rotated from round to round: ``write`` runs the Triton put pattern (bench.clients
-write) into a plain directory and through a fresh mount of each version; ``read``
-reads a Triton-like tree warm from a plain directory, from each version's mount
-(one pass to warm it, the second timed) and from the pyfuse3 floor (bench.floorfs).
-Prints a JSON line per round and a summary: each version against plain (write) or
-the floor (read) by round, and the mount process's CPU microseconds per file.
+each mount process runs with that tree first on PYTHONPATH; with one tree only,
+the one version is measured. Per round, in an order rotated from round to round:
+``write`` runs the Triton put pattern (bench.clients write) into a plain directory,
+through a fresh mount of each version and through the pyfuse3 write floor
+(bench.floorwfs: a plain passthrough facing the kernel as casfs does), and with
+``--floor-tasks`` through the write floor again with those pyfuse3.main task
+limits (``floor_t``); ``read`` reads a Triton-like tree warm from a plain
+directory, from each version's mount (one pass to warm it, the second timed) and
+from the pyfuse3 floor (bench.floorfs).
+Prints a JSON line per round and a summary: each version (and the write floor)
+against plain (write) or the floor (read) by round, each version against the
+write floor, and the mount process's CPU microseconds per file.
 On a shared machine a single round's ratio swings; the per-round pairs do not drift
 apart as much, since both versions ran within the same minute.
 """
@@ -35,20 +40,24 @@ from casfs.promote.importer import import_tree
 from casfs.store.root import SharedRoot
 
 
-def measure(mode: str, rounds: int, kernels: int, trees: dict[str, str]) -> dict[str, Any]:
+def measure(mode: str, rounds: int, kernels: int, trees: dict[str, str],
+            floor_tasks: tuple[int, int] | None = None) -> dict[str, Any]:
     work = Path(tempfile.mkdtemp(prefix="casfs-abfuse-"))
     try:
         root = work / "root"
         SharedRoot.open(root, create=True)
-        secs: dict[str, list[float]] = {k: [] for k in ("plain", "old", "new", "floor")}
-        cpu: dict[str, list[float]] = {k: [] for k in ("old", "new", "floor")}
+        versions = [v for v in ("old", "new") if v in trees]
+        floors = ["floor"] + (["floor_t"] if floor_tasks is not None and mode == "write"
+                              else [])
+        secs: dict[str, list[float]] = {k: [] for k in ["plain", *versions, *floors]}
+        cpu: dict[str, list[float]] = {k: [] for k in [*versions, *floors]}
         loads: list[float] = []
         src = work / "src"
         if mode == "read":
             tree.build(src, kernels, seed="ab")
             import_tree(SharedRoot.open(root), src, "ab-read", rules=family_rules("triton"),
                         node="bench")
-        kinds = ["plain", "old", "new"] + (["floor"] if mode == "read" else [])
+        kinds = ["plain", *versions, *floors]
         for r in range(rounds):
             order = kinds[r % len(kinds):] + kinds[:r % len(kinds)]
             loads.append(round(os.getloadavg()[0], 2))
@@ -60,6 +69,15 @@ def measure(mode: str, rounds: int, kernels: int, trees: dict[str, str]) -> dict
                     else:
                         reader(src)
                         out = reader(src)
+                elif v in ("floor", "floor_t") and mode == "write":
+                    dest = work / f"{v}-src{r}"
+                    dest.mkdir()
+                    with floor_mounted(dest, work / "floor", writable=True,
+                                       tasks=floor_tasks if v == "floor_t" else None) as fm:
+                        c0 = fm.cpu()
+                        out = writer(fm.path, kernels, f"s{r}{v}")
+                        cpu[v].append(round((fm.cpu() - c0) / out["files"] * 1e6, 1))
+                    rmtree(dest)
                 elif v == "floor":
                     with floor_mounted(src, work / "floor") as fm:
                         reader(fm.path)
@@ -86,26 +104,44 @@ def measure(mode: str, rounds: int, kernels: int, trees: dict[str, str]) -> dict
                   flush=True)
         ref = "plain" if mode == "write" else "floor"
         out_: dict[str, Any] = {"mode": mode, "kernels": kernels, "loads": loads}
-        for v in ("old", "new"):
-            per = [round(a / b, 2) for a, b in zip(secs[v], secs[ref], strict=True)]
-            out_[f"{v}_over_{ref}_by_round"] = per
-            out_[f"{v}_over_{ref}_median"] = round(statistics.median(per), 2)
+
+        def ratios(v: str, over: str) -> None:
+            per = [round(a / b, 2) for a, b in zip(secs[v], secs[over], strict=True)]
+            out_[f"{v}_over_{over}_by_round"] = per
+            out_[f"{v}_over_{over}_median"] = round(statistics.median(per), 2)
+
+        for v in versions:
+            ratios(v, ref)
+            if mode == "write":
+                ratios(v, "floor")
             out_[f"{v}_cpu_us_per_file"] = cpu[v]
-        if mode == "read":
-            out_["floor_cpu_us_per_file"] = cpu["floor"]
-        out_["new_over_old_by_round"] = [round(a / b, 2)
-                                         for a, b in zip(secs["new"], secs["old"], strict=True)]
+        if mode == "write":
+            for f in floors:
+                ratios(f, "plain")
+            if "floor_t" in floors:
+                ratios("floor_t", "floor")
+                out_["floor_tasks"] = list(floor_tasks or ())
+        for f in floors:
+            out_[f"{f}_cpu_us_per_file"] = cpu[f]
+        if len(versions) == 2:
+            ratios("new", "old")
         return out_
     finally:
         rmtree(work)
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 5 or argv[0] not in ("write", "read"):
+    floor_tasks = None
+    if "--floor-tasks" in argv[:-1]:
+        i = argv.index("--floor-tasks")
+        lo, hi = argv[i + 1].split(",")
+        floor_tasks = (int(lo), int(hi))
+        del argv[i:i + 2]
+    if len(argv) not in (4, 5) or argv[0] not in ("write", "read"):
         print(__doc__, file=sys.stderr)
         return 2
-    trees = {"old": str(Path(argv[3]).resolve()), "new": str(Path(argv[4]).resolve())}
-    print(json.dumps(measure(argv[0], int(argv[1]), int(argv[2]), trees)))
+    trees = {v: str(Path(t).resolve()) for v, t in zip(("old", "new"), argv[3:], strict=False)}
+    print(json.dumps(measure(argv[0], int(argv[1]), int(argv[2]), trees, floor_tasks)))
     return 0
 
 

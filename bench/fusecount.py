@@ -5,6 +5,11 @@
     python -m bench.fusecount chunked KERNELS   the put pattern, 4 KB per write() (a linker)
     python -m bench.fusecount probe KERNELS     stat 7 missing names per directory, twice
                                                 (per file: per name probed)
+    ... [--floor] [--tasks MIN,MAX]
+
+``--floor``: serve the pyfuse3 write floor (bench.floorwfs, a plain passthrough
+facing the kernel as casfs does) instead of casfs's view: it must get the same
+requests. ``--tasks``: ``pyfuse3.main(min_tasks, max_tasks)`` (default 1,99).
 
 Serves casfs's view (OverlayOperations over a plain-directory lower, as in
 casfs.view.testserve) with every handler counted, runs the bench client against
@@ -32,6 +37,7 @@ import pyfuse3
 import trio
 
 from bench import tree
+from bench.floorwfs import FloorWFS
 from casfs.promote.tracker import WriteTracker
 from casfs.util.counters import Counters
 from casfs.view.ops import OverlayOperations
@@ -46,7 +52,8 @@ HANDLERS = ("lookup", "forget", "getattr", "setattr", "readlink", "open", "creat
             "getxattr", "listxattr", "setxattr", "removexattr", "fsyncdir")
 
 
-def counting_ops(*args: Any, **kw: Any) -> tuple[OverlayOperations, collections.Counter[str]]:
+def counting_ops(*args: Any, floor: bool = False, **kw: Any
+                 ) -> tuple[pyfuse3.Operations, collections.Counter[str]]:
     counts: collections.Counter[str] = collections.Counter()
 
     def wrap(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -57,7 +64,7 @@ def counting_ops(*args: Any, **kw: Any) -> tuple[OverlayOperations, collections.
 
         return counted
 
-    ops = OverlayOperations(*args, **kw)
+    ops: pyfuse3.Operations = FloorWFS(*args) if floor else OverlayOperations(*args, **kw)
     for name in HANDLERS:
         fn = getattr(ops, name, None)
         if fn is not None:
@@ -65,7 +72,8 @@ def counting_ops(*args: Any, **kw: Any) -> tuple[OverlayOperations, collections.
     return ops, counts
 
 
-def measure(mode: str, kernels: int) -> dict[str, Any]:
+def measure(mode: str, kernels: int, *, floor: bool = False,
+            tasks: tuple[int, int] = (1, 99)) -> dict[str, Any]:
     work = Path(tempfile.mkdtemp(prefix="casfs-fusecount-"))
     try:
         lower_dir, upper, mnt = work / "lower", work / "upper", work / "mnt"
@@ -77,7 +85,11 @@ def measure(mode: str, kernels: int) -> dict[str, Any]:
         if mode in ("read", "probe"):
             tree.build(lower_dir, kernels, seed="count")
         lower, sources = tree_from_dir(lower_dir)
-        ops, counts = counting_ops(lower, DirFetcher(sources), upper, WriteTracker(), Counters())
+        if floor:  # a passthrough of the lower dir (empty for the writes)
+            ops, counts = counting_ops(lower_dir, floor=True)
+        else:
+            ops, counts = counting_ops(lower, DirFetcher(sources), upper, WriteTracker(),
+                                       Counters())
         passes: dict[str, dict[str, float]] = {}
         client = [sys.executable, "-m", "bench.clients"]
 
@@ -112,17 +124,31 @@ def measure(mode: str, kernels: int) -> dict[str, Any]:
 
             nursery.start_soon(drive)
 
-        serve(ops, mnt, background=background)
-        return {"mode": mode, "files": files, "requests_per_file": passes}
+        main = pyfuse3.main
+        pyfuse3.main = functools.partial(main, min_tasks=tasks[0], max_tasks=tasks[1])
+        try:
+            serve(ops, mnt, background=background)
+        finally:
+            pyfuse3.main = main
+        return {"mode": mode, "server": "floor" if floor else "casfs",
+                "tasks": list(tasks), "files": files, "requests_per_file": passes}
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
 
 def main(argv: list[str]) -> int:
+    floor = "--floor" in argv
+    argv = [a for a in argv if a != "--floor"]
+    tasks = (1, 99)
+    if "--tasks" in argv[:-1]:
+        i = argv.index("--tasks")
+        lo, hi = argv[i + 1].split(",")
+        tasks = (int(lo), int(hi))
+        del argv[i:i + 2]
     if len(argv) != 2 or argv[0] not in ("read", "write", "chunked", "probe"):
         print(__doc__, file=sys.stderr)
         return 2
-    print(json.dumps(measure(argv[0], int(argv[1]))))
+    print(json.dumps(measure(argv[0], int(argv[1]), floor=floor, tasks=tasks)))
     return 0
 
 

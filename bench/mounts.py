@@ -79,14 +79,21 @@ class FloorMount:
 
 
 @contextlib.contextmanager
-def floor_mounted(src: Path, mountpoint: Path, timeout: float = 120) -> Iterator[FloorMount]:
-    """The in-memory pyfuse3 floor (bench.floorfs) serving ``src`` at ``mountpoint``."""
+def floor_mounted(src: Path, mountpoint: Path, timeout: float = 120, *,
+                  writable: bool = False, tasks: tuple[int, int] | None = None
+                  ) -> Iterator[FloorMount]:
+    """The in-memory pyfuse3 floor (bench.floorfs) serving ``src`` at ``mountpoint``;
+    ``writable``: the write floor (bench.floorwfs, a passthrough of ``src``), with
+    ``tasks`` as pyfuse3.main's (min_tasks, max_tasks)."""
     import subprocess
     import sys
 
     mountpoint.mkdir(parents=True, exist_ok=True)
-    p = subprocess.Popen([sys.executable, "-m", "bench.floorfs", str(src), str(mountpoint)],
-                         stdout=subprocess.PIPE, text=True)
+    cmd = [sys.executable, "-m", "bench.floorwfs" if writable else "bench.floorfs"]
+    if tasks is not None:
+        assert writable
+        cmd += ["--tasks", f"{tasks[0]},{tasks[1]}"]
+    p = subprocess.Popen([*cmd, str(src), str(mountpoint)], stdout=subprocess.PIPE, text=True)
     try:
         assert p.stdout is not None
         line = p.stdout.readline()  # READY, or "" if it died
