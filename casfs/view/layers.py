@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from casfs.store.entry import Entry
+from casfs.util.counters import Counters
 from casfs.view import whiteout as wh
 from casfs.view.lower import DIR, LowerNode, LowerTree
 from casfs.view.whiteout import merge_children
@@ -102,8 +103,10 @@ _LISTINGS_MAX = 1 << 12  # remembered listings of lower-only directories (~0.5 K
 
 
 class Layers:
-    def __init__(self, lower: LowerTree, upper_dir: Path) -> None:
+    def __init__(self, lower: LowerTree, upper_dir: Path,
+                 counters: Counters | None = None) -> None:
         self.lower_version = 0  # bumped whenever the lower tree may have changed
+        self.counters = counters  # subdir_recount: merged listings made to count subdirs
         self._lower = lower
         self._nlink: dict[str, tuple[tuple[int, ...], int]] = {}
         self.upper_dir = Path(upper_dir)
@@ -182,12 +185,20 @@ class Layers:
         self._nlink.pop(split(path)[0], None)
         self._nlink.pop(path, None)
 
-    def mkdir(self, path: str, mode: int) -> None:
+    def mkdir(self, path: str, mode: int, *, new: bool = False) -> None:
+        """``new``: nothing showed at ``path`` before (a job's mkdir, not a copy-up of a
+        lower directory), so its directory's kept subdir count, if exact, goes up by
+        one instead of being recounted: a new Triton key dir in a cache root of N
+        entries made the next GETATTR of the root merge all N (O(N) per kernel)."""
+        parent = split(path)[0]
+        count = self._nlink.get(parent) if new else None
         self._touched(path)
         try:
             os.mkdir(self.rel(path), mode, dir_fd=self.fd)
         finally:
             self._creating()
+        if count is not None:  # exact before the mkdir (``_touched`` drops a stale one)
+            self._nlink[parent] = (count[0], count[1] + 1)
 
     def mknod(self, path: str, mode: int, rdev: int = 0) -> None:
         try:
@@ -432,6 +443,8 @@ class Layers:
         hit = self._nlink.get(node.path)
         if hit is not None and hit[0] == key:
             return hit[1]
+        if self.counters is not None:
+            self.counters.inc("subdir_recount")
         n = 0
         for _, child in self.children(node):
             if child is DIR or (

@@ -178,7 +178,7 @@ class OpsBase(pyfuse3.Operations):
         # owner's, as with umask 002); 0o077: the cluster (everyone). So one
         # member's directory never makes another's cache writes fail.
         self.share_bits = share_bits
-        self.layers = Layers(lower, Path(upper_dir))
+        self.layers = Layers(lower, Path(upper_dir), counters)
         self.fetcher = fetcher
         self.tracker = tracker
         self.counters = counters

@@ -21,7 +21,7 @@ class DirOps(CopyUpOps):
         path = self._new_child(parent_inode, name)
         parent_st = self._prepare_new(path)
         created = self._initial_perm(ctx, mode, 0o700)
-        self.layers.mkdir(path, created)
+        self.layers.mkdir(path, created, new=True)  # _prepare_new: nothing showed there
         self._own(path, ctx, stat.S_IFDIR | stat.S_IMODE(mode), created, parent_st)
         if self.layers.lower_lookup(path) is not None:
             self.layers.make_opaque(path)  # re-created over a removed lower dir: starts empty

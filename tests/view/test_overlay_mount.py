@@ -251,3 +251,30 @@ def test_concurrent_copy_up_and_atomic_writes(overlay: MakeOverlay) -> None:
         names = sorted(os.listdir(ov.mnt / f"KEY{t}"))
         assert names == sorted(f"f{i}" for i in range(20))
         assert (ov.mnt / f"KEY{t}/f19").read_bytes() == f"{t}-19".encode()
+
+
+def test_new_dirs_at_a_merged_root_keep_its_link_count_without_recounting(
+        overlay: MakeOverlay) -> None:
+    """A Triton put makes one key dir per kernel in the cache root, and the kernel then
+    re-reads the root's attributes (GETATTR): its link count (2 + visible subdirs,
+    lower ones merged in) must be right each time without merging the whole root
+    listing again per new dir (O(N) per kernel in a root of N key dirs)."""
+    ov = overlay()
+    lower_dirs = {p.split("/")[0] for p in SAMPLE if "/" in p}
+    assert os.stat(ov.mnt).st_nlink == 2 + len(lower_dirs)
+    for i in range(40):
+        os.mkdir(ov.mnt / f"KEY{i:02d}")
+        assert os.stat(ov.mnt).st_nlink == 2 + len(lower_dirs) + i + 1
+    # A removal and a rename still recount (and stay right).
+    os.rmdir(ov.mnt / "KEY00")
+    assert os.stat(ov.mnt).st_nlink == 2 + len(lower_dirs) + 39
+    os.rename(ov.mnt / "KEY01", ov.mnt / "ab" / "KEY01")
+    assert os.stat(ov.mnt).st_nlink == 2 + len(lower_dirs) + 38
+    os.mkdir(ov.mnt / "KEY00")
+    assert os.stat(ov.mnt).st_nlink == 2 + len(lower_dirs) + 39
+    real = sum(1 for e in os.scandir(ov.mnt) if e.is_dir(follow_symlinks=False))
+    assert os.stat(ov.mnt).st_nlink == 2 + real
+    ov.view.stop()
+    # The first stat, one after the rmdir, two after the rename (the root, ab), and the
+    # listing's lower dirs their own (each once): not one per new dir (50 before).
+    assert counters(ov)["subdir_recount"] <= 4 + len(lower_dirs)
