@@ -1,6 +1,7 @@
 """Two versions of casfs's FUSE mount side by side, in the same minutes.
 
     python -m bench.abfuse write ROUNDS KERNELS OLD_TREE [NEW_TREE] [--floor-tasks MIN,MAX]
+                                [--c-floor]
     python -m bench.abfuse read ROUNDS KERNELS OLD_TREE [NEW_TREE]
 
 OLD_TREE and NEW_TREE are checkouts of casfs (``git archive REV | tar -x -C DIR``):
@@ -10,9 +11,10 @@ the one version is measured. Per round, in an order rotated from round to round:
 through a fresh mount of each version and through the pyfuse3 write floor
 (bench.floorwfs: a plain passthrough facing the kernel as casfs does), and with
 ``--floor-tasks`` through the write floor again with those pyfuse3.main task
-limits (``floor_t``); ``read`` reads a Triton-like tree warm from a plain
-directory, from each version's mount (one pass to warm it, the second timed) and
-from the pyfuse3 floor (bench.floorfs).
+limits (``floor_t``), and with ``--c-floor`` through bench/floorwc.c (``cfloor``:
+the same passthrough on libfuse's C loop, built here with cc); ``read`` reads a
+Triton-like tree warm from a plain directory, from each version's mount (one pass
+to warm it, the second timed) and from the pyfuse3 floor (bench.floorfs).
 Prints a JSON line per round and a summary: each version (and the write floor)
 against plain (write) or the floor (read) by round, each version against the
 write floor, and the mount process's CPU microseconds per file.
@@ -22,6 +24,7 @@ apart as much, since both versions ran within the same minute.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import statistics
@@ -32,7 +35,7 @@ from typing import Any
 
 from bench import tree
 from bench.common import rmtree
-from bench.mounts import config, floor_mounted, mounted
+from bench.mounts import build_c_floor, config, floor_mounted, mounted
 from bench.readpath import _with_cpu, reader
 from bench.writepath import writer
 from casfs.families import rules as family_rules
@@ -41,14 +44,21 @@ from casfs.store.root import SharedRoot
 
 
 def measure(mode: str, rounds: int, kernels: int, trees: dict[str, str],
-            floor_tasks: tuple[int, int] | None = None) -> dict[str, Any]:
+            floor_tasks: tuple[int, int] | None = None, c_floor: bool = False
+            ) -> dict[str, Any]:
     work = Path(tempfile.mkdtemp(prefix="casfs-abfuse-"))
     try:
         root = work / "root"
         SharedRoot.open(root, create=True)
         versions = [v for v in ("old", "new") if v in trees]
-        floors = ["floor"] + (["floor_t"] if floor_tasks is not None and mode == "write"
-                              else [])
+        floors = ["floor"]
+        cprog = None
+        if mode == "write":
+            floors += ["floor_t"] if floor_tasks is not None else []
+            cprog = build_c_floor(work / "floorwc") if c_floor else None
+            if c_floor and cprog is None:
+                print(json.dumps({"cfloor": "not built (cc, pkg-config or fuse3 headers)"}))
+            floors += ["cfloor"] if cprog is not None else []
         secs: dict[str, list[float]] = {k: [] for k in ["plain", *versions, *floors]}
         cpu: dict[str, list[float]] = {k: [] for k in [*versions, *floors]}
         loads: list[float] = []
@@ -69,11 +79,12 @@ def measure(mode: str, rounds: int, kernels: int, trees: dict[str, str],
                     else:
                         reader(src)
                         out = reader(src)
-                elif v in ("floor", "floor_t") and mode == "write":
+                elif v in ("floor", "floor_t", "cfloor") and mode == "write":
                     dest = work / f"{v}-src{r}"
                     dest.mkdir()
                     with floor_mounted(dest, work / "floor", writable=True,
-                                       tasks=floor_tasks if v == "floor_t" else None) as fm:
+                                       tasks=floor_tasks if v == "floor_t" else None,
+                                       program=cprog if v == "cfloor" else None) as fm:
                         c0 = fm.cpu()
                         out = writer(fm.path, kernels, f"s{r}{v}")
                         cpu[v].append(round((fm.cpu() - c0) / out["files"] * 1e6, 1))
@@ -84,10 +95,20 @@ def measure(mode: str, rounds: int, kernels: int, trees: dict[str, str],
                         out = _with_cpu(fm.cpu, lambda fm=fm: reader(fm.path))
                     cpu[v].append(out["server_cpu_us_per_file"])
                 else:
-                    os.environ["PYTHONPATH"] = trees[v]  # the mount process's casfs
+                    # The mount process's casfs: ``python -m`` puts its working
+                    # directory ahead of PYTHONPATH, so it starts in the tree too (from
+                    # a checkout, both versions ran the checkout's code before).
+                    os.environ["PYTHONPATH"] = trees[v]
                     state = work / f"node-{v}-{r}"
                     ns = f"ab-{v}-{r}" if mode == "write" else "ab-read"
-                    with mounted(config(root, state, work / "mnt", ns)) as m:
+                    here = os.getcwd()
+                    with contextlib.ExitStack() as stack:
+                        os.chdir(trees[v])
+                        try:
+                            m = stack.enter_context(mounted(config(root, state,
+                                                                   work / "mnt", ns)))
+                        finally:
+                            os.chdir(here)
                         if mode == "write":
                             c0 = m.cpu()
                             out = writer(m.path, kernels, f"s{r}{v}")
@@ -121,6 +142,8 @@ def measure(mode: str, rounds: int, kernels: int, trees: dict[str, str],
             if "floor_t" in floors:
                 ratios("floor_t", "floor")
                 out_["floor_tasks"] = list(floor_tasks or ())
+            if "cfloor" in floors:
+                ratios("cfloor", "floor")
         for f in floors:
             out_[f"{f}_cpu_us_per_file"] = cpu[f]
         if len(versions) == 2:
@@ -137,11 +160,13 @@ def main(argv: list[str]) -> int:
         lo, hi = argv[i + 1].split(",")
         floor_tasks = (int(lo), int(hi))
         del argv[i:i + 2]
+    c_floor = "--c-floor" in argv
+    argv = [a for a in argv if a != "--c-floor"]
     if len(argv) not in (4, 5) or argv[0] not in ("write", "read"):
         print(__doc__, file=sys.stderr)
         return 2
     trees = {v: str(Path(t).resolve()) for v, t in zip(("old", "new"), argv[3:], strict=False)}
-    print(json.dumps(measure(argv[0], int(argv[1]), int(argv[2]), trees, floor_tasks)))
+    print(json.dumps(measure(argv[0], int(argv[1]), int(argv[2]), trees, floor_tasks, c_floor)))
     return 0
 
 

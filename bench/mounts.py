@@ -80,25 +80,29 @@ class FloorMount:
 
 @contextlib.contextmanager
 def floor_mounted(src: Path, mountpoint: Path, timeout: float = 120, *,
-                  writable: bool = False, tasks: tuple[int, int] | None = None
-                  ) -> Iterator[FloorMount]:
+                  writable: bool = False, tasks: tuple[int, int] | None = None,
+                  program: Path | None = None) -> Iterator[FloorMount]:
     """The in-memory pyfuse3 floor (bench.floorfs) serving ``src`` at ``mountpoint``;
     ``writable``: the write floor (bench.floorwfs, a passthrough of ``src``), with
-    ``tasks`` as pyfuse3.main's (min_tasks, max_tasks)."""
+    ``tasks`` as pyfuse3.main's (min_tasks, max_tasks); ``program``: a built
+    bench/floorwc.c (the same passthrough on libfuse's C loop) instead."""
     import subprocess
     import sys
 
     mountpoint.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "bench.floorwfs" if writable else "bench.floorfs"]
+    if program is not None:
+        cmd = [str(program)]
+    else:
+        cmd = [sys.executable, "-m", "bench.floorwfs" if writable else "bench.floorfs"]
     if tasks is not None:
-        assert writable
+        assert writable and program is None
         cmd += ["--tasks", f"{tasks[0]},{tasks[1]}"]
     p = subprocess.Popen([*cmd, str(src), str(mountpoint)], stdout=subprocess.PIPE, text=True)
     try:
         assert p.stdout is not None
         line = p.stdout.readline()  # READY, or "" if it died
         if line.strip() != "READY":
-            raise RuntimeError(f"floorfs did not start (rc {p.poll()})")
+            raise RuntimeError(f"{cmd[-1]} did not start (rc {p.poll()})")
         yield FloorMount(mountpoint, p.pid)
     finally:
         p.terminate()
@@ -111,3 +115,21 @@ def floor_mounted(src: Path, mountpoint: Path, timeout: float = 120, *,
 
         if is_mountpoint(mountpoint):
             lazy_unmount(mountpoint)
+
+
+def build_c_floor(dest: Path) -> Path | None:
+    """bench/floorwc.c built at ``dest`` (None where cc or the fuse3 headers are missing)."""
+    import shutil
+    import subprocess
+
+    src = Path(__file__).with_name("floorwc.c")
+    cc = shutil.which("cc")
+    if cc is None or shutil.which("pkg-config") is None:
+        return None
+    flags = subprocess.run(["pkg-config", "--cflags", "--libs", "fuse3"], capture_output=True,
+                           text=True, check=False)
+    if flags.returncode != 0:
+        return None
+    r = subprocess.run([cc, "-O2", "-o", str(dest), str(src), *flags.stdout.split()],
+                       capture_output=True, check=False)
+    return dest if r.returncode == 0 else None
