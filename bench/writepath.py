@@ -2,7 +2,8 @@
 
 * Client writes: a process writing a Triton-like tree the way Triton's
   FileCacheManager.put does (bench.clients), through a casfs mount and into a
-  plain directory; ratio of the two.
+  plain directory; ratio of the two. Beside them, the same writes through the
+  pyfuse3 write floor (bench.floorwfs): ``floor_over_plain``, ``casfs_over_floor``.
 * Promotion: after the write, ``casfs publish`` (the control socket's publish:
   promote every file, then publish): promotion (hash + compress + store of what
   was written, the reply's ``promote_s``) and the whole request with publication
@@ -25,7 +26,7 @@ from typing import Any
 
 from bench.common import PY, Result, Settings, Target, log, median, ratio, rmtree, run_proc
 from bench.fixture import Fixture
-from bench.mounts import config, mounted
+from bench.mounts import config, floor_mounted, mounted
 from casfs.store.entry import Entry
 from casfs.store.generations import GenerationStore
 from casfs.store.root import SharedRoot
@@ -45,7 +46,7 @@ def client_writes(s: Settings, kernels: int) -> Result:
     root = work / "root"
     SharedRoot.open(root, create=True)
     runs: dict[str, list[Any]] = {"plain": [], "casfs": [], "publish_s": [], "promote_s": [],
-                                  "store_s": [], "overlay": []}
+                                  "store_s": [], "overlay": [], "floor": []}
     use_overlay = overlay.unavailable_reason() is None
     for i in range(s.reps(3, 1)):
         log(f"write: {kernels} kernel dirs, round {i + 1}")
@@ -60,6 +61,11 @@ def client_writes(s: Settings, kernels: int) -> Result:
             if not reply.get("ok"):
                 raise RuntimeError(f"casfs publish failed: {reply}")
             runs["promote_s"].append(reply["promote_s"])
+        # The pyfuse3 write floor (bench.floorwfs): what any pyfuse3 filesystem pays.
+        (work / f"floorsrc{i}").mkdir()
+        with floor_mounted(work / f"floorsrc{i}", work / "floormnt", writable=True) as fm:
+            runs["floor"].append(writer(fm.path, kernels, seed + "f"))
+        rmtree(work / f"floorsrc{i}")
         if use_overlay:
             with mounted(config(root, work / f"onode{i}", work / "mnt", f"bench-owrite-{i}",
                                 mode="overlay")) as m:
@@ -88,9 +94,11 @@ def client_writes(s: Settings, kernels: int) -> Result:
     pub_s, store_s = median(runs["publish_s"]), median(runs["store_s"])
     promote_s = median(runs["promote_s"])
     ov_s = median([r["seconds"] for r in runs["overlay"]]) if runs["overlay"] else None
+    floor_s = median([r["seconds"] for r in runs["floor"]])
     figures = {
         "files": nfiles, "mb": round(mb, 1),
         "plain_files_per_s": round(nfiles / plain_s), "casfs_files_per_s": round(nfiles / casfs_s),
+        "floor_files_per_s": round(nfiles / floor_s),
         "publish_now_s": round(pub_s, 3),
         # Issue 11 states promotion and publication apart: the target is promotion's.
         "promotion_mb_per_s": round(mb / promote_s, 1),
@@ -101,7 +109,10 @@ def client_writes(s: Settings, kernels: int) -> Result:
     }
     return Result("write", f"{kernels} kernel dirs, Triton put pattern", figures,
                   {"casfs_over_plain": ratio(casfs_s, plain_s, 2),
-                   "overlay_over_plain": ratio(ov_s, plain_s, 2)},
+                   "overlay_over_plain": ratio(ov_s, plain_s, 2),
+                   # the pyfuse3 floor: what the FUSE mode could at best reach
+                   "floor_over_plain": ratio(floor_s, plain_s, 2),
+                   "casfs_over_floor": ratio(casfs_s, floor_s, 2)},
                   [Target("casfs_over_plain", 2.0), Target("overlay_over_plain", 1.1),
                    Target("promotion_mb_per_s", 200, "ge")],
                   raw=runs)
