@@ -113,7 +113,12 @@ class Layers:
         self.failed = FailedPaths()  # lower paths whose object failed: absent for now
         self.upper_dir.mkdir(parents=True, exist_ok=True)
         # A new view of the namespace: deletions made by earlier ones end here.
-        self.swept = wh.sweep(self.upper_dir)
+        unswept: list[str] = []
+        self.swept = wh.sweep(self.upper_dir, errors=unswept)
+        # Whiteouts the upper may hold: after a complete sweep, only those this view
+        # makes (``add_whiteout``; the mount refuses mknod of the marker's device).
+        # While there are none, an upper directory's ENOTEMPTY is the job's too.
+        self._whiteouts = len(unswept)
         self.work_dir = wh.work_dir_for(self.upper_dir)
         shutil.rmtree(self.work_dir, ignore_errors=True)
         self.work_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -242,9 +247,16 @@ class Layers:
         self._touched(path)
         return True
 
+    @property
+    def whiteouts_possible(self) -> bool:
+        """Whether any upper directory may hold a whiteout (see ``_whiteouts``)."""
+        return self._whiteouts > 0
+
     def holds_visible(self, path: str) -> bool:
         """Whether the upper directory ``path`` holds anything but whiteouts (stops at
         the first such entry: no listing, no merge)."""
+        if self.counters is not None:
+            self.counters.inc("whiteout_scan")
         fd = self.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
         try:
             with os.scandir(fd) as it:
@@ -491,6 +503,7 @@ class Layers:
         if st is not None and stat.S_ISDIR(st.st_mode):
             raise IsADirectoryError(errno.EISDIR, "remove the directory first", path)
         self._touched(path)
+        self._whiteouts += 1
         tmp = os.path.join(self.work_dir, f"wh-{os.urandom(8).hex()}")
         wh.make_whiteout(tmp)
         try:

@@ -106,9 +106,10 @@ class DirOps(CopyUpOps):
             # Only its upper entries can show (no lower directory is merged in): the
             # upper's own rmdir tells empty from not, with no listing (a Triton put's
             # temporary dir, and removedirs's ENOTEMPTY of the key dir after it). A
-            # directory holding only whiteouts is empty to the job: cleared, removed.
+            # directory holding only whiteouts is empty to the job: cleared, removed;
+            # while this view made no whiteout, the upper holds none to look for.
             if not self.layers.rmdir_if_empty(path):
-                if self.layers.holds_visible(path):
+                if not self.layers.whiteouts_possible or self.layers.holds_visible(path):
                     raise err(errno.ENOTEMPTY)
                 self.layers.clear_markers(path)
                 self.layers.rmdir(path)

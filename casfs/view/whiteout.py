@@ -153,11 +153,12 @@ def _size(e: os.DirEntry[str]) -> int:
         return -1
 
 
-def sweep(upper_dir: Path) -> int:
+def sweep(upper_dir: Path, errors: list[str] | None = None) -> int:
     """Drop every deletion marker in ``upper_dir`` (see Scope above); returns how many.
 
     Also migrates an upper of the old OCI format (recognised by its old
     staging directory) by removing its ``.wh.*`` marker files, once.
+    ``errors``: gets the directories that could not be listed (markers may remain).
     """
     if not upper_dir.is_dir():
         return 0
@@ -181,6 +182,8 @@ def sweep(upper_dir: Path) -> int:
                 entries = list(it)
         except OSError as err:
             log.warning("sweeping %s: %s", dirpath, err)
+            if errors is not None:
+                errors.append(dirpath)
             continue
         for ent in entries:
             if ent.is_dir(follow_symlinks=False):

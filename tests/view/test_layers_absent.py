@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
+
 from casfs.store.entry import Entry
 from casfs.view.layers import Layers
 from casfs.view.lower import DictLowerTree, LowerNode
@@ -80,3 +82,30 @@ def test_lower_misses_are_remembered_until_the_lower_tree_grows(tmp_path: Path) 
     ly.lower_version += 1  # what ``lower_added`` and a new lower tree do
     assert ly.lower_lookup("k/tmp/f") is not None
     assert ly.resolve("k/tmp/f") is not None and ly.resolve("k") is not None
+
+
+def test_whiteouts_are_possible_only_after_one_is_made_or_a_sweep_missed_a_dir(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from casfs.view import whiteout as wh
+
+    upper = tmp_path / "upper"
+    (upper / "a" / "k").mkdir(parents=True)
+    wh.make_whiteout(str(upper / "a" / "k" / "gone"))  # an earlier view's marker
+    ly = Layers(DictLowerTree([Entry("a/b", "11" * 32, 1, 0o644, 0)]), upper)
+    assert ly.swept == 1 and not ly.whiteouts_possible
+    ly.add_whiteout("a/b", 0o755)
+    assert ly.whiteouts_possible
+    # A directory the sweep could not list may still hold markers: scan as before.
+    wh.make_whiteout(str(upper / "a" / "k" / "gone"))
+    real = os.scandir
+
+    def failing(path: object) -> object:
+        if str(path).endswith("/k"):
+            raise PermissionError(13, "denied", str(path))
+        return real(path)  # type: ignore[call-overload]
+
+    monkeypatch.setattr(wh.os, "scandir", failing)
+    ly2 = Layers(DictLowerTree([]), upper)
+    assert ly2.whiteouts_possible
+    monkeypatch.setattr(wh.os, "scandir", real)
+    assert Layers(DictLowerTree([]), upper).whiteouts_possible is False  # now swept

@@ -278,3 +278,27 @@ def test_new_dirs_at_a_merged_root_keep_its_link_count_without_recounting(
     # The first stat, one after the rmdir, two after the rename (the root, ab), and the
     # listing's lower dirs their own (each once): not one per new dir (50 before).
     assert counters(ov)["subdir_recount"] <= 4 + len(lower_dirs)
+
+
+def test_rmdir_of_a_full_upper_dir_looks_for_whiteouts_only_once_the_view_made_one(
+        overlay: MakeOverlay) -> None:
+    """removedirs's last step in a Triton put (rmdir of the key dir: ENOTEMPTY) needs no
+    scan of the directory for whiteouts while this view made none: the sweep at its
+    start removed every older one. After the first whiteout, the scan is back."""
+    ov = overlay()
+    os.makedirs(ov.mnt / "K" / "tmp")
+    (ov.mnt / "K" / "f").write_bytes(b"x")
+    for _ in range(3):
+        with pytest.raises(OSError) as e:
+            os.rmdir(ov.mnt / "K")
+        assert e.value.errno == errno.ENOTEMPTY
+    os.rmdir(ov.mnt / "K" / "tmp")  # empty: removed by the upper's own rmdir
+    os.unlink(ov.mnt / "top.txt")  # a lower file: the view's first whiteout
+    with pytest.raises(OSError) as e:
+        os.rmdir(ov.mnt / "K")
+    assert e.value.errno == errno.ENOTEMPTY
+    os.unlink(ov.mnt / "K" / "f")
+    os.rmdir(ov.mnt / "K")
+    assert not (ov.mnt / "K").exists() and not (ov.mnt / "top.txt").exists()
+    ov.view.stop()
+    assert counters(ov)["whiteout_scan"] == 1
