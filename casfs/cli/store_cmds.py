@@ -13,7 +13,7 @@ from casfs.errors import CasfsError, NotFoundError, UsageError
 from casfs.store import maintenance
 from casfs.store.entry import Entry
 from casfs.store.export import export_tree
-from casfs.store.generations import Record, check_name
+from casfs.store.generations import GenerationStore, Record, Skipped, Snapshot, check_name
 from casfs.store.root import SharedRoot
 from casfs.util.defaults import default_root, default_state_dir
 
@@ -38,6 +38,27 @@ def parse_ref(ref: str) -> tuple[str, int | None]:
     if not seq.isdigit():
         raise UsageError(f"bad generation {ref!r}: expected NAMESPACE@SEQ")
     return ns, int(seq)
+
+
+def readable(gens: GenerationStore, ref: str) -> tuple[Snapshot, list[Skipped]]:
+    """``ns@seq`` exactly, or the newest readable generation of ``ns`` (as a mount serves).
+
+    A damaged, newer-format or unresolved newest record is passed over with one
+    warning line on stderr naming it (GenerationStore.readable); ``ns@seq``
+    naming it fails with its error.
+    """
+    ns, seq = parse_ref(ref)
+    snap, skipped = gens.readable(ns, seq)
+    if skipped:
+        assert snap.record is not None
+        print(f"casfs: warning: {ns}: skipped "
+              + ", ".join(s.describe() for s in skipped)
+              + f"; showing {ns}@{snap.record.seq}", file=sys.stderr)
+    return snap, skipped
+
+
+def skipped_json(skipped: list[Skipped]) -> list[dict[str, Any]]:
+    return [s.to_json() for s in skipped]
 
 
 def record_json(r: Record) -> dict[str, Any]:
@@ -105,8 +126,10 @@ def cmd_import(args: argparse.Namespace) -> int:
 
 def cmd_export(args: argparse.Namespace) -> int:
     root = open_root()
-    ns, seq = parse_ref(args.ref)
-    rec = root.generations().resolve(ns, seq)
+    ns, _ = parse_ref(args.ref)
+    snap, skipped = readable(root.generations(), args.ref)
+    rec = snap.record
+    assert rec is not None
     from casfs.promote.retention import family_rules
 
     # Path-bearing files (Triton groups) are written with the destination's paths.
@@ -116,7 +139,7 @@ def cmd_export(args: argparse.Namespace) -> int:
                           present=relocator.content)
     if args.json:
         emit_json({"namespace": ns, "seq": rec.seq, "files": rep.files, "bytes": rep.bytes,
-                   "failed": rep.failed})
+                   "failed": rep.failed, "skipped_generations": skipped_json(skipped)})
     else:
         print(f"{ns}@{rec.seq} -> {args.dest}: {rep.files} files ({human_bytes(rep.bytes)})")
         for f in rep.failed:
@@ -175,8 +198,8 @@ def cmd_generations(args: argparse.Namespace) -> int:
 
 
 def cmd_ls(args: argparse.Namespace) -> int:
-    ns, seq = parse_ref(args.ref)
-    snap = open_root().generations().entries(ns, seq)
+    ns, _ = parse_ref(args.ref)
+    snap, _skipped = readable(open_root().generations(), args.ref)
     prefix = args.path.strip("/")
     if prefix and prefix not in snap.dirs and prefix not in snap.entries:
         raise NotFoundError(f"no {prefix!r} in {ns}@{snap.record.seq if snap.record else '-'}")
@@ -206,9 +229,8 @@ def cmd_ls(args: argparse.Namespace) -> int:
 
 def _entry(args: argparse.Namespace) -> tuple[SharedRoot, Entry]:
     """The root and the entry: its objects know the entry's pack location (casfs.store.packs)."""
-    ns, seq = parse_ref(args.ref)
     root = open_root()
-    snap = root.generations().entries(ns, seq)
+    snap, _ = readable(root.generations(), args.ref)
     e = snap.entries.get(args.path.strip("/"))
     if e is None:
         raise NotFoundError(f"no file {args.path!r} in {args.ref}")
@@ -245,13 +267,17 @@ def cmd_cat(args: argparse.Namespace) -> int:
 
 def cmd_diff(args: argparse.Namespace) -> int:
     gens = open_root().generations()
-    a = gens.entries(*parse_ref(args.a)).entries
-    b = gens.entries(*parse_ref(args.b)).entries
-    out = {
+    snap_a, skipped_a = readable(gens, args.a)
+    a = dict(snap_a.entries)  # a snapshot of the store: the next read may advance it in place
+    snap_b, skipped_b = readable(gens, args.b)
+    b = snap_b.entries
+    out: dict[str, Any] = {
         "added": sorted(set(b) - set(a)),
         "removed": sorted(set(a) - set(b)),
         "changed": sorted(p for p in set(a) & set(b) if a[p].digest != b[p].digest),
     }
+    if args.json:
+        out["skipped_generations"] = skipped_json(skipped_a + skipped_b)
     if args.json:
         emit_json(out)
     else:
@@ -265,8 +291,13 @@ def cmd_du(args: argparse.Namespace) -> int:
     root = open_root()
     if args.namespace:
         check_name(args.namespace)
-    u = maintenance.usage(root, args.namespace).to_json()
+    skipped: list[Skipped] = []
+    u: dict[str, Any] = dict(maintenance.usage(root, args.namespace, skipped=skipped).to_json())
+    if skipped:
+        print("casfs: warning: skipped " + ", ".join(s.describe() for s in skipped)
+              + "; counted the newest readable generations", file=sys.stderr)
     if args.json:
+        u["skipped_generations"] = [{"namespace": s.namespace, **s.to_json()} for s in skipped]
         emit_json(u)
     else:
         print(f"files {u['files']}, logical {human_bytes(u['logical_bytes'])},"

@@ -245,6 +245,24 @@ class PublishResult:
     replaced: int = 0  # replaced paths whose newer version overrides the published one
 
 
+@dataclass(frozen=True)
+class Skipped:
+    """A record newest_valid passed over: which, why (damaged, newer-format, ...), the error."""
+
+    namespace: str
+    seq: int
+    what: str
+    error: CasfsError
+
+    def describe(self) -> str:
+        """One line: the generation, the kind, the reason (no newline from the error)."""
+        msg = " ".join(self.error.message.split())
+        return f"{self.what} generation {self.namespace}@{self.seq} ({msg})"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"seq": self.seq, "kind": self.what, "error": " ".join(self.error.message.split())}
+
+
 def is_replace(e: Entry) -> bool:
     """Whether ``e`` is a version of a replaced path (it overrides earlier versions)."""
     return bool(e.extras and e.extras.get(REPLACE) is True)
@@ -349,7 +367,8 @@ class GenerationStore:
         return self.record(ns, seq)
 
     def newest_valid(
-        self, ns: str, hint: int | None = None, max_skip: int = 64, *, for_publish: bool = False
+        self, ns: str, hint: int | None = None, max_skip: int = 64, *, for_publish: bool = False,
+        skipped: list[Skipped] | None = None,
     ) -> tuple[int | None, Record | None, Snapshot]:
         """(newest seq, newest *readable* record, its snapshot).
 
@@ -365,6 +384,10 @@ class GenerationStore:
         (PublishDeferredError, NewerFormatError), because building N+1 on an
         older snapshot would drop their entries for the whole cluster. I/O
         errors are raised: a passing NFS hiccup must not look like damage.
+
+        With ``skipped`` every record passed over is appended to it (newest
+        first) instead of logged: the caller reports them (the read-side CLI,
+        GenerationStore.readable).
         """
         newest = self.latest_seq(ns, hint)
         if newest is None:
@@ -376,34 +399,62 @@ class GenerationStore:
                 return newest, rec, self._snapshot_of(rec)
             except UnreadableHereError as e:  # newer format, over a limit: not damage
                 self._note(ns, seq, "newer_format_generations"
-                           if isinstance(e, NewerFormatError) else "oversize_generations", e)
+                           if isinstance(e, NewerFormatError) else "oversize_generations", e,
+                           skipped)
                 if for_publish:
                     raise
             except _DAMAGE as e:
                 if isinstance(e, ObjectMissingError | NotFoundError) and self._young(ns, seq):
-                    self._note(ns, seq, "unresolved_generations", e)
+                    self._note(ns, seq, "unresolved_generations", e, skipped)
                     if for_publish:
                         raise PublishDeferredError(
                             f"namespace {ns}: generation {seq} names an object not visible"
                             f" yet ({e.message}); publication waits until it resolves"
                             f" (at most {MISSING_GRACE:.0f}s)") from None
                 else:
-                    self._note(ns, seq, "bad_generations", e)
+                    self._note(ns, seq, "bad_generations", e, skipped)
             if len(candidates) == 1:
                 older = [x for x in reversed(self.seqs(ns)) if x < newest]
                 candidates.extend(older[:max_skip])
         return newest, None, Snapshot(None, {})
 
-    def _note(self, ns: str, seq: int, counter: str, err: CasfsError) -> None:
-        """Count every skipped record; log each one once per process (refresh repeats)."""
+    def _note(self, ns: str, seq: int, counter: str, err: CasfsError,
+              skipped: list[Skipped] | None = None) -> None:
+        """Count every skipped record; log each one once per process (refresh repeats),
+        or hand it to the caller (``skipped``)."""
         self.objects.counters.inc(counter)
-        if (ns, seq, counter) not in self._noted:
+        what = {"newer_format_generations": "newer-format",
+                "oversize_generations": "over-limit",
+                "unresolved_generations": "unresolved (young, object missing)",
+                }.get(counter, "damaged")
+        if skipped is not None:
+            skipped.append(Skipped(ns, seq, what, err))
+        elif (ns, seq, counter) not in self._noted:
             self._noted.add((ns, seq, counter))
-            what = {"newer_format_generations": "newer-format",
-                    "oversize_generations": "over-limit",
-                    "unresolved_generations": "unresolved (young, object missing)",
-                    }.get(counter, "damaged")
             log.warning("skipping %s generation %s@%d: %s", what, ns, seq, err)
+
+    def readable(self, ns: str, seq: int | None = None) -> tuple[Snapshot, list[Skipped]]:
+        """What the read-side CLI shows: ``ns@seq`` exactly, or the newest readable generation.
+
+        Without ``seq`` this is newest_valid, the choice mounts, `casfs run` and
+        publication make: damaged, newer-format and unresolved records are passed
+        over and returned (newest first) for the caller to report. An explicit
+        ``seq`` naming one of them raises its error. No readable generation at
+        all raises the newest record's error, naming it.
+        """
+        if seq is not None:
+            return self.entries(ns, seq), []
+        check_name(ns)
+        skipped: list[Skipped] = []
+        newest, rec, snap = self.newest_valid(ns, skipped=skipped)
+        if newest is None:
+            raise NotFoundError(f"namespace {ns!r} has no generations")
+        if rec is None:
+            first = skipped[0] if skipped else None
+            why = f": {first.describe()}" if first else ""
+            raise (type(first.error) if first else CasfsError)(
+                f"namespace {ns}: no readable generation (newest {ns}@{newest}){why}")
+        return snap, skipped
 
     def _young(self, ns: str, seq: int) -> bool:
         info = self.backend.info(self._key(ns, seq))

@@ -33,9 +33,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from casfs.errors import CasfsError, UsageError
+from casfs.errors import CasfsError, NotFoundError, UsageError
 from casfs.store import marks, packs
-from casfs.store.generations import GenerationStore, Record, seq_name
+from casfs.store.generations import GenerationStore, Record, Skipped, seq_name
 from casfs.store.objects import object_key
 from casfs.store.root import SharedRoot
 
@@ -384,18 +384,28 @@ class Usage:
         }
 
 
-def usage(root: SharedRoot, namespace: str | None = None) -> Usage:
-    """Usage of one namespace's newest generation, or of the whole root (every object)."""
+def usage(root: SharedRoot, namespace: str | None = None,
+          skipped: list[Skipped] | None = None) -> Usage:
+    """Usage of one namespace's newest readable generation, or of the whole root (every object).
+
+    Records passed over (damaged, newer format; GenerationStore.readable) are
+    appended to ``skipped``.
+    """
     gens = root.generations()
     u = Usage()
     files: dict[str, int] = {}
     manifests: set[str] = set()
     for ns in [namespace] if namespace else gens.namespaces():
-        rec = gens.latest(ns)
-        if rec is None:
-            continue
+        try:
+            snap, passed = gens.readable(ns)
+        except NotFoundError:
+            continue  # no generations (yet)
+        if skipped is not None:
+            skipped.extend(passed)
+        rec = snap.record
+        assert rec is not None
         u.namespaces += 1
-        for e in gens.snapshot(rec).entries.values():
+        for e in snap.entries.values():
             u.files += 1
             u.logical_bytes += e.size
             files[e.digest] = e.size

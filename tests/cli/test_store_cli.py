@@ -92,7 +92,8 @@ def test_export_is_byte_identical_with_modes(cli: Cli, imported: Path, tmp_path:
             assert sa.st_mtime_ns == sb.st_mtime_ns, rel
     dest2 = tmp_path / "out2"
     doc = cli("export", "ns@1", dest2, "--json", check=True).json()
-    assert doc == {"namespace": "ns", "seq": 1, "files": 6, "bytes": doc["bytes"], "failed": []}
+    assert doc == {"namespace": "ns", "seq": 1, "files": 6, "bytes": doc["bytes"], "failed": [],
+                   "skipped_generations": []}
     assert doc["bytes"] == sum(p.stat().st_size for p in dest2.rglob("*") if p.is_file())
 
 
@@ -156,7 +157,8 @@ def test_diff(cli: Cli, imported: Path) -> None:
     (imported / "new/a.py").write_text("a = 1\n")
     cli("import", imported, "-n", "ns", check=True)
     doc = cli("diff", "ns@1", "ns@2", "--json", check=True).json()
-    assert doc == {"added": ["new/a.py"], "removed": [], "changed": []}
+    assert doc == {"added": ["new/a.py"], "removed": [], "changed": [],
+                   "skipped_generations": []}
     assert cli("diff", "ns@1", "ns@2", check=True).out.strip() == "+ new/a.py"
     back = cli("diff", "ns@2", "ns@1", "--json", check=True).json()
     assert back["removed"] == ["new/a.py"]

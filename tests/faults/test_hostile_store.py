@@ -224,7 +224,9 @@ def test_manifest_bomb_is_refused_in_bounded_memory(casfs_env: dict[str, Path],
     for args in (["ls", "ns"], ["verify"], ["import", str(_src(tmp_path, {"b": b"b"})), "-n",
                                             "ns"]):
         rss, rc, err = _rss_kb(args, env)
-        assert rc != 0 and "Traceback" not in err, (args, err)
+        # ls shows ns@1, as a mount serves it, with a warning naming ns@2
+        # (tests/cli/test_damaged_newest.py); verify and import refuse.
+        assert (rc == 0) == (args[0] == "ls") and "Traceback" not in err, (args, err)
         assert rss < base_rss + 32 * 1024, (args, rss, base_rss)  # not the 200 MiB
         if args[0] != "verify":
             assert "CASFS_MAX_MANIFEST_BYTES" in err, err
