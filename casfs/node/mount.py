@@ -175,6 +175,17 @@ def _ident(raw: object) -> tuple[int, int, int] | None:
     return None
 
 
+def _try_flock(fd: int, how: int = fcntl.LOCK_EX) -> bool:
+    """Take ``how`` on ``fd`` without blocking; False when another holds it."""
+    try:
+        fcntl.flock(fd, how | fcntl.LOCK_NB)
+    except OSError as e:
+        if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+            return False
+        raise
+    return True
+
+
 class MountService:
     """One namespace: index, promotion, publication, refresh, and its view.
 
@@ -184,7 +195,8 @@ class MountService:
     it (that would wait on the host's FUSE loop).
     """
 
-    def __init__(self, cfg: MountConfig, *, hosted: bool = False) -> None:
+    def __init__(self, cfg: MountConfig, *, hosted: bool = False,
+                 wait_for_reclaim: bool = True) -> None:
         if not hosted:
             cfg.check()
         self.cfg = cfg
@@ -206,7 +218,7 @@ class MountService:
         self.policy = TenantPolicy.from_dict(cfg.tenants) if cfg.tenant else None
         self.tenant = self.policy.tenant(cfg.tenant) if self.policy else None
         self.index = NodeIndex.open(cfg.state_dir)
-        self._take_namespace_lock()
+        self._take_namespace_lock(wait_for_reclaim)
         self._open_root()
         # Lazy ingest (casfs.index.memtree): a namespace with no rows on this node is
         # served from its parsed manifest while a thread writes the rows.
@@ -339,19 +351,47 @@ class MountService:
         os.chmod(path, t.dir_mode)  # after chown, which clears setgid
         return t.dir_mode
 
-    def _take_namespace_lock(self) -> None:
+    def _take_namespace_lock(self, wait_for_reclaim: bool = True) -> None:
+        """The namespace's lock: one mount (or reclaim) of it per state dir at a time.
+
+        Held by another mount (or by anything, for the reclaim itself:
+        ``wait_for_reclaim`` False): refused at once. Held by a reclaim of the namespace
+        (casfs.node.reclaim, which holds ``ns-<ns>.reclaim`` meanwhile): this start
+        waits for it, at most ``shutdown_timeout``, holding ``ns-<ns>.wanted``
+        shared so that a reclaim not past its publication yet keeps the node state
+        for it instead of dropping it.
+        """
+        from casfs.node import reclaim
+
         self.cfg.run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        path = self.cfg.run_dir / f"ns-{self.cfg.namespace}.lock"
+        ns = self.cfg.namespace
+        path = self.cfg.run_dir / f"ns-{ns}.lock"
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        wanted: int | None = None
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as e:
+            deadline = time.monotonic() + self.cfg.shutdown_timeout
+            while not _try_flock(fd):
+                if not wait_for_reclaim or not reclaim.in_progress(self.cfg.run_dir, ns):
+                    # The reclaim releases the namespace's lock before its own: free now,
+                    # unless another mount took it.
+                    if _try_flock(fd):
+                        break
+                    raise UsageError(
+                        f"namespace {ns} is already mounted from {self.cfg.state_dir}")
+                if wanted is None:
+                    wanted = reclaim.want(self.cfg.run_dir, ns)
+                    log.info("%s: %s is being reclaimed: waiting for it (at most %.0fs)",
+                             self.cfg.name, ns, self.cfg.shutdown_timeout)
+                if time.monotonic() > deadline:
+                    raise UsageError(f"namespace {ns} is being reclaimed on this node (for"
+                                     f" over {self.cfg.shutdown_timeout:.0f}s); try again")
+                time.sleep(0.05)
+        except BaseException:
             os.close(fd)
-            if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
-                raise UsageError(
-                    f"namespace {self.cfg.namespace} is already mounted from {self.cfg.state_dir}"
-                ) from None
             raise
+        finally:
+            if wanted is not None:
+                os.close(wanted)
         self._lock_fd = fd
 
     def _open_root(self) -> None:

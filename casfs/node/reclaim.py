@@ -12,11 +12,23 @@ Which namespaces, and how they were served, is recorded by every mount in
 ``<state>/served/<namespace>.json`` (its MountConfig and the time it was last
 served). A namespace whose lock is held is being served right now: skipped.
 Dir-mode namespaces are skipped: their files are the job's own directory.
+
+A mount attaching the namespace while it is being reclaimed (a job's `casfs
+run`) waits for the reclaim instead of being refused: the reclaim holds
+``<state>/run/ns-<namespace>.reclaim`` as long as it holds the namespace's
+lock, and the waiting mount holds ``ns-<namespace>.wanted`` (shared). A
+reclaim that finds it wanted before it has dropped anything keeps the node
+state and lets the mount in (before its promotion, or once its publication
+is done); one past that point finishes, and the mount starts as on a fresh
+node, restoring lazily from the root. A namespace served again between the
+listing that found it idle and the reclaim taking its lock is kept.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
+import fcntl
 import json
 import logging
 import os
@@ -30,6 +42,7 @@ from typing import Any
 from casfs.errors import CasfsError
 from casfs.node.config import MountConfig
 from casfs.util import atomic
+from casfs.util.crashpoint import pausepoint
 
 log = logging.getLogger(__name__)
 
@@ -73,20 +86,95 @@ def idle_namespaces(state_dir: Path, idle_after: float, now: float | None = None
     return out
 
 
-def reclaim_one(cfg: MountConfig) -> dict[str, Any]:
-    """Publish what is left, then drop the namespace's node state. Never loses a file."""
+def _lock_file(run_dir: Path, ns: str, what: str) -> int:
+    run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    return os.open(run_dir / f"ns-{ns}.{what}", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+
+
+def _held(run_dir: Path, ns: str, what: str, how: int) -> bool:
+    """Whether another holds a lock on ``ns-<ns>.<what>`` that excludes ``how``."""
+    fd = _lock_file(run_dir, ns, what)
+    try:
+        fcntl.flock(fd, how | fcntl.LOCK_NB)
+    except OSError as e:
+        if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+            return True
+        raise
+    finally:
+        os.close(fd)  # releases what it took
+    return False
+
+
+def in_progress(run_dir: Path, ns: str) -> bool:
+    """A reclaim of ``ns`` holds its lock (MountService waits for it instead of failing)."""
+    return _held(run_dir, ns, "reclaim", fcntl.LOCK_SH)
+
+
+def want(run_dir: Path, ns: str) -> int:
+    """Say that a mount waits for ``ns`` while the fd returned is open."""
+    fd = _lock_file(run_dir, ns, "wanted")
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH)  # a reclaim's check holds EX for an instant only
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def wanted(run_dir: Path, ns: str) -> bool:
+    return _held(run_dir, ns, "wanted", fcntl.LOCK_EX)
+
+
+def last_served(cfg: MountConfig) -> float | None:
+    try:
+        return float(json.loads(record_path(cfg.state_dir, cfg.namespace).read_bytes())
+                     ["last_served"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def reclaim_one(cfg: MountConfig, listed: float | None = None) -> dict[str, Any]:
+    """Publish what is left, then drop the namespace's node state. Never loses a file.
+
+    ``listed``: when it was last served by the listing that found it idle; served
+    again since (a mount came and went before this took its lock), it is kept.
+    """
+    pausepoint("reclaim-listed")
+    ns = cfg.namespace
+    fd = _lock_file(cfg.run_dir, ns, "reclaim")
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+                raise
+            return {"namespace": ns, "reclaimed": False,
+                    "why": "in use: another process is reclaiming it"}
+        return _reclaim_locked(cfg, listed)
+    finally:
+        os.close(fd)  # after the namespace's lock: a waiting mount then finds that free
+
+
+def _reclaim_locked(cfg: MountConfig, listed: float | None) -> dict[str, Any]:
     from casfs.node.mount import MountService
 
     ns = cfg.namespace
     try:
         # hosted: the mount point is not ours to touch (it may be served by another).
-        svc = MountService(replace(cfg, guard=False), hosted=True)
+        svc = MountService(replace(cfg, guard=False), hosted=True, wait_for_reclaim=False)
     except (CasfsError, OSError) as e:  # its lock is held: in use right now
         return {"namespace": ns, "reclaimed": False, "why": f"in use or unavailable: {e}"}
     try:
         if svc.root is None:
             return {"namespace": ns, "reclaimed": False,
                     "why": f"shared root unavailable: {svc.root_error}"}
+        pausepoint("reclaim-locked")
+        if wanted(cfg.run_dir, ns):  # a job's mount waits for it: let it in at once
+            return {"namespace": ns, "reclaimed": False,
+                    "why": "in use: a mount is waiting for it"}
+        if listed is not None and (last := last_served(cfg)) is not None and last > listed:
+            return {"namespace": ns, "reclaimed": False,
+                    "why": "in use: served again since it was found idle"}
         svc.promote_once(final=True)
         pub = svc.publish_once() if svc.pending_publication() else {"ok": True}
         left = unpublished(svc)
@@ -94,10 +182,16 @@ def reclaim_one(cfg: MountConfig) -> dict[str, Any]:
             return {"namespace": ns, "reclaimed": False,
                     "why": f"{len(left)} files not published yet (e.g. {left[:1]})"
                            f" {pub.get('message', '')}".strip()}
+        pausepoint("reclaim-published")
+        if wanted(cfg.run_dir, ns):  # a job's mount waits for it: keep its state warm
+            return {"namespace": ns, "reclaimed": False,
+                    "why": "in use: a mount is waiting for it (published first)",
+                    "published": (pub.get("added") or 0)}
         upper = cfg.upper
         entries = svc.index.drop_namespace(ns)
         svc.index.forget_all_promoted(ns)
         svc.index.sync()
+        pausepoint("reclaim-dropped")
         shutil.rmtree(upper, ignore_errors=True)
         with contextlib.suppress(OSError):
             (cfg.state_dir / f"restored-{ns}.json").unlink()
@@ -128,11 +222,11 @@ def reclaim_idle(state_dir: Path, idle_after: float, skip: set[str] | None = Non
                  ) -> list[dict[str, Any]]:
     """Reclaim every namespace idle for ``idle_after`` seconds (except ``skip``)."""
     out = []
-    for cfg, _last in idle_namespaces(state_dir, idle_after):
+    for cfg, last in idle_namespaces(state_dir, idle_after):
         if skip and cfg.namespace in skip:
             continue
         try:
-            out.append(reclaim_one(cfg))
+            out.append(reclaim_one(cfg, last))
         except (CasfsError, OSError) as e:
             log.warning("reclaiming %s failed: %s", cfg.namespace, e)
             out.append({"namespace": cfg.namespace, "reclaimed": False, "why": str(e)})

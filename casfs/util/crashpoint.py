@@ -12,12 +12,18 @@ hands over (tests/cli/test_s3_large.py). With
 ``CASFS_CRASHPOINT_ONCE=<file>`` only the first process to get there dies
 (it creates the file): a mount's promotion worker dies at the step once and
 its replacement goes through (tests/faults/test_crashpoints.py).
+
+``pausepoint`` stops a process at a step instead, for race tests: with
+``CASFS_PAUSEPOINT=<step>`` and ``CASFS_PAUSEPOINT_FILE=<f>`` it creates
+``<f>.reached`` there and waits until ``<f>`` exists (at most
+``CASFS_PAUSEPOINT_MAX`` seconds, 120 by default). PAUSE_STEPS lists them.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import time
 
 STEPS = (
     "object-staged",  # an object written to staging, not linked into place
@@ -45,3 +51,24 @@ def crashpoint(step: str) -> None:
         except FileExistsError:
             return  # another process died here already
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+PAUSE_STEPS = (
+    "reclaim-listed",  # reclaim found the namespace idle, holds no lock yet
+    "reclaim-locked",  # reclaim holds the namespace's lock, has promoted nothing yet
+    "reclaim-published",  # reclaim published what was left, has dropped nothing yet
+    "reclaim-dropped",  # reclaim dropped the index entries, the upper is still there
+)
+
+
+def pausepoint(step: str) -> None:
+    if os.environ.get("CASFS_PAUSEPOINT") != step:
+        return
+    flag = os.environ.get("CASFS_PAUSEPOINT_FILE")
+    if not flag:
+        return
+    with open(flag + ".reached", "a"):
+        pass
+    deadline = time.monotonic() + float(os.environ.get("CASFS_PAUSEPOINT_MAX", "120"))
+    while not os.path.exists(flag) and time.monotonic() < deadline:
+        time.sleep(0.02)

@@ -84,3 +84,88 @@ def test_unpublishable_content_keeps_the_state(node: dict[str, Any], tmp_path: P
         (tmp_path / "root-away").rename(node["root"])
     assert len(out) == 1 and not out[0]["reclaimed"]
     assert (upper / "b").read_text() == "B"  # kept for the next round
+
+
+def held(path: Path) -> bool:
+    """Someone holds a flock on ``path`` (a mount waiting for the namespace: ``.wanted``)."""
+    import fcntl
+    import os
+
+    if not path.exists():
+        return False
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
+@pytest.mark.parametrize("step", ["reclaim-locked", "reclaim-published", "reclaim-dropped"])
+def test_casfs_run_attaching_during_reclaim(node: dict[str, Any], step: str) -> None:
+    """A job's `casfs run` attaches the namespace while `casfs reclaim` of it is at ``step``
+    (CASFS_PAUSEPOINT): the attach waits for the reclaim instead of being refused (it
+    was: the job got a private, empty cache and its files were never published). I1/I2:
+    the job sees every file, the one the reclaim had still to publish included. Nothing
+    is lost: that file and the job's are published. I4: neither side hangs."""
+    write = "import os; open(os.environ['CASFS_CACHE_DIR'] + '/a', 'w').write('A')"
+    run_job(node, "racy", write)
+    upper = namespaces_upper(node)[0]
+    store_ns = upper.name
+    (upper / "b").write_text("B")  # not published yet: the reclaim publishes it first
+    go = node["tmp"] / "go"
+    env = dict(node["env"], CASFS_PAUSEPOINT=step, CASFS_PAUSEPOINT_FILE=str(go),
+               CASFS_PAUSEPOINT_MAX="60")
+    rec = subprocess.Popen([sys.executable, "-m", "casfs.cli.main", "reclaim", "--idle", "0",
+                            "--json"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           text=True)
+    node["procs"].append(rec)
+    wait_until(lambda: Path(str(go) + ".reached").exists(), f"the reclaim at {step}", proc=rec)
+
+    job = casfs(node, "run", "--family", "generic", "-n", "racy", "--stable-after", "0.2",
+                "--", sys.executable, "-c",
+                "import os; d = os.environ['CASFS_CACHE_DIR']\n"
+                "assert open(d + '/a').read() == 'A', 'a'\n"
+                "assert open(d + '/b').read() == 'B', 'b'\n"
+                "open(d + '/c', 'w').write('C')")
+    wait_until(lambda: any(held(p) for p in (node["state"] / "run").glob("ns-*.wanted")),
+               "the attach waiting for the reclaim", proc=job)
+    go.touch()
+    out, err = rec.communicate(timeout=120)
+    (r,) = json.loads(out)
+    # Paused before the drop, the reclaim leaves the namespace to the waiting job;
+    # once it has dropped the index, it finishes and the job starts as on a fresh node.
+    assert r["reclaimed"] == (step == "reclaim-dropped"), (r, err)
+    _, jerr = job.communicate(timeout=120)
+    assert job.returncode == 0, jerr
+    assert b"private and temporary" not in jerr, jerr
+    assert published(node["root"], store_ns) == {"a": b"A", "b": b"B", "c": b"C"}
+
+
+def test_served_again_after_the_listing_is_kept(node: dict[str, Any]) -> None:
+    """A job's mount comes and goes between reclaim finding the namespace idle and taking
+    its lock (CASFS_PAUSEPOINT=reclaim-listed): it is no longer idle, its state stays
+    (was: dropped right after the job, the next one starting cold)."""
+    run_job(node, "again", "import os; open(os.environ['CASFS_CACHE_DIR'] + '/a', 'w')"
+            ".write('A')")
+    upper = namespaces_upper(node)[0]
+    go = node["tmp"] / "go"
+    env = dict(node["env"], CASFS_PAUSEPOINT="reclaim-listed", CASFS_PAUSEPOINT_FILE=str(go),
+               CASFS_PAUSEPOINT_MAX="60")
+    rec = subprocess.Popen([sys.executable, "-m", "casfs.cli.main", "reclaim", "--idle", "0",
+                            "--json"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           text=True)
+    node["procs"].append(rec)
+    wait_until(lambda: Path(str(go) + ".reached").exists(), "the reclaim listing", proc=rec)
+    run_job(node, "again", "import os; d = os.environ['CASFS_CACHE_DIR'];"
+            " assert open(d + '/a').read() == 'A'; open(d + '/b', 'w').write('B')")
+    go.touch()
+    out, err = rec.communicate(timeout=120)
+    (r,) = json.loads(out)
+    assert not r["reclaimed"] and "served again" in r["why"], (r, err)
+    assert (upper / "a").exists() and (upper / "b").exists()
+    with NodeIndex.open(node["state"]) as idx:
+        assert idx.ns_state(upper.name) is not None
+    assert published(node["root"], upper.name) == {"a": b"A", "b": b"B"}
