@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -12,8 +15,10 @@ import pytest
 from waiting import wait_until
 
 from casfs.index.node_index import NodeIndex
+from casfs.node import control
+from casfs.node.host import spawn_host
 
-from .test_host import casfs, published
+from .test_host import UID, casfs, host_cfg, published, sleeper
 
 pytestmark = [pytest.mark.fuse]
 
@@ -88,9 +93,6 @@ def test_unpublishable_content_keeps_the_state(node: dict[str, Any], tmp_path: P
 
 def held(path: Path) -> bool:
     """Someone holds a flock on ``path`` (a mount waiting for the namespace: ``.wanted``)."""
-    import fcntl
-    import os
-
     if not path.exists():
         return False
     fd = os.open(path, os.O_RDONLY)
@@ -169,3 +171,60 @@ def test_served_again_after_the_listing_is_kept(node: dict[str, Any]) -> None:
     with NodeIndex.open(node["state"]) as idx:
         assert idx.ns_state(upper.name) is not None
     assert published(node["root"], upper.name) == {"a": b"A", "b": b"B"}
+
+
+def test_lease_during_the_hosts_own_reclaim(node: dict[str, Any],
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """The node's mount process reclaims idle namespaces itself (``reclaim_after``, in a
+    thread); a lease for one arriving while that reclaim holds its lock
+    (CASFS_PAUSEPOINT=reclaim-locked) waits for it and is served every file (I1, I2),
+    the upper file not published yet included; nothing is lost, nothing hangs (I4)."""
+    go = node["tmp"] / "go"
+    monkeypatch.setenv("CASFS_PAUSEPOINT", "reclaim-locked")
+    monkeypatch.setenv("CASFS_PAUSEPOINT_FILE", str(go))
+    monkeypatch.setenv("CASFS_PAUSEPOINT_MAX", "60")
+    w = spawn_host(host_cfg(node, exit_when_idle=False, reclaim_after=1.0),
+                   log_to_stderr=True)
+    sock = w.cfg.socket_path
+    jobs = []
+    try:
+        jobs.append(sleeper())
+        r = control.request(sock, "lease", pid=jobs[-1].pid,
+                            caches=[{"family": "generic", "namespace": "gamma"}])
+        path = Path(r["caches"][0]["path"])
+        (path / "a").write_bytes(b"A")
+        jobs[-1].kill()
+        jobs[-1].wait()
+        wait_until(lambda: "gamma" not in os.listdir(node["base"] / UID), "gamma's release")
+        upper = namespaces_upper(node)[0]
+        (upper / "b").write_bytes(b"B")  # left unpublished (a mount that died, say)
+        wait_until(lambda: Path(str(go) + ".reached").exists(), "the host's reclaim of gamma",
+                   proc=w.proc)
+
+        jobs.append(sleeper())
+        reply: dict[str, Any] = {}
+
+        def lease() -> None:
+            reply.update(control.request(sock, "lease", pid=jobs[-1].pid,
+                                         caches=[{"family": "generic", "namespace": "gamma"}]))
+
+        t = threading.Thread(target=lease, daemon=True)
+        t.start()
+        wait_until(lambda: any(held(p) for p in (node["state"] / "run").glob("ns-*.wanted")),
+                   "the lease waiting for the reclaim", proc=w.proc)
+        assert t.is_alive()  # not refused
+        go.touch()
+        t.join(timeout=90)
+        assert not t.is_alive() and reply.get("ok"), reply
+        assert (path / "a").read_bytes() == b"A" and (path / "b").read_bytes() == b"B"
+        jobs[-1].kill()
+        jobs[-1].wait()
+        # The release publishes b (the mount promoted it at start: the reclaim let it in
+        # before publishing anything).
+        wait_until(lambda: published(node["root"], upper.name) == {"a": b"A", "b": b"B"},
+                   "gamma's release publishing b", proc=w.proc)
+        assert w.proc.poll() is None
+    finally:
+        for j in jobs:
+            j.kill()
+        w.stop()
