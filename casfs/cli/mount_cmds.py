@@ -490,9 +490,14 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def _serving_dir(cfg: MountConfig) -> dict[str, Any] | None:
-    """The registry entry of a running dir-mode process of ``cfg``'s namespace at its path."""
+    """The registry entry of a running dir-mode process of ``cfg``'s namespace at its path
+    (its pid checked to be the worker that wrote it: an entry left by a process killed
+    outright may name a reused pid)."""
+    from casfs.node import dirshare
+
     for m in control.registered(cfg.run_dir):
-        if m.get("namespace") == cfg.namespace and m.get("mountpoint") == str(cfg.mountpoint):
+        if (m.get("namespace") == cfg.namespace and m.get("mountpoint") == str(cfg.mountpoint)
+                and dirshare.serves(cfg.run_dir, m)):
             return m
     return None
 

@@ -22,8 +22,9 @@ A job killed outright drops its share with its process (the kernel releases
 flocks), so the jobs left still find the last one among them. The spawner
 that is not the last leaves the process running (it lives in its own session)
 for the last job, which stops it by pid: the registry's pid, checked to be a
-casfs mount process (``/proc/<pid>/cmdline``) through a pidfd, so a reused pid
-is never signalled.
+casfs worker whose ``--stats-out`` names the entry (``/proc/<pid>/cmdline``,
+``serves``) through a pidfd, so a reused pid is never signalled, and never
+joined either.
 """
 
 from __future__ import annotations
@@ -111,10 +112,26 @@ class DirShare:
                 os.close(fd)
 
 
-def _is_worker(pid: int) -> bool:
+def serves(run_dir: Path, info: dict[str, Any]) -> bool:
+    """Whether registry entry ``info``'s pid is the casfs worker that wrote it: a
+    ``casfs.node.worker`` whose ``--stats-out`` is the entry's name in ``run_dir``.
+
+    An entry outlives a process killed outright, and its pid may be reused by
+    anything, another casfs worker included (of another namespace or mount):
+    such a process is neither joined nor stopped."""
     try:
+        pid, name = int(info["pid"]), str(info["name"])
         with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return WORKER_MODULE in f.read().split(b"\0")
+            args = f.read().split(b"\0")
+    except (OSError, KeyError, TypeError, ValueError):
+        return False
+    if WORKER_MODULE not in args or b"--stats-out" not in args[:-1]:
+        return False
+    out = os.fsdecode(args[args.index(b"--stats-out") + 1])
+    if os.path.basename(out) != f"{name}.final-stats":
+        return False
+    try:
+        return os.path.samefile(os.path.dirname(out), run_dir)
     except OSError:
         return False
 
@@ -131,7 +148,7 @@ def stop_registered(run_dir: Path, info: dict[str, Any], timeout: float) -> dict
         pidfd = None
     if pidfd is not None:
         try:
-            if _is_worker(pid):  # checked after the pidfd pins the process
+            if serves(run_dir, info):  # checked after the pidfd pins the process
                 signal.pidfd_send_signal(pidfd, signal.SIGTERM)
                 if not select.select([pidfd], [], [], timeout)[0]:
                     signal.pidfd_send_signal(pidfd, signal.SIGKILL)

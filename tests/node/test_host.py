@@ -424,3 +424,51 @@ def test_dir_mode_a_killed_first_job_counts_out(node: dict[str, Any]) -> None:
     finally:
         for m in control.registered(node["state"] / "run"):
             os.kill(int(m["pid"]), signal.SIGKILL)
+
+
+def test_dir_mode_a_stale_entry_whose_pid_was_reused_is_not_the_process(
+        node: dict[str, Any]) -> None:
+    """The dir-mode process died outright (its registry entry stays) and its pid now
+    belongs to another casfs worker (here: a `casfs mount --mode dir` of another
+    namespace). The next job of the namespace must not take that process for its own:
+    it spawns a dir-mode process (so its files are published), and its exit never
+    signals the other mount."""
+    from casfs.node.dirshare import DirShare
+
+    run = node["state"] / "run"
+    path = node["base"] / UID / "dreuse"
+    saved = node["tmp"] / "entry.json"
+    opts = ("run", "--mode", "dir", "--family", "generic", "-n", "dreuse", "--stable-after",
+            "0.2", "--")
+    first = casfs(node, *opts, sys.executable, "-c",
+                  "import os, pathlib, shutil\n"
+                  "d = pathlib.Path(os.environ['CASFS_CACHE_DIR'])\n"
+                  "(d / 'first').write_text('one')\n"
+                  f"shutil.copy({str(run / 'generic.json')!r}, {str(saved)!r})\n")
+    _, err1 = first.communicate(timeout=120)
+    assert first.returncode == 0, err1.decode()
+    other = casfs(node, "mount", "--mode", "dir", "--family", "generic", "-n", "elsewhere",
+                  "--name", "elsewhere", str(node["tmp"] / "elsewhere"))
+    _, err = other.communicate(timeout=120)
+    assert other.returncode == 0, err.decode()
+    try:
+        q = int(json.loads((run / "elsewhere.json").read_bytes())["pid"])
+        # the dead process's entry, its pid reused by the other mount
+        entry = json.loads(saved.read_bytes())
+        assert entry["mountpoint"] == str(path)
+        (run / "generic.json").write_text(json.dumps(dict(entry, pid=q)))
+        DirShare(run, path).spawned(q)
+        second = casfs(node, *opts, sys.executable, "-c",
+                       "import os, pathlib\n"
+                       "d = pathlib.Path(os.environ['CASFS_CACHE_DIR'])\n"
+                       "(d / 'second').write_text('two')\n")
+        _, err2 = second.communicate(timeout=120)
+        assert second.returncode == 0, err2.decode()
+        assert b"sharing" not in err2, err2.decode()
+        assert published(node["root"], "dreuse") == {"first": b"one", "second": b"two"}
+        os.kill(q, 0)  # the other mount still runs
+        assert any(m["name"] == "elsewhere" for m in control.registered(run))
+    finally:
+        for m in control.registered(run):
+            if m["name"] != "generic":
+                os.kill(int(m["pid"]), signal.SIGKILL)
