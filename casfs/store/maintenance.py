@@ -33,7 +33,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from casfs.errors import CasfsError, NotFoundError, UsageError
+from casfs.errors import CasfsError, UsageError
 from casfs.store import marks, packs
 from casfs.store.generations import GenerationStore, Record, Skipped, seq_name
 from casfs.store.objects import object_key
@@ -396,14 +396,16 @@ def usage(root: SharedRoot, namespace: str | None = None,
     files: dict[str, int] = {}
     manifests: set[str] = set()
     for ns in [namespace] if namespace else gens.namespaces():
-        try:
-            snap, passed = gens.readable(ns)
-        except NotFoundError:
+        passed: list[Skipped] = []
+        newest, rec, snap = gens.newest_valid(ns, skipped=passed)
+        if newest is None:
             continue  # no generations (yet)
+        if rec is None and namespace:
+            gens.readable(ns)  # raises: no readable generation, naming the newest
         if skipped is not None:
             skipped.extend(passed)
-        rec = snap.record
-        assert rec is not None
+        if rec is None:  # the whole root: one unreadable namespace counts as empty
+            continue
         u.namespaces += 1
         for e in snap.entries.values():
             u.files += 1

@@ -22,7 +22,7 @@ import pytest
 from casfs.store import manifest
 from casfs.store.entry import Entry
 from casfs.store.generations import MISSING_GRACE, seq_name
-from casfs.store.objects import digest_bytes
+from casfs.store.objects import digest_bytes, object_key
 from casfs.store.root import SharedRoot
 
 
@@ -145,3 +145,36 @@ def test_no_readable_generation_is_one_line_naming_the_newest(
     assert "no readable generation" in line and "ns@1" in line, line
     cli("export", "ns", tmp_path / "dest").assert_clean_error()
     assert not (tmp_path / "dest").exists()
+
+
+@pytest.mark.parametrize("case", ["nested", "missing-manifest-old"])
+def test_du_of_the_root_passes_over_a_namespace_with_nothing_readable(
+    case: str, cli: Callable[..., Any], casfs_env: dict[str, Path], tmp_path: Path
+) -> None:
+    """`casfs du` of the whole root counts every namespace a mount could serve: one
+    whose every record is unreadable serves as empty (a miss), so it counts as such and
+    is named in the warning, instead of stopping the whole du. `du ns` of it fails in one
+    line naming it (never a silent zero)."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a").write_bytes(b"A")
+    (src / "b").write_bytes(b"BB")
+    cli("import", src, "-n", "ok", check=True)
+    (src / "c").write_bytes(b"C")  # its own manifest
+    cli("import", src, "-n", "ns", check=True)
+    root = casfs_env["root"]
+    if case == "nested":
+        _record(root, 1).write_bytes(b"[" * 200_000)
+    else:  # its one record's manifest is no longer stored (past the grace: damage)
+        base = json.loads(_record(root, 1).read_bytes())["base"]["digest"]
+        (root / object_key(base)).unlink()
+        t = time.time() - MISSING_GRACE - 60
+        os.utime(_record(root, 1), (t, t))
+    res = cli("du", "--json")
+    assert res.rc == 0, res.err
+    doc = res.json()
+    assert doc["namespaces"] == 1 and doc["files"] == 2, doc
+    assert [(s["namespace"], s["seq"]) for s in doc["skipped_generations"]] == [("ns", 1)]
+    assert "ns@1" in _one_warning(res.err)
+    line = cli("du", "ns").assert_clean_error()
+    assert "no readable generation" in line and "ns@1" in line, line
