@@ -400,8 +400,9 @@ def usage(root: SharedRoot, namespace: str | None = None,
         newest, rec, snap = gens.newest_valid(ns, skipped=passed)
         if newest is None:
             continue  # no generations (yet)
-        if rec is None and namespace:
-            gens.readable(ns)  # raises: no readable generation, naming the newest
+        if rec is None and namespace:  # raises: no readable generation, naming the newest
+            snap, passed = gens.readable(ns)  # (unless one was published meanwhile)
+            rec = snap.record
         if skipped is not None:
             skipped.extend(passed)
         if rec is None:  # the whole root: one unreadable namespace counts as empty
