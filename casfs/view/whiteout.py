@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import logging
 import os
 import stat
@@ -107,8 +108,26 @@ def make_opaque(path: str | int) -> None:
 
 def clear_opaque(path: str) -> None:
     for name in OPAQUE_XATTRS:
-        with contextlib.suppress(OSError):
+        try:
             os.removexattr(path, name, follow_symlinks=False)
+        except PermissionError:  # a dir the job made read-only (user.* xattrs need write)
+            with contextlib.suppress(OSError):
+                _owner_writable(path, functools.partial(os.removexattr, path, name,
+                                                        follow_symlinks=False))
+        except OSError:
+            pass
+
+
+def _owner_writable(dirpath: str, fn: Callable[[], None]) -> None:
+    """``fn()`` with ``dirpath`` open to its owner's write and search for that one
+    call, its mode restored after: the view's own markers under a directory the job
+    made read-only (0555, as its owner may) are still the view's to remove."""
+    mode = stat.S_IMODE(os.lstat(dirpath).st_mode)
+    os.chmod(dirpath, mode | stat.S_IWUSR | stat.S_IXUSR)
+    try:
+        fn()
+    finally:
+        os.chmod(dirpath, mode)
 
 
 def entry_is_whiteout(entry: os.DirEntry[str]) -> bool:
@@ -153,12 +172,29 @@ def _size(e: os.DirEntry[str]) -> int:
         return -1
 
 
+def _unlink_marker(path: str) -> bool:
+    """Remove a marker (see ``_owner_writable``); False, logged, if it stays."""
+    try:
+        try:
+            os.unlink(path)
+        except PermissionError:
+            _owner_writable(os.path.dirname(path), lambda: os.unlink(path))
+        return True
+    except FileNotFoundError:
+        return True
+    except OSError as e:
+        log.warning("sweeping %s: %s", path, e)
+        return False
+
+
 def sweep(upper_dir: Path, errors: list[str] | None = None) -> int:
     """Drop every deletion marker in ``upper_dir`` (see Scope above); returns how many.
 
     Also migrates an upper of the old OCI format (recognised by its old
     staging directory) by removing its ``.wh.*`` marker files, once.
-    ``errors``: gets the directories that could not be listed (markers may remain).
+    ``errors``: gets the directories that could not be listed or still hold a
+    marker (the view then keeps checking for whiteouts). Never raises for one
+    marker: a view that cannot start is every job's miss on this node.
     """
     if not upper_dir.is_dir():
         return 0
@@ -194,9 +230,10 @@ def sweep(upper_dir: Path, errors: list[str] | None = None) -> int:
                 and ent.is_file(follow_symlinks=False) and _size(ent) == 0
             )
             if legacy_marker or entry_is_whiteout(ent):
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(ent.path)
-                removed += 1
+                if _unlink_marker(ent.path):
+                    removed += 1
+                elif errors is not None and dirpath not in errors:
+                    errors.append(dirpath)
     if removed:
         log.info("%s: dropped %d deletion markers of an earlier view%s", upper_dir, removed,
                  " (old .wh. format)" if migrate else "")
