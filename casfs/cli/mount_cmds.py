@@ -519,6 +519,21 @@ def _join_dir(cfg: MountConfig, family: str, verbose: int) -> _DirJob:
     share = dirshare.DirShare(cfg.run_dir, cfg.mountpoint)
     with share.joining():
         other = _serving_dir(cfg)
+        if other is not None and share.is_stopping(other):
+            # Its final publication has started: what this job wrote would never be
+            # watched. Wait for it to exit (nobody joins meanwhile: we hold the join
+            # lock), then spawn a fresh one.
+            timeout = cfg.shutdown_timeout + 15
+            print(f"casfs: {family}: the dir-mode process at {cfg.mountpoint} (pid"
+                  f" {other['pid']}) is stopping; waiting for it to exit", file=sys.stderr)
+            if not dirshare.wait_exit(int(other["pid"]), timeout):
+                raise CasfsError(f"the dir-mode process at {cfg.mountpoint} (pid"
+                                 f" {other['pid']}) is stopping and did not exit within"
+                                 f" {timeout:.0f}s")
+            other = _serving_dir(cfg)
+            if other is not None and share.is_stopping(other):
+                raise CasfsError(f"the dir-mode process at {cfg.mountpoint} (pid"
+                                 f" {other['pid']}) is stopping")
         own = None
         if other is None:
             own = worker.spawn(cfg, verbose=verbose)
@@ -542,11 +557,13 @@ def _leave_dir(js: _DirJob) -> dict[str, Any] | None:
                 js.own.release()  # it keeps serving the jobs left; the last one stops it
             return {"shared": True, "namespace": js.cfg.namespace}
         if js.own is not None and js.own.proc.poll() is None:
+            js.share.stopping(js.own.proc.pid)  # should this job die now: never joined
             return js.own.stop()
         # The one serving now (the one this job shared, or a replacement another job
         # spawned after it died), if a casfs run spawned it: a casfs mount's is not ours.
         other = _serving_dir(js.cfg)
         if other is not None and js.share.spawned() == int(other["pid"]):
+            js.share.stopping(int(other["pid"]))
             return dirshare.stop_registered(js.cfg.run_dir, other,
                                             js.cfg.shutdown_timeout + 15)
         if js.own is not None:

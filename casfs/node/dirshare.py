@@ -12,8 +12,9 @@ Two flock'd files next to the mount registry, keyed by the served directory:
 
 - ``<key>.join``: held exclusive while a job joins (finds the running process
   or spawns one) and while a job leaves (finds whether it is the last, and if
-  so stops the process). The two never interleave, so a job never joins a
-  process that is being stopped, and never spawns a second one beside it.
+  so stops the process). The two never interleave while the stopping job lives,
+  so a job never spawns a second process beside it (and for when the stopping
+  job is gone, see below).
 - ``<key>.users``: each job holds it shared while it runs. A leaving job drops
   its share and, under the join lock, tries it exclusive without waiting:
   success means no other job is left.
@@ -25,6 +26,19 @@ for the last job, which stops it by pid: the registry's pid, checked to be a
 casfs worker whose ``--stats-out`` names the entry (``/proc/<pid>/cmdline``,
 ``serves``) through a pidfd, so a reused pid is never signalled, and never
 joined either.
+
+A process being stopped is never joined. The final publication takes seconds,
+and the join lock does not always cover it: the stopping ``casfs run`` may be
+killed meanwhile (a scheduler's SIGTERM/SIGKILL), or give up after SIGKILL
+while the process lingers, or the process was stopped by someone else. A job
+joining it then would have its files written after the final scan, never
+watched nor published. So the stopping job writes ``<key>.stopping`` (the
+pid) before it signals, and the process marks its registry entry
+``"stopping": true`` once its shutdown starts; a joining job that finds either
+waits (under the join lock, at most ``shutdown_timeout`` + 15 s) for that
+process to exit, then spawns a fresh one; one that is still there after that
+is not joined either (the job falls back to a private directory, as when no
+process can be spawned).
 """
 
 from __future__ import annotations
@@ -52,6 +66,7 @@ class DirShare:
         self._join = run_dir / f"dirshare-{key}.join"
         self._users = run_dir / f"dirshare-{key}.users"
         self._pid = run_dir / f"dirshare-{key}.pid"  # the process a casfs run spawned
+        self._stop = run_dir / f"dirshare-{key}.stopping"  # the process a job is stopping
         self._fd: int | None = None  # our shared lock on ``_users`` while the job runs
 
     def _open(self, path: Path) -> int:
@@ -75,11 +90,29 @@ class DirShare:
             from casfs.util.atomic import write_atomic
 
             write_atomic(self._pid, str(pid).encode())
+            self._stop.unlink(missing_ok=True)
             return pid
         try:
             return int(self._pid.read_bytes())
         except (OSError, ValueError):
             return None
+
+    def stopping(self, pid: int | None = None) -> int | None:
+        """Record that the process ``pid`` is being stopped (under ``joining``, before
+        signalling it); without ``pid``, the one recorded."""
+        if pid is not None:
+            from casfs.util.atomic import write_atomic
+
+            write_atomic(self._stop, str(pid).encode())
+            return pid
+        try:
+            return int(self._stop.read_bytes())
+        except (OSError, ValueError):
+            return None
+
+    def is_stopping(self, info: dict[str, Any]) -> bool:
+        """Whether registry entry ``info``'s process is stopping (never join it)."""
+        return bool(info.get("stopping")) or self.stopping() == int(info["pid"])
 
     def enter(self) -> None:
         """Count this job in (call under ``joining``)."""
@@ -134,6 +167,18 @@ def serves(run_dir: Path, info: dict[str, Any]) -> bool:
         return os.path.samefile(os.path.dirname(out), run_dir)
     except OSError:
         return False
+
+
+def wait_exit(pid: int, timeout: float) -> bool:
+    """Wait at most ``timeout`` seconds for process ``pid`` (not our child) to exit."""
+    try:
+        pidfd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return True
+    try:
+        return bool(select.select([pidfd], [], [], timeout)[0])
+    finally:
+        os.close(pidfd)
 
 
 def stop_registered(run_dir: Path, info: dict[str, Any], timeout: float) -> dict[str, Any] | None:

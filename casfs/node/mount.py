@@ -49,6 +49,7 @@ from casfs.store.root import SharedRoot
 from casfs.tenants import TenantPolicy
 from casfs.util.bounded import call_bounded
 from casfs.util.counters import Counters
+from casfs.util.crashpoint import pausepoint
 from casfs.view import dirmode, overlay, session
 
 log = logging.getLogger(__name__)
@@ -211,6 +212,7 @@ class MountService:
         self._t0 = time.monotonic()  # the origin of mount_ready_s and warm_ready_s
         self.mount_ready_s: float | None = None
         self._stopping = False
+        self._entry: dict[str, Any] = {}  # our registry entry, once we serve
         self._lock_fd: int | None = None
         self._gens_store: GenerationStore | None = None
         # Tenants: the root trusts only what this mount's tenant could have written,
@@ -1118,11 +1120,12 @@ class MountService:
 
         def ready() -> None:
             self.mark_ready()
-            control.write_registry(cfg.run_dir, cfg.name, {
+            self._entry = {
                 "name": cfg.name, "pid": os.getpid(), "mountpoint": str(cfg.mountpoint),
                 "namespace": cfg.namespace, "socket": str(cfg.socket_path),
                 "family": cfg.family,
-            })
+            }
+            control.write_registry(cfg.run_dir, cfg.name, self._entry)
             log.info("%s: serving %s@%d at %s", cfg.name, cfg.namespace, self.served_seq,
                      cfg.mountpoint)
             if on_ready:
@@ -1358,6 +1361,12 @@ class MountService:
                 async for signum in signals:
                     log.info("%s: signal %d: shutting down", self.cfg.name, signum)
                     break
+            # A job joining now would write after the final scan: the entry says we
+            # stop, so the next job waits for our exit and spawns a fresh process
+            # (casfs.node.dirshare).
+            control.write_registry(self.cfg.run_dir, self.cfg.name,
+                                   dict(self._entry, stopping=True))
+            pausepoint("dir-final-publication")
             await self._shutdown()
             nursery.cancel_scope.cancel()
 

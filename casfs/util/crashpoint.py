@@ -58,6 +58,8 @@ PAUSE_STEPS = (
     "reclaim-locked",  # reclaim holds the namespace's lock, has promoted nothing yet
     "reclaim-published",  # reclaim published what was left, has dropped nothing yet
     "reclaim-dropped",  # reclaim dropped the index entries, the upper is still there
+    "dir-final-publication",  # a dir-mode process marked its entry stopping, has not
+    # started its final promotion/publication
 )
 
 

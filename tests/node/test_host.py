@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -423,6 +424,80 @@ def test_dir_mode_a_killed_first_job_counts_out(node: dict[str, Any]) -> None:
         assert control.registered(node["state"] / "run") == []
     finally:
         for m in control.registered(node["state"] / "run"):
+            os.kill(int(m["pid"]), signal.SIGKILL)
+
+
+@pytest.mark.parametrize("job_marker", [True, False], ids=["job-marker", "entry-only"])
+def test_dir_mode_a_job_never_joins_a_process_that_is_stopping(node: dict[str, Any],
+                                                               job_marker: bool) -> None:
+    """The last job out is stopping the dir-mode process, whose final publication is held
+    (pausepoint ``dir-final-publication``), and that job's `casfs run` is killed there
+    (a scheduler's kill): the join lock goes with it while the process is still
+    registered. A job starting in that window must not join the process about to exit
+    (its files, written after the final scan, would never be published): it waits for
+    the exit, spawns a fresh process, and its file reaches a second node. Both marks are
+    checked: the stopping job's (``dirshare-*.stopping``, written before it signals) and
+    the process's own (its registry entry's ``stopping``, written when its shutdown
+    starts, whoever stopped it): ``entry-only`` removes the job's."""
+    run = node["state"] / "run"
+    pause, go, started = (node["tmp"] / n for n in ("pause", "go", "started"))
+    opts = ("run", "--mode", "dir", "--family", "generic", "-n", "dstop", "--stable-after",
+            "0.2", "--")
+    cli = [sys.executable, "-m", "casfs.cli.main", *opts, sys.executable, "-c"]
+    env1 = dict(node["env"], CASFS_PAUSEPOINT="dir-final-publication",
+                CASFS_PAUSEPOINT_FILE=str(pause), CASFS_PAUSEPOINT_MAX="120")
+    first = subprocess.Popen(
+        [*cli, "import os, pathlib\n"
+               "(pathlib.Path(os.environ['CASFS_CACHE_DIR']) / 'first').write_text('one')\n"],
+        env=env1, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        start_new_session=True)
+    node["procs"].append(first)
+    err2 = node["tmp"] / "second.err"
+    old = -1
+    try:
+        wait_until(lambda: Path(f"{pause}.reached").exists(), "the final publication held",
+                   timeout=120)
+        old = os.pidfd_open(int(json.loads((run / "generic.json").read_bytes())["pid"]))
+        os.killpg(first.pid, signal.SIGKILL)  # casfs run, stopping it: no exit path runs
+        first.wait(30)
+        if not job_marker:
+            for p in run.glob("dirshare-*.stopping"):
+                p.unlink()
+        with err2.open("wb") as f:
+            second = subprocess.Popen(
+                [*cli, "import os, time, pathlib\n"
+                       f"pathlib.Path({str(started)!r}).write_text('')\n"
+                       f"while not os.path.exists({str(go)!r}): time.sleep(0.05)\n"
+                       "(pathlib.Path(os.environ['CASFS_CACHE_DIR']) / 'second')"
+                       ".write_text('two')\n"],
+                env=node["env"], stdout=subprocess.DEVNULL, stderr=f)
+        node["procs"].append(second)
+        # the second job is in the window: waiting for the exit, or (joined) running
+        wait_until(lambda: started.exists() or b"is stopping" in err2.read_bytes(),
+                   "the second job joining", timeout=120)
+        pause.write_text("")  # the final publication goes on; the process exits
+        assert select.select([old], [], [], 120)[0], "the stopping process did not exit"
+        go.write_text("")
+        assert second.wait(120) == 0, err2.read_text()
+        assert published(node["root"], "dstop") == {"first": b"one", "second": b"two"}
+        assert b"is stopping; waiting" in err2.read_bytes(), err2.read_text()
+        assert control.registered(run) == []  # nothing left behind
+        env_b = dict(node["env"], CASFS_STATE_DIR=str(node["tmp"] / "state-b"),
+                     CASFS_MOUNT_BASE=str(node["tmp"] / "mnt-b"))
+        check = subprocess.run(
+            [*cli, "import os, pathlib\n"
+                   "d = pathlib.Path(os.environ['CASFS_CACHE_DIR'])\n"
+                   "assert (d / 'second').read_text() == 'two'\n"
+                   "assert (d / 'first').read_text() == 'one'\n"],
+            env=env_b, capture_output=True, timeout=120, check=False)
+        assert check.returncode == 0, check.stderr.decode()
+        assert control.registered(node["tmp"] / "state-b" / "run") == []
+    finally:
+        pause.write_text("")
+        go.write_text("")
+        if old >= 0:
+            os.close(old)
+        for m in control.registered(run):
             os.kill(int(m["pid"]), signal.SIGKILL)
 
 
