@@ -505,17 +505,20 @@ class LocalObjectCache:
             for _, fill in mine.values():
                 fill.progressed = now
 
-        def adopt(digest: str, size: int, ident: tuple[int, int, int]) -> None:
-            """A file the filler added (a pack member): trusted if it is still that file."""
+        def adopt(digest: str, size: int, ident: tuple[int, int, int]) -> bool:
+            """A file the filler added (a pack member): trusted if it is still that file.
+            True if adopted (what the read-ahead brought), False if passed over."""
             if not _DIGEST.fullmatch(digest) or digest in mine:
-                return
+                return False
             with self._lock:
                 if digest in self._fills:
-                    return  # a fill of it runs here: that one decides
+                    return False  # a fill of it runs here (a job's open): that one decides
             st = self._stat_ok(self.path_of(digest), size)
             if st is not None and ident == (st.st_ino, st.st_mtime_ns, st.st_size):
                 self._remember(digest, ident)
                 filled[digest] = (size, time.time_ns())
+                return True
+            return False
 
         # The filler's fill_many(items, progressed, done), if it has one (the fetch
         # worker's: one request): done(digest, ident, error) once per object answered.

@@ -347,12 +347,20 @@ class Worker(ChildServer):
 
         def one(item: tuple[str, bytes, int]) -> None:
             digest, stored, size = item
+            path = object_path(self.directory, digest)
+            wrote = False
+
+            def fill() -> int:
+                nonlocal wrote
+                if os.path.lexists(path):  # a job's own fill ended since the listing
+                    return 0
+                wrote = True
+                return fill_file(self.directory, _Stored(root.objects, stored), digest, size)
+
             try:
-                if not self._once(digest, lambda: fill_file(
-                        self.directory, _Stored(root.objects, stored), digest, size),
-                        wait=False):
-                    return  # a job's own fill of it runs: that one answers
-                st = os.lstat(object_path(self.directory, digest))
+                if not self._once(digest, fill, wait=False) or not wrote:
+                    return  # a job's own fill of it runs or ran: that one answers
+                st = os.lstat(path)
             except (CasfsError, OSError) as e:  # that member only (rejected: counted)
                 log.info("read-ahead of %s from pack %s: %s", digest, pack, e)
                 return

@@ -104,7 +104,7 @@ class _RootSource:
     def fill_many(self, items: list[tuple[str, int]], progressed: Callable[[], None],
                   done: Callable[[str, tuple[int, int, int] | None, BaseException | None], None],
                   packs: list[str] | None = None,
-                  adopt: Callable[[str, int, tuple[int, int, int]], None] | None = None
+                  adopt: Callable[[str, int, tuple[int, int, int]], bool] | None = None
                   ) -> None:
         """casfs.index.objcache.CacheFiller: several objects in one request (read-ahead);
         ``done`` is called once per object answered (identity or error), ``adopt`` for
@@ -117,10 +117,12 @@ class _RootSource:
             digest, ident = msg.get("one"), _ident(msg.get("ident"))
             if isinstance(digest, str) and digest not in sizes:  # a pack member it added
                 size = msg.get("size")
-                if ident is not None and adopt is not None and type(size) is int and size >= 0:
+                # Counted only if adopted: a member a job's open is fetching meanwhile
+                # (the missed file of a one-member pack) is that fetch's, not a second.
+                if (ident is not None and adopt is not None and type(size) is int
+                        and size >= 0 and adopt(digest, size, ident)):
                     svc.counters.inc("objects_fetched")
                     svc.counters.inc("bytes_fetched", size)
-                    adopt(digest, size, ident)
                 return
             if not isinstance(digest, str):
                 return

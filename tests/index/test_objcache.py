@@ -451,3 +451,39 @@ def test_a_read_ahead_file_with_other_bytes_is_never_trusted(
     assert not cache.path_of(e.digest).exists()
     assert cache.open_cached(e) is None
     assert Path(cache.fetch(e)).read_bytes() == source.objects[e.digest]
+
+
+def test_a_pack_member_a_job_is_fetching_is_not_adopted_by_the_read_ahead(
+        tmp_path: Path, index: NodeIndex, source: FakeSource) -> None:
+    """adopt() says whether it took the file: the mount counts only those as fetched
+    (a one-member pack's read-ahead racing the job's own fetch counted it twice)."""
+    directory = tmp_path / "state" / "objects"
+    filler = BatchFiller(directory, source)
+    cache = LocalObjectCache(directory, index, source, 1 << 30, filler=filler)
+    busy, other = source.add(b"k" * 300), source.add(b"o" * 200)
+    ungated = FakeSource()
+    ungated.objects = dict(source.objects)
+    answers: list[bool] = []
+
+    def fill_many(items: list[tuple[str, int]], progressed: Callable[[], None],
+                  done: Callable[..., None], packs: list[str] | None = None,
+                  adopt: Callable[[str, int, tuple[int, int, int]], bool] | None = None
+                  ) -> None:
+        assert adopt is not None and packs == ["p"]
+        answers.append(adopt(busy.digest, busy.size, (1, 2, 3)))  # the job's fill runs
+        fill_file(directory, ungated, other.digest, other.size)  # the worker's write
+        st = os.lstat(object_path(directory, other.digest))
+        answers.append(adopt(other.digest, other.size, (st.st_ino, st.st_mtime_ns,
+                                                         st.st_size)))
+
+    filler.fill_many = fill_many  # type: ignore[method-assign]
+    source.gate = threading.Event()
+    got: list[str] = []
+    job = threading.Thread(target=lambda: got.append(cache.fetch(busy)))
+    job.start()
+    wait_until(lambda: source.calls == [busy.digest], "the job's own fetch in flight")
+    assert cache.fill_many([], ["p"]) == (1, 0)
+    source.gate.set()
+    job.join()
+    assert answers == [False, True]
+    assert Path(got[0]).read_bytes() == source.objects[busy.digest]
