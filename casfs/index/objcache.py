@@ -15,6 +15,10 @@ mode 0444, plus ``.tmp-*`` files while filling.
 * Pins: ``fetch`` pins the digest until ``unpin``; eviction never removes a
   file pinned in this process. Pins are checked and files unlinked under one
   lock, so a fetch never returns a path eviction is about to remove.
+* Shared fds: ``open_cached`` hands out one fd per object, shared by the
+  mount's handles (reads are preads) and kept open after the last
+  ``release_cached`` (idle, LRU) up to a quarter of RLIMIT_NOFILE; eviction
+  closes an object's idle fd before unlinking it.
 * LRU: sizes and last-access times live in the node index (shared with other
   processes). Hits are batched in memory and written every few seconds (one
   LMDB commit per hit would cost an fsync on the FUSE open path); fills are
@@ -31,12 +35,13 @@ import logging
 import mmap
 import os
 import re
+import resource
 import shutil
 import stat
 import threading
 import time
 import weakref
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO, Protocol
@@ -69,6 +74,17 @@ THREADS_ABOVE = 32 << 20
 INLINE_VERIFY_MAX = 256 << 10
 # A cache file is opened never following a link and never blocking (a FIFO put there).
 _OPEN_CACHED = os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
+# Idle shared fds kept open (``open_cached``): at most this many, and at most a
+# quarter of the process's RLIMIT_NOFILE soft limit.
+SHARED_IDLE_MAX = 8192
+
+
+def idle_fd_bound() -> int:
+    """How many idle object fds a process may keep: a quarter of RLIMIT_NOFILE, <= 8192."""
+    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return SHARED_IDLE_MAX
+    return max(0, min(SHARED_IDLE_MAX, soft // 4))
 
 
 class ObjectSource(Protocol):
@@ -222,6 +238,14 @@ class LocalObjectCache:
         self._fills: dict[str, _Fill] = {}
         self._touches: dict[str, tuple[int, int]] = {}
         self._last_flush = time.monotonic()
+        # Shared fds of trusted objects (``open_cached``): digest -> [fd, handles using
+        # it]. One with no handle stays open (idle, LRU order) up to ``idle_fds``: a
+        # warm open of it needs no openat/fstat and its release no close. Reads are
+        # preads, so handles can share one fd. An idle fd is closed when its object
+        # is evicted here, when over the bound, and when an open meets EMFILE.
+        self._shared: dict[str, list[int]] = {}
+        self._idle: OrderedDict[str, None] = OrderedDict()
+        self.idle_fds = idle_fd_bound()
         # Set by a mount that calls flush_touches every few seconds from a worker thread:
         # a warm open (the FUSE loop) then only notes the hit, no LMDB write inline.
         self.flushed_elsewhere = False
@@ -252,24 +276,49 @@ class LocalObjectCache:
         return None  # absent, damaged, or large and not yet verified here: fetch hashes it
 
     def open_cached(self, entry: Entry) -> int | None:
-        """An open read-only fd of the cached object, pinned (``unpin`` after closing
-        it), if it is local and trusted already; else None (call ``cached``/``fetch``).
+        """An open read-only fd of the cached object, pinned, if it is local and trusted
+        already; else None (call ``cached``/``fetch``). Give it back with
+        ``release_cached`` (never close it: other handles may share it).
 
-        The warm open of a mount: one open and one fstat relative to the cache
-        directory's fd, no lstat of the whole path first, one lock. Anything
-        unusual (absent, not a regular file, wrong size, not verified in this
-        process yet, being filled) is left to the slow path, which repairs it.
+        The warm open of a mount: the object's shared fd when one is open (held by
+        another handle or idle since a recent release: one fstat, to check that its
+        file still has the identity verified here, no open and no close), else
+        one open and one fstat relative to the cache directory's fd, no lstat of the
+        whole path first. Anything unusual (absent, not a regular file, wrong size,
+        not verified in this process yet, being filled) is left to the slow path,
+        which repairs it.
         """
         digest = entry.digest
+        slot = self._shared.get(digest)
+        if slot is not None and self._still_trusted(digest, slot[0], entry.size):
+            with self._lock:
+                if self._shared.get(digest) is slot:
+                    if not slot[1]:
+                        del self._idle[digest]
+                    slot[1] += 1
+                    self._pins[digest] += 1
+                    fd = slot[0]
+                else:  # closed meanwhile (eviction in another thread): open anew
+                    slot = None
+            if slot is not None:
+                self._touch(digest, entry.size)
+                self._count("open_shared")
+                return fd
         with self._lock:
             if digest in self._fills:
                 return None
             self._pins[digest] += 1
         try:
             fd = os.open(f"{digest[:2]}/{digest[2:]}", _OPEN_CACHED, dir_fd=self._dir_fd)
-        except OSError:
-            self.unpin(digest)
-            return None
+        except OSError as e:
+            if e.errno != errno.EMFILE or not self._close_idle(len(self._idle) // 2 + 1):
+                self.unpin(digest)
+                return None
+            try:  # idle fds closed: once more
+                fd = os.open(f"{digest[:2]}/{digest[2:]}", _OPEN_CACHED, dir_fd=self._dir_fd)
+            except OSError:
+                self.unpin(digest)
+                return None
         st = os.fstat(fd)
         if (not stat.S_ISREG(st.st_mode) or st.st_size != entry.size
                 or (self.verify_first_open
@@ -277,8 +326,64 @@ class LocalObjectCache:
             os.close(fd)
             self.unpin(digest)
             return None
+        with self._lock:
+            # Else a shared fd no longer trusted is still used, or another thread
+            # shared one meanwhile: this fd stays the caller's own (release_cached
+            # closes it).
+            if digest not in self._shared:
+                self._shared[digest] = [fd, 1]
         self._touch(digest, entry.size)
         return fd
+
+    def _still_trusted(self, digest: str, fd: int, size: int) -> bool:
+        """Whether the shared fd's file still has the identity verified here (one
+        fstat: an edit in place or a replaced verification is noticed as with an
+        open); an idle one that does not is closed, a used one left to its handles."""
+        st = os.fstat(fd)
+        if (st.st_size == size and (not self.verify_first_open or self._verified.get(digest)
+                                    == (st.st_ino, st.st_mtime_ns, st.st_size))):
+            return True
+        with self._lock:
+            slot = self._shared.get(digest)
+            if slot is not None and slot[0] == fd and not slot[1]:
+                del self._idle[digest]
+                del self._shared[digest]
+                os.close(fd)
+        return False
+
+    def release_cached(self, digest: str, fd: int) -> None:
+        """A handle of ``open_cached``'s fd is closed: unpin; the fd stays open (idle)
+        while the bound allows."""
+        with self._lock:
+            slot = self._shared.get(digest)
+            if slot is None or slot[0] != fd:  # not shared (never happens): close it
+                os.close(fd)
+            else:
+                slot[1] -= 1
+                if not slot[1]:
+                    self._idle[digest] = None
+                    while len(self._idle) > self.idle_fds:
+                        old, _ = self._idle.popitem(last=False)
+                        os.close(self._shared.pop(old)[0])
+            if self._pins[digest] <= 1:
+                self._pins.pop(digest, None)
+            else:
+                self._pins[digest] -= 1
+
+    def _close_idle(self, n: int) -> int:
+        """Close the ``n`` oldest idle shared fds; how many were closed."""
+        closed = 0
+        with self._lock:
+            while closed < n and self._idle:
+                old, _ = self._idle.popitem(last=False)
+                os.close(self._shared.pop(old)[0])
+                closed += 1
+        return closed
+
+    def shared_fds(self) -> tuple[int, int]:
+        """(shared fds open, of which idle): for tests and metrics."""
+        with self._lock:
+            return len(self._shared), len(self._idle)
 
     def unpin(self, digest: str) -> None:
         with self._lock:
@@ -667,6 +772,9 @@ class LocalObjectCache:
         with self._lock:
             if self._pins[digest] or digest in self._fills:
                 return False
+            if digest in self._idle:  # its idle fd would keep the space in use
+                del self._idle[digest]
+                os.close(self._shared.pop(digest)[0])
             try:
                 os.unlink(self.path_of(digest))
             except FileNotFoundError:
@@ -678,3 +786,4 @@ class LocalObjectCache:
 
     def close(self) -> None:
         self.flush_touches()
+        self._close_idle(len(self._idle))

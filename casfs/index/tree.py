@@ -68,6 +68,11 @@ class ObjectFetcher(Protocol):
         """
         ...
 
+    def release_cached(self, digest: str, fd: int) -> None:
+        """Give back an fd of ``open_cached`` (unpins; the fetcher closes it or keeps
+        it for the next open: never close it yourself)."""
+        ...
+
     def unpin(self, digest: str) -> None:
         """The caller no longer uses the file returned by ``fetch`` for ``digest``."""
         ...

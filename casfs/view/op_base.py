@@ -13,9 +13,11 @@ import errno
 import functools
 import logging
 import os
+import resource
 import stat
 import sys
 import time
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -103,6 +105,17 @@ class Miss(Exception):
         self.path = path
 
 
+# Unused presented memfds kept open: at most this many, and an eighth of RLIMIT_NOFILE.
+MEMFD_IDLE_MAX = 1024
+
+
+def memfd_idle_bound() -> int:
+    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return MEMFD_IDLE_MAX
+    return max(0, min(MEMFD_IDLE_MAX, soft // 8))
+
+
 def err(code: int) -> pyfuse3.FUSEError:
     return pyfuse3.FUSEError(code)
 
@@ -114,6 +127,8 @@ class Handle:
     path: str  # at open time; the inode table has the current one
     writable: bool
     digest: str | None  # set for a lower object: unpin on release
+    shared: bool = False  # the fetcher's shared fd (open_cached): release_cached, no close
+    presented: tuple[str, str] | None = None  # a shared presented memfd's (path, digest)
 
 
 def _in_trio_thread(fn: Callable[..., object], *args: object) -> None:
@@ -188,6 +203,11 @@ class OpsBase(pyfuse3.Operations):
         self.replaced_timeout = replaced_timeout
         self.presenter = presenter
         self._presented: dict[tuple[str, str], bytes] = {}  # (path, digest): shown bytes
+        # A sealed memfd per presented (path, digest), shared by its handles (reads
+        # are preads): key -> [fd, handles]; unused ones kept (LRU) up to the bound.
+        self._memfds: dict[tuple[str, str], list[int]] = {}
+        self._memfd_idle: OrderedDict[tuple[str, str], None] = OrderedDict()
+        self._memfd_bound = memfd_idle_bound()
         self._lower_kinds: dict[str, tuple[str, bool, bool]] = {}  # see FileOps._open_node
         # inode -> (layers.state(), path, entry) of a lower file last opened warm
         self._warm: dict[int, tuple[tuple[int, int, int], str, Entry]] = {}
@@ -209,7 +229,8 @@ class OpsBase(pyfuse3.Operations):
         self._fetch_limiter = trio.CapacityLimiter(fetch_threads)
         self.dir_mode = lower_dir_mode
         self.inodes = InodeTable()
-        self._handles: dict[int, Handle] = {}
+        self._handles: dict[int, Handle] = {}  # by fh: the fd, or above 2**40 a shared fd's
+        self._next_shared_fh = 1 << 40
         self._dirs: dict[int, tuple[str, list[str]]] = {}
         self._next_dir_fh = 1
         self._owner = (os.geteuid(), os.getegid())

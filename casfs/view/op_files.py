@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import fcntl
 import logging
 import os
 import stat
@@ -38,6 +39,20 @@ def _open_cached(path: str) -> int:
 _PRESENTED_MAX = 4096  # remembered presented files (group files: a few hundred bytes)
 _KINDS_MAX = 1 << 16  # remembered (path: digest, presented, keep_cache) of lower files
 _WRITES = os.O_WRONLY | os.O_RDWR | os.O_TRUNC  # an open with any of these may copy up
+_SEALS = fcntl.F_SEAL_SEAL | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE
+
+
+def _sealed_memfd(shown: bytes) -> int:
+    """A memfd holding ``shown``, sealed: no handle sharing it can ever see other bytes."""
+    fd = os.memfd_create("casfs-presented", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    try:
+        if os.write(fd, shown) != len(shown):
+            raise OSError(errno.EIO, "short write to a memfd")
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, _SEALS)
+    except OSError:
+        os.close(fd)
+        raise
+    return fd
 
 
 class FileOps(CopyUpOps):
@@ -57,34 +72,38 @@ class FileOps(CopyUpOps):
                     self._lower_kinds.clear()
                 self._lower_kinds[node.path] = kind
             if kind[1]:
-                shown = self._presented.get((node.path, entry.digest))
-                if shown is None:
-                    src = self.fetcher.cached(entry) or await self._fetch(node.path, entry)
-                    shown = self._present(node.path, entry, src)
-                fd = os.memfd_create("casfs-presented", os.MFD_CLOEXEC)
-                try:
-                    os.write(fd, shown)
-                except OSError:
-                    os.close(fd)
-                    raise
+                key = (node.path, entry.digest)
+                slot = self._memfds.get(key)
+                if slot is None:
+                    shown = self._presented.get(key)
+                    if shown is None:
+                        src = self.fetcher.cached(entry) or await self._fetch(node.path, entry)
+                        shown = self._present(node.path, entry, src)
+                    slot = self._memfds.get(key)  # another open made one meanwhile?
+                    if slot is None:
+                        slot = self._memfds[key] = [_sealed_memfd(shown), 0]
+                if not slot[1]:
+                    self._memfd_idle.pop(key, None)
+                slot[1] += 1
                 self.counters.inc("presented_opens")
                 self.counters.inc("open_lower")
                 if self.on_lower_open is not None:
                     self.on_lower_open(node.path, entry.digest)
-                self._handles[fd] = Handle(fd, ino, node.path, False, None)
-                return pyfuse3.FileInfo(fh=fd, keep_cache=True)
+                fh = self._next_shared_fh
+                self._next_shared_fh = fh + 1
+                self._handles[fh] = Handle(slot[0], ino, node.path, False, None, False, key)
+                return pyfuse3.FileInfo(fh=fh, keep_cache=True)
             # Warm: the object is local, open it inline. Cold: fetch in a thread.
             warm = self.fetcher.open_cached(entry)
             if warm is None:
                 fd = await self._open_fetched(node.path, entry)
-            else:
-                fd = warm
-                if kind[2]:  # the next open of this inode may skip the resolving
-                    if len(self._warm) >= _KINDS_MAX:
-                        self._warm.clear()
-                    self._warm[ino] = (self.layers.state(), node.path, entry)
-            # A replaced path's pages may hold an older version: never keep them.
-            return self._opened_lower(fd, ino, node.path, entry, kind[2])
+                # A replaced path's pages may hold an older version: never keep them.
+                return self._opened_lower(fd, ino, node.path, entry, kind[2], False)
+            if kind[2]:  # the next open of this inode may skip the resolving
+                if len(self._warm) >= _KINDS_MAX:
+                    self._warm.clear()
+                self._warm[ino] = (self.layers.state(), node.path, entry)
+            return self._opened_lower(warm, ino, node.path, entry, kind[2], True)
         if entry is not None:
             await self._copy_up(node, empty=bool(flags & os.O_TRUNC))
             self._invalidate_entry(node.path)  # drop the long lower timeouts
@@ -99,12 +118,19 @@ class FileOps(CopyUpOps):
         return pyfuse3.FileInfo(fh=fd)
 
     def _opened_lower(self, fd: int, ino: int, path: str, entry: Entry,
-                      keep_cache: bool) -> pyfuse3.FileInfo:
+                      keep_cache: bool, shared: bool) -> pyfuse3.FileInfo:
+        """A handle of a lower object's fd: ``shared`` for one of ``open_cached``
+        (handles may share it: its own fh number), else an fd of this handle only."""
         self.counters.inc("open_lower")
         if self.on_lower_open is not None:
             self.on_lower_open(path, entry.digest)
-        self._handles[fd] = Handle(fd, ino, path, False, entry.digest)
-        return pyfuse3.FileInfo(fh=fd, keep_cache=keep_cache)
+        if shared:
+            fh = self._next_shared_fh
+            self._next_shared_fh = fh + 1
+        else:
+            fh = fd
+        self._handles[fh] = Handle(fd, ino, path, False, entry.digest, shared)
+        return pyfuse3.FileInfo(fh=fh, keep_cache=keep_cache)
 
     async def _open_fetched(self, path: str, entry: Entry) -> int:
         """An fd of the entry's object (pinned) when it is not both local and trusted yet."""
@@ -156,7 +182,7 @@ class FileOps(CopyUpOps):
                 try:
                     fd = self.fetcher.open_cached(warm[2])
                     if fd is not None:
-                        return self._opened_lower(fd, inode, warm[1], warm[2], True)
+                        return self._opened_lower(fd, inode, warm[1], warm[2], True, True)
                 except Exception:
                     log.exception("bug in open")
                     raise err(errno.EIO) from None
@@ -247,6 +273,13 @@ class FileOps(CopyUpOps):
         if h is None:
             return
         try:
+            if h.shared:
+                assert h.digest is not None
+                self.fetcher.release_cached(h.digest, h.fd)
+                return
+            if h.presented is not None:
+                self._release_memfd(h.presented)
+                return
             os.close(h.fd)
             if h.digest is not None:
                 self.fetcher.unpin(h.digest)
@@ -258,3 +291,13 @@ class FileOps(CopyUpOps):
             log.exception("bug in release")
             raise err(errno.EIO) from None
 
+    def _release_memfd(self, key: tuple[str, str]) -> None:
+        """A presented handle closed: its memfd stays open (idle) while the bound allows."""
+        slot = self._memfds[key]
+        slot[1] -= 1
+        if not slot[1]:
+            self._memfd_idle[key] = None
+            bound = self._memfd_bound
+            while len(self._memfd_idle) > bound:
+                old, _ = self._memfd_idle.popitem(last=False)
+                os.close(self._memfds.pop(old)[0])

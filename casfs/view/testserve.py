@@ -67,6 +67,10 @@ class DirFetcher:
         return None  # always through fetch (the threaded path)
 
 
+    def release_cached(self, digest: str, fd: int) -> None:
+        os.close(fd)
+        self.unpin(digest)
+
     def unpin(self, digest: str) -> None:
         with self._lock:
             self.pins[digest] -= 1

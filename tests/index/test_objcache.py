@@ -338,13 +338,14 @@ def test_open_cached_serves_only_trusted_regular_files(
     cache.unpin(entry.digest)
     fd = cache.open_cached(entry)
     assert fd is not None and cache.pinned(entry.digest) == 1
-    assert os.read(fd, 10) == b"z" * 10
-    os.close(fd)
-    cache.unpin(entry.digest)
+    assert os.pread(fd, 10, 0) == b"z" * 10
+    cache.release_cached(entry.digest, fd)
+    assert cache.pinned(entry.digest) == 0 and cache.shared_fds() == (1, 1)  # kept, idle
     later = make_cache(tmp_path, index, source)  # a new mount: not verified by it yet
     assert later.open_cached(entry) is None and later.pinned(entry.digest) == 0
     os.utime(path, ns=(1, 1))  # changed under the first cache: hashed again first
     assert cache.open_cached(entry) is None and cache.pinned(entry.digest) == 0
+    assert cache.shared_fds() == (0, 0)  # its idle fd closed
     os.unlink(path)
     os.mkdir(path)  # not a regular file: left to the slow path, which repairs it
     cache._remember(entry.digest)

@@ -31,6 +31,10 @@ class NoFetch:
         return None  # always through fetch (the threaded path)
 
 
+    def release_cached(self, digest: str, fd: int) -> None:
+        os.close(fd)
+        self.unpin(digest)
+
     def unpin(self, digest: str) -> None:
         pass
 

@@ -45,6 +45,10 @@ class Fetcher:
         self.pins[entry.digest] = self.pins.get(entry.digest, 0) + 1
         return os.open(self.files[entry.digest], os.O_RDONLY)
 
+    def release_cached(self, digest: str, fd: int) -> None:
+        os.close(fd)
+        self.unpin(digest)
+
     def unpin(self, digest: str) -> None:
         self.pins[digest] -= 1
 
