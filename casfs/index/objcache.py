@@ -77,6 +77,9 @@ _OPEN_CACHED = os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
 # Idle shared fds kept open (``open_cached``): at most this many, and at most a
 # quarter of the process's RLIMIT_NOFILE soft limit.
 SHARED_IDLE_MAX = 8192
+# ... and of at most this many bytes of objects: another process may evict (unlink)
+# an object an idle fd holds, and its space stays in use until the fd is closed.
+SHARED_IDLE_BYTES = 256 << 20
 
 
 def idle_fd_bound() -> int:
@@ -238,13 +241,15 @@ class LocalObjectCache:
         self._fills: dict[str, _Fill] = {}
         self._touches: dict[str, tuple[int, int]] = {}
         self._last_flush = time.monotonic()
-        # Shared fds of trusted objects (``open_cached``): digest -> [fd, handles using
-        # it]. One with no handle stays open (idle, LRU order) up to ``idle_fds``: a
-        # warm open of it needs no openat/fstat and its release no close. Reads are
-        # preads, so handles can share one fd. An idle fd is closed when its object
-        # is evicted here, when over the bound, and when an open meets EMFILE.
-        self._shared: dict[str, list[int]] = {}
-        self._idle: OrderedDict[str, None] = OrderedDict()
+        # Shared fds of trusted objects (``open_cached``), see ``_shared`` below. One
+        # with no handle stays open (idle, LRU order) up to ``idle_fds`` and
+        # SHARED_IDLE_BYTES: a warm open of it needs no openat/fstat and its release
+        # no close. Reads are preads, so handles can share one fd. An idle fd is
+        # closed when its object is evicted here, when over a bound, and when an
+        # open meets EMFILE.
+        self._shared: dict[str, list[int]] = {}  # digest -> [fd, handles, size]
+        self._idle: OrderedDict[str, int] = OrderedDict()  # digest -> object size
+        self._idle_bytes = 0  # bytes of the idle fds' objects (bounded: see SHARED_IDLE_BYTES)
         self.idle_fds = idle_fd_bound()
         # Set by a mount that calls flush_touches every few seconds from a worker thread:
         # a warm open (the FUSE loop) then only notes the hit, no LMDB write inline.
@@ -289,21 +294,12 @@ class LocalObjectCache:
         which repairs it.
         """
         digest = entry.digest
-        slot = self._shared.get(digest)
-        if slot is not None and self._still_trusted(digest, slot[0], entry.size):
-            with self._lock:
-                if self._shared.get(digest) is slot:
-                    if not slot[1]:
-                        del self._idle[digest]
-                    slot[1] += 1
-                    self._pins[digest] += 1
-                    fd = slot[0]
-                else:  # closed meanwhile (eviction in another thread): open anew
-                    slot = None
-            if slot is not None:
+        if digest in self._shared:
+            shared = self._take_shared(digest, entry.size)
+            if shared is not None:
                 self._touch(digest, entry.size)
                 self._count("open_shared")
-                return fd
+                return shared
         with self._lock:
             if digest in self._fills:
                 return None
@@ -331,25 +327,38 @@ class LocalObjectCache:
             # shared one meanwhile: this fd stays the caller's own (release_cached
             # closes it).
             if digest not in self._shared:
-                self._shared[digest] = [fd, 1]
+                self._shared[digest] = [fd, 1, st.st_size]
         self._touch(digest, entry.size)
         return fd
 
-    def _still_trusted(self, digest: str, fd: int, size: int) -> bool:
-        """Whether the shared fd's file still has the identity verified here (one
-        fstat: an edit in place or a replaced verification is noticed as with an
-        open); an idle one that does not is closed, a used one left to its handles."""
-        st = os.fstat(fd)
-        if (st.st_size == size and (not self.verify_first_open or self._verified.get(digest)
-                                    == (st.st_ino, st.st_mtime_ns, st.st_size))):
-            return True
+    def _take_shared(self, digest: str, size: int) -> int | None:
+        """The object's shared fd, pinned and counted, if its file still has the
+        identity verified here (one fstat: an edit in place or a replaced verification
+        is noticed as with an open); else None, and an idle one is closed. Under the
+        lock: eviction and the idle bound close fds from other threads, so the fd is
+        checked and taken while none of them can close it (or reuse its number)."""
         with self._lock:
             slot = self._shared.get(digest)
-            if slot is not None and slot[0] == fd and not slot[1]:
-                del self._idle[digest]
+            if slot is None:
+                return None
+            fd = slot[0]
+            try:
+                st = os.fstat(fd)
+            except OSError:
+                st = None
+            if st is not None and st.st_size == size and (
+                    not self.verify_first_open
+                    or self._verified.get(digest) == (st.st_ino, st.st_mtime_ns, st.st_size)):
+                if not slot[1]:
+                    self._idle_bytes -= self._idle.pop(digest)
+                slot[1] += 1
+                self._pins[digest] += 1
+                return fd
+            if not slot[1]:  # no longer trusted and unused: closed (a used one: its handles')
+                self._idle_bytes -= self._idle.pop(digest)
                 del self._shared[digest]
                 os.close(fd)
-        return False
+            return None
 
     def release_cached(self, digest: str, fd: int) -> None:
         """A handle of ``open_cached``'s fd is closed: unpin; the fd stays open (idle)
@@ -361,9 +370,12 @@ class LocalObjectCache:
             else:
                 slot[1] -= 1
                 if not slot[1]:
-                    self._idle[digest] = None
-                    while len(self._idle) > self.idle_fds:
-                        old, _ = self._idle.popitem(last=False)
+                    self._idle[digest] = slot[2]
+                    self._idle_bytes += slot[2]
+                    while self._idle and (len(self._idle) > self.idle_fds
+                                          or self._idle_bytes > SHARED_IDLE_BYTES):
+                        old, size = self._idle.popitem(last=False)
+                        self._idle_bytes -= size
                         os.close(self._shared.pop(old)[0])
             if self._pins[digest] <= 1:
                 self._pins.pop(digest, None)
@@ -375,7 +387,8 @@ class LocalObjectCache:
         closed = 0
         with self._lock:
             while closed < n and self._idle:
-                old, _ = self._idle.popitem(last=False)
+                old, size = self._idle.popitem(last=False)
+                self._idle_bytes -= size
                 os.close(self._shared.pop(old)[0])
                 closed += 1
         return closed
@@ -773,7 +786,7 @@ class LocalObjectCache:
             if self._pins[digest] or digest in self._fills:
                 return False
             if digest in self._idle:  # its idle fd would keep the space in use
-                del self._idle[digest]
+                self._idle_bytes -= self._idle.pop(digest)
                 os.close(self._shared.pop(digest)[0])
             try:
                 os.unlink(self.path_of(digest))

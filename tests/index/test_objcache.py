@@ -488,3 +488,31 @@ def test_a_pack_member_a_job_is_fetching_is_not_adopted_by_the_read_ahead(
     job.join()
     assert answers == [False, True]
     assert Path(got[0]).read_bytes() == source.objects[busy.digest]
+
+
+def test_idle_shared_fds_are_bounded_by_count_and_bytes(
+        tmp_path: Path, index: NodeIndex, source: FakeSource,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Idle fds kept after release stay within both bounds (another process may evict
+    an object an idle fd holds: its space stays in use until the fd is closed)."""
+    import casfs.index.objcache as objcache
+
+    monkeypatch.setattr(objcache, "SHARED_IDLE_BYTES", 2500)
+    cache = make_cache(tmp_path, index, source)
+    entries = [source.add(bytes([i]) * 1000) for i in range(5)]
+    for e in entries:
+        cache.fetch(e)
+        cache.unpin(e.digest)
+    for e in entries:
+        fd = cache.open_cached(e)
+        assert fd is not None
+        assert os.pread(fd, 2000, 0) == source.objects[e.digest]
+        cache.release_cached(e.digest, fd)
+    assert cache.shared_fds() == (2, 2)  # 2 x 1000 bytes <= 2500 < 3 x 1000
+    cache.idle_fds = 1
+    again = cache.open_cached(entries[4])  # the newest idle one, shared again
+    assert again is not None and cache.shared_fds() == (2, 1)
+    cache.release_cached(entries[4].digest, again)
+    assert cache.shared_fds() == (1, 1)  # over the count bound: the oldest idle one closed
+    cache.close()
+    assert cache.shared_fds() == (0, 0)
