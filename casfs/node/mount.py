@@ -1366,8 +1366,11 @@ class MountService:
             # A job joining now would write after the final scan: the entry says we
             # stop, so the next job waits for our exit and spawns a fresh process
             # (casfs.node.dirshare).
-            control.write_registry(self.cfg.run_dir, self.cfg.name,
-                                   dict(self._entry, stopping=True))
+            try:
+                control.write_registry(self.cfg.run_dir, self.cfg.name,
+                                       dict(self._entry, stopping=True))
+            except OSError as e:  # a full state dir: the final publication still runs
+                log.warning("%s: marking the registry entry stopping: %s", self.cfg.name, e)
             pausepoint("dir-final-publication")
             await self._shutdown()
             nursery.cancel_scope.cancel()
