@@ -47,12 +47,15 @@ import contextlib
 import fcntl
 import hashlib
 import json
+import logging
 import os
 import select
 import signal
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+log = logging.getLogger(__name__)
 
 WORKER_MODULE = b"casfs.node.worker"
 
@@ -103,7 +106,10 @@ class DirShare:
         if pid is not None:
             from casfs.util.atomic import write_atomic
 
-            write_atomic(self._stop, str(pid).encode())
+            try:
+                write_atomic(self._stop, str(pid).encode())
+            except OSError as e:  # best effort: the process marks its own entry too
+                log.warning("recording that pid %d stops: %s", pid, e)
             return pid
         try:
             return int(self._stop.read_bytes())
