@@ -365,7 +365,7 @@ class LocalObjectCache:
         while the bound allows."""
         with self._lock:
             slot = self._shared.get(digest)
-            if slot is None or slot[0] != fd:  # not shared (never happens): close it
+            if slot is None or slot[0] != fd:  # the caller's own fd (see open_cached)
                 os.close(fd)
             else:
                 slot[1] -= 1
