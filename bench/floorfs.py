@@ -116,6 +116,12 @@ def main(argv: list[str]) -> int:
         return 2
     fs = FloorFS(Path(argv[0]))
     pyfuse3.init(fs, argv[1], {"fsname=casfs-floor", "ro", "default_permissions"})
+    return serve()
+
+
+def serve(min_tasks: int = 1, max_tasks: int = 99) -> int:
+    """Run the initialised pyfuse3 session: ``READY`` on stdout once serving, unmount
+    on SIGTERM/SIGINT (the floors' shared main loop)."""
 
     async def run() -> None:
         async with trio.open_nursery() as n:
@@ -127,7 +133,7 @@ def main(argv: list[str]) -> int:
 
             n.start_soon(stop_on_signal)
             print("READY", flush=True)
-            await pyfuse3.main()
+            await pyfuse3.main(min_tasks=min_tasks, max_tasks=max_tasks)
             n.cancel_scope.cancel()
 
     try:

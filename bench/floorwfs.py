@@ -23,14 +23,14 @@ from __future__ import annotations
 
 import errno
 import os
-import signal
 import stat
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 import pyfuse3
-import trio
+
+from bench.floorfs import serve
 
 HOUR = 3600.0
 ROOT_TIMEOUT = 1.0  # as casfs: stat of the mount point must reach the daemon
@@ -308,26 +308,7 @@ def main(argv: list[str]) -> int:
         return 2
     fs = FloorWFS(Path(argv[0]).resolve())
     pyfuse3.init(fs, argv[1], mount_options())
-
-    async def run() -> None:
-        async with trio.open_nursery() as n:
-            async def stop_on_signal() -> None:
-                with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as sigs:
-                    async for _ in sigs:
-                        pyfuse3.terminate()
-                        return
-
-            n.start_soon(stop_on_signal)
-            print("READY", flush=True)
-            await pyfuse3.main(min_tasks=tasks[0], max_tasks=tasks[1])
-            n.cancel_scope.cancel()
-
-    try:
-        trio.run(run)
-    finally:
-        pyfuse3.close(unmount=True)
-    return 0
-
+    return serve(*tasks)
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))
