@@ -118,6 +118,15 @@ with open(log_path, "w", buffering=1) as log:
 COLD_SIZE = 64 << 10  # bytes per cold file: random, so its fetch is not trivially short
 
 
+def _probe_log(path: Path) -> tuple[list[list[str]], dict[str, int], list[float]]:
+    """A probe's log: its rows (start, ms, outcome, name), outcome counts, sorted ms."""
+    rows = [r for r in (line.split() for line in path.read_text().splitlines()) if len(r) == 4]
+    outcomes: dict[str, int] = {}
+    for r in rows:
+        outcomes[r[2]] = outcomes.get(r[2], 0) + 1
+    return rows, outcomes, sorted(float(r[1]) for r in rows)
+
+
 def _wait(pred: Any, what: str, timeout: float = 60.0) -> Any:
     deadline = time.monotonic() + timeout
     while True:
@@ -331,12 +340,7 @@ def fetch_trial(node: Node, ns_path: Path, names: list[str], kills: int) -> dict
         p.wait(60)
     out: dict[str, Any] = {"fetch_workers_killed": killed}
     for name in bases:
-        rows = [line.split() for line in (tmp / f"{name}.log").read_text().splitlines()]
-        rows = [r for r in rows if len(r) == 4]
-        outcomes: dict[str, int] = {}
-        for r in rows:
-            outcomes[r[2]] = outcomes.get(r[2], 0) + 1
-        ms = sorted(float(r[1]) for r in rows)
+        rows, outcomes, ms = _probe_log(tmp / f"{name}.log")
         # reads in flight at a kill: started before it, ended after it
         hit = [float(r[1]) for r in rows for k in kill_times
                if float(r[0]) <= k <= float(r[0]) + float(r[1]) / 1000]
@@ -422,12 +426,7 @@ def promote_trial(node: Node, ns_path: Path, kills: int) -> dict[str, Any]:
     out: dict[str, Any] = {"promote_workers_killed": killed}
     written: dict[str, set[str]] = {}
     for name in bases:
-        rows = [line.split() for line in (tmp / f"{name}.log").read_text().splitlines()]
-        rows = [r for r in rows if len(r) == 4]
-        outcomes: dict[str, int] = {}
-        for r in rows:
-            outcomes[r[2]] = outcomes.get(r[2], 0) + 1
-        ms = sorted(float(r[1]) for r in rows)
+        rows, outcomes, ms = _probe_log(tmp / f"{name}.log")
         written[name] = {r[3] for r in rows if r[2] == "ok"}
         out[name] = {
             "writes": len(rows), "outcomes": outcomes,
