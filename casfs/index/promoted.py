@@ -230,8 +230,10 @@ def mark_published(env: IndexEnv, mount: str, items: Iterable[str | Entry], seq:
     Given a bare path, the record changes whatever its digest. With ``root``,
     the pack locations of published Entries with ``"pack"`` extras are dropped
     from ``packed``: the published rows hold them now, so the table stays as
-    small as what is pending (a same-digest record promoted meanwhile loses its
-    location and is promoted again: publication checks every pending object).
+    small as what is pending. A location another pending record still names
+    (the same bytes promoted by another namespace of the node meanwhile) is
+    kept: without it that record's object looked lost at its publication, and
+    at a namespace's final publication nothing promoted it again.
     """
     mountb = ks.check_name(mount, "mount")
     todo = list(items)
@@ -240,6 +242,7 @@ def mark_published(env: IndexEnv, mount: str, items: Iterable[str | Entry], seq:
 
     def txn_fn(txn: lmdb.Transaction) -> int:
         n = 0
+        drop: set[bytes] = set()  # raw digests whose pack locations may go
         for item in todo:
             path = item if isinstance(item, str) else item.path
             key = ks.promoted_key(mountb, path)
@@ -257,7 +260,19 @@ def mark_published(env: IndexEnv, mount: str, items: Iterable[str | Entry], seq:
             n += 1
             if (root is not None and pdb is not None and isinstance(item, Entry)
                     and item.extras and "pack" in item.extras):
-                txn.delete(ks.packed_key(root, item.digest), db=pdb)
+                drop.add(raw)
+        if drop and root is not None and pdb is not None:
+            # The records still pending (this namespace's others, other namespaces'):
+            # one scan, only when a location is to go.
+            for pkey in txn.cursor(db=pend).iternext(values=False):
+                value = txn_get(txn, bytes(pkey), db)
+                held = value[1:33] if value is not None else b""
+                if held in drop:
+                    drop.discard(held)
+                    if not drop:
+                        break
+            for gone in drop:
+                txn.delete(ks.packed_key(root, gone.hex()), db=pdb)
         return n
 
     return env.write(txn_fn)

@@ -175,8 +175,7 @@ class NodeHost:
         svc = s.svc
         await trio.to_thread.run_sync(svc.stop_prefetch)  # cancelled with the namespace
         with trio.move_on_after(self.cfg.shutdown_timeout) as scope:
-            await trio.to_thread.run_sync(svc.promote_once, True, abandon_on_cancel=True)
-            await trio.to_thread.run_sync(svc.publish_once, True, abandon_on_cancel=True)
+            await trio.to_thread.run_sync(svc.final_publication, abandon_on_cancel=True)
         if scope.cancelled_caught:
             log.warning("%s: final publication did not finish within %.0fs", svc.cfg.name,
                         self.cfg.shutdown_timeout)

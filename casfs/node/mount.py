@@ -1087,6 +1087,20 @@ class MountService:
         if self.readahead is not None:
             self.readahead.stop()
 
+    def final_publication(self) -> None:
+        """Promote and publish everything stable: the namespace is being released.
+
+        A publication that finds a promoted object gone puts its path back to
+        promotion, for the next round; at release no next round comes, so it
+        gets one more here.
+        """
+        for _ in range(2):
+            lost = self.counters.get("promoted_objects_lost")
+            self.promote_once(True)
+            self.publish_once(True)
+            if self.counters.get("promoted_objects_lost") == lost:
+                return
+
     def _publish_if_pending(self) -> None:
         if self.pending_publication():
             self.publish_once()
@@ -1096,8 +1110,7 @@ class MountService:
         self._stopping = True
         await trio.to_thread.run_sync(self.stop_prefetch)
         with trio.move_on_after(self.cfg.shutdown_timeout) as scope:
-            await trio.to_thread.run_sync(self.promote_once, True, abandon_on_cancel=True)
-            await trio.to_thread.run_sync(self.publish_once, True, abandon_on_cancel=True)
+            await trio.to_thread.run_sync(self.final_publication, abandon_on_cancel=True)
         if scope.cancelled_caught:
             log.warning("%s: final publication did not finish within %.0fs", self.cfg.name,
                         self.cfg.shutdown_timeout)

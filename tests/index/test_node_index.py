@@ -292,6 +292,35 @@ def test_pending_table_follows_promotion_state(tmp_path: Path) -> None:
         idx.close()
 
 
+def test_a_pack_location_another_pending_record_names_outlives_a_publication(
+        tmp_path: Path) -> None:
+    """Two namespaces of a node promote the same bytes into packs: publishing one must
+    not drop the location the other's pending record still needs (its object then
+    looked lost, and a namespace's final publication dropped the file)."""
+    from casfs.store.entry import Entry
+
+    idx = NodeIndex.open(tmp_path / "state")
+    try:
+        same, only = "ab" * 32, "cd" * 32
+        loc_same, loc_only = ("ef" * 32, 0, 4), ("ef" * 32, 4, 4)
+        idx.add_promoted_many("triton", [Entry("k/x", same, 1, 0o644, 0),
+                                         Entry("k/y", only, 1, 0o644, 0)],
+                              {same: loc_same, only: loc_only}, "root")
+        idx.add_promoted_many("inductor", [Entry("k/x", same, 1, 0o644, 0)],
+                              {same: loc_same}, "root")
+        published = list(idx.pending("triton", "root"))
+        assert all(e.extras == {"pack": list(loc_same if e.digest == same else loc_only)}
+                   for e in published)
+        assert idx.mark_published("triton", published, 1, "root") == 2
+        (other,) = idx.pending("inductor", "root")
+        assert other.extras == {"pack": list(loc_same)}  # still named: kept
+        assert idx.pack_location("root", only) is None  # nobody else's: dropped
+        assert idx.mark_published("inductor", [other], 1, "root") == 1
+        assert idx.pack_location("root", same) is None  # the last one out drops it
+    finally:
+        idx.close()
+
+
 def test_forget_all_promoted_is_per_mount(tmp_path: Path) -> None:
     from casfs.store.entry import Entry
 
