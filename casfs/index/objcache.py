@@ -17,7 +17,8 @@ mode 0444, plus ``.tmp-*`` files while filling.
   lock, so a fetch never returns a path eviction is about to remove.
 * Shared fds: ``open_cached`` hands out one fd per object, shared by the
   mount's handles (reads are preads) and kept open after the last
-  ``release_cached`` (idle, LRU) up to a quarter of RLIMIT_NOFILE; eviction
+  ``release_cached`` (idle, LRU) up to a quarter of RLIMIT_NOFILE, shared
+  evenly by the process's caches (one per namespace served); eviction
   closes an object's idle fd before unlinking it.
 * LRU: sizes and last-access times live in the node index (shared with other
   processes). Hits are batched in memory and written every few seconds (one
@@ -54,6 +55,7 @@ from casfs.index.node_index import NodeIndex
 from casfs.store.entry import Entry
 from casfs.util.atomic import temp_name
 from casfs.util.counters import Counters
+from casfs.util.shares import EvenShares
 
 log = logging.getLogger(__name__)
 
@@ -74,20 +76,24 @@ THREADS_ABOVE = 32 << 20
 INLINE_VERIFY_MAX = 256 << 10
 # A cache file is opened never following a link and never blocking (a FIFO put there).
 _OPEN_CACHED = os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
-# Idle shared fds kept open (``open_cached``): at most this many, and at most a
-# quarter of the process's RLIMIT_NOFILE soft limit.
+# Idle shared fds kept open (``open_cached``): at most this many per cache, and at
+# most a quarter of the process's RLIMIT_NOFILE soft limit for all its caches.
 SHARED_IDLE_MAX = 8192
 # ... and of at most this many bytes of objects: another process may evict (unlink)
 # an object an idle fd holds, and its space stays in use until the fd is closed.
 SHARED_IDLE_BYTES = 256 << 20
+# The fd bound and the bytes bound are the process's: its caches (one per namespace
+# it serves) share them evenly.
+_IDLE_SHARES = EvenShares()
 
 
 def idle_fd_bound() -> int:
-    """How many idle object fds a process may keep: a quarter of RLIMIT_NOFILE, <= 8192."""
+    """How many idle object fds a process may keep: a quarter of RLIMIT_NOFILE (its
+    caches share it; each keeps at most SHARED_IDLE_MAX)."""
     soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft == resource.RLIM_INFINITY:
         return SHARED_IDLE_MAX
-    return max(0, min(SHARED_IDLE_MAX, soft // 4))
+    return max(0, soft // 4)
 
 
 class ObjectSource(Protocol):
@@ -250,7 +256,8 @@ class LocalObjectCache:
         self._shared: dict[str, list[int]] = {}  # digest -> [fd, handles, size]
         self._idle: OrderedDict[str, int] = OrderedDict()  # digest -> object size
         self._idle_bytes = 0  # bytes of the idle fds' objects (bounded: see SHARED_IDLE_BYTES)
-        self.idle_fds = idle_fd_bound()
+        self.idle_fds = idle_fd_bound()  # the process's bound: this cache keeps its share
+        self._leave_shares = _IDLE_SHARES.join(self)
         # Set by a mount that calls flush_touches every few seconds from a worker thread:
         # a warm open (the FUSE loop) then only notes the hit, no LMDB write inline.
         self.flushed_elsewhere = False
@@ -372,8 +379,10 @@ class LocalObjectCache:
                 if not slot[1]:
                     self._idle[digest] = slot[2]
                     self._idle_bytes += slot[2]
-                    while self._idle and (len(self._idle) > self.idle_fds
-                                          or self._idle_bytes > SHARED_IDLE_BYTES):
+                    max_fds = min(SHARED_IDLE_MAX, _IDLE_SHARES.of(self.idle_fds))
+                    max_bytes = _IDLE_SHARES.of(SHARED_IDLE_BYTES)
+                    while self._idle and (len(self._idle) > max_fds
+                                          or self._idle_bytes > max_bytes):
                         old, size = self._idle.popitem(last=False)
                         self._idle_bytes -= size
                         os.close(self._shared.pop(old)[0])
@@ -800,3 +809,4 @@ class LocalObjectCache:
     def close(self) -> None:
         self.flush_touches()
         self._close_idle(len(self._idle))
+        self._leave_shares()

@@ -11,6 +11,7 @@ MOUNTPOINT`` can find it.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import logging
 import os
@@ -30,6 +31,8 @@ log = logging.getLogger(__name__)
 
 Handler = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
 MAX_REQUEST = 64 << 10
+_TRANSIENT_ACCEPT = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM,
+                     errno.ECONNABORTED, errno.EPROTO, errno.EINTR}
 
 
 async def serve_control(sock_path: Path, handler: Handler,
@@ -50,8 +53,22 @@ async def serve_control(sock_path: Path, handler: Handler,
         task_status.started()
     try:
         async with trio.open_nursery() as nursery:
+            warned = False
             while True:
-                conn, _ = await listener.accept()
+                try:
+                    conn, _ = await listener.accept()
+                except OSError as e:
+                    # Out of fds or memory (or a client gone before accept): this task
+                    # runs in the mount's nursery, and an exception here would end the
+                    # FUSE loop. Refuse this client, keep serving the job.
+                    if e.errno not in _TRANSIENT_ACCEPT:
+                        raise
+                    if not warned:
+                        log.warning("control socket: cannot accept a client: %s", e)
+                        warned = True
+                    await trio.sleep(0.1)
+                    continue
+                warned = False
                 nursery.start_soon(_serve_one, conn, handler)
     finally:
         listener.close()

@@ -49,11 +49,12 @@ import hashlib
 import json
 import logging
 import os
-import select
 import signal
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+from casfs.util.fdwait import readable
 
 log = logging.getLogger(__name__)
 
@@ -182,7 +183,7 @@ def wait_exit(pid: int, timeout: float) -> bool:
     except ProcessLookupError:
         return True
     try:
-        return bool(select.select([pidfd], [], [], timeout)[0])
+        return readable(pidfd, timeout)
     finally:
         os.close(pidfd)
 
@@ -201,9 +202,9 @@ def stop_registered(run_dir: Path, info: dict[str, Any], timeout: float) -> dict
         try:
             if serves(run_dir, info):  # checked after the pidfd pins the process
                 signal.pidfd_send_signal(pidfd, signal.SIGTERM)
-                if not select.select([pidfd], [], [], timeout)[0]:
+                if not readable(pidfd, timeout):
                     signal.pidfd_send_signal(pidfd, signal.SIGKILL)
-                    select.select([pidfd], [], [], 10)
+                    readable(pidfd, 10)
         except ProcessLookupError:
             pass
         finally:

@@ -15,7 +15,7 @@ import contextlib
 import json
 import logging
 import os
-import select
+import resource
 import signal
 import subprocess
 import sys
@@ -28,6 +28,7 @@ from typing import Any, Protocol
 from casfs.errors import CasfsError, FuseUnavailableError
 from casfs.node import logfmt
 from casfs.node.config import HostConfig, MountConfig, dump_config, load_config
+from casfs.util.fdwait import readable
 
 log = logging.getLogger(__name__)
 
@@ -207,8 +208,7 @@ def _read_line(fd: int, timeout: float, proc: subprocess.Popen[bytes]) -> str:
         left = deadline - time.monotonic()
         if left <= 0:
             return f"not ready after {timeout:.0f}s"
-        ready, _, _ = select.select([fd], [], [], min(left, 0.5))
-        if ready:
+        if readable(fd, min(left, 0.5)):
             chunk = os.read(fd, 4096)
             if not chunk:
                 break
@@ -254,6 +254,28 @@ class _Service(Protocol):
     def final_stats(self) -> dict[str, Any]: ...
 
 
+FD_LIMIT_MAX = 1 << 20  # what a mount process lifts its soft RLIMIT_NOFILE to, at most
+
+
+def lift_fd_limit() -> None:
+    """Lift the soft RLIMIT_NOFILE to the hard limit (at most FD_LIMIT_MAX).
+
+    Each file a job holds open through the mount is an fd here too, for every
+    job and cache the process serves, plus the idle fds it keeps; the soft
+    limit a login shell hands down (often 1,024) is sized for one program.
+    Raising the soft limit up to the hard one needs no privilege (casfsd's
+    unit sets both: LimitNOFILE). Every wait on an fd here uses poll, not
+    select, which fails above 1,023.
+    """
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = FD_LIMIT_MAX if hard == resource.RLIM_INFINITY else min(hard, FD_LIMIT_MAX)
+    if soft != resource.RLIM_INFINITY and soft < want:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+        except (OSError, ValueError) as e:
+            log.warning("cannot raise the open-file limit from %d to %d: %s", soft, want, e)
+
+
 def run_child(prog: str, argv: list[str] | None, load: Callable[[str], Any],
               build: Callable[[Any], _Service]) -> int:
     """The child side of ``start_process``: config from its pipe, READY once serving.
@@ -280,6 +302,7 @@ def run_child(prog: str, argv: list[str] | None, load: Callable[[str], Any],
     logfmt.setup(level, args.log_format, tag=tag)
     if args.lifeline_fd is not None:
         _watch_lifeline(args.lifeline_fd)
+    lift_fd_limit()  # before anything sizes a bound from it (idle fds, memfds)
 
     def tell(msg: str) -> None:
         if args.ready_fd is not None:

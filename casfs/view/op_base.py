@@ -29,6 +29,7 @@ import trio
 from casfs.promote.tracker import WriteTracker
 from casfs.store.entry import Entry
 from casfs.util.counters import Counters
+from casfs.util.shares import EvenShares
 from casfs.view.attrs import lower_attrs, upper_attrs
 from casfs.view.inodes import InodeTable
 from casfs.view.layers import Layers, Node, join, split
@@ -105,15 +106,19 @@ class Miss(Exception):
         self.path = path
 
 
-# Unused presented memfds kept open: at most this many, and an eighth of RLIMIT_NOFILE.
+# Unused presented memfds kept open: at most this many per view, and an eighth of
+# RLIMIT_NOFILE for the process (its views, one per namespace served, share it).
 MEMFD_IDLE_MAX = 1024
+MEMFD_SHARES = EvenShares()
 
 
 def memfd_idle_bound() -> int:
+    """The process's bound on idle memfds: an eighth of RLIMIT_NOFILE (its views
+    share it; each keeps at most MEMFD_IDLE_MAX)."""
     soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft == resource.RLIM_INFINITY:
         return MEMFD_IDLE_MAX
-    return max(0, min(MEMFD_IDLE_MAX, soft // 8))
+    return max(0, soft // 8)
 
 
 def err(code: int) -> pyfuse3.FUSEError:
@@ -207,7 +212,8 @@ class OpsBase(pyfuse3.Operations):
         # are preads): key -> [fd, handles]; unused ones kept (LRU) up to the bound.
         self._memfds: dict[tuple[str, str], list[int]] = {}
         self._memfd_idle: OrderedDict[tuple[str, str], None] = OrderedDict()
-        self._memfd_bound = memfd_idle_bound()
+        self._memfd_bound = memfd_idle_bound()  # the process's: this view keeps its share
+        MEMFD_SHARES.join(self)
         self._lower_kinds: dict[str, tuple[str, bool, bool]] = {}  # see FileOps._open_node
         # inode -> (layers.state(), path, entry) of a lower file last opened warm
         self._warm: dict[int, tuple[tuple[int, int, int], str, Entry]] = {}

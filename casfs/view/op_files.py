@@ -13,7 +13,16 @@ import trio
 
 from casfs.store.entry import Entry
 from casfs.view.layers import Node, split
-from casfs.view.op_base import STRIP_FLAGS, Handle, Miss, err, fuse_errors, sync_handler
+from casfs.view.op_base import (
+    MEMFD_IDLE_MAX,
+    MEMFD_SHARES,
+    STRIP_FLAGS,
+    Handle,
+    Miss,
+    err,
+    fuse_errors,
+    sync_handler,
+)
 from casfs.view.op_copyup import CopyUpOps
 
 log = logging.getLogger(__name__)
@@ -297,7 +306,7 @@ class FileOps(CopyUpOps):
         slot[1] -= 1
         if not slot[1]:
             self._memfd_idle[key] = None
-            bound = self._memfd_bound
+            bound = min(MEMFD_IDLE_MAX, MEMFD_SHARES.of(self._memfd_bound))
             while len(self._memfd_idle) > bound:
                 old, _ = self._memfd_idle.popitem(last=False)
                 os.close(self._memfds.pop(old)[0])

@@ -496,8 +496,10 @@ def test_idle_shared_fds_are_bounded_by_count_and_bytes(
     """Idle fds kept after release stay within both bounds (another process may evict
     an object an idle fd holds: its space stays in use until the fd is closed)."""
     import casfs.index.objcache as objcache
+    from casfs.util.shares import EvenShares
 
     monkeypatch.setattr(objcache, "SHARED_IDLE_BYTES", 2500)
+    monkeypatch.setattr(objcache, "_IDLE_SHARES", EvenShares())  # no other test's caches
     cache = make_cache(tmp_path, index, source)
     entries = [source.add(bytes([i]) * 1000) for i in range(5)]
     for e in entries:
@@ -516,3 +518,35 @@ def test_idle_shared_fds_are_bounded_by_count_and_bytes(
     assert cache.shared_fds() == (1, 1)  # over the count bound: the oldest idle one closed
     cache.close()
     assert cache.shared_fds() == (0, 0)
+
+
+def test_the_caches_of_one_process_share_its_idle_fd_bound(
+        tmp_path: Path, index: NodeIndex, source: FakeSource,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A mount process serves a namespace per cache family, each with its own cache:
+    the idle fds they keep together stay within the process's bound (each cache
+    keeping the whole bound once ran a ten-family process out of fds)."""
+    import casfs.index.objcache as objcache
+    from casfs.util.shares import EvenShares
+
+    monkeypatch.setattr(objcache, "_IDLE_SHARES", EvenShares())
+    caches = [LocalObjectCache(tmp_path / f"objects{i}", index, source, 1 << 30)
+              for i in range(2)]
+    entries = [source.add(bytes([i]) * 100) for i in range(6)]
+
+    def keep_idle(cache: LocalObjectCache) -> None:
+        cache.idle_fds = 4  # the process's bound
+        for e in entries:
+            cache.fetch(e)
+            cache.unpin(e.digest)
+        for e in entries:
+            fd = cache.open_cached(e)
+            assert fd is not None
+            cache.release_cached(e.digest, fd)
+
+    for c in caches:
+        keep_idle(c)
+    assert [c.shared_fds() for c in caches] == [(2, 2), (2, 2)]  # half of 4 each
+    caches[1].close()  # a namespace released: the other may keep the whole bound
+    keep_idle(caches[0])
+    assert caches[0].shared_fds() == (4, 4)

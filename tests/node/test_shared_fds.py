@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import os
 import resource
+import shutil
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -61,17 +63,21 @@ def test_eviction_of_an_idle_shared_fd_keeps_bytes_right(
     assert cached <= 1_000_000
 
 
+@pytest.mark.skipif(shutil.which("prlimit") is None, reason="needs prlimit (util-linux)")
 def test_idle_fds_stay_within_a_quarter_of_rlimit_nofile(
-        cluster: dict[str, Any], tmp_path: Path) -> None:
+        cluster: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     files = {f"d{i % 50}/f{i}": b"%d" % i * 7 for i in range(2000)}
     seed(cluster["root"], files, tmp=tmp_path)
     b = cluster["b"]
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))  # the mount inherits it
-    try:
-        w = b.mount()
-    finally:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    # A mount process lifts its soft limit to the hard one: started under a hard limit
+    # of 256 (as an operator's LimitNOFILE=256 would), it keeps a quarter of that.
+    wrapper = tmp_path / "python-nofile-256"
+    wrapper.write_text(f'#!/bin/sh\nexec prlimit --nofile=256:256 -- {sys.executable} "$@"\n')
+    wrapper.chmod(0o755)
+    monkeypatch.setattr(sys, "executable", str(wrapper))
+    w = b.mount()
+    monkeypatch.undo()
+    assert resource.prlimit(w.proc.pid, resource.RLIMIT_NOFILE) == (256, 256)
     mp, objects = w.cfg.mountpoint, b.state / "objects"
     for _ in range(2):
         for rel, data in files.items():
@@ -85,6 +91,20 @@ def test_idle_fds_stay_within_a_quarter_of_rlimit_nofile(
     for rel in list(files)[-20:]:  # the most recent ones are still open: shared
         assert (mp / rel).read_bytes() == files[rel]
     assert b.ask(w, "stats")["counters"].get("open_shared", 0) >= 20
+
+
+@pytest.mark.skipif(shutil.which("prlimit") is None, reason="needs prlimit (util-linux)")
+def test_a_mount_process_lifts_its_soft_fd_limit_to_the_hard_one(
+        cluster: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every file a job holds open through the mount is an fd of the mount process:
+    the 1,024 a login shell hands down is not the process's to keep."""
+    wrapper = tmp_path / "python-nofile"
+    wrapper.write_text(f'#!/bin/sh\nexec prlimit --nofile=256:4096 -- {sys.executable} "$@"\n')
+    wrapper.chmod(0o755)
+    monkeypatch.setattr(sys, "executable", str(wrapper))
+    w = cluster["b"].mount()
+    monkeypatch.undo()
+    assert resource.prlimit(w.proc.pid, resource.RLIMIT_NOFILE) == (4096, 4096)
 
 
 def test_presented_group_files_share_one_sealed_memfd(

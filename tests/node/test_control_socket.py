@@ -1,0 +1,62 @@
+"""The control socket runs in the mount's nursery: anything it raises ends the FUSE loop."""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import socket
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from casfs.node.control import serve_control
+
+
+def test_running_out_of_fds_refuses_a_client_but_keeps_serving(tmp_path: Path) -> None:
+    """An accept that meets EMFILE (a mount process out of fds) once ended the whole
+    mount: now that client waits in the backlog and is served once fds are free."""
+    sock_path = tmp_path / "control.sock"
+
+    async def handler(req: dict[str, Any]) -> dict[str, Any]:
+        return {"ok": True, "echo": req.get("cmd")}
+
+    def ask(client: socket.socket) -> dict[str, Any]:
+        client.sendall(b'{"cmd": "status"}\n')
+        buf = b""
+        while not buf.endswith(b"\n"):
+            chunk = client.recv(4096)
+            if not chunk:
+                break
+            buf += chunk
+        reply: dict[str, Any] = json.loads(buf)
+        return reply
+
+    async def main() -> dict[str, Any]:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(serve_control, sock_path, handler)
+            client = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            client.settimeout(30)
+            soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+            hog: list[int] = []
+            resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")) + 8,
+                                                        hard))
+            try:
+                while True:  # every fd taken: the server's accept gets EMFILE
+                    try:
+                        hog.append(os.open(os.devnull, os.O_RDONLY))
+                    except OSError:
+                        break
+                client.connect(str(sock_path))  # queued in the listen backlog
+                await trio.sleep(0.5)  # the server tries to accept meanwhile
+            finally:
+                for fd in hog:
+                    os.close(fd)
+                resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+            with client:
+                reply = await trio.to_thread.run_sync(ask, client)
+            nursery.cancel_scope.cancel()
+        return reply
+
+    assert trio.run(main) == {"ok": True, "echo": "status"}
