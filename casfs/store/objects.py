@@ -225,11 +225,20 @@ class ObjectStore:
         few-KB objects (a pool of 4 Python threads: +50% CPU, no faster here).
         """
         multi = getattr(self._compressor(level), "multi_compress_to_buffer", None)
-        if threads <= 1 or len(datas) < 2 or multi is None:  # the cffi backend lacks it
+        # Empty objects (lock files, empty modules) are stored raw, never compressed:
+        # python-zstandard 0.25's multi-threaded call drops the segment of an empty
+        # input in some thread splits ([b"abc", b""] gives one segment), and its
+        # result would pair the wrong bytes with an object.
+        full = [d for d in datas if d]
+        if threads <= 1 or len(full) < 2 or multi is None:  # the cffi backend lacks it
             return [self.encode(d, level) for d in datas]
+        segs = [seg.tobytes() for seg in multi(full, threads=threads)]
+        if len(segs) != len(full):  # never seen for non-empty inputs; a wrong pairing costs
+            return [self.encode(d, level) for d in datas]  # far more than this fallback
+        compressed = iter(segs)
         out = []
-        for data, seg in zip(datas, multi(datas, threads=threads), strict=True):
-            payload, codec = seg.tobytes(), CODEC_ZSTD
+        for data in datas:
+            payload, codec = (next(compressed), CODEC_ZSTD) if data else (data, CODEC_RAW)
             if len(payload) > len(data) * (1 - MIN_SAVING):
                 payload, codec = data, CODEC_RAW
             out.append(HEADER.pack(MAGIC, VERSION, codec, 0, len(data)) + payload)

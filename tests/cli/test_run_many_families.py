@@ -115,3 +115,33 @@ def test_many_families_under_a_low_fd_limit_never_fail_the_job(tmp_path: Path) -
             tmp_path / "root", fam), (fam, r.stderr[-3000:])
     stats = json.loads((tmp_path / "b" / "run" / "host.final-stats").read_text())
     assert {ns["namespace"].split("-")[0] for ns in stats["namespaces"]} >= set(fams)
+
+
+MOVE = """
+import errno, os, shutil
+t, i = os.environ["TRITON_CACHE_DIR"], os.environ["TORCHINDUCTOR_CACHE_DIR"]
+os.makedirs(f"{t}/k", exist_ok=True)
+with open(f"{t}/k/f", "w") as f:
+    f.write("hello")
+try:
+    os.rename(f"{t}/k/f", f"{i}/f")
+except OSError as e:  # two namespaces: two filesystems to the job
+    print("rename", errno.errorcode[e.errno])
+shutil.move(f"{t}/k/f", f"{i}/moved")  # falls back to copy + unlink
+os.makedirs(f"{i}/pkg", exist_ok=True)
+open(f"{i}/pkg/__init__.py", "w").close()  # an empty file beside a non-empty one
+open(f"{i}/zz-empty", "w").close()
+"""
+
+
+def test_a_job_moves_files_between_families_and_leaves_empty_ones(tmp_path: Path) -> None:
+    """Moving a file from one family's cache to another's is a move between
+    filesystems (EXDEV, then copy); empty files publish like any other (an empty file
+    in a promotion part once failed every round of its namespace: python-zstandard's
+    multi-threaded compression dropped its segment)."""
+    r = casfs_run(tmp_path, "a", ["triton", "inductor"], MOVE)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "rename EXDEV" in r.stdout
+    assert "promotion round failed" not in r.stderr
+    assert published_paths(tmp_path / "root", "inductor") == {
+        "moved", "pkg/__init__.py", "zz-empty"}, r.stderr[-3000:]
