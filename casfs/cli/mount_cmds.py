@@ -376,6 +376,12 @@ def _private_dirs(names: list[str], why: str) -> tuple[dict[str, str], Path]:
     return out, tmp
 
 
+def _killed(rc: int) -> bool:
+    """Whether a job's exit status says a signal ended it (directly, or a shell's
+    128+N for its child): then what it was writing may be half-written."""
+    return rc < 0 or 128 < rc <= 128 + 64
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     """Run one job with its caches: shared from the node's mount process when one runs."""
     from casfs.daemon.config import load_tenants
@@ -409,7 +415,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     private: Path | None = None
     if mode == "fuse":
         try:
-            reply, sock = client.lease(state, caches, os.getpid(), start=start)
+            reply, sock = client.lease(state, caches, os.getpid(), start=start, run=True)
             lease = (sock, reply["lease"])
             paths = {c["family"]: c["path"] for c in reply["caches"]}
         except FuseUnavailableError as e:
@@ -468,7 +474,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     finally:
         stats: list[tuple[str, dict[str, Any] | None]] = []
         if lease is not None:
-            got = {st.get("namespace"): st for st in client.release(*lease, wait=True)}
+            got = {st.get("namespace"): st
+                   for st in client.release(*lease, wait=True, killed=_killed(rc))}
             stats = [(c["family"], got.get(c["namespace"])) for c in caches]
         stats += [(w.cfg.family, w.stop()) for w in workers]
         stats += [(js.family, _leave_dir(js)) for js in shares]

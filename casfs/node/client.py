@@ -57,18 +57,20 @@ def _ask(sock: Path, cmd: str, timeout: float, **kw: Any) -> dict[str, Any] | No
 
 
 def lease(state_dir: Path, caches: list[dict[str, Any]], pid: int, *,
-          start: HostConfig | None = None, timeout: float = 120.0) -> tuple[dict[str, Any], Path]:
+          start: HostConfig | None = None, timeout: float = 120.0,
+          run: bool = False) -> tuple[dict[str, Any], Path]:
     """Lease ``caches`` for process ``pid``; (reply, socket that granted it).
 
     ``start``: the mount process to start when none serves the node.
-    DaemonUnavailableError when none serves and ``start`` is None.
+    DaemonUnavailableError when none serves and ``start`` is None. ``run``:
+    ``casfs run``'s lease, always released: ``pid`` dying first means it was killed.
     """
     last: str | None = None
     for attempt in range(START_TRIES):
         # casfsd's own socket (root's CLI), the jobs socket every user reaches, then
         # the mount process another casfs run of this user started.
         for sock in (daemon_socket(state_dir), jobs_socket(), host_socket(state_dir)):
-            reply = _ask(sock, "lease", timeout, caches=caches, pid=pid)
+            reply = _ask(sock, "lease", timeout, caches=caches, pid=pid, run=run)
             if reply is None:
                 continue
             if reply.get("ok"):
@@ -122,9 +124,10 @@ def start_early(state_dir: Path, start: HostConfig) -> threading.Thread | None:
 
 
 def release(sock: Path, lease_id: str, *, wait: bool, timeout: float = 300.0,
-            ) -> list[dict[str, Any]]:
-    """Give the lease back; the per-namespace stats the mount process reports."""
-    reply = _ask(sock, "release", timeout, lease=lease_id, wait=wait)
+            killed: bool = False) -> list[dict[str, Any]]:
+    """Give the lease back; the per-namespace stats the mount process reports.
+    ``killed``: the job was killed by a signal (what it wrote last is not published)."""
+    reply = _ask(sock, "release", timeout, lease=lease_id, wait=wait, killed=killed)
     if reply is None or not reply.get("ok"):
         log.warning("releasing lease %s: %s", lease_id,
                     (reply or {}).get("error", "the mount process is gone"))

@@ -61,6 +61,9 @@ class Lease:
     pid: int
     started: str | None
     keys: set[Key] = field(default_factory=set)
+    # ``casfs run``'s own lease: it is always released, so its holder dying first
+    # means the wrapper (and, under a scheduler's kill, its job) was killed.
+    run: bool = False
 
 
 @dataclass
@@ -205,7 +208,7 @@ class NodeHost:
         lease = self.leases.get(lid)
         if lease is None:
             lid = uuid.uuid4().hex[:16]
-            lease = Lease(lid, pid, leases.start_time(pid))
+            lease = Lease(lid, pid, leases.start_time(pid), run=bool(req.get("run")))
         # Registered before attaching: the lease check must not release the first
         # namespace while the next one is being attached.
         self.leases[lid] = lease
@@ -233,6 +236,8 @@ class NodeHost:
         if lease is None:
             return {"ok": False, "error": "no such lease"}
         self._persist()
+        if req.get("killed"):  # casfs run saw its job killed by a signal just now
+            self._torn(lease.keys, late=0.0)
         if req.get("wait"):
             await self.check_leases()
         out = []
@@ -259,6 +264,8 @@ class NodeHost:
                 log.info("lease %s: process %d is gone", lid, lease.pid)
                 del self.leases[lid]
                 self._persist()
+                if lease.run:  # casfs run killed before it released: its job likely too
+                    self._torn(lease.keys, late=self.cfg.lease_poll)
         held = {k for lease in self.leases.values() for k in lease.keys}
         idle = {str(s.path): k for k, s in self.served.items() if k not in held}
         for k, s in self.served.items():
@@ -305,12 +312,24 @@ class NodeHost:
                 log.exception("reclaiming idle namespaces failed")
 
     # --- persistence across a restart ----------------------------------------------------
+    def _torn(self, keys: set[Key], late: float) -> None:
+        """A job holding ``keys`` was killed at most ``late`` seconds ago: what its
+        namespaces changed from ``stable_after`` before that (a file still being
+        written then was not stable yet) until a moment after now (the kernel's
+        RELEASEs of the dead job's files come late) is never published."""
+        now = time.monotonic()
+        for key in keys:
+            s = self.served.get(key)
+            if s is not None:
+                s.svc.torn_writes(now - late - s.svc.cfg.stable_after - 0.5, now + 2.0)
+
     def _persist(self) -> None:
         data = {
             "served": [{"tenant": k[0], "namespace": k[1], "family": s.family}
                        for k, s in sorted(self.served.items())],
             "leases": [{"id": lease.id, "pid": lease.pid, "started": lease.started,
-                        "keys": sorted(lease.keys)} for lease in self.leases.values()],
+                        "keys": sorted(lease.keys), "run": lease.run}
+                       for lease in self.leases.values()],
         }
         try:
             atomic.write_atomic(self.cfg.served_file, json.dumps(data).encode())
@@ -331,7 +350,7 @@ class NodeHost:
         for item in data.get("leases", []):
             try:
                 lease = Lease(item["id"], int(item["pid"]), item.get("started"),
-                              {(k[0], k[1]) for k in item["keys"]})
+                              {(k[0], k[1]) for k in item["keys"]}, bool(item.get("run")))
             except (KeyError, TypeError, ValueError, IndexError):
                 continue
             if leases.alive(lease.pid, lease.started):

@@ -1087,6 +1087,35 @@ class MountService:
         if self.readahead is not None:
             self.readahead.stop()
 
+    def torn_writes(self, since: float, until: float) -> int:
+        """A job of this namespace was killed: what changed from ``since`` to ``until``
+        (monotonic) may be half-written (a linker's output, a cache file written in
+        place). It is never promoted, and removed from the upper at release (a miss
+        next time, never a torn file on other nodes). Returns how many files."""
+        n = self.tracker.hold(since, until)
+        if n:
+            self.counters.inc("torn_held", n)
+            log.warning("%s: a job was killed: %d files it may have been writing are not "
+                        "published", self.cfg.name, n)
+        return n
+
+    def _discard_held(self) -> None:
+        """Remove what ``torn_writes`` held from the upper (fuse mode: the namespace
+        is being released, nothing serves it now)."""
+        if self.cfg.mode != "fuse":
+            return
+        for rel in self.tracker.held():
+            up = self.cfg.upper / rel
+            try:
+                if stat.S_ISDIR(os.lstat(up).st_mode):
+                    continue
+                os.unlink(up)
+            except OSError as e:
+                log.warning("%s: cannot remove %s: %s", self.cfg.name, up, e)
+                continue
+            self.tracker.removed(rel)
+            self.counters.inc("torn_discarded")
+
     def final_publication(self) -> None:
         """Promote and publish everything stable: the namespace is being released.
 
@@ -1094,6 +1123,7 @@ class MountService:
         promotion, for the next round; at release no next round comes, so it
         gets one more here.
         """
+        self._discard_held()
         for _ in range(2):
             lost = self.counters.get("promoted_objects_lost")
             self.promote_once(True)

@@ -25,6 +25,9 @@ class WriteTracker:
         # Dirty paths strictly below each directory: renames and removals of
         # plain files (the common case) then cost O(1), not a scan of _dirty.
         self._below: Counter[str] = Counter()
+        # Windows of monotonic time ([since, until]): a path whose last change falls in
+        # one is never promoted (a job killed then may have left it half-written).
+        self._holds: list[tuple[float, float]] = []
 
     def _set_dirty(self, path: str, t: float) -> None:
         if path not in self._dirty:
@@ -105,7 +108,29 @@ class WriteTracker:
             return sorted(
                 p for p, t in self._dirty.items()
                 if t <= cutoff and (with_writers or p not in self._writers)
+                and not (self._holds and self._in_hold(t))
             )
+
+    # --- a job killed mid-write -------------------------------------------
+    def hold(self, since: float, until: float) -> int:
+        """Keep every path whose last change falls in [``since``, ``until``] (monotonic)
+        out of promotion: what a job killed in that time may have left half-written.
+        A later change (the file written again) lifts it. Returns how many are held.
+
+        A window, not a set of paths: the kernel's RELEASE of a killed process's
+        files can arrive after this call, and must not count as a new change.
+        """
+        with self._lock:
+            self._holds.append((since, until))
+            return sum(1 for t in self._dirty.values() if since <= t <= until)
+
+    def held(self) -> list[str]:
+        """The dirty paths a ``hold`` keeps out of promotion."""
+        with self._lock:
+            return sorted(p for p, t in self._dirty.items() if self._in_hold(t))
+
+    def _in_hold(self, t: float) -> bool:
+        return any(a <= t <= b for a, b in self._holds)
 
     def forget(self, path: str, seen_at: float | None = None) -> None:
         """The promoter handled ``path``; drop it unless it changed after ``seen_at``."""

@@ -73,3 +73,20 @@ def test_removing_an_open_file_forgets_its_writer() -> None:
     t.removed("f")
     t.modified("f")  # a new file at the same path
     assert t.quiet(0.0) == ["f"]
+
+
+def test_a_hold_keeps_what_changed_in_its_window_from_promotion() -> None:
+    """A job killed mid-write: what changed in the window is never quiet, even when the
+    kernel's late RELEASE of its files comes after the hold; a later write lifts it."""
+    t = WriteTracker()
+    t.modified("old")
+    time.sleep(0.02)
+    since = time.monotonic()
+    t.opened_for_write("torn")
+    assert t.hold(since, time.monotonic() + 0.2) == 1
+    t.closed_for_write("torn")  # the dead job's RELEASE, after the hold
+    time.sleep(0.25)
+    assert t.quiet(0.0) == ["old"]
+    assert t.held() == ["torn"]
+    t.modified("torn")  # written again after the window: promoted as usual
+    assert t.quiet(0.0) == ["old", "torn"] and t.held() == []
