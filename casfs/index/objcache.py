@@ -91,8 +91,8 @@ def idle_fd_bound() -> int:
     """How many idle object fds a process may keep: a quarter of RLIMIT_NOFILE (its
     caches share it; each keeps at most SHARED_IDLE_MAX)."""
     soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft == resource.RLIM_INFINITY:
-        return SHARED_IDLE_MAX
+    if soft == resource.RLIM_INFINITY:  # no limit: only the per-namespace cap applies
+        return 1 << 30
     return max(0, soft // 4)
 
 

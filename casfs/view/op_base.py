@@ -116,8 +116,8 @@ def memfd_idle_bound() -> int:
     """The process's bound on idle memfds: an eighth of RLIMIT_NOFILE (its views
     share it; each keeps at most MEMFD_IDLE_MAX)."""
     soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft == resource.RLIM_INFINITY:
-        return MEMFD_IDLE_MAX
+    if soft == resource.RLIM_INFINITY:  # no limit: only the per-namespace cap applies
+        return 1 << 30
     return max(0, soft // 8)
 
 
