@@ -60,7 +60,14 @@ def encode(entries: Iterable[Entry], kind: str) -> bytes:
     # The oldest version that holds these rows: the previous release reads v1 only.
     version = MANIFEST_VERSION if any(len(r) > 5 for r in rows) else 1
     doc = {"casfs_manifest": version, "kind": kind, "entries": rows}
-    return json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode()
+    try:
+        return json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode()
+    except UnicodeEncodeError:
+        # A file name that is not UTF-8 (b"\xff") is a str holding surrogate
+        # escapes (os.fsdecode), which UTF-8 cannot carry: write the whole
+        # manifest ASCII-escaped ("\udcff"), which every reader parses back to
+        # the same str and check_relpath accepts as a name's raw bytes.
+        return json.dumps(doc, separators=(",", ":")).encode()
 
 
 def _extras(obj: object, path: str) -> dict[str, Any]:

@@ -1,0 +1,48 @@
+"""casfs run with cache trees whose names are legal on Linux but unusual."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from .conftest import require_fuse
+
+pytestmark = [pytest.mark.fuse]
+
+# Not UTF-8: Python names it with surrogate escapes ('bad\udcff\udcfe').
+ODD = b"bad\xff\xfename"
+
+
+def run(tmp: Path, node: str, job: str) -> subprocess.CompletedProcess[str]:
+    require_fuse()
+    env = dict(os.environ, CASFS_ROOT=str(tmp / "root"), CASFS_STATE_DIR=str(tmp / node),
+               CASFS_MOUNT_BASE=str(tmp / "mnt"))
+    return subprocess.run([sys.executable, "-m", "casfs.cli.main", "run", "--family", "generic",
+                           "--namespace", "odd", "--stable-after", "0.2", "--",
+                           sys.executable, "-c", job],
+                          env=env, capture_output=True, text=True, timeout=300, check=False)
+
+
+def test_a_name_that_is_not_utf8_does_not_stop_publication(tmp_path: Path) -> None:
+    """One file name that is not UTF-8 must not keep the whole cache from publishing.
+
+    Was: the manifest encoder raised UnicodeEncodeError (surrogates) in the
+    promotion worker, every publication of the namespace failed ("will retry",
+    forever), and no file of the job reached the shared root.
+    """
+    write = ("import os; d = os.fsencode(os.environ['CASFS_CACHE_DIR']);"
+             "open(os.path.join(d, b'good'), 'wb').write(b'good bytes');"
+             f"open(os.path.join(d, {ODD!r}), 'wb').write(b'odd bytes')")
+    r = run(tmp_path, "node-a", write)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "2 published" in r.stderr, r.stderr[-3000:]
+    # A fresh node gets both files, the odd one under its own raw bytes.
+    read = ("import os; d = os.fsencode(os.environ['CASFS_CACHE_DIR']);"
+            "print(sorted((n, open(os.path.join(d, n), 'rb').read()) for n in os.listdir(d)))")
+    r = run(tmp_path, "node-b", read)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.strip() == repr(sorted([(b"good", b"good bytes"), (ODD, b"odd bytes")]))
