@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import logging
 import os
 import shutil
 import stat
@@ -27,6 +28,8 @@ from pathlib import Path
 from typing import BinaryIO, Protocol
 
 from casfs.util import atomic
+
+log = logging.getLogger(__name__)
 
 
 class NotRegularFileError(OSError):
@@ -181,26 +184,65 @@ class LocalBackend:
             return iter(())
         return iter(sorted(names))
 
+    def _parent_fd(self, key: str) -> tuple[int, str]:
+        """A directory fd on ``key``'s parent, reached below the root without following
+        a symlink at any step, and ``key``'s last name.
+
+        The root is shared and writable by others: a planted ``tmp -> /etc`` (or
+        ``objects/ab -> /home/x``) must never let gc unlink outside it. ELOOP or
+        ENOTDIR if a directory on the way is a symlink or not a directory.
+        """
+        *dirs, name = self._spath(key)[len(self._root) + 1:].split("/")
+        fd = os.open(self._root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            for part in dirs:
+                sub = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                              dir_fd=fd)
+                os.close(fd)
+                fd = sub
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd, name
+
     def delete(self, key: str) -> None:
         try:
-            os.unlink(self._path(key))
+            fd, name = self._parent_fd(key)
+        except FileNotFoundError:
+            return
+        except OSError as e:
+            if e.errno not in (errno.ELOOP, errno.ENOTDIR):
+                raise
+            log.warning("not deleting %s: a directory on its path in the shared root is a"
+                        " symbolic link or not a directory", key)
+            return
+        try:
+            os.unlink(name, dir_fd=fd)
         except FileNotFoundError:
             pass
         except IsADirectoryError:
             if key.startswith("tmp/untrusted-"):
                 # A namespace directory moved aside by casfs.store.tenancy: the whole
                 # tree is garbage once gc's grace has passed.
-                shutil.rmtree(self._path(key), ignore_errors=True)
+                shutil.rmtree(name, dir_fd=fd, ignore_errors=True)
                 return
             with contextlib.suppress(OSError):
-                os.rmdir(self._path(key))
+                os.rmdir(name, dir_fd=fd)
         except OSError as e:
             if e.errno != errno.ENOENT:
                 raise
+        finally:
+            os.close(fd)
 
     def staging_entries(self) -> Iterator[tuple[str, float]]:
         """(name, age in seconds) of each file in the staging directory."""
         now = time.time()
+        with contextlib.suppress(OSError):
+            if not stat.S_ISDIR(os.lstat(self.staging_dir).st_mode):
+                # A symlink planted as tmp/: its target is not ours to collect.
+                log.warning("%s is not a directory (a symbolic link?): not collecting it",
+                            self.staging_dir)
+                return
         try:
             with os.scandir(self.staging_dir) as it:
                 for e in it:
