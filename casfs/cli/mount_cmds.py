@@ -458,8 +458,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     rc = 1
     job_started = time.time()
     job_ended = job_started
+    job_lease: str | None = None
     try:
         proc = subprocess.Popen(cmd, env=env)
+        if lease is not None:
+            job_lease = client.follow(lease[0], caches, proc.pid, lease[1])
         old = {s: signal.signal(s, lambda n, f: proc.send_signal(n))
                for s in (signal.SIGINT, signal.SIGTERM)}
         try:
@@ -474,6 +477,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     finally:
         stats: list[tuple[str, dict[str, Any] | None]] = []
         if lease is not None:
+            if job_lease is not None:
+                client.release(lease[0], job_lease, wait=False)  # killed: said just below
             got = {st.get("namespace"): st
                    for st in client.release(*lease, wait=True, killed=_killed(rc))}
             stats = [(c["family"], got.get(c["namespace"])) for c in caches]

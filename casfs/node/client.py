@@ -123,6 +123,24 @@ def start_early(state_dir: Path, start: HostConfig) -> threading.Thread | None:
     return t
 
 
+def follow(sock: Path, caches: list[dict[str, Any]], pid: int, run_lease: str, *,
+           timeout: float = 60.0) -> str | None:
+    """A second lease on ``caches``, held by process ``pid`` (the job) and following
+    ``casfs run``'s lease ``run_lease``, from the mount process behind ``sock``
+    (which already serves them); its id, or None (logged).
+
+    ``casfs run`` holds its job's caches by its own pid; this lease holds them by
+    the job's too, so a wrapper killed outright (SIGKILL, an OOM kill) does not
+    release the namespace under a job that runs on.
+    """
+    reply = _ask(sock, "lease", timeout, caches=caches, pid=pid, follows=run_lease)
+    if reply is None or not reply.get("ok"):
+        log.warning("leasing the caches for the job (pid %d): %s", pid,
+                    (reply or {}).get("error", "the mount process is gone"))
+        return None
+    return str(reply["lease"])
+
+
 def release(sock: Path, lease_id: str, *, wait: bool, timeout: float = 300.0,
             killed: bool = False) -> list[dict[str, Any]]:
     """Give the lease back; the per-namespace stats the mount process reports.

@@ -64,6 +64,9 @@ class Lease:
     # ``casfs run``'s own lease: it is always released, so its holder dying first
     # means the wrapper (and, under a scheduler's kill, its job) was killed.
     run: bool = False
+    # The lease of a ``casfs run``'s command (its pid), following that run's lease
+    # (``casfs.node.client.follow``): the job holds its caches should casfs run die.
+    follows: str | None = None
 
 
 @dataclass
@@ -208,7 +211,8 @@ class NodeHost:
         lease = self.leases.get(lid)
         if lease is None:
             lid = uuid.uuid4().hex[:16]
-            lease = Lease(lid, pid, leases.start_time(pid), run=bool(req.get("run")))
+            lease = Lease(lid, pid, leases.start_time(pid), run=bool(req.get("run")),
+                          follows=str(req.get("follows") or "") or None)
         # Registered before attaching: the lease check must not release the first
         # namespace while the next one is being attached.
         self.leases[lid] = lease
@@ -264,7 +268,7 @@ class NodeHost:
                 log.info("lease %s: process %d is gone", lid, lease.pid)
                 del self.leases[lid]
                 self._persist()
-                if lease.run:  # casfs run killed before it released: its job likely too
+                if self._gone_killed(lid, lease):
                     self._torn(lease.keys, late=self.cfg.lease_poll)
         held = {k for lease in self.leases.values() for k in lease.keys}
         idle = {str(s.path): k for k, s in self.served.items() if k not in held}
@@ -311,6 +315,16 @@ class NodeHost:
             except Exception:
                 log.exception("reclaiming idle namespaces failed")
 
+    def _gone_killed(self, lid: str, lease: Lease) -> bool:
+        """Whether a lease whose process died unreleased stands for a killed job."""
+        if lease.follows is not None:
+            # A job's own lease: casfs run releases it and says whether the job was
+            # killed, unless casfs run died first (then nobody can tell: assume so).
+            return lease.follows not in self.leases
+        # casfs run killed before it released: its job likely too, unless the job's
+        # own lease still stands (dead or alive: a dead one is judged on its turn).
+        return lease.run and not any(f.follows == lid for f in self.leases.values())
+
     # --- persistence across a restart ----------------------------------------------------
     def _torn(self, keys: set[Key], late: float) -> None:
         """A job holding ``keys`` was killed at most ``late`` seconds ago: what its
@@ -328,7 +342,8 @@ class NodeHost:
             "served": [{"tenant": k[0], "namespace": k[1], "family": s.family}
                        for k, s in sorted(self.served.items())],
             "leases": [{"id": lease.id, "pid": lease.pid, "started": lease.started,
-                        "keys": sorted(lease.keys), "run": lease.run}
+                        "keys": sorted(lease.keys), "run": lease.run,
+                        "follows": lease.follows}
                        for lease in self.leases.values()],
         }
         try:
@@ -350,7 +365,8 @@ class NodeHost:
         for item in data.get("leases", []):
             try:
                 lease = Lease(item["id"], int(item["pid"]), item.get("started"),
-                              {(k[0], k[1]) for k in item["keys"]}, bool(item.get("run")))
+                              {(k[0], k[1]) for k in item["keys"]}, bool(item.get("run")),
+                              str(item.get("follows") or "") or None)
             except (KeyError, TypeError, ValueError, IndexError):
                 continue
             if leases.alive(lease.pid, lease.started):
