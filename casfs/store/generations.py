@@ -315,7 +315,11 @@ class GenerationStore:
         check_name(ns)
         out = []
         for name in self.backend.list(f"namespaces/{ns}/generations"):
-            if len(name) == SEQ_WIDTH and name.isdigit():
+            # seq_name pads to SEQ_WIDTH digits and grows past 10**12 - 1 (which a
+            # record planted at 999999999999 brings about): every name seq_name makes,
+            # else gc, verify and `generations` would not see the newest generations.
+            if len(name) >= SEQ_WIDTH and name.isascii() and name.isdigit() \
+                    and name == seq_name(int(name)):
                 out.append(int(name))
         return sorted(out)
 

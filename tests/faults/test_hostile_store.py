@@ -264,3 +264,29 @@ def test_a_fifo_as_the_root_marker_never_blocks(cli: Callable[..., Any],
     doc = cli("doctor", "--json", timeout=30)
     assert doc.rc == 1 and "Traceback" not in doc.err
     assert {c["check"]: c for c in doc.json()}["shared_root"]["status"] == "fail"
+
+
+def test_a_record_planted_at_the_last_12_digit_seq_hides_nothing_from_gc(
+        tmp_path: Path, casfs_env: dict[str, Path], cli: Callable[..., Any]) -> None:
+    """A valid record planted at seq 999999999999 makes the next publication
+    1000000000000, a 13-digit name. Was: seq listings took 12-digit names only, so
+    `casfs generations` and verify never saw it and gc, keeping the newest *listed*
+    generations, deleted its objects: its files were lost (I3)."""
+    a = tmp_path / "a"
+    b = tmp_path / "b"
+    a.mkdir()
+    b.mkdir()
+    (a / "a").write_bytes(b"A")
+    (b / "b").write_bytes(b"B")
+    cli("import", "--namespace", "ns", a, check=True)
+    first = _record_path(casfs_env["root"], 1)
+    doc = json.loads(first.read_bytes())
+    doc["seq"] = 999999999999
+    _record_path(casfs_env["root"], 999999999999).write_text(json.dumps(doc))
+    cli("import", "--namespace", "ns", b, check=True)
+    gens = cli("generations", "--json", "ns", check=True).json()
+    assert 10**12 in {g["seq"] for g in gens}, gens
+    for _ in range(2):  # mark, then sweep
+        cli("gc", "--keep", "1", "--grace", "0", check=True)
+    assert cli("cat", "ns", "b", check=True).out == "B"
+    assert cli("verify", check=True).rc == 0
