@@ -20,7 +20,7 @@ from typing import Any
 
 from casfs.errors import CasfsError, UsageError
 from casfs.families import CacheRules, walk_files
-from casfs.store.entry import Entry
+from casfs.store.entry import Entry, mtime_storable
 from casfs.store.generations import RELOCATE, PublishResult
 from casfs.store.objects import digest_bytes, max_object_bytes
 from casfs.store.packs import SMALL_OBJECT, PackWriter, parse_location, read_pack
@@ -42,8 +42,9 @@ class ImportReport:
 
 
 def _storable(rel: str, st: os.stat_result) -> bool:
-    # Over the object size limit: every reader would refuse it.
-    return is_valid_relpath(rel) and stat.S_ISREG(st.st_mode) and st.st_size <= max_object_bytes()
+    # Over the object size limit, or an mtime no manifest holds: every reader would refuse it.
+    return (is_valid_relpath(rel) and stat.S_ISREG(st.st_mode)
+            and st.st_size <= max_object_bytes() and mtime_storable(st.st_mtime_ns))
 
 
 def scan_tree(src: Path, rules: CacheRules, report: ImportReport) -> list[tuple[str, Path]]:

@@ -5,6 +5,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+# Manifests hold an mtime as signed 64-bit nanoseconds, and readers reject any
+# other (casfs.store.manifest): a file dated past 2262 (or before 1677) cannot be
+# published, and one such row would make its whole generation unreadable.
+MTIME_NS_LIMIT = 1 << 63
+
+
+def mtime_storable(mtime_ns: int) -> bool:
+    """Whether a manifest can hold ``mtime_ns`` (what readers accept)."""
+    return -MTIME_NS_LIMIT < mtime_ns < MTIME_NS_LIMIT
+
 
 @dataclass(frozen=True, slots=True)
 class Entry:

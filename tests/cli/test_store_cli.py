@@ -347,3 +347,18 @@ def test_a_fifo_where_the_root_stages_is_one_line_not_a_traceback(
     line = cli("import", src, "-n", "ns", timeout=60).assert_clean_error()
     assert "Not a directory" in line
     assert cli("gc", "--keep", "1", "--grace", "0", timeout=60).rc == 0
+
+
+def test_import_skips_a_file_dated_past_2262(cli: Cli, tmp_path: Path) -> None:
+    """Was: its row (mtime over 2**63 ns) was published, and every reader rejected the
+    whole generation as damaged ("bad mtime"): the other files of the import were lost
+    from view and `casfs verify` reported a problem."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "good").write_text("good")
+    (src / "future").write_text("future")
+    os.utime(src / "future", ns=(13_569_465_600 * 10**9,) * 2)  # 2400-01-01
+    res = cli("import", "--json", "--namespace", "ns", src, check=True)
+    assert res.json()["skipped"] == ["future"]
+    assert [r["path"] for r in cli("ls", "--json", "ns", check=True).json()] == ["good"]
+    assert "0 problems" in cli("verify", check=True).out

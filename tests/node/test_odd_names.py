@@ -46,3 +46,22 @@ def test_a_name_that_is_not_utf8_does_not_stop_publication(tmp_path: Path) -> No
     r = run(tmp_path, "node-b", read)
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout.strip() == repr(sorted([(b"good", b"good bytes"), (ODD, b"odd bytes")]))
+
+
+def test_a_file_dated_past_2262_does_not_stop_publication(tmp_path: Path) -> None:
+    """An mtime past 2262 does not fit the signed 64-bit nanoseconds of a manifest row.
+
+    Was: the index's struct.pack raised in every promotion round ("will retry",
+    forever): no file of the namespace was published. Now that file stays local
+    and the others are published.
+    """
+    job = ("import os; d = os.environ['CASFS_CACHE_DIR'];"
+           "open(d + '/good', 'w').write('good');"
+           "open(d + '/future', 'w').write('future');"
+           "os.utime(d + '/future', ns=(13_569_465_600 * 10**9,) * 2)")  # 2400-01-01
+    r = run(tmp_path, "node-a", job)
+    assert r.returncode == 0, r.stderr[-3000:]
+    r = run(tmp_path, "node-b",
+            "import os; print(sorted(os.listdir(os.environ['CASFS_CACHE_DIR'])))")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.strip() == "['good']"
