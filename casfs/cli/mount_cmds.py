@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import os
 import shlex
@@ -136,16 +137,18 @@ def cmd_umount(args: argparse.Namespace) -> int:
             " published and released when its last job is gone; `casfs umount"
             f" {inside[0]['mountpoint']}` stops every namespace it serves")
     for m in mounts:
-        os.kill(int(m["pid"]), signal.SIGTERM)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(int(m["pid"]), signal.SIGTERM)
         deadline = time.monotonic() + args.timeout
         while time.monotonic() < deadline:
-            try:
-                os.kill(int(m["pid"]), 0)
-            except ProcessLookupError:
+            if not control.running(int(m["pid"])):
                 break
             time.sleep(0.1)
         else:
             raise CasfsError(f"casfs mount at {mp} (pid {m['pid']}) did not stop in time")
+        # A process that died instead of unmounting (killed meanwhile) leaves its
+        # FUSE mount dead (ENOTCONN): never report "unmounted" over one.
+        clear_stale_mount(Path(m["mountpoint"]))
         print(f"unmounted {m['mountpoint']}")
     return 0
 

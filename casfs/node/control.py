@@ -123,13 +123,36 @@ def remove_registry(run_dir: Path, name: str) -> None:
         (run_dir / f"{name}.json").unlink()
 
 
+def running(pid: int) -> bool:
+    """``pid`` exists and is not a zombie.
+
+    A mount process killed outright stays a zombie until its parent reaps it
+    (forever under a container init that never does): it answers nothing and
+    will not exit again, so it is not a running mount.
+    """
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # another user's: alive
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return True  # no /proc to ask: kill(0) said it exists
+    # comm (field 2) may hold spaces and parentheses: the state follows the last ')'.
+    return stat[stat.rfind(b")") + 2:][:1] not in (b"Z", b"X")
+
+
 def registered(run_dir: Path) -> list[dict[str, Any]]:
-    """Registry entries of mounts whose process is alive."""
+    """Registry entries of mounts whose process is alive (zombies are not)."""
     out = []
     for p in sorted(run_dir.glob("*.json")) if run_dir.is_dir() else []:
         try:
             info = json.loads(p.read_bytes())
-            os.kill(int(info["pid"]), 0)
+            if not running(int(info["pid"])):
+                continue
         except (OSError, ValueError, KeyError, TypeError):
             continue
         out.append(info)
