@@ -65,7 +65,20 @@ def setup_logging(verbose: int) -> None:
     logging.basicConfig(level=level, format="casfs: %(levelname)s %(name)s: %(message)s")
 
 
+def _raw_names_out() -> None:
+    """Write file names that are not UTF-8 back as their raw bytes, as ls(1) does.
+
+    Python names them with surrogate escapes; under a UTF-8 locale other than
+    C.UTF-8 (en_US.UTF-8) its streams are strict and printing one would raise.
+    """
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)  # a test's capture may lack it
+        if reconfigure is not None:
+            reconfigure(errors="surrogateescape")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    _raw_names_out()
     args_list = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser(_command(args_list))
     args = parser.parse_args(args_list)

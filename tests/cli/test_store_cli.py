@@ -6,6 +6,8 @@ import filecmp
 import os
 import random
 import stat
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -362,3 +364,18 @@ def test_import_skips_a_file_dated_past_2262(cli: Cli, tmp_path: Path) -> None:
     assert res.json()["skipped"] == ["future"]
     assert [r["path"] for r in cli("ls", "--json", "ns", check=True).json()] == ["good"]
     assert "0 problems" in cli("verify", check=True).out
+
+
+def test_names_that_are_not_utf8_print_as_their_bytes_in_any_locale(
+        cli: Cli, tmp_path: Path) -> None:
+    """Was: under a strict UTF-8 locale (en_US.UTF-8; PYTHONIOENCODING=utf-8:strict here)
+    `casfs ls` of such a name died with a UnicodeEncodeError traceback."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / os.fsdecode(b"odd\xffname")).write_bytes(b"x")
+    cli("import", "--namespace", "ns", src, check=True)
+    env = dict(os.environ, PYTHONIOENCODING="utf-8:strict")
+    r = subprocess.run([sys.executable, "-m", "casfs.cli.main", "ls", "ns"], env=env,
+                       capture_output=True, timeout=120, check=False)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split()[-1] == b"odd\xffname"
