@@ -28,6 +28,7 @@ so are node-local staging files older than ``grace``.
 
 from __future__ import annotations
 
+import errno
 import logging
 import time
 from collections.abc import Callable
@@ -60,6 +61,8 @@ class GcReport:
     repacked_bytes: int = 0  # their size (freed once the old packs are swept)
     marked: int = 0
     removed_tmp: int = 0
+    # Why this run marked nothing new (a full shared root), else None.
+    mark_error: str | None = None
 
 
 def _kept(gens: GenerationStore, ns: str, keep: int) -> tuple[list[int], list[int]]:
@@ -224,7 +227,16 @@ def gc(
             fresh.append(marks.Mark("(dry run)", time.time(), frozenset(candidates),
                                     frozenset(dead_packs)))
         else:
-            marks.write(root.backend, candidates, time.time(), dead_packs)
+            try:
+                marks.write(root.backend, candidates, time.time(), dead_packs)
+            except OSError as e:
+                if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+                    raise
+                # A full root: the sweep of older marks and of staging below is what
+                # frees space; what is unreferenced now is marked by a later run.
+                report.mark_error = f"cannot write a gc mark: {e.strerror}"
+                log.warning("gc: %s; nothing new marked, sweeping older marks only",
+                            report.mark_error)
     removed: set[str] = set()
     for m in [*marks.load_all(root.backend), *fresh]:
         if grace > 0 and now - m.created < grace:

@@ -118,3 +118,43 @@ def test_full_state_dir_reads_are_misses_or_correct(cluster: dict[str, Any],
         assert (mp / "f5").read_bytes() == files["f5"]  # space again: fetched as usual
         assert b.ask(w, "status")["ok"] is True
         b.stop(w)
+
+
+def test_gc_frees_a_full_shared_root(tmp_path: Path) -> None:
+    """A full root: gc cannot write its new mark, but must still sweep an older one.
+
+    Was: the mark's ENOSPC aborted the run before the sweep, so the one tool that
+    frees the root failed on every run once it was full (I3: the kept generation
+    still reads back).
+    """
+    with tmpfs(tmp_path / "rootfs", "4m") as fs:
+        env = dict(os.environ, CASFS_ROOT=str(fs / "root"), CASFS_STATE_DIR=str(tmp_path / "st"))
+
+        def cli(*args: str) -> subprocess.CompletedProcess[str]:
+            return subprocess.run([sys.executable, "-m", "casfs.cli.main", *args], env=env,
+                                  capture_output=True, text=True, timeout=120, check=False)
+
+        kept, dropped = (os.urandom(1_000_000) for _ in range(2))
+        for ns, data in (("kept", kept), ("dropped", dropped)):
+            src = tmp_path / ns
+            src.mkdir()
+            (src / "f").write_bytes(data)
+            assert cli("import", "--namespace", ns, str(src)).returncode == 0
+        # The dropped namespace goes; its object, old, is marked by a first gc run.
+        subprocess.run(["rm", "-rf", str(fs / "root/namespaces/dropped")], check=True)
+        for obj in (fs / "root/objects").glob("*/*"):
+            os.utime(obj, (1_500_000_000, 1_500_000_000))  # 2017: written before the mark
+        first = cli("gc", "--grace", "3600", "--json")
+        assert first.returncode == 0, first.stderr
+        assert json.loads(first.stdout)["marked"] >= 1
+        for mark in (fs / "root/gc/marks").iterdir():  # the mark (2020), past the grace
+            os.utime(mark, (1_577_836_800, 1_577_836_800))
+        fill(fs)
+        r = cli("gc", "--grace", "3600", "--json")
+        assert r.returncode == 0, r.stderr
+        rep = json.loads(r.stdout)
+        assert rep["removed_objects"] >= 1 and "No space left" in rep["mark_error"], rep
+        assert os.statvfs(fs).f_bfree > 0
+        got = subprocess.run([sys.executable, "-m", "casfs.cli.main", "cat", "kept", "f"],
+                             env=env, capture_output=True, timeout=120, check=False)
+        assert got.returncode == 0 and got.stdout == kept
