@@ -17,7 +17,12 @@ from collections.abc import Iterable
 
 
 def start_time(pid: int) -> str | None:
-    """The process's start time in clock ticks (field 22 of /proc/PID/stat); None if gone."""
+    """The process's start time in clock ticks (field 22 of /proc/PID/stat); None if gone.
+
+    A zombie is gone: it has exited, only nobody reaped it yet (a job orphaned by a
+    killed ``casfs run`` under a container init that never reaps would otherwise
+    hold its caches forever).
+    """
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             data = f.read()
@@ -25,7 +30,9 @@ def start_time(pid: int) -> str | None:
         return None
     # comm (field 2) may hold spaces and parentheses: split after the last ')'.
     rest = data[data.rfind(b")") + 2:].split()
-    return rest[19].decode() if len(rest) > 19 else None
+    if len(rest) <= 19 or rest[0] in (b"Z", b"X"):  # field 3: the state
+        return None
+    return rest[19].decode()
 
 
 def alive(pid: int, started: str | None) -> bool:

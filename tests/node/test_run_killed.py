@@ -105,3 +105,49 @@ def test_job_keeps_its_caches_when_casfs_run_is_killed(tmp_path: Path) -> None:
         if job_pid:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(job_pid, signal.SIGKILL)
+
+
+# Spawns its command as a child subreaper that never reaps: what a container's init
+# that does not reap looks like to the processes under it.
+NO_REAP = r"""
+import ctypes, os, subprocess, sys, time
+ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+run = subprocess.Popen(sys.argv[2:])
+open(sys.argv[1], "w").write(str(run.pid))
+while not os.path.exists(sys.argv[1] + ".done"):
+    time.sleep(0.05)
+"""
+
+
+def test_an_orphaned_job_that_ends_unreaped_releases_its_caches(tmp_path: Path) -> None:
+    """casfs run killed, then its job ends under an init that never reaps it (a zombie).
+
+    Was: the zombie counted as a live process, so its lease held the namespace for
+    ever: never released nor published at release, the mount process never exited.
+    """
+    require_fuse()
+    out = tmp_path / "out"
+    out.mkdir()
+    state = tmp_path / "state"
+    env = dict(os.environ, CASFS_ROOT=str(tmp_path / "root"), CASFS_STATE_DIR=str(state),
+               CASFS_MOUNT_BASE=str(tmp_path / "mnt"))
+    pidfile = tmp_path / "run.pid"
+    job = JOB.replace('(d / "late")', '(d / "unused")')
+    reaper = subprocess.Popen([sys.executable, "-c", NO_REAP, str(pidfile), sys.executable,
+                               "-m", "casfs.cli.main", "run", "--family", "generic",
+                               "--namespace", "killed", "--stable-after", "0.2", "--",
+                               sys.executable, "-c", job, str(out)],
+                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_until(lambda: (out / "started").exists() and pidfile.exists()
+                   and pidfile.read_text(), "the job's start", proc=reaper)
+        os.kill(int(pidfile.read_text()), signal.SIGKILL)  # casfs run: a zombie now
+        (out / "go").touch()
+        wait_until(lambda: (out / "result").exists(), "the job's last write")
+        (out / "exit").touch()  # the job ends: a zombie too, its parent never reaps
+        log = state / "log" / "host.log"
+        wait_until(lambda: "nothing left to serve" in log.read_text(),
+                   "the mount process to release the dead job's caches")
+    finally:
+        pidfile.with_name("run.pid.done").touch()
+        reaper.wait(timeout=120)
