@@ -36,7 +36,9 @@ INDEX_NAME = "vllm_compile_cache.py"
 def _literal(data: bytes) -> Any:
     try:
         return ast.literal_eval(data.decode("utf-8"))
-    except (ValueError, SyntaxError, UnicodeDecodeError, MemoryError, RecursionError):
+    # TypeError: a dict literal with an unhashable key ("{[1]: 2}").
+    except (ValueError, TypeError, SyntaxError, UnicodeDecodeError, MemoryError,
+            RecursionError):
         return None
 
 

@@ -3,7 +3,13 @@
 from __future__ import annotations
 
 import ast
+import os
 import pprint
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
 
 from casfs import families
 from casfs.families.vllm import merge_dict_literal
@@ -41,7 +47,8 @@ def test_merge_is_union_newest_per_key() -> None:
 
 def test_merge_refuses_what_is_not_a_dict_literal() -> None:
     good = _index({1: 2})
-    for bad in (b"", b"[1, 2]", b"__import__('os').system('true')", b"{1: 2", b"\xff"):
+    for bad in (b"", b"[1, 2]", b"__import__('os').system('true')", b"{1: 2", b"\xff",
+                b"{[1]: 2}", b"{set(): 1}"):  # unhashable keys: TypeError, not ValueError
         assert merge_dict_literal(bad, good) is None
         assert merge_dict_literal(good, bad) is None
 
@@ -61,3 +68,23 @@ def test_index_is_a_commit_record_of_its_artifacts() -> None:
     assert rules.record_children(idx, data) == [
         f"{RANK}/artifact_compile_range_1_8_subgraph_0"]
     assert rules.record_children(idx, b"not a dict") is None
+
+
+@pytest.mark.fuse
+def test_an_index_with_an_unhashable_key_does_not_stop_publication(tmp_path: Path) -> None:
+    """Was: ``{[1]: 2}`` made ast.literal_eval raise TypeError, which the parser let
+    through: every promotion round of the namespace failed, nothing was published."""
+    job = ("import os; d = os.environ['VLLM_CACHE_ROOT'];"
+           f"os.makedirs(d + '/{RANK}');"
+           "open(d + '/good.bin', 'wb').write(b'good');"
+           f"open(d + '/{RANK}/vllm_compile_cache.py', 'w').write('{{[1]: 2}}')")
+    env = dict(os.environ, CASFS_ROOT=str(tmp_path / "root"),
+               CASFS_STATE_DIR=str(tmp_path / "state"), CASFS_MOUNT_BASE=str(tmp_path / "mnt"))
+    cli = [sys.executable, "-m", "casfs.cli.main"]
+    r = subprocess.run([*cli, "run", "--family", "vllm", "--namespace", "v", "--stable-after",
+                        "0.2", "--", sys.executable, "-c", job],
+                       env=env, capture_output=True, text=True, timeout=300, check=False)
+    assert r.returncode == 0, r.stderr[-3000:]
+    ls = subprocess.run([*cli, "ls", "-r", "v"], env=env, capture_output=True, text=True,
+                        timeout=120, check=False)
+    assert ls.returncode == 0 and "good.bin" in ls.stdout, (ls.stdout, ls.stderr)
