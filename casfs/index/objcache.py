@@ -807,6 +807,9 @@ class LocalObjectCache:
         return True
 
     def close(self) -> None:
+        """Close the idle fds and leave the process's shares. A handle still open
+        (a job's file across its namespace's release) closes its fd at release."""
         self.flush_touches()
+        self.idle_fds = 0  # a later release_cached keeps nothing idle
         self._close_idle(len(self._idle))
         self._leave_shares()

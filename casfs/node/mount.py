@@ -1427,6 +1427,11 @@ class MountService:
         self._stop_indexing.set()
         if self._indexer is not None and self._indexer.is_alive():
             self._indexer.join()  # at most one chunk: then the index may be closed
+        # The idle fds this namespace kept (a host releases namespaces all its life:
+        # nothing else ever closes them).
+        if self.ops is not None:
+            self.ops.close_idle()
+        self.cache.close()
         if self._lock_fd is not None:
             os.close(self._lock_fd)
             self._lock_fd = None

@@ -213,7 +213,7 @@ class OpsBase(pyfuse3.Operations):
         self._memfds: dict[tuple[str, str], list[int]] = {}
         self._memfd_idle: OrderedDict[tuple[str, str], None] = OrderedDict()
         self._memfd_bound = memfd_idle_bound()  # the process's: this view keeps its share
-        MEMFD_SHARES.join(self)
+        self._leave_memfd_shares = MEMFD_SHARES.join(self)
         self._lower_kinds: dict[str, tuple[str, bool, bool]] = {}  # see FileOps._open_node
         # inode -> (layers.state(), path, entry) of a lower file last opened warm
         self._warm: dict[int, tuple[tuple[int, int, int], str, Entry]] = {}

@@ -300,6 +300,15 @@ class FileOps(CopyUpOps):
             log.exception("bug in release")
             raise err(errno.EIO) from None
 
+    def close_idle(self) -> None:
+        """The namespace is released: close its idle memfds, leave the process's shares
+        (a presented handle still open closes its memfd at release)."""
+        self._memfd_bound = 0
+        while self._memfd_idle:
+            old, _ = self._memfd_idle.popitem(last=False)
+            os.close(self._memfds.pop(old)[0])
+        self._leave_memfd_shares()
+
     def _release_memfd(self, key: tuple[str, str]) -> None:
         """A presented handle closed: its memfd stays open (idle) while the bound allows."""
         slot = self._memfds[key]
