@@ -7,6 +7,7 @@ from the trio thread, the promoter from a worker thread.
 
 from __future__ import annotations
 
+import bisect
 import threading
 import time
 from collections import Counter
@@ -27,7 +28,10 @@ class WriteTracker:
         self._below: Counter[str] = Counter()
         # Windows of monotonic time ([since, until]): a path whose last change falls in
         # one is never promoted (a job killed then may have left it half-written).
+        # Merged and sorted (starts in _hold_starts): a lookup is a binary search, as
+        # every killed job of a namespace adds one for as long as it is served.
         self._holds: list[tuple[float, float]] = []
+        self._hold_starts: list[float] = []
 
     def _set_dirty(self, path: str, t: float) -> None:
         if path not in self._dirty:
@@ -121,7 +125,14 @@ class WriteTracker:
         files can arrive after this call, and must not count as a new change.
         """
         with self._lock:
-            self._holds.append((since, until))
+            merged: list[tuple[float, float]] = []
+            for a, b in sorted([*self._holds, (since, until)]):
+                if merged and a <= merged[-1][1]:
+                    merged[-1] = (merged[-1][0], max(merged[-1][1], b))
+                else:
+                    merged.append((a, b))
+            self._holds = merged
+            self._hold_starts = [a for a, _ in merged]
             return sum(1 for t in self._dirty.values() if since <= t <= until)
 
     def held(self) -> list[str]:
@@ -130,7 +141,8 @@ class WriteTracker:
             return sorted(p for p, t in self._dirty.items() if self._in_hold(t))
 
     def _in_hold(self, t: float) -> bool:
-        return any(a <= t <= b for a, b in self._holds)
+        i = bisect.bisect_right(self._hold_starts, t) - 1
+        return i >= 0 and t <= self._holds[i][1]
 
     def forget(self, path: str, seen_at: float | None = None) -> None:
         """The promoter handled ``path``; drop it unless it changed after ``seen_at``."""
