@@ -47,8 +47,17 @@ from casfs.node.config import HostConfig  # lives below trio: the CLI builds one
 from casfs.node.tenant import requester, tenant_of, tenant_owner
 from casfs.node.worker import spawn_host
 from casfs.util import atomic
+from casfs.util.crashpoint import pausepoint
 
 log = logging.getLogger(__name__)
+
+
+def _users(dirs: list[str]) -> dict[str, set[int]]:
+    """leases.users, in a worker thread: the host grants leases meanwhile."""
+    found = leases.users(dirs)
+    pausepoint("host-users-scanned")
+    return found
+
 
 __all__ = ["HostConfig", "NodeHost", "spawn_host"]
 
@@ -276,10 +285,13 @@ class NodeHost:
             if k in held:
                 s.idle_since = None
         if idle:
-            found = await trio.to_thread.run_sync(leases.users, list(idle))
+            found = await trio.to_thread.run_sync(_users, list(idle))
             now = time.monotonic()
             for p, k in idle.items():
-                s = self.served[k]
+                # A lease may have come for it during the scan (or a detach before).
+                s = self.served.get(k)
+                if s is None or any(k in lease.keys for lease in self.leases.values()):
+                    continue
                 s.users = found.get(p, set())
                 if s.users:
                     s.idle_since = None  # a mapped .so or an open file holds it
