@@ -289,16 +289,16 @@ class NodeHost:
             now = time.monotonic()
             for p, k in idle.items():
                 # A lease may have come for it during the scan (or a detach before).
-                s = self.served.get(k)
-                if s is None or any(k in lease.keys for lease in self.leases.values()):
+                cur = self.served.get(k)
+                if cur is None or any(k in lease.keys for lease in self.leases.values()):
                     continue
-                s.users = found.get(p, set())
-                if s.users:
-                    s.idle_since = None  # a mapped .so or an open file holds it
+                cur.users = found.get(p, set())
+                if cur.users:
+                    cur.idle_since = None  # a mapped .so or an open file holds it
                     continue
-                if s.idle_since is None:
-                    s.idle_since = now
-                if now - s.idle_since >= self.cfg.grace:
+                if cur.idle_since is None:
+                    cur.idle_since = now
+                if now - cur.idle_since >= self.cfg.grace:
                     await self.detach(k)
         if (self.cfg.exit_when_idle and not self.served and not self.leases
                 and not self._attaching and not self.stopping):
