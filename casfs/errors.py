@@ -123,3 +123,8 @@ class OverLimitError(UnreadableHereError):
 
 class PublishDeferredError(PublishError):
     """Publication to a namespace waits until its newest record can be read."""
+
+
+class WorkerBugError(CasfsError):
+    """A worker request failed with an unexpected exception (a bug, or an input casfs
+    does not handle): retrying the same input fails the same way."""

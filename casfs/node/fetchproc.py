@@ -58,7 +58,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from casfs.errors import CasfsError, CorruptObjectError, ObjectMissingError
+from casfs.errors import CasfsError, CorruptObjectError, ObjectMissingError, WorkerBugError
 from casfs.util.counters import Counters
 
 log = logging.getLogger(__name__)
@@ -296,7 +296,8 @@ class FetchWorker:
         else:
             kind = msg.get("kind")
             cls = (CorruptObjectError if kind == "corrupt" else
-                   ObjectMissingError if kind == "missing" else CasfsError)
+                   ObjectMissingError if kind == "missing" else
+                   WorkerBugError if kind == "bug" else CasfsError)
             req.error = cls(str(msg.get("error", "fetch failed")))
         req.done.set()
 

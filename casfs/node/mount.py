@@ -33,7 +33,13 @@ from typing import Any
 import trio
 
 from casfs import families
-from casfs.errors import CasfsError, CorruptObjectError, ObjectMissingError, UsageError
+from casfs.errors import (
+    CasfsError,
+    CorruptObjectError,
+    ObjectMissingError,
+    UsageError,
+    WorkerBugError,
+)
 from casfs.index.memtree import MemLowerTree, StagedLowerTree
 from casfs.index.node_index import NodeIndex
 from casfs.index.objcache import LocalObjectCache
@@ -738,31 +744,55 @@ class MountService:
         # request (their rows are written when the group is checked) or in its own.
         is_record = self.rules.is_commit_record
         paths = [p for p in paths if not is_record(p)] + [p for p in paths if is_record(p)]
-        worker = promoteproc.shared(cfg.state_dir)
         for i in range(0, len(paths), promoteproc.CHUNK):
-            msg = {"op": "promote", "root": self._root_spec(), "ns": cfg.namespace,
-                   "upper": str(cfg.writable_dir), "family": cfg.family,
-                   "scratch": list(cfg.scratch_patterns), "packs": cfg.packs,
-                   "max_seq": self.lower.max_seq, "paths": paths[i:i + promoteproc.CHUNK]}
-            try:
-                reply = worker.call(msg, lambda: None, self.counters)
-            except CasfsError as e:  # the worker died twice or hung: the paths stay dirty
-                self.counters.inc("promote_worker_lost")
-                res.errors += 1
-                res.last_error = e.message
-                log.warning("%s: promotion round failed (will retry): %s", cfg.name, e.message)
-                return res
-            for ev in reply.get("events") or []:
-                if ev[0] == "f":
-                    self.tracker.forget(ev[1], ev[2])
-                else:
-                    self.tracker.modified(ev[1])
-            res.promoted += int(reply.get("promoted", 0))
-            res.bytes += int(reply.get("bytes", 0))
-            res.deferred += int(reply.get("deferred", 0))
-            res.errors += int(reply.get("errors", 0))
-            res.last_error = str(reply.get("last_error", "")) or res.last_error
+            if not self._promote_paths(paths[i:i + promoteproc.CHUNK], res):
+                break
         return res
+
+    def _promote_paths(self, paths: list[str], res: RoundResult) -> bool:
+        """Promote ``paths`` in one worker request, into ``res``; False if the round
+        must stop (the worker lost, or the root or disk failing: the paths stay dirty).
+
+        A request that fails on its input (WorkerBugError: an exception that is not
+        the environment's) is split in halves, down to the one file it fails on:
+        that file stays on this node, unpublished, until it changes, and every
+        other file is promoted (one such file, an empty one or a name that is not
+        UTF-8, once failed every round of its namespace: nothing was published).
+        """
+        cfg = self.cfg
+        msg = {"op": "promote", "root": self._root_spec(), "ns": cfg.namespace,
+               "upper": str(cfg.writable_dir), "family": cfg.family,
+               "scratch": list(cfg.scratch_patterns), "packs": cfg.packs,
+               "max_seq": self.lower.max_seq, "paths": paths}
+        try:
+            reply = promoteproc.shared(cfg.state_dir).call(msg, lambda: None, self.counters)
+        except WorkerBugError as e:
+            if len(paths) > 1:
+                mid = len(paths) // 2  # order kept: commit records stay after children
+                return (self._promote_paths(paths[:mid], res)
+                        and self._promote_paths(paths[mid:], res))
+            self.tracker.forget(paths[0])  # until it changes again
+            self.counters.inc("promote_unpromotable")
+            log.warning("%s: cannot promote %s (%s): it stays on this node, unpublished, "
+                        "and is tried again when it changes", cfg.name, paths[0], e.message)
+            return True
+        except CasfsError as e:  # the worker died twice or hung: the paths stay dirty
+            self.counters.inc("promote_worker_lost")
+            res.errors += 1
+            res.last_error = e.message
+            log.warning("%s: promotion round failed (will retry): %s", cfg.name, e.message)
+            return False
+        for ev in reply.get("events") or []:
+            if ev[0] == "f":
+                self.tracker.forget(ev[1], ev[2])
+            else:
+                self.tracker.modified(ev[1])
+        res.promoted += int(reply.get("promoted", 0))
+        res.bytes += int(reply.get("bytes", 0))
+        res.deferred += int(reply.get("deferred", 0))
+        res.errors += int(reply.get("errors", 0))
+        res.last_error = str(reply.get("last_error", "")) or res.last_error
+        return True
 
     def _publish_in_worker(self, pub: Publisher) -> PublishOutcome:
         """Publication in the promotion worker: the outcome as Publisher.publish's."""

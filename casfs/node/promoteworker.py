@@ -234,8 +234,12 @@ class Worker(ChildServer):
         except Exception as e:  # every failure is an answer: the mount retries next round
             if not isinstance(e, CasfsError | OSError):
                 log.exception("%s of %s failed", msg.get("op"), msg.get("ns"))
-            reply = {"id": rid, "ok": False, "kind": "error",
-                     "error": e.message if isinstance(e, CasfsError) else str(e)}
+            # "bug": not the environment (a root down, a full disk) but this input:
+            # the mount then isolates the file it cannot promote (WorkerBugError).
+            reply = {"id": rid, "ok": False,
+                     "kind": "error" if isinstance(e, CasfsError | OSError) else "bug",
+                     "error": e.message if isinstance(e, CasfsError) else
+                     str(e) or type(e).__name__}
         with self._lock:
             self._inflight.pop(rid, None)
         reply["counters"] = sp.counters_delta() if sp is not None else {}

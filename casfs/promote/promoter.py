@@ -53,7 +53,7 @@ from casfs.store.objects import (
 from casfs.store.packs import SMALL_OBJECT, Location, PackWriter
 from casfs.util import noatime
 from casfs.util.counters import Counters
-from casfs.util.crashpoint import crashpoint
+from casfs.util.crashpoint import crashpoint, fault
 from casfs.util.paths import is_valid_relpath
 
 log = logging.getLogger(__name__)
@@ -347,6 +347,7 @@ class Promoter:
 
     def _check(self, rel: str, res: RoundResult) -> _Candidate | None:
         """Whether ``rel`` needs hashing now; settles the paths that do not."""
+        fault("promote-file", rel)
         seen_at = time.monotonic()
         full = f"{self._upper}/{rel}"  # not os.path.join, per file (rel is checked below)
         try:

@@ -13,6 +13,12 @@ hands over (tests/cli/test_s3_large.py). With
 (it creates the file): a mount's promotion worker dies at the step once and
 its replacement goes through (tests/faults/test_crashpoints.py).
 
+``fault`` raises instead (an unexpected exception: what a bug or an input casfs
+does not handle does): with ``CASFS_FAULT=<step>`` and ``CASFS_FAULT_MATCH=<text>``,
+at a call whose detail contains the text. ``promote-file`` (a file being
+promoted, its path the detail) checks that one such file cannot stop the rest
+of its namespace (tests/cli/test_unpromotable.py).
+
 ``pausepoint`` stops a process at a step instead, for race tests: with
 ``CASFS_PAUSEPOINT=<step>`` and ``CASFS_PAUSEPOINT_FILE=<f>`` it creates
 ``<f>.reached`` there and waits until ``<f>`` exists (at most
@@ -51,6 +57,12 @@ def crashpoint(step: str) -> None:
         except FileExistsError:
             return  # another process died here already
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+def fault(step: str, detail: str) -> None:
+    if os.environ.get("CASFS_FAULT") == step and os.environ.get("CASFS_FAULT_MATCH", "\0") in (
+            detail):
+        raise RuntimeError(f"injected fault at {step}: {detail}")
 
 
 PAUSE_STEPS = (
