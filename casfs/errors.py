@@ -97,6 +97,10 @@ class DaemonUnavailableError(CasfsError):
     exit_code = 7
 
 
+class DaemonStuckError(DaemonUnavailableError):
+    """A casfs process took the request but did not answer in time (stopped or stuck)."""
+
+
 class FuseUnavailableError(CasfsError):
     """FUSE is not available here."""
 

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from casfs.errors import CasfsError, DaemonUnavailableError, UsageError
+from casfs.errors import CasfsError, DaemonStuckError, DaemonUnavailableError, UsageError
 from casfs.node import control
 from casfs.node.config import HostConfig
 
@@ -24,6 +24,17 @@ log = logging.getLogger(__name__)
 
 HOST_NAME = "host"
 START_TRIES = 5
+DEFAULT_LEASE_TIMEOUT = 120.0
+
+
+def lease_timeout() -> float:
+    """How long a job waits for its lease before it runs with a private cache
+    (``CASFS_LEASE_TIMEOUT`` seconds; an attach may wait out a reclaim's publication)."""
+    try:
+        value = float(os.environ.get("CASFS_LEASE_TIMEOUT", ""))
+    except ValueError:
+        return DEFAULT_LEASE_TIMEOUT
+    return value if value > 0 else DEFAULT_LEASE_TIMEOUT
 
 
 def daemon_socket(state_dir: Path) -> Path:
@@ -43,8 +54,10 @@ def jobs_socket() -> Path:
     return Path(env) if env else JOBS_SOCKET
 
 
-def _ask(sock: Path, cmd: str, timeout: float, **kw: Any) -> dict[str, Any] | None:
-    """The reply, or None when nobody serves that socket."""
+def _ask(sock: Path, cmd: str, timeout: float, *, stuck_raises: bool = False,
+         **kw: Any) -> dict[str, Any] | None:
+    """The reply, or None when nobody serves that socket (``stuck_raises``: a process
+    that took the request and said nothing for ``timeout`` raises DaemonStuckError)."""
     try:
         if not sock.exists():
             return None
@@ -52,12 +65,16 @@ def _ask(sock: Path, cmd: str, timeout: float, **kw: Any) -> dict[str, Any] | No
         return None
     try:
         return control.request(sock, cmd, timeout=timeout, **kw)
+    except DaemonStuckError:
+        if stuck_raises:
+            raise
+        return None
     except DaemonUnavailableError:
         return None
 
 
 def lease(state_dir: Path, caches: list[dict[str, Any]], pid: int, *,
-          start: HostConfig | None = None, timeout: float = 120.0,
+          start: HostConfig | None = None, timeout: float | None = None,
           run: bool = False) -> tuple[dict[str, Any], Path]:
     """Lease ``caches`` for process ``pid``; (reply, socket that granted it).
 
@@ -66,11 +83,27 @@ def lease(state_dir: Path, caches: list[dict[str, Any]], pid: int, *,
     ``casfs run``'s lease, always released: ``pid`` dying first means it was killed.
     """
     last: str | None = None
+    # ``timeout`` bounds the whole wait: a stopped or wedged mount process accepts the
+    # request and never answers, and asking it again would hold the job as long once
+    # more (was: START_TRIES times, 10 minutes before the job started).
+    if timeout is None:
+        timeout = lease_timeout()
+    deadline = time.monotonic() + timeout
+    stuck: set[Path] = set()
     for attempt in range(START_TRIES):
         # casfsd's own socket (root's CLI), the jobs socket every user reaches, then
         # the mount process another casfs run of this user started.
         for sock in (daemon_socket(state_dir), jobs_socket(), host_socket(state_dir)):
-            reply = _ask(sock, "lease", timeout, caches=caches, pid=pid, run=run)
+            left = deadline - time.monotonic()
+            if sock in stuck or left <= 0:
+                continue
+            try:
+                reply = _ask(sock, "lease", left, stuck_raises=True, caches=caches, pid=pid,
+                             run=run)
+            except DaemonStuckError as e:
+                stuck.add(sock)
+                last = f"{e.message} (a stopped or stuck mount process?)"
+                continue
             if reply is None:
                 continue
             if reply.get("ok"):
@@ -78,7 +111,7 @@ def lease(state_dir: Path, caches: list[dict[str, Any]], pid: int, *,
             last = str(reply.get("error"))
             if "stopping" not in last:
                 raise CasfsError(f"the node's mount process refused: {last}")
-        if start is None:
+        if start is None or stuck:
             raise DaemonUnavailableError(last or "no casfs mount process serves this node")
         try:
             from casfs.node.worker import spawn_host

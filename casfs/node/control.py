@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import trio  # imported where used: the CLI asks mounts without loading trio
 
-from casfs.errors import DaemonUnavailableError
+from casfs.errors import DaemonStuckError, DaemonUnavailableError
 from casfs.util import atomic
 
 log = logging.getLogger(__name__)
@@ -172,6 +172,8 @@ def request(sock_path: str | Path, cmd: str, timeout: float = 60.0, **kw: Any) -
             if not chunk:
                 break
             buf += chunk
+    except TimeoutError:
+        raise DaemonStuckError(f"no answer on {sock_path} within {timeout:.3g}s") from None
     except OSError as e:
         raise DaemonUnavailableError(f"no answer on {sock_path}: {e.strerror or e}") from None
     finally:

@@ -151,3 +151,40 @@ def test_an_orphaned_job_that_ends_unreaped_releases_its_caches(tmp_path: Path) 
     finally:
         pidfile.with_name("run.pid.done").touch()
         reaper.wait(timeout=120)
+
+
+def test_a_stopped_mount_process_is_asked_once_then_the_job_runs(tmp_path: Path) -> None:
+    """The node's mount process stopped (SIGSTOP: what a wedged one looks like): a new
+    job waits one CASFS_LEASE_TIMEOUT for its lease, then runs with a private cache.
+
+    Was: the stuck socket was asked again on each of 5 tries, each waiting the full
+    lease timeout: 10 minutes before the job started (by default).
+    """
+    require_fuse()
+    out = tmp_path / "out"
+    out.mkdir()
+    state = tmp_path / "state"
+    env = dict(os.environ, CASFS_ROOT=str(tmp_path / "root"), CASFS_STATE_DIR=str(state),
+               CASFS_MOUNT_BASE=str(tmp_path / "mnt"), CASFS_LEASE_TIMEOUT="5")
+    cli = [sys.executable, "-m", "casfs.cli.main"]
+    first = subprocess.Popen([*cli, "run", "--family", "generic", "--namespace", "first", "--",
+                              sys.executable, "-c", JOB, str(out)],
+                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    host = 0
+    try:
+        wait_until(lambda: (out / "started").exists(), "the first job's start", proc=first)
+        host = json.loads((state / "run" / "host.json").read_text())["pid"]
+        os.kill(host, signal.SIGSTOP)
+        job = "import os; print(os.environ['CASFS_CACHE_DIR'])"
+        r = subprocess.run([*cli, "run", "--family", "generic", "--namespace", "second", "--",
+                            sys.executable, "-c", job],
+                           env=env, capture_output=True, text=True, timeout=300, check=False)
+        assert r.returncode == 0, r.stderr
+        assert "casfs-private-" in r.stdout, (r.stdout, r.stderr)
+        assert "(a stopped or stuck mount process?)" in r.stderr, r.stderr
+    finally:
+        if host:
+            os.kill(host, signal.SIGCONT)
+        for name in ("go", "exit"):
+            (out / name).touch()
+        first.wait(timeout=300)
