@@ -153,19 +153,43 @@ def cmd_umount(args: argparse.Namespace) -> int:
     return 0
 
 
-def _ask(args: argparse.Namespace, cmd: str) -> list[dict[str, Any]]:
-    """One reply per namespace: the node's mount process answers for each it serves."""
+# How long a query waits for one mount (a stopped or wedged one must not hold the
+# report on the others); publish and refresh do work, and wait longer.
+QUERY_TIMEOUT = 10.0
+
+
+def _ask(args: argparse.Namespace, cmd: str, timeout: float = 60.0) -> list[dict[str, Any]]:
+    """One reply per namespace: the node's mount process answers for each it serves.
+
+    A mount that does not answer within ``timeout`` gets an entry of its own
+    (``ok`` false, ``unreachable`` true, ``error``) and the others are still
+    asked; DaemonUnavailableError only when none answers.
+    """
     out: list[dict[str, Any]] = []
+    lost: list[dict[str, Any]] = []
     want = str(Path(args.mountpoint).absolute()) if args.mountpoint else None
     for m in _find(args.mountpoint):
-        r = control.request(m["socket"], cmd)
+        try:
+            r = control.request(m["socket"], cmd, timeout=timeout)
+        except DaemonUnavailableError as e:
+            lost.append({"ok": False, "unreachable": True, "name": m.get("name"),
+                         "mountpoint": m["mountpoint"], "pid": m.get("pid"),
+                         "error": e.message})
+            continue
         if not r.get("host"):
             out.append(r)
             continue
         for ns in r.get("namespaces", []):
             if want is None or want == m["mountpoint"] or ns.get("path") == want:
                 out.append(ns)
-    return out
+    if lost and not out:
+        raise DaemonUnavailableError(lost[0]["error"])
+    return out + lost
+
+
+def _unreachable_line(r: dict[str, Any]) -> str:
+    return (f"{r.get('name')}: UNREACHABLE at {r['mountpoint']} (pid {r.get('pid')}): "
+            f"{r['error']}")
 
 
 def _daemon_status() -> dict[str, Any] | None:
@@ -183,14 +207,15 @@ def _daemon_status() -> dict[str, Any] | None:
 def cmd_status(args: argparse.Namespace) -> int:
     daemon = None if args.json or args.mountpoint else _daemon_status()
     try:
-        replies = _ask(args, "status")
+        replies = _ask(args, "status", QUERY_TIMEOUT)
     except DaemonUnavailableError:
         if daemon is None:
             raise
         replies = []  # casfsd runs, but none of its mounts serves right now
+    failed = 1 if any(r.get("unreachable") for r in replies) else 0
     if args.json:
         emit_json(replies)
-        return 0
+        return failed
     if daemon is not None:
         print(f"casfsd: pid {daemon['pid']}, up {daemon['uptime']}s; {daemon['summary']}")
         for m in daemon.get("mounts", []):
@@ -198,6 +223,9 @@ def cmd_status(args: argparse.Namespace) -> int:
                 print(f"{m['name']}: {str(m['state']).upper()} at {m['mountpoint']}"
                       f" (last exit: {m.get('last_exit') or 'none'})")
     for r in replies:
+        if r.get("unreachable"):
+            print(_unreachable_line(r))
+            continue
         last = r.get("last_publish") or {}
         print(f"{r['name']}: {r['namespace']}@{r['served_seq']} at {r['mountpoint']}"
               f" (pid {r['pid']}, up {r['uptime']}s); pending promotion {r['pending_promotion']},"
@@ -205,18 +233,23 @@ def cmd_status(args: argparse.Namespace) -> int:
               f" {last.get('message', 'none')}"
               + ("" if r.get("root_available")
                  else f"; SHARED ROOT UNAVAILABLE: {r['root_error']}"))
-    return 0
+    return failed
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
-    replies = _ask(args, "stats")
+    replies = _ask(args, "stats", QUERY_TIMEOUT)
+    failed = 1 if any(r.get("unreachable") for r in replies) else 0
     if args.json:
-        emit_json([{"name": r["name"], "mountpoint": r["mountpoint"],
+        emit_json([r if r.get("unreachable") else
+                   {"name": r["name"], "mountpoint": r["mountpoint"],
                     "mount_ready_s": r.get("mount_ready_s"),
                     "warm_ready_s": r.get("warm_ready_s"),
                     "counters": r["counters"]} for r in replies])
-        return 0
+        return failed
     for r in replies:
+        if r.get("unreachable"):
+            print(_unreachable_line(r))
+            continue
         print(f"{r['name']} ({r['mountpoint']}):")
         # The two readiness points: the job may start / the profile's hot set is local.
         for k in ("mount_ready_s", "warm_ready_s"):
@@ -224,7 +257,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
                 print(f"  {k:<24} {r[k]}")
         for k, v in sorted(r["counters"].items()):
             print(f"  {k:<24} {v}")
-    return 0
+    return failed
 
 
 def cmd_publish(args: argparse.Namespace) -> int:
@@ -233,6 +266,9 @@ def cmd_publish(args: argparse.Namespace) -> int:
         emit_json(replies)
     else:
         for r in replies:
+            if r.get("unreachable"):
+                print(_unreachable_line(r))
+                continue
             for one in r.get("namespaces") or [r]:  # a node's mount process serves several
                 where = f"{one['path']}: " if one.get("path") else ""
                 print(where + str(one.get("message") or one.get("error")))
@@ -245,7 +281,8 @@ def cmd_refresh(args: argparse.Namespace) -> int:
         emit_json(replies)
     else:
         for r in replies:
-            print(f"serving generation {r['served_seq']}" if r.get("ok") else r.get("message"))
+            print(f"serving generation {r['served_seq']}" if r.get("ok") else
+                  _unreachable_line(r) if r.get("unreachable") else r.get("message"))
     return 0 if all(r.get("ok") for r in replies) else 1
 
 

@@ -59,3 +59,25 @@ def test_a_zombie_mount_neither_fails_status_nor_holds_umount(cluster: dict[str,
         dead.proc.wait()
         subprocess.run(["fusermount3", "-u", "-z", str(dead.cfg.mountpoint)],
                        capture_output=True, check=False)
+
+
+def test_a_stopped_mount_is_reported_unreachable_and_the_others_still_answer(
+        cluster: dict[str, Any]) -> None:
+    """Was: with one mount SIGSTOPped (a wedged process), `casfs status`, `stats` and
+    `publish` each waited 60 s on it, then failed whole: no word on the healthy one."""
+    a: Node = cluster["a"]
+    stuck = a.mount(name="one", namespace="one", mountpoint=cluster["mnt"] / "one")
+    live = a.mount(name="two", namespace="two", mountpoint=cluster["mnt"] / "two")
+    os.kill(stuck.proc.pid, signal.SIGSTOP)
+    try:
+        st = _cli(a, "status", "--json")
+        assert st.returncode == 1, st.stderr  # a script learns something is wrong
+        got = {m["mountpoint"]: m for m in _json(st.stdout)}
+        assert got[str(live.cfg.mountpoint)]["namespace"] == "two"
+        assert got[str(stuck.cfg.mountpoint)]["unreachable"] is True
+        text = _cli(a, "stats")
+        assert f"one: UNREACHABLE at {stuck.cfg.mountpoint} (pid {stuck.proc.pid})" in (
+            text.stdout), text.stdout + text.stderr
+        assert f"two ({live.cfg.mountpoint}):" in text.stdout
+    finally:
+        os.kill(stuck.proc.pid, signal.SIGCONT)
