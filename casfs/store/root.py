@@ -189,7 +189,16 @@ def open_to_users(path: Path) -> None:
 
 
 def init_root(path: Path) -> bool:
-    """Create the layout and marker; idempotent and safe against concurrent inits."""
+    """Create the layout and marker; idempotent and safe against concurrent inits.
+
+    Refused (StoreFormatError) under a filesystem ``/etc/fstab`` lists that is not
+    mounted: the root would be made on the local disk beneath it.
+    """
+    from casfs.util.fsinfo import unmounted_fstab_mount
+
+    if (down := unmounted_fstab_mount(path)) is not None:
+        raise StoreFormatError(f"not creating a shared root at {path}: {down} is in the "
+                               "fstab but not mounted (is the shared filesystem down?)")
     for sub in ("objects", "namespaces", "tmp"):
         (path / sub).mkdir(parents=True, exist_ok=True)
     return atomic.create_exclusive(path / MARKER, _marker_doc(), path / "tmp")

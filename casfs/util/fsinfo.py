@@ -87,3 +87,35 @@ def check_local_fs(path: str | os.PathLike[str], what: str, mountinfo: str = MOU
             "it must be on node-local disk (LMDB cannot run on network or FUSE filesystems)"
         )
     return fstype
+
+
+FSTAB = "/etc/fstab"
+
+
+def unmounted_fstab_mount(path: str | os.PathLike[str], fstab: str | None = None,
+                          mountinfo: str = MOUNTINFO) -> str | None:
+    """The mount point of an ``/etc/fstab`` entry that contains ``path`` and is not
+    mounted now (a shared filesystem that is down, or not up yet), else None.
+
+    Creating a shared root there would put it on the local disk underneath: the
+    node would share with nobody, silently, and the real root would later be
+    mounted over it. ``CASFS_FSTAB`` names another file (tests).
+    """
+    fstab = fstab or os.environ.get("CASFS_FSTAB") or FSTAB
+    try:
+        with open(fstab, encoding="utf-8", errors="surrogateescape") as f:
+            lines = f.read().splitlines()
+        with open(mountinfo, encoding="utf-8", errors="surrogateescape") as f:
+            mounted = {mp for mp, _ in parse_mountinfo(f.read())}
+    except OSError:
+        return None
+    target = os.path.realpath(os.path.abspath(path))
+    for line in lines:
+        fields = line.split()
+        if len(fields) < 2 or fields[0].startswith("#"):
+            continue
+        mp = _unescape(fields[1])
+        if (mp.startswith("/") and mp != "/" and fields[2:3] != ["swap"]
+                and _contains(mp, target) and mp not in mounted):
+            return mp
+    return None
