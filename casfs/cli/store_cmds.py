@@ -324,6 +324,12 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_gc(args: argparse.Namespace) -> int:
+    # A negative grace would delete what a writer staged a moment ago; no namespace
+    # keeps less than its newest generation.
+    if args.grace < 0 or args.grace != args.grace:
+        raise UsageError("--grace must be a number of seconds >= 0")
+    if args.keep < 1:
+        raise UsageError("--keep must be at least 1 (the newest generation is always kept)")
     root = open_root()
     if args.unused_for is not None:
         import time

@@ -379,3 +379,12 @@ def test_names_that_are_not_utf8_print_as_their_bytes_in_any_locale(
                        capture_output=True, timeout=120, check=False)
     assert r.returncode == 0, r.stderr
     assert r.stdout.split()[-1] == b"odd\xffname"
+
+
+@pytest.mark.parametrize("bad", [["--grace", "-5"], ["--grace", "nan"], ["--keep", "0"]])
+def test_gc_refuses_a_negative_grace_or_keeping_nothing(cli: Cli, bad: list[str]) -> None:
+    """A negative grace deletes what a writer staged a moment ago; --keep 0 kept no
+    generation at all (every namespace's files unreferenced, then deleted)."""
+    r = cli("gc", *bad)
+    line = r.assert_clean_error()
+    assert bad[0] in line
