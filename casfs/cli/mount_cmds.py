@@ -511,8 +511,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             job_ended = time.time()
             for s, h in old.items():
                 signal.signal(s, h)
-    except FileNotFoundError as e:
-        rc = 127
+    except OSError as e:  # as a shell: 127 not found, 126 found but not runnable
+        rc = 127 if isinstance(e, FileNotFoundError) else 126
         print(f"casfs: error: cannot run {cmd[0]}: {e.strerror}", file=sys.stderr)
     finally:
         stats: list[tuple[str, dict[str, Any] | None]] = []

@@ -145,3 +145,20 @@ def test_a_job_moves_files_between_families_and_leaves_empty_ones(tmp_path: Path
     assert "promotion round failed" not in r.stderr
     assert published_paths(tmp_path / "root", "inductor") == {
         "moved", "pkg/__init__.py", "zz-empty"}, r.stderr[-3000:]
+
+
+@pytest.mark.parametrize(("make", "rc"), [("missing", 127), ("noexec", 126)])
+def test_a_command_that_cannot_run_exits_as_a_shell_would(tmp_path: Path, make: str,
+                                                          rc: int) -> None:
+    prog = tmp_path / "prog.sh"
+    if make == "noexec":
+        prog.write_text("echo hi\n")
+        prog.chmod(0o644)
+    env = dict(os.environ, CASFS_ROOT=str(tmp_path / "root"), CASFS_STATE_DIR=str(tmp_path / "a"),
+               CASFS_MOUNT_BASE=str(tmp_path / "mnt"), CASFS_SOCKET=str(tmp_path / "no.sock"))
+    r = subprocess.run([sys.executable, "-m", "casfs.cli.main", "run", "--family", "generic",
+                        "--", str(prog)], env=env, capture_output=True, text=True,
+                       timeout=300, check=False)
+    assert r.returncode == rc, r.stderr
+    assert f"casfs: error: cannot run {prog}: " in r.stderr
+    assert "Traceback" not in r.stderr
