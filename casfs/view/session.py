@@ -14,6 +14,7 @@ import os
 import shutil
 import signal
 import subprocess
+import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -106,12 +107,15 @@ def serve(
     except RuntimeError as e:
         raise FuseUnavailableError(f"cannot mount {mountpoint}: {e}") from e
     unmounted = False
+    wake = _install_read_wake()
     try:
-        trio.run(_main, on_ready, background, on_shutdown)
+        trio.run(_main, on_ready, background, on_shutdown, wake)
     except BaseException:
         log.exception("FUSE main loop failed")
         raise
     finally:
+        if wake:
+            _remove_read_wake()
         try:
             pyfuse3.close(unmount=True)
             unmounted = True
@@ -125,12 +129,13 @@ async def _main(
     on_ready: Callable[[], None] | None,
     background: Callable[[trio.Nursery], Awaitable[None]] | None,
     on_shutdown: Callable[[], Awaitable[None]] | None,
+    wake: bool = False,
 ) -> None:
     # Caught before READY (a job that ends at once is stopped right after it), and from
     # the first signal on, more are swallowed: one between here and the unmount would
     # leave a dead mount (ENOTCONN) behind. SIGKILL still works.
     with stop_signals() as signals:
-        await _session(signals, on_ready, background, on_shutdown)
+        await _session(signals, on_ready, background, on_shutdown, wake)
 
 
 async def _session(
@@ -138,10 +143,13 @@ async def _session(
     on_ready: Callable[[], None] | None,
     background: Callable[[trio.Nursery], Awaitable[None]] | None,
     on_shutdown: Callable[[], Awaitable[None]] | None,
+    wake: bool = False,
 ) -> None:
     import pyfuse3
 
     async with trio.open_nursery() as nursery:
+        if wake:
+            nursery.start_soon(_keep_read_wake_off)
 
         async def fuse_loop() -> None:
             await pyfuse3.main()
@@ -164,6 +172,60 @@ async def _session(
             await background(nursery)
         if on_ready is not None:
             on_ready()
+
+
+# --- the FUSE loop's blocking read ----------------------------------------------------
+# pyfuse3 reads the session fd (a blocking one, holding the GIL) once trio says it is
+# readable. The kernel can take the request back in between: an unread request whose
+# process got SIGKILL is dropped, and a queued INTERRUPT goes when its request is
+# answered first. The read then blocks the event loop (the control socket,
+# publication, lease checks, every other request) and every other thread of the
+# process until some process sends the next request; with none (the job was killed,
+# nothing else uses the mount) the mount process hung for good.
+#
+# A dead man's switch: while the loop runs, a task keeps pushing a one-shot
+# ITIMER_REAL back. Once the loop has been stuck for READ_WAKE_AFTER_S the timer's
+# SIGALRM reaches the main thread (the thread group leader, which runs the loop);
+# the blocked read returns EINTR, which pyfuse3 answers by waiting for readability
+# again. A loop that is merely busy gets a no-op handler call at most.
+READ_WAKE_AFTER_S = 1.0
+read_wakes = 0  # SIGALRMs the switch fired (the loop was stuck that long)
+
+
+def _on_read_wake(signum: int, frame: object) -> None:
+    global read_wakes
+    read_wakes += 1
+
+
+def _install_read_wake() -> bool:
+    """The SIGALRM handler, if this is the main thread and SIGALRM is nobody's."""
+    if threading.current_thread() is not threading.main_thread():
+        return False
+    if signal.getsignal(signal.SIGALRM) not in (signal.SIG_DFL, None):
+        log.debug("SIGALRM is handled already: no wake for a stuck FUSE read")
+        return False
+    signal.signal(signal.SIGALRM, _on_read_wake)
+    return True
+
+
+def _remove_read_wake() -> None:
+    signal.setitimer(signal.ITIMER_REAL, 0)
+    signal.signal(signal.SIGALRM, signal.SIG_DFL)
+
+
+async def _keep_read_wake_off() -> None:
+    seen = read_wakes
+    try:
+        while True:
+            signal.setitimer(signal.ITIMER_REAL, READ_WAKE_AFTER_S)
+            if read_wakes != seen:
+                seen = read_wakes
+                log.info("the FUSE loop was stuck for over %.0fs (a blocked read of a request"
+                         " the kernel took back, or a long step): woken (%d so far)",
+                         READ_WAKE_AFTER_S, seen)
+            await trio.sleep(READ_WAKE_AFTER_S / 4)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
 
 
 def is_mountpoint(path: Path) -> bool:
