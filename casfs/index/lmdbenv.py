@@ -31,6 +31,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -94,6 +95,9 @@ class _SharedLock:
             self._cond.notify_all()
 
 
+# What says the index's file is damaged, not the environment (a lock, a full disk).
+_DAMAGE = (lmdb.InvalidError, lmdb.CorruptedError, lmdb.PageNotFoundError)
+
 _registry_lock = threading.Lock()
 _registry: dict[str, IndexEnv] = {}
 
@@ -111,6 +115,7 @@ class IndexEnv:
         self._lock = _SharedLock()
         self._write_lock = threading.Lock()
         self._refs = 1
+        self.repaired = False  # opened afresh after moving a damaged one aside
 
     @classmethod
     def open(cls, state_dir: Path, *, map_size: int, readonly: bool) -> IndexEnv:
@@ -133,6 +138,45 @@ class IndexEnv:
 
     @classmethod
     def _open_new(cls, path: Path, map_size: int, readonly: bool) -> IndexEnv:
+        try:
+            return cls._open_env(path, map_size, readonly)
+        except IndexError_ as e:
+            if readonly or not isinstance(e.__cause__, _DAMAGE):
+                raise
+        return cls._repair(path, map_size)
+
+    @classmethod
+    def _repair(cls, path: Path, map_size: int) -> IndexEnv:
+        """A damaged index (a node's power loss under ``sync=False``, a bad disk) is
+        moved aside and started afresh, once, under a lock other processes of the
+        node take too: everything in it can be rebuilt or redone (upper files are
+        promoted again at start, lower entries re-ingested). Without this the node
+        served only private caches until an operator stepped in."""
+        import fcntl
+
+        lock_fd = os.open(path.parent / "index.repair.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC,
+                          0o600)
+        try:
+            fcntl.flock(lock_fd, fcntl.LOCK_EX)
+            try:  # another process of the node may have repaired it meanwhile
+                return cls._open_env(path, map_size, False)
+            except IndexError_ as e:
+                if not isinstance(e.__cause__, _DAMAGE):
+                    raise
+                stamp = time.strftime("%Y%m%dT%H%M%S")
+                aside = path.parent / f"index.damaged-{stamp}-{os.getpid()}"
+                os.rename(path, aside)
+                log.error("node index %s is damaged (%s): moved to %s, starting a fresh one "
+                          "(this node's unpublished files are promoted again)", path,
+                          e.__cause__, aside)
+            fresh = cls._open_env(path, map_size, False)
+            fresh.repaired = True
+            return fresh
+        finally:
+            os.close(lock_fd)
+
+    @classmethod
+    def _open_env(cls, path: Path, map_size: int, readonly: bool) -> IndexEnv:
         if readonly and not (path / "data.mdb").exists():
             raise IndexError_(f"no node index at {path} (no daemon or 'casfs run' has used it yet)")
         if not readonly:
@@ -162,6 +206,9 @@ class IndexEnv:
             if stale:
                 log.info("cleared %d stale LMDB reader slot(s) in %s", stale, path)
             self._init_dbs()
+        except _DAMAGE as e:
+            env.close()
+            raise IndexError_(f"cannot open node index {path}: {e}") from e
         except BaseException:
             env.close()
             raise

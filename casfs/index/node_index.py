@@ -44,6 +44,12 @@ class NodeIndex:
         """
         return cls(IndexEnv.open(Path(state_dir), map_size=map_size, readonly=readonly))
 
+    def take_repaired(self) -> bool:
+        """True once if this process opened the index afresh after moving a damaged
+        one aside (IndexEnv._repair): the local object cache's accounting went with it."""
+        repaired, self._env.repaired = self._env.repaired, False
+        return repaired
+
     def close(self) -> None:
         self._env.close()
 

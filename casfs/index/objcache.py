@@ -96,6 +96,24 @@ def idle_fd_bound() -> int:
     return max(0, soft // 4)
 
 
+def discard_cache_dir(directory: Path) -> None:
+    """Drop a whole local object cache whose accounting is lost (the node index was
+    damaged and started afresh): moved aside at once, deleted in the background.
+    Its objects are fetched again when used; kept, they would fill the disk outside
+    the cap, since nothing knows of them any more."""
+    aside = directory.with_name(f"{directory.name}.stale-{time.time_ns()}")
+    try:
+        os.rename(directory, aside)
+    except FileNotFoundError:
+        return
+    except OSError as e:
+        log.warning("cannot set aside the object cache %s: %s", directory, e)
+        return
+    log.warning("the object cache %s was dropped with the damaged index (%s)", directory, aside)
+    threading.Thread(target=shutil.rmtree, args=(aside,), kwargs={"ignore_errors": True},
+                     name="casfs-drop-stale-cache", daemon=True).start()
+
+
 class ObjectSource(Protocol):
     """Where objects come from (casfs.store.objects.ObjectStore satisfies it)."""
 

@@ -42,7 +42,7 @@ from casfs.errors import (
 )
 from casfs.index.memtree import MemLowerTree, StagedLowerTree
 from casfs.index.node_index import NodeIndex
-from casfs.index.objcache import LocalObjectCache
+from casfs.index.objcache import LocalObjectCache, discard_cache_dir
 from casfs.node import control, fetchproc, prefetch, promoteproc, readahead, usage
 from casfs.node.config import MountConfig
 from casfs.promote.promoter import Promoter, RoundResult
@@ -228,6 +228,8 @@ class MountService:
         self.policy = TenantPolicy.from_dict(cfg.tenants) if cfg.tenant else None
         self.tenant = self.policy.tenant(cfg.tenant) if self.policy else None
         self.index = NodeIndex.open(cfg.state_dir)
+        if self.index.take_repaired():
+            discard_cache_dir(cfg.state_dir / "objects")
         self._take_namespace_lock(wait_for_reclaim)
         self._open_root()
         # Lazy ingest (casfs.index.memtree): a namespace with no rows on this node is
