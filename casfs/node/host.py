@@ -298,7 +298,9 @@ class NodeHost:
                     continue
                 if cur.idle_since is None:
                     cur.idle_since = now
-                if now - cur.idle_since >= self.cfg.grace:
+                # A killed job's half-written files are removed at release: no grace
+                # for them, a job leasing it meanwhile would read them.
+                if now - cur.idle_since >= self.cfg.grace or cur.svc.tracker.holding():
                     await self.detach(k)
         if (self.cfg.exit_when_idle and not self.served and not self.leases
                 and not self._attaching and not self.stopping):

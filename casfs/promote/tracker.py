@@ -135,6 +135,11 @@ class WriteTracker:
             self._hold_starts = [a for a, _ in merged]
             return sum(1 for t in self._dirty.values() if since <= t <= until)
 
+    def holding(self) -> bool:
+        """Whether a ``hold`` keeps any dirty path out of promotion."""
+        with self._lock:
+            return bool(self._holds) and any(self._in_hold(t) for t in self._dirty.values())
+
     def held(self) -> list[str]:
         """The dirty paths a ``hold`` keeps out of promotion."""
         with self._lock:
