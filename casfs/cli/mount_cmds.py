@@ -501,11 +501,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     job_lease: str | None = None
     try:
         proc = subprocess.Popen(cmd, env=env)
-        if lease is not None:
-            job_lease = client.follow(lease[0], caches, proc.pid, lease[1])
+        # Forwarded from the start: a Ctrl-C while the job's lease is asked for goes
+        # to the job (and its status says it was killed), not into a traceback here.
         old = {s: signal.signal(s, lambda n, f: proc.send_signal(n))
                for s in (signal.SIGINT, signal.SIGTERM)}
         try:
+            if lease is not None:
+                job_lease = client.follow(lease[0], caches, proc.pid, lease[1])
             rc = proc.wait()
         finally:
             job_ended = time.time()
