@@ -339,7 +339,6 @@ class NodeHost:
         # own lease still stands (dead or alive: a dead one is judged on its turn).
         return lease.run and not any(f.follows == lid for f in self.leases.values())
 
-    # --- persistence across a restart ----------------------------------------------------
     def _torn(self, keys: set[Key], late: float) -> None:
         """A job holding ``keys`` was killed at most ``late`` seconds ago: what its
         namespaces changed from ``stable_after`` before that (a file still being
@@ -351,6 +350,7 @@ class NodeHost:
             if s is not None:
                 s.svc.torn_writes(now - late - s.svc.cfg.stable_after - 0.5, now + 2.0)
 
+    # --- persistence across a restart ----------------------------------------------------
     def _persist(self) -> None:
         data = {
             "served": [{"tenant": k[0], "namespace": k[1], "family": s.family}
