@@ -194,7 +194,8 @@ def _probe(interpreter: str, env_items: tuple[tuple[str, str], ...],
         if doc is None:
             proc = subprocess.run([interpreter, "-c", _PROBE, *_all_dists()],
                                   capture_output=True, text=True, timeout=_PROBE_TIMEOUT_S,
-                                  env=dict(env_items), check=False, stdin=subprocess.DEVNULL)
+                                  env=dict(env_items), check=False, stdin=subprocess.DEVNULL,
+                                  cwd="/")  # '' (the cwd) is first on sys.path under -c
             doc = json.loads(proc.stdout)
             if cache and key:
                 _store_probe(cache, key, doc)

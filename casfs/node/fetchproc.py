@@ -50,7 +50,6 @@ import signal
 import socket
 import struct
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -59,6 +58,7 @@ from pathlib import Path
 from typing import Any
 
 from casfs.errors import CasfsError, CorruptObjectError, ObjectMissingError, WorkerBugError
+from casfs.util.child import CHILD_CWD, child_env, python_module
 from casfs.util.counters import Counters
 
 log = logging.getLogger(__name__)
@@ -391,13 +391,13 @@ class FetchWorker:
     def _spawn_locked(self) -> tuple[subprocess.Popen[bytes], socket.socket] | None:
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         level = logging.getLevelName(logging.getLogger().getEffectiveLevel()).lower()
-        cmd = [sys.executable, "-m", self.module, "--fd", str(child.fileno()), *self.args,
+        cmd = [*python_module(self.module), "--fd", str(child.fileno()), *self.args,
                "--threads", str(self.threads), "--parent", str(os.getpid())]
         if level in ("debug", "info", "warning", "error"):
             cmd += ["--log-level", level]
         try:
             proc = subprocess.Popen(cmd, pass_fds=(child.fileno(),), stdin=subprocess.DEVNULL,
-                                    restore_signals=True)
+                                    restore_signals=True, cwd=CHILD_CWD, env=child_env())
         except OSError as e:
             parent.close()
             log.error("cannot start the %s: %s", self.label, e)

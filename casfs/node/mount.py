@@ -261,7 +261,7 @@ class MountService:
         if not hosted:
             session.clear_stale_mount(cfg.mountpoint)  # a dead mount (ENOTCONN) fails mkdir
         cfg.writable_dir.mkdir(parents=True, exist_ok=True)
-        root_mode = self._give_to_tenant(cfg.writable_dir)
+        root_mode = self._root_mode = self._give_to_tenant(cfg.writable_dir)
         source = _RootSource(self)
         self.cache = LocalObjectCache(
             cfg.state_dir / "objects", self.index, source, cfg.cache_max_bytes,
@@ -308,7 +308,8 @@ class MountService:
             OverlayOperations(self.lower, self.cache, self.overlay_paths.fuse_upper,
                               self.tracker, self.counters, fetch_timeout=cfg.fetch_timeout,
                               replaced=self._is_replaced, presenter=self.relocator,
-                              dir_nlink=False)
+                              dir_nlink=False, root_mode=root_mode,
+                              lower_dir_mode=root_mode & 0o7777)
             if self.overlay_paths is not None else None
         )
         self.restore_stamps = (
@@ -325,6 +326,8 @@ class MountService:
         self._open_watch: Any = None  # overlay mode: casfs.view.opens.OpenWatchProcess
         self.prefetcher: prefetch.Prefetcher | None = None
         self.readahead: readahead.ReadAhead | None = None
+        if self.overlay_paths is not None and self.ops is not None:
+            self.ops.lower_owner = self._tenant_owner()  # as the links layer's: the tenant's
         if self.ops is not None:
             self.ops.on_lower_open = self._lower_opened
             if cfg.readahead:
@@ -362,6 +365,10 @@ class MountService:
             os.chown(path, t.uid, t.gid)
         os.chmod(path, t.dir_mode)  # after chown, which clears setgid
         return t.dir_mode
+
+    def _tenant_owner(self) -> tuple[int, int] | None:
+        """(uid, gid) the tenant's directories belong to; None without tenants."""
+        return (self.tenant.uid, self.tenant.gid) if self.tenant is not None else None
 
     def _take_namespace_lock(self, wait_for_reclaim: bool = True) -> None:
         """The namespace's lock: one mount (or reclaim) of it per state dir at a time.
@@ -1239,7 +1246,8 @@ class MountService:
         from casfs.view import whiteout
 
         whiteout.sweep(paths.upper)  # whiteouts last as long as the view that made them
-        os.chmod(paths.upper, 0o1777)  # the merged root: any user may create, like /tmp
+        # The merged root shows the upper's owner and mode: the tenant's, never wider.
+        os.chmod(paths.upper, self._root_mode)
         paths.fuse.mkdir(parents=True, exist_ok=True)
         paths.fuse_upper.mkdir(parents=True, exist_ok=True)
 
@@ -1281,7 +1289,8 @@ class MountService:
             except OSError:
                 return None
 
-        rep = overlay.build_links(paths.links, entries, local_path, present)
+        rep = overlay.build_links(paths.links, entries, local_path, present,
+                                  dir_mode=self._root_mode, owner=self._tenant_owner())
         self.counters.inc("overlay_linked", rep.linked)
         self.counters.inc("overlay_generated", rep.generated)
         self.counters.inc("overlay_sealed_dirs", rep.sealed_dirs)

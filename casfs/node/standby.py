@@ -19,6 +19,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from casfs.util.child import CHILD_CWD, child_env, python_module
+
 WORKER = "casfs.node.worker"
 HOST = "casfs.node.host"
 
@@ -63,7 +65,7 @@ def start(*, log_format: str | None = None, log_level: str | None = None,
     ready_r, ready_w = os.pipe()
     life_r = life_w = None
     fds = [go_r, ready_w]
-    cmd = [sys.executable, "-m", "casfs.node.standby", "--go-fd", str(go_r),
+    cmd = [*python_module("casfs.node.standby"), "--go-fd", str(go_r),
            "--ready-fd", str(ready_w)]
     if die_with_parent:
         life_r, life_w = os.pipe()
@@ -76,7 +78,7 @@ def start(*, log_format: str | None = None, log_level: str | None = None,
         log_opts += ["--log-level", log_level]
     try:
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, pass_fds=fds,
-                                start_new_session=True)
+                                start_new_session=True, cwd=CHILD_CWD, env=child_env())
     finally:
         for fd in fds:
             os.close(fd)

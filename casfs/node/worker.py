@@ -28,6 +28,8 @@ from typing import Any, Protocol
 from casfs.errors import CasfsError, FuseUnavailableError
 from casfs.node import logfmt
 from casfs.node.config import HostConfig, MountConfig, dump_config, load_config
+from casfs.util import owned
+from casfs.util.child import CHILD_CWD, child_env, python_module
 from casfs.util.fdwait import readable
 
 log = logging.getLogger(__name__)
@@ -130,6 +132,22 @@ def spawn(cfg: MountConfig, *, ready_timeout: float = 120.0, verbose: int = 0,
         die_with_parent=die_with_parent)
 
 
+def check_paths(cfg: Any) -> None:
+    """The state dir, the mount point's directory and a POSIX shared root must belong
+    to this user (or root): casfs.util.owned, UnsafePathError naming the component.
+
+    Missing directories are made here, one at a time: 0700, or 0755 as root (the
+    mount base holds casfsd's jobs socket, which every user reaches)."""
+    mode = 0o755 if os.geteuid() == 0 else 0o700
+    owned.check_dir(cfg.state_dir, "state dir", create_mode=0o700)
+    owned.check_mountpoint(cfg.mountpoint, "mount point", create_mode=mode)
+    if isinstance(cfg.root, Path):
+        try:
+            owned.check_dir(cfg.root, "shared root", shared=True)
+        except FileNotFoundError:  # made by the mount (SharedRoot): its parent must pass
+            owned.check_dir(cfg.root.parent, "shared root", create_mode=mode)
+
+
 def start_process(module: str, cfg: Any, cfg_json: str, *, where: str,
                   ready_timeout: float = 120.0, verbose: int = 0, log_to_stderr: bool = False,
                   log_format: str | None = None, log_level: str | None = None,
@@ -139,6 +157,7 @@ def start_process(module: str, cfg: Any, cfg_json: str, *, where: str,
     The one way casfs starts a mount process (a single mount, or the node's
     host): ``cfg`` needs ``name``, ``state_dir``, ``run_dir`` and ``mountpoint``.
     """
+    check_paths(cfg)
     log_path: Path | None = None
     if not log_to_stderr:
         log_dir = cfg.state_dir / "log"
@@ -152,7 +171,7 @@ def start_process(module: str, cfg: Any, cfg_json: str, *, where: str,
     # local user through /proc. (Credentials are never in it either way: they
     # come from the AWS environment/profile chain the worker inherits.)
     cfg_r, cfg_w = os.pipe()
-    cmd = [sys.executable, "-m", module, "--config-fd", str(cfg_r),
+    cmd = [*python_module(module), "--config-fd", str(cfg_r),
            "--ready-fd", str(w), "--stats-out", str(stats_out)] + ["-v"] * verbose
     if log_format:
         cmd += ["--log-format", log_format]
@@ -168,7 +187,8 @@ def start_process(module: str, cfg: Any, cfg_json: str, *, where: str,
         with open(log_path, "ab") if log_path else contextlib.nullcontext() as logf:
             out: Any = logf if logf is not None else sys.stderr.fileno()
             proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=out,
-                                    pass_fds=pass_fds, start_new_session=True)
+                                    pass_fds=pass_fds, start_new_session=True,
+                                    cwd=CHILD_CWD, env=child_env())
     except BaseException:
         for fd in (r, life_w, cfg_w):
             if fd is not None:

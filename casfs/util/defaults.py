@@ -32,15 +32,19 @@ def default_state_dir() -> Path:
 
 
 def default_mount_base() -> Path:
-    """Fixed per user: /run/casfs for root, /tmp/casfs-<user> otherwise."""
+    """Fixed per user, the same on every node: /run/casfs for root, /tmp/casfs-<uid> otherwise.
+
+    Not $XDG_RUNTIME_DIR: logind removes it at logout (a job's mount under it
+    would vanish with its user's last session), and many batch launchers leave it
+    unset. /tmp/casfs-<uid> is made 0700 by its user and refused if anyone else
+    made it first (casfs.util.owned, checked before every mount).
+    """
     env = os.environ.get("CASFS_MOUNT_BASE")
     if env:
         return Path(env)
     if os.geteuid() == 0:
         return Path("/run/casfs")
-    import getpass
-
-    return Path("/tmp") / f"casfs-{getpass.getuser()}"
+    return Path("/tmp") / f"casfs-{os.geteuid()}"
 
 
 def default_mountpoint(family: str) -> Path:

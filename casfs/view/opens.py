@@ -62,12 +62,12 @@ import select
 import signal
 import struct
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 
+from casfs.util.child import CHILD_CWD, child_env, python_module
 from casfs.util.libc import libc
 
 log = logging.getLogger(__name__)
@@ -314,10 +314,11 @@ class OpenWatchProcess:
                 if self._stopping.is_set():
                     return None
                 proc = subprocess.Popen(
-                    [sys.executable, "-m", "casfs.view.opens", "--fd", str(self._fd),
+                    [*python_module("casfs.view.opens"), "--fd", str(self._fd),
                      "--out", str(w), "--ignore-pid", str(os.getpid()),
                      "--parent", str(os.getpid()), self.mountpoint],
-                    stdin=subprocess.DEVNULL, pass_fds=(self._fd, w), close_fds=True)
+                    stdin=subprocess.DEVNULL, pass_fds=(self._fd, w), close_fds=True,
+                    cwd=CHILD_CWD, env=child_env())
                 self._proc = proc
         except BaseException:
             os.close(r)

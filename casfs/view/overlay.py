@@ -109,6 +109,9 @@ def build_links(
     entries: Iterable[Entry],
     local_path: Callable[[Entry], str | None],
     present: Callable[[Entry, str], bytes | None] | None = None,
+    *,
+    dir_mode: int = 0o1777,
+    owner: tuple[int, int] | None = None,
 ) -> LinkReport:
     """Fill ``links`` (emptied first) with the entries whose objects are local.
 
@@ -121,12 +124,17 @@ def build_links(
     (no FUSE lookup, opendir or readdir under it; measured: a merged directory
     costs reads ~3x). The price: an entry a refresh adds under a sealed
     directory shows only at the next mount.
+
+    Directories get ``owner`` (uid, gid) and ``dir_mode``: the tenant's, as the
+    merged view shows them and as overlayfs copies them up when a job writes in
+    one. Never wider: a 0777 directory here became a world-writable key directory
+    in the tenant's cache (issue 21).
     """
     import shutil
 
     shutil.rmtree(links, ignore_errors=True)
     links.mkdir(parents=True)
-    os.chmod(links, 0o777)
+    _own(links, dir_mode, owner)
     made: set[str] = {""}
     partial: set[str] = set()  # directories with an entry served by FUSE
     rep = LinkReport()
@@ -145,7 +153,7 @@ def build_links(
             continue
         parent = os.path.dirname(e.path)
         if parent not in made:
-            _mkdirs(links, parent, made)
+            _mkdirs(links, parent, made, dir_mode, owner)
         target = links / e.path
         data = present(e, src) if present is not None else None
         try:
@@ -170,14 +178,21 @@ def build_links(
     return rep
 
 
-def _mkdirs(links: Path, rel: str, made: set[str]) -> None:
+def _own(p: Path, dir_mode: int, owner: tuple[int, int] | None) -> None:
+    if owner is not None and os.geteuid() == 0:
+        os.chown(p, *owner)
+    os.chmod(p, dir_mode)  # after chown, which clears setgid; not narrowed by the umask
+
+
+def _mkdirs(links: Path, rel: str, made: set[str], dir_mode: int,
+            owner: tuple[int, int] | None) -> None:
     parent = os.path.dirname(rel)
     if parent not in made:
-        _mkdirs(links, parent, made)
+        _mkdirs(links, parent, made, dir_mode, owner)
     p = links / rel
     with contextlib.suppress(FileExistsError):
         os.mkdir(p)
-        os.chmod(p, 0o777)  # like the FUSE view's lower dirs: any user may add entries
+        _own(p, dir_mode, owner)  # the tenant may add entries, nobody else
     made.add(rel)
 
 
