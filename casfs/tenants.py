@@ -43,10 +43,16 @@ MODES = ("uid", "cluster")
 TRUSTS = ("owner", "signature")
 # The label an operator puts on a pod to name its tenant (deploy/kubernetes).
 POD_LABEL = "casfs.io/tenant"
-# kubelet names pod cgroups ".../kubepods-<qos>-pod<uid>.slice" (systemd driver,
-# '-' in the uid written as '_') or ".../kubepods/<qos>/pod<uid>/" (cgroupfs).
-_POD_RE = re.compile(r"kubepods.*?pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_]"
-                     r"[0-9a-f]{4}[-_][0-9a-f]{12})")
+# kubelet names pod cgroups "/kubepods.slice/kubepods-<qos>.slice/kubepods-<qos>-pod<uid>.slice"
+# (systemd driver, '-' in the uid written as '_'; kind: "kubelet-kubepods-...") or
+# "/kubepods/<qos>/pod<uid>/" (cgroupfs). One path component each:
+_UID = r"([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12})"
+_POD_COMPONENT_RE = re.compile(rf"(?:[a-z0-9_-]*kubepods[a-z0-9_-]*-)?pod{_UID}(?:\.slice)?")
+# What may lie above a pod's component: the runtime's own, root-owned hierarchy
+# ("kubepods.slice", "kubepods-besteffort.slice", "kubelet.slice", "kubepods", the
+# cgroupfs driver's QoS directories), or ".." (casfsd in a cgroup namespace of its
+# own sees other containers' paths relative to its own cgroup).
+_POD_ANCESTOR_RE = re.compile(r"\.\.|kube[a-z0-9_.-]*|besteffort|burstable|guaranteed")
 
 
 @dataclass(frozen=True)
@@ -171,8 +177,22 @@ def read_cgroup(pid: int) -> str:
 
 
 def pod_uid(cgroup: str) -> str | None:
-    m = _POD_RE.search(cgroup)
-    return m.group(1).replace("_", "-") if m else None
+    """The Kubernetes pod whose cgroup ``cgroup`` lies in (None: not in a pod).
+
+    Only a cgroup the container runtime made counts: the pod's component must be
+    reached from the root of the hierarchy (or of casfsd's cgroup namespace)
+    through the runtime's own components alone. Users may create cgroups in the
+    subtree systemd delegates to them (``.../user@<uid>.service/...``), with any
+    name, ``kubepods-pod<uuid>.slice`` included; such a process is not in a pod
+    and is placed by its uid (``u<uid>``), as any other process of that user.
+    """
+    for part in cgroup.split("/")[1 if cgroup.startswith("/") else 0:]:
+        m = _POD_COMPONENT_RE.fullmatch(part)
+        if m:
+            return m.group(1).replace("_", "-")
+        if not _POD_ANCESTOR_RE.fullmatch(part):
+            return None  # a user's delegated subtree, a system service's, a session's...
+    return None
 
 
 def store_namespace(tenant: str, namespace: str) -> str:
