@@ -144,9 +144,42 @@ def _tenant() -> tuple[str, str]:
     return "ok", detail
 
 
+def _squatted() -> tuple[str, str]:
+    """This user's namespaces on a POSIX root that someone else made first.
+
+    Without casfsd (root) to move such a directory aside, the tenant publishes
+    nothing there: say so, with who owns it, instead of failing silently.
+    """
+    from casfs.daemon.config import load_tenants
+    from casfs.node.tenant import own_tenant
+    from casfs.store.tenancy import TenantTrust
+    from casfs.tenants import SEP
+
+    root = default_root()
+    policy = load_tenants()
+    if isinstance(root, S3Location) or policy.trust != "owner" or policy.mode != "uid":
+        return "ok", "not applicable (object store, signatures or cluster mode)"
+    prefix = own_tenant(policy).id + SEP
+    try:
+        names = [n for n in os.listdir(root / "namespaces") if n.startswith(prefix)]
+    except FileNotFoundError:
+        return "ok", "no namespaces yet"
+    trust = TenantTrust(policy, root)
+    bad = []
+    for ns in sorted(names):
+        try:
+            trust.check_namespace(ns)
+        except CasfsError as e:
+            bad.append(e.message)
+    if bad:
+        return "warn", ("; ".join(bad) + ": this user's jobs publish nothing there; a root"
+                        " casfsd moves such a directory aside, or an admin can")
+    return "ok", f"{len(names)} namespaces of this tenant, each its own"
+
+
 CHECKS: list[tuple[str, Callable[[], tuple[str, str]]]] = [
     ("fuse", _fuse), ("state_dir", _state), ("index", _index), ("shared_root", _root),
-    ("mounts", _mounts), ("health", _health), ("tenant", _tenant),
+    ("mounts", _mounts), ("health", _health), ("tenant", _tenant), ("namespaces", _squatted),
 ]
 
 

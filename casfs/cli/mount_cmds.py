@@ -304,7 +304,16 @@ def summary_line(family: str, st: dict[str, Any] | None) -> str:
             # cluster keeps the first version, so this job's copy stays node-local
             + (f"; {c['publish_conflicts']} paths conflicted (another node's version kept;"
                " --report lists them)" if c.get("publish_conflicts") else "")
+            + _not_published(last)
             + _readiness(st))
+
+
+def _not_published(last: dict[str, Any]) -> str:
+    """Why the job's last publication failed (a squatted namespace, a full root...):
+    said once in the job's line, never only in the mount process's log."""
+    if not last or last.get("ok", True):
+        return ""
+    return f"; NOT PUBLISHED: {last.get('message')}"
 
 
 def _readiness(st: dict[str, Any]) -> str:

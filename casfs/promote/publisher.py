@@ -28,6 +28,7 @@ from casfs.errors import (
     PublishDeferredError,
     QuotaExceededError,
     UnreadableHereError,
+    UntrustedError,
 )
 from casfs.families import CacheRules
 from casfs.index.node_index import NodeIndex
@@ -108,6 +109,14 @@ class Publisher:
             # snapshot this node can read would drop its entries for everyone.
             self.counters.inc("publish_refused_newer_format")
             log.error("not publishing to %s: %s", self.namespace, e)
+            out = PublishOutcome(False, f"refused: {e}")
+        except UntrustedError as e:
+            # Squatted: another user made the tenant's namespace directory on a root
+            # without casfsd to move it aside. Said once per process (as an error: the
+            # job's writes stay local), then counted; the summary line and doctor say it.
+            if not self.counters.get("publish_refused_untrusted"):
+                log.error("not publishing to %s: %s", self.namespace, e)
+            self.counters.inc("publish_refused_untrusted")
             out = PublishOutcome(False, f"refused: {e}")
         except PublishDeferredError as e:
             self.counters.inc("publish_deferred")

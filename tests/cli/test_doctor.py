@@ -20,7 +20,7 @@ def test_doctor_on_a_fresh_node(tmp_path: Path) -> None:
     r = doctor(tmp_path, tmp_path / "root")
     checks = {c["check"]: c for c in json.loads(r.stdout)}
     assert set(checks) == {"fuse", "state_dir", "index", "shared_root", "mounts", "health",
-                           "tenant"}
+                           "tenant", "namespaces"}
     assert checks["health"]["status"] == "ok"
     assert checks["shared_root"]["status"] == "ok"
     assert checks["tenant"]["detail"].startswith(f"tenant u{os.geteuid()} (mode uid")
