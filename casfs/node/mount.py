@@ -258,6 +258,7 @@ class MountService:
         # deleted until the next mount start (the whiteout scope rule of view.whiteout).
         self._dir_offered: set[str] = set()
         self._dir_replaced: set[str] = set()  # newer versions of replaced paths to put in place
+        self._dir_refused: set[str] = set()  # paths through a symlink: skipped, warned once
         if not hosted:
             session.clear_stale_mount(cfg.mountpoint)  # a dead mount (ENOTCONN) fails mkdir
         cfg.writable_dir.mkdir(parents=True, exist_ok=True)
@@ -1380,13 +1381,17 @@ class MountService:
         return present
 
     # --- dir mode -------------------------------------------------------------
+    def _dir_owner(self) -> tuple[int, int] | None:
+        """Whose fs credentials write the dir-mode directory (the tenant's, not root's)."""
+        return (self.tenant.uid, self.tenant.gid) if self.tenant is not None else None
+
     def _restore_dir(self) -> None:
         fresh = [e for e in self.lower.walk() if e.path not in self._dir_offered]
         written = dirmode.restore(self.cfg.mountpoint, fresh, self.cache, self.counters,
-                                  self.restore_stamps, present=self._presenter())
+                                  self.restore_stamps, present=self._presenter(),
+                                  owner=self._dir_owner(), refused=self._dir_refused)
         # Offered = now in the directory; a failed fetch is tried again on the next refresh.
-        self._dir_offered.update(
-            e.path for e in fresh if os.path.lexists(self.cfg.mountpoint / e.path))
+        self._dir_offered.update(dirmode.lstats(self.cfg.mountpoint, [e.path for e in fresh]))
         # Restored files are published already: record them so promotion skips them.
         self.index.add_promoted_many(self.cfg.namespace, written)
         self.index.mark_published(self.cfg.namespace, written, self.served_seq)
@@ -1400,12 +1405,12 @@ class MountService:
         paths, self._dir_replaced = sorted(self._dir_replaced), set()
         mp = self.cfg.mountpoint
         todo: list[tuple[Entry, os.stat_result]] = []
+        local = dirmode.lstats(mp, paths)
         for p in paths:
             e = self.lower.lookup(p)
             rec = self.index.get_promoted(self.cfg.namespace, p)
-            try:
-                st = os.lstat(mp / p)
-            except OSError:
+            st = local.get(p)
+            if st is None:
                 continue  # absent: the restore puts the newest version in place
             if (isinstance(e, Entry) and rec is not None and rec.state == "published"
                     and stat.S_ISREG(st.st_mode) and rec.entry.digest != e.digest
@@ -1414,7 +1419,8 @@ class MountService:
                 todo.append((e, st))
         busy = dirmode.open_for_writing(mp, [e.path for e, _ in todo]) if todo else set()
         done = [e for e, st in todo if e.path not in busy and dirmode.replace_file(
-            mp, e, self.cache, st, self.restore_stamps, present=self._presenter())]
+            mp, e, self.cache, st, self.restore_stamps, present=self._presenter(),
+            owner=self._dir_owner(), refused=self._dir_refused)]
         if done:
             self.index.add_promoted_many(self.cfg.namespace, done)
             self.index.mark_published(self.cfg.namespace, done, self.served_seq)
