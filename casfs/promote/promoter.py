@@ -24,13 +24,15 @@ Runs in a worker thread; a slow or failing shared root only delays promotion
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import logging
 import os
 import stat
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,11 +49,10 @@ from casfs.store.objects import (
     PutResult,
     digest_bytes,
     max_object_bytes,
-    read_regular,
     read_regular_stat,
 )
 from casfs.store.packs import SMALL_OBJECT, Location, PackWriter
-from casfs.util import noatime
+from casfs.util import beneath
 from casfs.util.counters import Counters
 from casfs.util.crashpoint import crashpoint, fault
 from casfs.util.paths import is_valid_relpath
@@ -67,12 +68,14 @@ PACKING_THREADS = 2  # parts packed at once: one part's pack writes overlap the 
 ZSTD_THREADS = 2  # zstd's native threads per part being packed
 PROBE_CHUNK = 32  # loose probes per pool task
 _T = TypeVar("_T")
+# lstat errors that settle a path: gone, a symlink or a file on its way, a name that is
+# not a plain relative path (EINVAL; forgotten like the invalid names below)
+_GONE = (errno.ENOENT, errno.EINVAL, *beneath.REFUSED)
 
 
 @dataclass(slots=True)  # not frozen: a frozen __init__ costs ~1 us more per file
 class _Candidate:
     rel: str
-    full: str
     st: os.stat_result
     seen_at: float
     after: os.stat_result | None = None  # its fstat once read (else _finish lstats it)
@@ -120,7 +123,10 @@ class Promoter:
         progress: Callable[[], None] | None = None,
     ) -> None:
         self.upper = upper
-        self._upper = str(upper)
+        # The upper is the tenant's to write (through the view, or directly in dir and
+        # overlay modes): every path in it is resolved beneath this fd of it, with no
+        # symlink followed (casfs.util.beneath), open for the round or the scan.
+        self._base = -1
         self._known: dict[str, PromotedRecord] = {}  # this wave's promoted records
         self._records = False  # this wave is the commit records' (family rules, once a path)
         self.objects = objects
@@ -163,23 +169,47 @@ class Promoter:
     def scan_all(self) -> int:
         """Mark every upper file not yet promoted as dirty (start-up, crash recovery)."""
         n = 0
-        for rel, full, scratch in walk_files(self.upper, self.rules):
-            if scratch:
-                continue
-            try:
-                st = os.lstat(full)
-            except FileNotFoundError:
-                continue
-            if self._settled(rel, st):
-                continue
-            self.tracker.modified(rel)
-            n += 1
+        try:
+            base = beneath.open_base(self.upper)  # its own: a round may run meanwhile
+        except FileNotFoundError:
+            return 0
+        try:
+            for rel, _, scratch in walk_files(self.upper, self.rules):
+                if scratch:
+                    continue
+                try:
+                    st = beneath.lstat(base, rel)
+                except OSError:  # gone, or a symlink on its way: nothing to promote
+                    continue
+                if self._settled(rel, st):
+                    continue
+                self.tracker.modified(rel)
+                n += 1
+        finally:
+            os.close(base)
         return n
+
+    @contextlib.contextmanager
+    def _upper_fd(self, res: RoundResult) -> Iterator[bool]:
+        """The upper's fd, for a round; False if it cannot be opened (no upper yet: every
+        path stays dirty)."""
+        try:
+            self._base = beneath.open_base(self.upper)
+        except OSError as e:
+            self._failed(e, res)
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            os.close(self._base)
+            self._base = -1
 
     def run_once(self, *, final: bool = False) -> RoundResult:
         """Promote every quiet dirty path; ``final`` ignores the quiet period (shutdown)."""
-        with self._round:
-            return self._run_once(final)
+        res = RoundResult()
+        with self._round, self._upper_fd(res) as opened:
+            return self._run_once(final) if opened else res
 
     def _run_once(self, final: bool) -> RoundResult:
         res = RoundResult()
@@ -349,20 +379,21 @@ class Promoter:
         """Whether ``rel`` needs hashing now; settles the paths that do not."""
         fault("promote-file", rel)
         seen_at = time.monotonic()
-        full = f"{self._upper}/{rel}"  # not os.path.join, per file (rel is checked below)
         try:
-            st = os.lstat(full)
-        except (FileNotFoundError, NotADirectoryError):
+            st = beneath.lstat(self._base, rel)
+        except OSError as e:
+            if e.errno not in _GONE:
+                raise
+            if e.errno in beneath.REFUSED and e.errno != errno.ENOTDIR:
+                log.info("not promoting %s: a symlink on its way (never followed)", rel)
             self.tracker.forget(rel, seen_at)
             return None
         if stat.S_ISDIR(st.st_mode):
             # A directory renamed into place (Inductor's TritonBundler): promote its files.
             self.tracker.forget(rel, seen_at)
             if not self.rules.is_scratch(rel):
-                for dirpath, _, files in noatime.walk(full):
-                    for f in files:
-                        self.tracker.modified(os.path.relpath(os.path.join(dirpath, f),
-                                                              self._upper))
+                for f in beneath.walk(self._base, rel):
+                    self.tracker.modified(f)
             return None
         if (not stat.S_ISREG(st.st_mode) or self.rules.is_scratch(rel)
                 or not is_valid_relpath(rel)):
@@ -385,10 +416,10 @@ class Promoter:
         if self._settled(rel, st, prefetched=True):
             self.tracker.forget(rel, seen_at)
             return None
-        if self._records and not self._group_ready(rel, full, st.st_size):
+        if self._records and not self._group_ready(rel, st.st_size):
             res.deferred += 1
             return None
-        return _Candidate(rel, full, st, seen_at)
+        return _Candidate(rel, st, seen_at)
 
     def _settled(self, rel: str, st: os.stat_result, *, prefetched: bool = False) -> bool:
         """Whether ``rel`` as ``st`` is already promoted or was put there by casfs
@@ -445,7 +476,7 @@ class Promoter:
             # Stored path-free, so the cache works at any path (casfs.families).
             data = self._group_data.pop(c.rel, None)  # read by the group check already
             if data is None:
-                data = read_regular(c.full, c.st.st_size + 1, c.st.st_size)
+                data = self._read_upper(c.rel, c.st.st_size + 1, c.st.st_size)[0]
             stored = bearer.to_pathfree(c.rel, data) if len(data) == c.st.st_size else None
             if stored is not None:
                 self._read_sizes[c.rel] = len(data)
@@ -456,12 +487,24 @@ class Promoter:
                 return put
         if self._packer is not None and c.st.st_size <= SMALL_OBJECT:
             # No FIFO, no link; its stat once read: _finish needs no second lookup.
-            data, c.after = read_regular_stat(c.full, SMALL_OBJECT + 1, c.st.st_size)
+            data, c.after = self._read_upper(c.rel, SMALL_OBJECT + 1, c.st.st_size)
             if len(data) > SMALL_OBJECT:
                 return self.objects.put_bytes(data)  # grew since the lstat: _finish defers it
             # The group check reads a commit record back.
             return _Blob(digest_bytes(data), data, c.rel, remember=self._records)
-        return self.objects.put_file(c.full)
+        fd = beneath.open_read(self._base, c.rel)
+        try:
+            return self.objects.put_file(fd)
+        finally:
+            os.close(fd)
+
+    def _read_upper(self, rel: str, limit: int, size: int) -> tuple[bytes, os.stat_result]:
+        """read_regular_stat of ``rel`` opened beneath the upper (no symlink followed)."""
+        fd = beneath.open_read(self._base, rel)
+        try:
+            return read_regular_stat(fd, limit, size)
+        finally:
+            os.close(fd)
 
     def _dedup(self, blobs: list[_Blob]) -> None:
         """Settle the small objects the root has packed already (one index read)."""
@@ -491,7 +534,7 @@ class Promoter:
     def _finish(self, item: tuple[_Candidate, PutResult], res: RoundResult) -> None:
         c, put = item
         st = c.st
-        after = c.after or os.lstat(c.full)
+        after = c.after or beneath.lstat(self._base, c.rel)
         read_size = self._read_sizes.pop(c.rel, put.size)
         # The inode too: one renamed over the path between the check and the read.
         if (after.st_size, after.st_mtime_ns, after.st_ino) != (
@@ -506,9 +549,9 @@ class Promoter:
         res.promoted += 1
         res.bytes += put.size
 
-    def _group_ready(self, rel: str, full: str, size: int) -> bool:
+    def _group_ready(self, rel: str, size: int) -> bool:
         try:
-            data = read_regular(full, size + 1, size)
+            data = self._read_upper(rel, size + 1, size)[0]
         except OSError:
             return False
         children = self.rules.record_children(rel, data)
@@ -517,9 +560,17 @@ class Promoter:
         for child in children:
             if child in self._batch or self.index.get_promoted(self.key, child) is not None:
                 continue
-            if (not os.path.exists(os.path.join(self._upper, child))
+            if (not self._in_upper(child)
                     and isinstance(self.lower.lookup(child), Entry)):
                 continue  # the child is served from lower, unchanged
             return False
         self._group_data[rel] = data  # _read stores these bytes (no second read)
         return True
+
+    def _in_upper(self, rel: str) -> bool:
+        """Whether anything is at ``rel`` in the upper (a path through a symlink counts:
+        its group waits rather than trust the lower)."""
+        try:
+            return beneath.lexists(self._base, rel)
+        except OSError:
+            return True

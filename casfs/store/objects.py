@@ -133,32 +133,45 @@ def parse_header(raw: bytes, digest: str) -> Header:
     return Header(codec, size)
 
 
-def open_regular(path: str | os.PathLike[str]) -> BinaryIO:
+Source = str | os.PathLike[str] | int  # a path, or an fd opened already (from its start)
+
+
+def _open_source(path: Source) -> int:
+    """An fd of its own: a path opened (its last component not followed), or a dup of
+    an fd the caller opened (casfs.util.beneath, in a tenant's directory) rewound."""
+    if isinstance(path, int):
+        fd = os.dup(path)
+        os.lseek(fd, 0, os.SEEK_SET)
+        return fd
+    return open_noatime(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
+
+
+def open_regular(path: Source) -> BinaryIO:
     """Open a local file to store it: no link following, no blocking, regular files only.
 
     A job can leave a FIFO or a symlink where a file was; storing must refuse
     it (OSError), never hang on it or store what it points at.
     """
-    fd = open_noatime(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
+    fd = _open_source(path)
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
         raise OSError(errno.EINVAL, "not a regular file", str(path))
     return os.fdopen(fd, "rb")
 
 
-def read_regular(path: str | os.PathLike[str], limit: int, size: int | None = None) -> bytes:
+def read_regular(path: Source, limit: int, size: int | None = None) -> bytes:
     """Up to ``limit`` bytes of a local file, with open_regular's checks (no buffered
     file object: promotion reads thousands of few-KB files). ``size``: the size the
     caller expects (once read, no second read to find the end; it checks the size)."""
     return read_regular_stat(path, limit, size)[0]
 
 
-def read_regular_stat(path: str | os.PathLike[str], limit: int, size: int | None = None,
+def read_regular_stat(path: Source, limit: int, size: int | None = None,
                       ) -> tuple[bytes, os.stat_result]:
     """read_regular's bytes and the file's fstat taken after reading them (what was read
     is what the file held at that size and mtime, unless it changed in the same clock
     tick: promotion's writers are tracked too); no second lookup of the path."""
-    fd = open_noatime(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
+    fd = _open_source(path)
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise OSError(errno.EINVAL, "not a regular file", str(path))
@@ -283,7 +296,7 @@ class ObjectStore:
             f.write(self.encode(data))
         return PutResult(digest, len(data), self._install(key, tmp, repair=exists))
 
-    def put_file(self, path: str | os.PathLike[str]) -> PutResult:
+    def put_file(self, path: Source) -> PutResult:
         """Store a local file's content. The caller checks the file did not change meanwhile."""
         with open_regular(path) as f:
             size = os.fstat(f.fileno()).st_size
@@ -291,18 +304,20 @@ class ObjectStore:
             data = f.read() if size <= IN_MEMORY_LIMIT else b""
         if size <= IN_MEMORY_LIMIT:
             return self._put_known(digest_bytes(data), data)
-        return self._put_large(Path(path))
+        return self._put_large(path)
 
-    def _put_large(self, path: Path) -> PutResult:
+    def _put_large(self, path: Source) -> PutResult:
         h = blake3.blake3(max_threads=blake3.blake3.AUTO)  # multi-MB: threads pay here
+        hashed = 0
         with open_regular(path) as f:
             while chunk := f.read(CHUNK):
                 h.update(chunk)
+                hashed += len(chunk)
         digest = h.hexdigest()
         key = object_key(digest)
         exists = self.backend.info(key) is not None
-        if exists and self._sound(digest, path.stat().st_size):
-            return PutResult(digest, path.stat().st_size, False)
+        if exists and self._sound(digest, hashed):
+            return PutResult(digest, hashed, False)
         size = 0
         with atomic.staged_file(self.backend.staging_dir, "obj-", 0o444, sync=False) as (out, tmp):
             out.write(b"\0" * HEADER_SIZE)

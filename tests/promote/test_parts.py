@@ -133,18 +133,18 @@ def test_a_file_renamed_over_between_check_and_read_is_deferred(
     upper = tmp_path / "upper"
     _write(upper, {"K/k.ttir": b"first version\n" * 50, "K/k.ptx": b"unchanged\n" * 40})
     st = os.lstat(upper / "K/k.ttir")
-    real = promoter_mod.read_regular_stat
+    real = promoter_mod.beneath.open_read
     swapped = []
 
-    def read(path: str, limit: int, size: int | None = None) -> tuple[bytes, os.stat_result]:
-        if path.endswith("k.ttir") and not swapped:
-            swapped.append(path)
+    def open_read(base: int, rel: str, flags: int = 0) -> int:  # the read's open
+        if rel.endswith("k.ttir") and not swapped:
+            swapped.append(rel)
             (upper / "new").write_bytes(b"other version\n" * 50)  # same size
             os.utime(upper / "new", ns=(st.st_atime_ns, st.st_mtime_ns))  # same mtime
-            os.rename(upper / "new", path)
-        return real(path, limit, size)
+            os.rename(upper / "new", upper / rel)
+        return real(base, rel, flags)
 
-    monkeypatch.setattr(promoter_mod, "read_regular_stat", read)
+    monkeypatch.setattr(promoter_mod.beneath, "open_read", open_read)
     index = NodeIndex.open(tmp_path / "state")
     try:
         promoter, publisher, _, tracker = promotion_rig(root, upper, index)
