@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from logcheck import _casfs_log_check  # noqa: F401  (autouse: unexpected casfs warnings fail)
 
 # No test reaches a casfsd that serves this machine's jobs (/run/casfs/casfsd.sock, the
 # default): `casfs run` would lease from it instead of the test's own mount process.

@@ -120,6 +120,8 @@ class RealUser:
         env = {"PATH": f"{Path(py).parent}:/usr/local/bin:/usr/bin:/bin", "HOME": str(self.home),
                "USER": self.name, "LOGNAME": self.name, "PYTHONPATH": pypath,
                "LANG": "C.UTF-8"}
+        if os.environ.get("CASFS_LOG_TAP"):  # their casfs warnings count too (logcheck)
+            env["CASFS_LOG_TAP"] = os.environ["CASFS_LOG_TAP"]
         env.update(extra)
         return env
 

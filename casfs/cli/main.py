@@ -14,6 +14,7 @@ from collections.abc import Sequence
 
 from casfs import __version__
 from casfs.errors import CasfsError
+from casfs.util import logtap
 
 log = logging.getLogger("casfs")
 
@@ -63,6 +64,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 def setup_logging(verbose: int) -> None:
     level = logging.WARNING if verbose == 0 else logging.INFO if verbose == 1 else logging.DEBUG
     logging.basicConfig(level=level, format="casfs: %(levelname)s %(name)s: %(message)s")
+    logtap.install("casfs-cli")
 
 
 def _raw_names_out() -> None:

@@ -12,6 +12,8 @@ import logging
 import os
 import sys
 
+from casfs.util import logtap
+
 PLAIN = "plain"
 JOURNAL = "journal"
 AUTO = "auto"
@@ -64,3 +66,4 @@ def setup(level: int, fmt: str = AUTO, tag: str = "", prog: str = "casfs") -> No
         root.removeHandler(h)
     root.addHandler(handler)
     root.setLevel(level)
+    logtap.install(prog)
