@@ -74,6 +74,7 @@ def swap_for_symlink(user: RealUser, mp: Path, key: str, target: Path) -> None:
     assert (mp / key).is_symlink()
 
 
+@pytest.mark.expect_log(r"not restoring KEY/cron: a symlink or a file in its path")
 def test_restore_into_a_key_dir_swapped_for_a_symlink_writes_nothing_there(
         setting: tuple[RealUser, Path], caplog: pytest.LogCaptureFixture) -> None:
     user, d = setting

@@ -45,6 +45,9 @@ def swap(user: RealUser, upper: Path, target: Path) -> None:
     assert r.returncode == 0, r.stderr
 
 
+# The open refused (the swap between lstat and open) is a failed step, retried: the
+# next round's lstat is refused in turn and forgets the path.
+@pytest.mark.expect_log(r"promotion step failed \(will retry\): \[Errno 40\].*KEY/k\.so")
 @pytest.mark.parametrize("when", ["before_check", "while_reading_a_big_file", "before_read"])
 def test_a_directory_swapped_for_a_symlink_mid_round_publishes_nothing_of_root(
         setting: tuple[RealUser, Path], monkeypatch: pytest.MonkeyPatch, when: str) -> None:
