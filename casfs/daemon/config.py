@@ -85,6 +85,29 @@ class MountSpec:
 
 
 @dataclass(frozen=True)
+class JobsLimits:
+    """Bounds at the jobs socket, which every local user reaches ([jobs]).
+
+    Per tenant, so one tenant's flood never costs another its lease: the
+    namespaces served for it on this node, the leases it holds, the connections
+    it has open and the requests of it being answered at once. A connection that
+    sends no request within ``request_timeout`` is closed; idle connections cost
+    no thread (casfs.daemon.controlsock), ``workers`` threads answer requests.
+    """
+
+    namespaces_per_tenant: int = 32
+    leases_per_tenant: int = 128
+    connections_per_tenant: int = 64
+    connections: int = 1024
+    requests_per_tenant: int = 4
+    workers: int = 32
+    request_timeout: float = 10.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
 class DaemonConfig:
     root: RootLocation
     state_dir: Path
@@ -103,6 +126,7 @@ class DaemonConfig:
     retention_interval: float = 86400.0  # seconds between two retention passes
     defaults: MountOptions = MountOptions()
     tenants: TenantPolicy = DEFAULT_POLICY
+    jobs: JobsLimits = JobsLimits()
 
     @property
     def run_dir(self) -> Path:
@@ -228,6 +252,14 @@ def as_non_negative(v: Any, key: str) -> float:
     if x < 0:
         raise ConfigError(f"{key}: must not be negative, got {x:g}")
     return x
+
+
+def as_count(v: Any, key: str) -> int:
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise ConfigError(f"{key}: expected an integer, got {_describe(v)}")
+    if v < 1:
+        raise ConfigError(f"{key}: must be at least 1, got {v}")
+    return v
 
 
 def as_bool(v: Any, key: str) -> bool:
@@ -376,6 +408,22 @@ def _mount(t: _Table, defaults: MountOptions, mount_base: Path,
                      path=path, options=opts, tenant=tenant, ingredients=dict(ingredients))
 
 
+def _jobs(t: _Table) -> JobsLimits:
+    d = JobsLimits()
+    limits = JobsLimits(**{
+        f.name: t.get(f.name, as_positive if f.type in (float, "float") else as_count,
+                      getattr(d, f.name))
+        for f in dataclasses.fields(JobsLimits)})
+    t.finish()
+    if limits.requests_per_tenant > limits.workers:
+        raise ConfigError(f"{t.key('requests_per_tenant')}: more than jobs.workers"
+                          f" ({limits.workers}): one tenant could take every worker")
+    if limits.connections_per_tenant > limits.connections:
+        raise ConfigError(f"{t.key('connections_per_tenant')}: more than jobs.connections"
+                          f" ({limits.connections})")
+    return limits
+
+
 def _tenants(t: _Table, *, own_key: bool = True) -> TenantPolicy:
     """``own_key`` False (a user's command): a signing key this user cannot read is
     dropped instead of refused; only casfsd signs, a user's records stay unsigned."""
@@ -506,6 +554,7 @@ def load(path: Path | None, overrides: Overrides | None = None) -> DaemonConfig:
     listen = metrics.get("listen", as_listen, None)
     metrics.finish()
     tenants = _tenants(top.table("tenants"))
+    jobs = _jobs(top.table("jobs"))
     dt = top.table("defaults")
     defaults = _options(dt, MountOptions())
     dt.finish()
@@ -544,7 +593,7 @@ def load(path: Path | None, overrides: Overrides | None = None) -> DaemonConfig:
                        serve_base=serve_base, lease_grace=lease_grace, defaults=defaults,
                        reclaim_after=reclaim_after, unused_for_days=unused_for_days,
                        retention_interval=retention_interval,
-                       tenants=tenants)
+                       tenants=tenants, jobs=jobs)
     check(cfg)
     return cfg
 

@@ -24,7 +24,8 @@ from typing import Any
 
 from casfs import __version__, families
 from casfs.daemon import config as dconfig
-from casfs.daemon.controlsock import ControlServer, take_daemon_lock
+from casfs.daemon.controlsock import ControlServer, ServerLimits, take_daemon_lock
+from casfs.daemon.jobs import JobsSocket
 from casfs.daemon.notify import Notifier
 from casfs.daemon.supervisor import Supervisor
 from casfs.errors import CasfsError
@@ -79,6 +80,7 @@ class Daemon:
         from casfs.node import standby
 
         fmt = logfmt.resolve_format(cfg.log_format)
+        self.jobs = JobsSocket(cfg.tenants, cfg.jobs, self._forward)
         self.supervisor = Supervisor(cfg, _spawn, spawn_options={
             "log_to_stderr": True, "log_format": fmt,
             "log_level": cfg.log_level, "die_with_parent": True,
@@ -90,10 +92,9 @@ class Daemon:
         self.stop_requested.set()
 
     def _jobs(self, req: dict[str, Any]) -> dict[str, Any]:
-        """The socket every user may reach: leases only, served as the peer's tenant."""
-        if req.get("cmd") in ("lease", "release"):
-            return self._forward(str(req["cmd"]), req)
-        return {"ok": False, "error": f"unknown command {req.get('cmd')!r} (jobs socket)"}
+        """The socket every user may reach: leases only, served as the peer's tenant,
+        within the [jobs] bounds (casfs.daemon.jobs)."""
+        return self.jobs.handle(req)
 
     def _control(self, req: dict[str, Any]) -> dict[str, Any]:
         cmd = req.get("cmd")
@@ -133,13 +134,22 @@ class Daemon:
         for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(s, self._on_signal)
         check_fuse()
+        _raise_fd_limit()  # every open jobs-socket connection is a file descriptor
         lock_fd = take_daemon_lock(self.cfg.run_dir)
         control = metrics = jobs = None
         sup = self.supervisor
         try:
             control = ControlServer(self.cfg.control_socket, self._control)
             if self.cfg.serve_base is not None:
-                jobs = ControlServer(self.cfg.jobs_socket, self._jobs, public=True)
+                lim = self.cfg.jobs
+                jobs = ControlServer(
+                    self.cfg.jobs_socket, self._jobs, public=True, name="jobs",
+                    limits=ServerLimits(
+                        connections=lim.connections,
+                        connections_per_tenant=lim.connections_per_tenant,
+                        requests_per_tenant=lim.requests_per_tenant, workers=lim.workers,
+                        request_timeout=lim.request_timeout),
+                    tenant_of=self.jobs.tenant_key, on_refused=self.jobs.warnings.warn)
             if self.cfg.metrics_listen is not None:
                 from casfs.daemon.metrics import serve_metrics
 
@@ -174,6 +184,20 @@ class Daemon:
                 jobs.close()
             os.close(lock_fd)
             self.notifier.close()
+
+
+def _raise_fd_limit() -> None:
+    """The soft RLIMIT_NOFILE up to the hard one (1024 by default under systemd: fewer than
+    the connections the jobs socket admits, [jobs] connections). Children inherit it."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = 65536 if hard == resource.RLIM_INFINITY else min(hard, 65536)
+    if soft != resource.RLIM_INFINITY and soft < want:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+        except (OSError, ValueError) as e:
+            log.warning("cannot raise the open-file limit from %d: %s", soft, e)
 
 
 def retention_once(cfg: dconfig.DaemonConfig) -> dict[str, list[str]]:

@@ -42,7 +42,7 @@ from typing import Any
 import trio
 
 from casfs.errors import CasfsError, UsageError
-from casfs.node import control, guard, leases, reclaim
+from casfs.node import bounds, control, guard, leases, reclaim
 from casfs.node.config import HostConfig  # lives below trio: the CLI builds one without it
 from casfs.node.tenant import requester, tenant_of, tenant_owner
 from casfs.node.worker import spawn_host
@@ -218,6 +218,11 @@ class NodeHost:
             raise UsageError("lease needs caches: [{family, namespace}, ...]")
         lid = str(req.get("lease") or "")
         lease = self.leases.get(lid)
+        limits = req.get("limits")  # casfsd's [jobs] bounds, on a lease from its jobs socket
+        if isinstance(limits, dict) and (no := self._bounded(
+                tenant, [str(c.get("namespace")) if isinstance(c, dict) else "" for c in caches],
+                lease is None, limits)):
+            return {"ok": False, "bound": no[0], "error": no[1]}
         if lease is None:
             lid = uuid.uuid4().hex[:16]
             lease = Lease(lid, pid, leases.start_time(pid), run=bool(req.get("run")),
@@ -230,6 +235,9 @@ class NodeHost:
             for c in caches:
                 family = check_family(str(c.get("family")))
                 namespace = check_namespace(str(c.get("namespace")))
+                if isinstance(limits, dict) and (no := self._bounded(tenant, [namespace], False,
+                                                                     limits)):
+                    raise UsageError(no[1])  # another lease of the tenant's took the room
                 s = await self.attach(tenant, family, namespace)
                 s.svc.set_ingredients(c.get("ingredients"))
                 lease.keys.add(s.key)
@@ -243,6 +251,12 @@ class NodeHost:
             raise
         self._persist()
         return {"ok": True, "lease": lid, "caches": out, "mountpoint": str(self.cfg.base)}
+
+    def _bounded(self, tenant: str, namespaces: list[str], new_lease: bool,
+                 limits: dict[str, Any]) -> tuple[str, str] | None:
+        return bounds.lease_refusal(tenant, namespaces, new_lease=new_lease,
+                                    leases=self.leases.values(), limits=limits,
+                                    serving=[*self.served, *self._attaching, *self._detaching])
 
     async def release(self, req: dict[str, Any]) -> dict[str, Any]:
         lease = self.leases.pop(str(req.get("lease")), None)

@@ -138,3 +138,22 @@ def test_retention_setting_drops_unused_files(tmp_path: Path,
     reads.record(root.backend, "ns", "b", ["used"], t0 - 86400)
     assert retention_once(cfg) == {"ns": ["unused"]}
     assert list(root.generations().entries("ns").entries) == ["used"]
+
+
+def test_jobs_socket_bounds(tmp_path: Path) -> None:
+    """[jobs]: per-tenant bounds at the jobs socket (docs/security.md), refused when
+    they would let one tenant take everything."""
+    cfg = dconfig.load(write(tmp_path, minimal(tmp_path)))
+    assert cfg.jobs == dconfig.JobsLimits()
+    assert cfg.jobs.namespaces_per_tenant == 32 and cfg.jobs.request_timeout == 10.0
+    cfg = dconfig.load(write(tmp_path, minimal(tmp_path, "[jobs]\nnamespaces_per_tenant = 4\n"
+                                                         "request_timeout = 2.5\n")))
+    assert cfg.jobs.namespaces_per_tenant == 4 and cfg.jobs.request_timeout == 2.5
+    for bad, msg in (("workers = 0", "jobs.workers: must be at least 1"),
+                     ("leases_per_tenant = 1.5", "jobs.leases_per_tenant: expected an integer"),
+                     ("request_timeout = 0", "jobs.request_timeout: must be greater than 0"),
+                     ("workers = 2\nrequests_per_tenant = 3", "more than jobs.workers"),
+                     ("connections = 8", "more than jobs.connections"),
+                     ("threads = 3", "jobs.threads: unknown key")):
+        with pytest.raises(ConfigError, match=msg):
+            dconfig.load(write(tmp_path, minimal(tmp_path, f"[jobs]\n{bad}\n")))
