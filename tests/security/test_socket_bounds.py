@@ -17,7 +17,8 @@ tenant <tenant>``; a lease's holder is the caller or one of its own ancestors
 or descendants in its tenant; an idle connection costs no thread and is closed
 after ``request_timeout``. Each test below fails on the code before the change:
 the refusals it expects were grants, and the thread count grew by one per
-connection.
+connection. The tests that expect casfsd's refusal warnings say so
+(``expect_log``).
 """
 
 from __future__ import annotations
@@ -139,6 +140,12 @@ def answered(s, wait):
         return "error: " + str(e)
 time.sleep(float(os.environ.get("SETTLE", "1")))
 told = [answered(s, 0) for s in socks]
+stable = 0
+while stable < 4:  # until no more answers come for 2 s: casfsd has caught up
+    time.sleep(0.5)
+    more = [t if t is not None else answered(s, 0) for s, t in zip(socks, told)]
+    stable = stable + 1 if sum(t is None for t in more) == sum(t is None for t in told) else 0
+    told = more
 print(json.dumps({"refused": [t for t in told if t is not None],
                   "open": sum(t is None for t in told)}), flush=True)
 sys.stdin.readline()
@@ -217,13 +224,15 @@ def test_idle_connections_cost_no_thread_and_another_tenant_still_leases(
             flood.stop()
 
 
+@pytest.mark.expect_log(r"jobs socket: refused tenant u\d+: tenant u\d+ has 8 connections open",
+                        r"jobs socket: refused tenant u\d+: no request within 15s")
 def test_connections_are_bounded_per_tenant_and_idle_ones_closed(
         daemons: Callable[..., Daemon], tmp_path: Path) -> None:
     """A tenant's connections beyond ``connections_per_tenant`` are refused with one
     line (and a WARNING naming the tenant); those it keeps open sending nothing are
     closed after ``request_timeout``; another tenant leases throughout."""
     d = daemons("a", [], defaults=FAST, node={"lease_grace": 0.5},
-                extra=jobs_table(connections_per_tenant=8, request_timeout=8.0))
+                extra=jobs_table(connections_per_tenant=8, request_timeout=15.0))
     with real_users(2, tmp_path) as (attacker, victim):
         flood = Flood(attacker, d, 1500)
         try:
@@ -251,6 +260,8 @@ def test_connections_are_bounded_per_tenant_and_idle_ones_closed(
     assert sum("connections_per_tenant" in ln for ln in d.log().splitlines()) < 10
 
 
+@pytest.mark.expect_log(
+    r"jobs socket: refused tenant u\d+: .*\(jobs\.(namespaces|leases)_per_tenant")
 def test_leases_and_namespaces_are_bounded_per_tenant(
         daemons: Callable[..., Daemon], tmp_path: Path) -> None:
     """A lease naming 300 namespaces is refused (before: granted, 300 namespaces
@@ -286,6 +297,8 @@ out["fourth_lease"] = lease(["c"])
         assert r.get("ok"), r
 
 
+@pytest.mark.expect_log(
+    r"jobs socket: refused tenant u\d+: (process \d+ may not hold this lease|no such process)")
 def test_a_lease_is_held_only_by_the_callers_own_process(
         daemons: Callable[..., Daemon], tmp_path: Path) -> None:
     """The holder named in a lease: the caller, its ancestors or descendants of its
