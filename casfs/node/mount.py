@@ -53,6 +53,7 @@ from casfs.store.entry import Entry
 from casfs.store.generations import GenerationStore, PublishResult, Record, Snapshot
 from casfs.store.root import SharedRoot
 from casfs.tenants import TenantPolicy
+from casfs.util import beneath
 from casfs.util.bounded import call_bounded
 from casfs.util.counters import Counters
 from casfs.util.crashpoint import pausepoint
@@ -585,23 +586,31 @@ class MountService:
         """
         if self.cfg.mode != "fuse":
             return False
-        up = self.cfg.upper / path
+        # The upper is shaped by the tenant (through the view): resolved beneath it,
+        # no symlink followed, so root never unlinks outside it.
         try:
-            st = os.lstat(up)
+            base = beneath.open_base(self.cfg.upper)
         except OSError:
             return False
-        rec = self.index.get_promoted(self.cfg.namespace, path)
-        lower = self.lower.lookup(path)
-        if (rec is None or rec.state != "published" or not stat.S_ISREG(st.st_mode)
-                or (rec.entry.size, rec.entry.mtime_ns) != (st.st_size, st.st_mtime_ns)
-                or self.tracker.has_writers(path) or not isinstance(lower, Entry)
-                or lower.digest == rec.entry.digest):
-            return False
         try:
-            os.unlink(up)
-        except OSError as e:
-            log.warning("%s: cannot release %s: %s", self.cfg.name, path, e)
-            return False
+            try:
+                st = beneath.lstat(base, path)
+            except OSError:
+                return False
+            rec = self.index.get_promoted(self.cfg.namespace, path)
+            lower = self.lower.lookup(path)
+            if (rec is None or rec.state != "published" or not stat.S_ISREG(st.st_mode)
+                    or (rec.entry.size, rec.entry.mtime_ns) != (st.st_size, st.st_mtime_ns)
+                    or self.tracker.has_writers(path) or not isinstance(lower, Entry)
+                    or lower.digest == rec.entry.digest):
+                return False
+            try:
+                beneath.unlink(base, path)
+            except OSError as e:
+                log.warning("%s: cannot release %s: %s", self.cfg.name, path, e)
+                return False
+        finally:
+            os.close(base)
         self.counters.inc("replaced_upper_released")
         return True
 
@@ -1144,17 +1153,24 @@ class MountService:
         is being released, nothing serves it now)."""
         if self.cfg.mode != "fuse":
             return
-        for rel in self.tracker.held():
-            up = self.cfg.upper / rel
-            try:
-                if stat.S_ISDIR(os.lstat(up).st_mode):
+        try:
+            base = beneath.open_base(self.cfg.upper)
+        except OSError as e:
+            log.warning("%s: cannot remove torn files: %s", self.cfg.name, e)
+            return
+        try:
+            for rel in self.tracker.held():
+                try:  # beneath the upper, no symlink followed: never outside it
+                    if stat.S_ISDIR(beneath.lstat(base, rel).st_mode):
+                        continue
+                    beneath.unlink(base, rel)
+                except OSError as e:
+                    log.warning("%s: cannot remove %s: %s", self.cfg.name, rel, e)
                     continue
-                os.unlink(up)
-            except OSError as e:
-                log.warning("%s: cannot remove %s: %s", self.cfg.name, up, e)
-                continue
-            self.tracker.removed(rel)
-            self.counters.inc("torn_discarded")
+                self.tracker.removed(rel)
+                self.counters.inc("torn_discarded")
+        finally:
+            os.close(base)
 
     def final_publication(self) -> None:
         """Promote and publish everything stable: the namespace is being released.

@@ -118,7 +118,9 @@ class CopyUpOps(OpsBase):
         self.layers.install_staged(tmp, node.path)
         owner = self.lower_owner
         if self._is_root and owner is not None and owner != self._owner:
-            os.lchown(self.layers.up(node.path), *owner)  # as the lower entry appeared
+            # as the lower entry appeared; relative to the upper's fd, never followed
+            os.chown(self.layers.rel(node.path), *owner, dir_fd=self.layers.fd,
+                     follow_symlinks=False)
         self.counters.inc("copy_up")
 
     async def _copy_up_tree(self, node: Node) -> None:
