@@ -71,10 +71,10 @@ def take_daemon_lock(run_dir: Path) -> int:
 class ServerLimits:
     """What one socket's clients may cost (the jobs socket: ``[jobs]``)."""
 
-    connections: int = 256
-    connections_per_tenant: int = 256
-    requests_per_tenant: int = 8
-    workers: int = 8
+    connections: int = 1024  # defaults: root's control socket (root's CLI only)
+    connections_per_tenant: int = 1024
+    requests_per_tenant: int = 16
+    workers: int = 16
     request_timeout: float = 10.0
 
 
