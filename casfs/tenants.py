@@ -225,6 +225,9 @@ class TenantPolicy:
     signing_key: Path | None = None  # this node signs what it publishes with it
     trusted_keys: tuple[str, ...] = ()  # node keys trusted to sign for every tenant
     pod_tenants: Path | None = None  # JSON {pod uid: tenant}, kept by the operator
+    # Seconds a signed statement of a namespace's newest generation holds (signature
+    # trust; casfs.store.freshness): re-signed at each publication.
+    head_expiry: float = 7 * 86400.0
     _by_name: dict[str, Domain] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -320,6 +323,7 @@ class TenantPolicy:
             "signing_key": str(self.signing_key) if self.signing_key else None,
             "trusted_keys": list(self.trusted_keys),
             "pod_tenants": str(self.pod_tenants) if self.pod_tenants else None,
+            "head_expiry": self.head_expiry,
             "domains": [{"name": d.name, "uids": sorted(d.uids), "gids": sorted(d.gids),
                          "cgroups": list(d.cgroups), "keys": list(d.keys)}
                         for d in self.domains],
@@ -334,6 +338,7 @@ class TenantPolicy:
             signing_key=Path(d["signing_key"]) if d.get("signing_key") else None,
             trusted_keys=tuple(d.get("trusted_keys", ())),
             pod_tenants=Path(d["pod_tenants"]) if d.get("pod_tenants") else None,
+            head_expiry=float(d.get("head_expiry", 7 * 86400.0)),
             domains=tuple(Domain(x["name"], frozenset(x["uids"]), frozenset(x["gids"]),
                                  tuple(x["cgroups"]), tuple(x["keys"]))
                           for x in d.get("domains", ())),

@@ -63,6 +63,7 @@ from casfs.errors import (
 from casfs.store import manifest
 from casfs.store.backend import NotRegularFileError
 from casfs.store.entry import Entry
+from casfs.store.freshness import JUNK_SCAN, Head, Heads, RolledBackError, record_digest
 from casfs.store.marks import Condemned
 from casfs.store.objects import DIGEST_RE, object_key
 from casfs.store.packs import packs_of
@@ -93,6 +94,9 @@ MAX_RECORD_BYTES = 1 << 20
 COMPACT_DELTAS = 32
 # A record whose manifest is missing is skipped only once it is this old (seconds).
 MISSING_GRACE = 600.0
+# latest_seq probes forward at most this many seqs before listing instead (a run of
+# planted records above the newest must not cost one request each, without end).
+PROBE_STEPS = 64
 # Parsed manifest parts kept in memory (LRU), in entries: bounds a daemon's RSS.
 PART_CACHE_ENTRIES = 400_000
 NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,127}\Z")  # \Z: "$" lets "x\n" through
@@ -306,6 +310,9 @@ class GenerationStore:
         self._noted: set[tuple[str, int, str]] = set()
         self._latest: dict[str, Snapshot] = {}  # ns -> newest snapshot seen (_snapshot_of)
         self._condemned: Condemned | None = None
+        # Signed statements of each namespace's newest generation (signature trust).
+        self.heads = Heads(self.backend, self.trust, self.objects.counters)
+        self._rolled: set[tuple[str, int]] = set()  # rollbacks reported (once each)
 
     # --- enumeration ------------------------------------------------------
     def namespaces(self) -> list[str]:
@@ -324,26 +331,61 @@ class GenerationStore:
         return sorted(out)
 
     def latest_seq(self, ns: str, hint: int | None = None) -> int | None:
-        """Newest seq. With ``hint`` (a seq known to exist) probe forward instead of listing."""
+        """Newest seq. With ``hint`` (a seq known to exist) probe forward instead of listing.
+
+        Probing takes at most PROBE_STEPS requests before listing instead, a
+        few times over, so a run of planted names above the newest costs a
+        bounded number of requests. A ``hint`` that is gone, with nothing at or
+        above it, is a rollback (reported once: ``rolled_back_generations``).
+        """
         self.trust.check_namespace(ns)
-        if hint is not None and self.backend.info(self._key(ns, hint)) is not None:
-            seq = hint
-            while self.backend.info(self._key(ns, seq + 1)) is not None:
-                seq += 1
-            return seq
+        gone = None
+        seq = 0
+        if hint is not None:
+            if self.backend.info(self._key(ns, hint)) is not None:
+                seq, ended = self._probe(ns, hint)
+                if ended:
+                    return seq
+            else:
+                gone = hint
         # A LIST may lag behind creates on some object stores: never trust its
         # end, probe forward from it (one HEAD/stat when it is up to date).
-        seqs = self.seqs(ns)
-        seq = seqs[-1] if seqs else 0
-        while self.backend.info(self._key(ns, seq + 1)) is not None:
-            seq += 1
+        for _ in range(3):
+            seqs = self.seqs(ns)
+            seq, ended = self._probe(ns, max(seq, seqs[-1] if seqs else 0))
+            if ended:
+                break
+        if gone is not None and seq < gone:
+            self._rolled_back(ns, gone, f"generation {gone}, read before, is gone (the"
+                              f" newest now is {seq or 'none'}); still serving what was read")
         return seq or None
+
+    def _probe(self, ns: str, seq: int) -> tuple[int, bool]:
+        """(the last seq present from ``seq`` on, whether the run ended within PROBE_STEPS)."""
+        for _ in range(PROBE_STEPS):
+            if self.backend.info(self._key(ns, seq + 1)) is None:
+                return seq, True
+            seq += 1
+        return seq, False
+
+    def _rolled_back(self, ns: str, seq: int, why: str,
+                     skipped: list[Skipped] | None = None) -> None:
+        """Report once per process that ``ns`` was rolled back below ``seq`` (a WARNING)."""
+        if skipped is not None:
+            skipped.append(Skipped(ns, seq, "rolled back", RolledBackError(
+                f"namespace {ns} was rolled back: {why}")))
+        if (ns, seq) in self._rolled:
+            return
+        self._rolled.add((ns, seq))
+        self.objects.counters.inc("rolled_back_generations")
+        log.warning("rolled back: namespace %s: %s", ns, why)
 
     def _key(self, ns: str, seq: int) -> str:
         return f"namespaces/{ns}/generations/{seq_name(seq)}"
 
     # --- reading ----------------------------------------------------------
-    def record(self, ns: str, seq: int) -> Record:
+    def record(self, ns: str, seq: int, *, digest: str | None = None) -> Record:
+        """Record ``ns@seq``, checked; with ``digest`` its bytes must hash to it (a statement)."""
         check_name(ns)
         try:
             with self.backend.open(self._key(ns, seq)) as f:
@@ -354,6 +396,9 @@ class GenerationStore:
             raise HostileManifestError(f"generation {ns}@{seq}: not a regular file") from None
         if len(data) > MAX_RECORD_BYTES:
             raise HostileManifestError(f"generation {ns}@{seq}: record too large")
+        if digest is not None and record_digest(data) != digest:
+            raise HostileManifestError(f"generation {ns}@{seq}: not the record its statement"
+                                       " names (another one was put in its place)")
         self.trust.check_record(ns, data)
         return parse_record(data, ns, seq)
 
@@ -393,34 +438,129 @@ class GenerationStore:
         first) instead of logged: the caller reports them (the read-side CLI,
         GenerationStore.readable).
         """
+        mine = self._latest.get(ns)  # what this store served last (kept on a rollback)
         newest = self.latest_seq(ns, hint)
+        head = self.heads.newest(ns) if self.heads.enabled(ns) else None
+        if head is not None:
+            return self._newest_from_head(ns, newest, head, mine, max_skip,
+                                          for_publish, skipped)
         if newest is None:
             return None, None, Snapshot(None, {})
-        candidates = [newest]
-        for seq in candidates:
-            try:
-                rec = self.record(ns, seq)
-                return newest, rec, self._snapshot_of(rec)
-            except UnreadableHereError as e:  # newer format, over a limit: not damage
-                self._note(ns, seq, "newer_format_generations"
-                           if isinstance(e, NewerFormatError) else "oversize_generations", e,
-                           skipped)
+        got = self._newest_among(ns, newest, newest + 1, max_skip, for_publish, skipped)
+        return (newest, *got) if got else (newest, None, Snapshot(None, {}))
+
+    def _newest_among(self, ns: str, first: int | None, below: int, limit: int,
+                      for_publish: bool, skipped: list[Skipped] | None, above: int = 0,
+                      ) -> tuple[Record, Snapshot] | None:
+        """The newest readable of ``first`` and then at most ``limit`` listed seqs below
+        ``below`` and above ``above`` (newest first), or None; each one passed over is
+        noted."""
+        candidates = [first] if first is not None else []
+        listed = False
+        while True:
+            if not candidates:
+                if listed:
+                    return None
+                listed = True
+                candidates = [x for x in reversed(self.seqs(ns))
+                              if above < x < below and x != first][:limit]
+                if not candidates:
+                    return None
+            got = self._try(ns, candidates.pop(0), for_publish, skipped)
+            if got is not None:
+                return got
+
+    def _try(self, ns: str, seq: int, for_publish: bool, skipped: list[Skipped] | None,
+             ) -> tuple[Record, Snapshot] | None:
+        """Record ``seq`` and its snapshot, or None when passed over (noted)."""
+        try:
+            rec = self.record(ns, seq)
+            return rec, self._snapshot_of(rec)
+        except UnreadableHereError as e:  # newer format, over a limit: not damage
+            self._note(ns, seq, "newer_format_generations"
+                       if isinstance(e, NewerFormatError) else "oversize_generations", e,
+                       skipped)
+            if for_publish:
+                raise
+        except _DAMAGE as e:
+            if isinstance(e, ObjectMissingError | NotFoundError) and self._young(ns, seq):
+                self._note(ns, seq, "unresolved_generations", e, skipped)
                 if for_publish:
-                    raise
-            except _DAMAGE as e:
-                if isinstance(e, ObjectMissingError | NotFoundError) and self._young(ns, seq):
-                    self._note(ns, seq, "unresolved_generations", e, skipped)
-                    if for_publish:
-                        raise PublishDeferredError(
-                            f"namespace {ns}: generation {seq} names an object not visible"
-                            f" yet ({e.message}); publication waits until it resolves"
-                            f" (at most {MISSING_GRACE:.0f}s)") from None
-                else:
-                    self._note(ns, seq, "bad_generations", e, skipped)
-            if len(candidates) == 1:
-                older = [x for x in reversed(self.seqs(ns)) if x < newest]
-                candidates.extend(older[:max_skip])
-        return newest, None, Snapshot(None, {})
+                    raise PublishDeferredError(
+                        f"namespace {ns}: generation {seq} names an object not visible"
+                        f" yet ({e.message}); publication waits until it resolves"
+                        f" (at most {MISSING_GRACE:.0f}s)") from None
+            else:
+                self._note(ns, seq, "bad_generations", e, skipped)
+        return None
+
+    def _newest_from_head(
+        self, ns: str, newest: int | None, head: Head, mine: Snapshot | None, max_skip: int,
+        for_publish: bool, skipped: list[Skipped] | None,
+    ) -> tuple[int | None, Record | None, Snapshot]:
+        """newest_valid when ``ns`` has a valid statement (casfs.store.freshness).
+
+        Its seq is a floor: records above it are examined newest first (at most
+        JUNK_SCAN), then it, whose bytes must be the ones it names. Below it
+        only while it is young (unresolved) or its record is of a newer format;
+        otherwise a rollback: this store keeps what it served, a reader that
+        served nothing of it gets nothing, a publisher builds on the newest
+        valid record below and publishes above the statement.
+        """
+        top = max(newest or 0, head.seq)  # publishers go above a deleted head too
+        if head.expired():
+            key = (ns, -head.seq - 1)  # (a distinct key from rollbacks' in _rolled)
+            if key not in self._rolled:
+                self._rolled.add(key)
+                self.objects.counters.inc("expired_heads")
+                log.warning("freshness unknown: namespace %s: %s, and it expired (nothing"
+                            " newer was published since); serving the newest valid record"
+                            " at or above it", ns, head.describe())
+        if newest is not None and newest > head.seq:
+            got = self._newest_among(ns, newest, newest, JUNK_SCAN - 1, for_publish, skipped,
+                                     above=head.seq)
+            if got is not None:
+                return top, *got
+        try:
+            rec = self.record(ns, head.seq, digest=head.record)
+            return top, rec, self._snapshot_of(rec)
+        except UnreadableHereError as e:  # a newer release's record: not a rollback
+            self._note(ns, head.seq, "newer_format_generations"
+                       if isinstance(e, NewerFormatError) else "oversize_generations", e,
+                       skipped)
+            if for_publish:
+                raise
+            reason = None
+        except _DAMAGE as e:
+            if time.time() - head.published < MISSING_GRACE and \
+                    isinstance(e, ObjectMissingError | NotFoundError):
+                # NFS may hide a fresh record or object a while: unresolved, not a rollback.
+                self._note(ns, head.seq, "unresolved_generations", e, skipped)
+                if for_publish:
+                    raise PublishDeferredError(
+                        f"namespace {ns}: generation {head.seq}, named by its statement, is"
+                        f" not visible yet ({e.message}); publication waits until it"
+                        f" resolves (at most {MISSING_GRACE:.0f}s)") from None
+                reason = None
+            else:
+                reason = " ".join(e.message.split())
+        if reason is None:  # serve the newest readable older generation, as without a head
+            got = self._newest_among(ns, None, head.seq, max_skip, for_publish, skipped)
+            return (top, *got) if got else (top, None, Snapshot(None, {}))
+        what = f"{head.describe()}, which is unreadable: {reason}"
+        if mine is not None and self._latest.get(ns) is mine and mine.record is not None \
+                and mine.record.seq >= head.seq:
+            self._rolled_back(ns, head.seq, f"{what}; still serving generation"
+                              f" {mine.record.seq}, read before", skipped)
+            return top, mine.record, mine
+        if not for_publish:
+            self._rolled_back(ns, head.seq, f"{what}; serving nothing older (a miss) until"
+                              " a newer generation is published", skipped)
+            return top, None, Snapshot(None, {})
+        self._rolled_back(ns, head.seq, f"{what}; publishing above it, on the newest valid"
+                          " generation below it (its entries alone are lost)", skipped)
+        got = self._newest_among(ns, None, head.seq, max_skip, for_publish, skipped)
+        return (top, *got) if got else (top, None, Snapshot(None, {}))
 
     def _note(self, ns: str, seq: int, counter: str, err: CasfsError,
               skipped: list[Skipped] | None = None) -> None:
@@ -661,6 +801,7 @@ class GenerationStore:
             if self.backend.create_exclusive(self._key(ns, record.seq), data):
                 result.seq = record.seq
                 crashpoint("after-record")
+                self.heads.publish(ns, record.seq, data, record.created, node)
                 self._published(snap, record, new)
                 self._check_after_publish(reused)
                 log.info(
@@ -749,6 +890,7 @@ class GenerationStore:
             self.backend.sync()
             data = self.trust.seal(ns, record.to_json())  # tenant and signature, as publish
             if self.backend.create_exclusive(self._key(ns, record.seq), data):
+                self.heads.publish(ns, record.seq, data, record.created, node)
                 log.info("%s@%d: dropped %d unused files", ns, record.seq, len(gone))
                 return record.seq, sorted(gone)
             hint = record.seq

@@ -35,8 +35,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from casfs.errors import CasfsError, UsageError
-from casfs.store import marks, packs
-from casfs.store.generations import GenerationStore, Record, Skipped, seq_name
+from casfs.store import freshness, marks, packs
+from casfs.store.generations import (
+    MAX_RECORD_BYTES,
+    GenerationStore,
+    Record,
+    Skipped,
+    seq_name,
+)
 from casfs.store.objects import object_key
 from casfs.store.root import SharedRoot
 
@@ -72,8 +78,50 @@ def _kept(gens: GenerationStore, ns: str, keep: int) -> tuple[list[int], list[in
     if bad:  # an unreadable pin might protect anything: delete nothing
         raise CasfsError(f"unreadable pin {ns}/{bad[0]}: fix or remove it (casfs unpin)")
     pinned = set(pins.values())
-    kept = sorted(set(seqs[-keep:] if keep > 0 else []) | (pinned & set(seqs)))
+    kept = sorted(set(seqs[-keep:] if keep > 0 else []) | (pinned & set(seqs))
+                  | {s for s in seqs if s >= _head_floor(gens, ns)})
     return kept, [s for s in seqs if s not in kept]
+
+
+def _head_names(gens: GenerationStore, ns: str) -> list[tuple[int, str]]:
+    """(seq, name) of ``ns``'s statements (casfs.store.freshness), newest first."""
+    out = []
+    for name in gens.backend.list(freshness.heads_prefix(ns)):
+        parsed = freshness.parse_head_name(name)
+        if parsed is not None:
+            out.append((parsed, name))
+    return [(seq, name) for (seq, _), name in sorted(out, reverse=True)]
+
+
+def _head_floor(gens: GenerationStore, ns: str) -> float:
+    """Records at or above the seq of ``ns``'s newest statement are all kept.
+
+    Junk records planted above the head must not push the real head out of
+    ``--keep``. gc checks no signature (it runs without keys), so the newest
+    statement is the newest of the HEAD_SCAN newest names whose record exists
+    and hashes to the digest it names; a forged pair can only move the floor
+    where junk records alone already could (above the head), never lower.
+    """
+    import json
+
+    for seq, name in _head_names(gens, ns)[:freshness.HEAD_SCAN]:
+        try:
+            with gens.backend.open(f"{freshness.heads_prefix(ns)}/{name}") as f:
+                doc = json.loads(f.read(freshness.MAX_HEAD_BYTES))
+            with gens.backend.open(f"namespaces/{ns}/generations/{seq_name(seq)}") as f:
+                data = f.read(MAX_RECORD_BYTES + 1)
+        except (OSError, ValueError, RecursionError):
+            continue
+        if isinstance(doc, dict) and doc.get("record") == freshness.record_digest(data):
+            return seq
+    return float("inf")
+
+
+def _old_heads(gens: GenerationStore, ns: str, kept: list[int]) -> list[str]:
+    """Statements of generations below every kept one (never the newest statement)."""
+    if not kept:
+        return []
+    return [name for seq, name in _head_names(gens, ns)[1:] if seq < kept[0]]
 
 
 def mark(gens: GenerationStore, keep: int) -> tuple[set[str], dict[str, list[int]]]:
@@ -209,6 +257,12 @@ def gc(
                 report.removed_generations.append(f"{ns}@{seq}")
                 if not dry_run:
                     root.backend.delete(key)
+        kept = sorted(set(gens.seqs(ns)) - set(seqs)) if not dry_run else []
+        for name in _old_heads(gens, ns, kept):
+            key = f"{freshness.heads_prefix(ns)}/{name}"
+            info = root.backend.info(key)
+            if info and now - info.mtime >= grace and not dry_run:
+                root.backend.delete(key)
     report.kept_generations = sum(len(gens.seqs(ns)) for ns in gens.namespaces())
     candidates = []
     for digest in root.objects.iter_digests():

@@ -67,6 +67,14 @@ class RecordTrust(Protocol):
         """Raise HostileManifestError if ``record`` may not be served for ``ns``."""
         ...
 
+    def head_keys(self, ns: str) -> tuple[str, ...] | None:
+        """Keys trusted on ``ns``'s statements (casfs.store.freshness); None: not checked."""
+        ...
+
+    def sign_head(self, doc: dict[str, Any]) -> bytes | None:
+        """A statement as written, signed by this node; None if this node does not sign."""
+        ...
+
 
 class OpenTrust:
     """No tenants: every record is trusted (cluster mode, store tools, tests)."""
@@ -82,6 +90,12 @@ class OpenTrust:
 
     def check_record(self, ns: str, record: bytes) -> None:
         pass
+
+    def head_keys(self, ns: str) -> tuple[str, ...] | None:
+        return None
+
+    def sign_head(self, doc: dict[str, Any]) -> bytes | None:
+        return None
 
 
 # --- ed25519 ------------------------------------------------------------------------
@@ -287,6 +301,22 @@ class TenantTrust:
                                                                  self.policy.keys_for(tenant)):
             self._untrusted(ns, "its record has no signature by a key trusted for "
                                 f"tenant {tenant or 'root'}")
+
+    # --- statements of the newest generation (casfs.store.freshness) --------------
+    @property
+    def head_expiry(self) -> float:
+        return self.policy.head_expiry
+
+    def head_keys(self, ns: str) -> tuple[str, ...] | None:
+        if self._open or self.policy.trust != "signature":
+            return None
+        tenant, _ = split_store_namespace(ns)
+        return self.policy.keys_for(tenant)
+
+    def sign_head(self, doc: dict[str, Any]) -> bytes | None:
+        if self._key is None or self._open or self.policy.trust != "signature":
+            return None
+        return json.dumps(sign(doc, self._key), indent=1, sort_keys=True).encode() + b"\n"
 
     def _untrusted(self, ns: str, why: str) -> None:
         self.counters.inc("untrusted_records")
