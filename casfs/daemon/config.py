@@ -437,6 +437,7 @@ def _tenants(t: _Table, *, own_key: bool = True) -> TenantPolicy:
     signing_key = t.get("signing_key", as_abs_path, None)
     trusted = t.get("trusted_keys", as_str_list, ())
     pod_tenants = t.get("pod_tenants", as_abs_path, None)
+    head_expiry = t.get("head_expiry_days", as_positive, 7.0) * 86400.0  # casfs.store.freshness
     t.used.add("domains")
     raw = t.data.get("domains", [])
     if not isinstance(raw, list):
@@ -460,7 +461,7 @@ def _tenants(t: _Table, *, own_key: bool = True) -> TenantPolicy:
         raise ConfigError(f"{t.key('trust')}: \"signature\" needs tenants.trusted_keys or a"
                           " domain's keys (no record could be served)")
     return TenantPolicy(mode=mode, trust=trust, domains=domains, signing_key=signing_key,
-                        trusted_keys=trusted, pod_tenants=pod_tenants)
+                        trusted_keys=trusted, pod_tenants=pod_tenants, head_expiry=head_expiry)
 
 
 def _ids(t: _Table, name: str, conv: Callable[[int | str], int]) -> frozenset[int]:

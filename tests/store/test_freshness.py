@@ -356,3 +356,16 @@ def test_gc_keeps_records_statements_name_and_drops_old_statements(
     assert [s for s, _ in heads(writer)] == [4]
     assert paths(nodes.reader().generations()) == {"0.so", "1.so", "2.so", "3.so"}
 
+
+
+def test_head_expiry_is_configured_in_days(tmp_path: Path) -> None:
+    from casfs.daemon.config import load_tenants
+
+    cfg = tmp_path / "casfs.toml"
+    cfg.write_text('[tenants]\ntrust = "signature"\ntrusted_keys = ["%s"]\n'
+                   'head_expiry_days = 2\n' % ("A" * 43 + "="))
+    policy = load_tenants(cfg)
+    assert policy.head_expiry == 2 * 86400.0
+    assert TenantPolicy.from_dict(policy.to_dict()).head_expiry == 2 * 86400.0
+    cfg.write_text("[tenants]\n")
+    assert load_tenants(cfg).head_expiry == 7 * 86400.0
