@@ -594,7 +594,9 @@ class GenerationStore:
         if newest is None:
             raise NotFoundError(f"namespace {ns!r} has no generations")
         if rec is None:
-            first = skipped[0] if skipped else None
+            # A rollback is the reason whatever junk sat above it; else the newest record's.
+            first = next((x for x in skipped if x.what == "rolled back"),
+                         skipped[0] if skipped else None)
             why = f": {first.describe()}" if first else ""
             raise (type(first.error) if first else CasfsError)(
                 f"namespace {ns}: no readable generation (newest {ns}@{newest}){why}")

@@ -142,20 +142,22 @@ def test_deleting_the_newest_record_is_detected_never_silently_served_older(
     newest, rec, snap = fg.newest_valid(NS)
     assert (newest, rec, snap.entries) == (2, None, {})
     assert fresh.counters.get("rolled_back_generations") == 1
+    plant_junk(nodes, writer, 3, 2)  # (junk above does not hide the reason)
     with pytest.raises(RolledBackError, match="rolled back"):
         fg.readable(NS)
 
     # Publication is not frozen. The node that published generation 2 builds on it
-    # (its manifests are still there), above the statement: nothing is lost...
-    assert put(writer, wg, "c.so", b"C") == 3
+    # (its manifests are still there), above the statement and the junk: nothing is
+    # lost...
+    assert put(writer, wg, "c.so", b"C") == 5
     assert paths(nodes.reader().generations()) == {"a.so", "b.so", "c.so"}
     # ...and a fresh writer, finding the head deleted again, publishes above it (never
     # re-creating its seq) on the newest valid record below (1: record 2 is gone too):
     # what only the deleted records held is lost (misses, never wrong bytes).
-    writer.backend.delete(f"{GENS}/{seq_name(3)}")
-    assert put(writer, nodes.writer().generations(), "d.so", b"D") == 4
+    writer.backend.delete(f"{GENS}/{seq_name(5)}")
+    assert put(writer, nodes.writer().generations(), "d.so", b"D") == 6
     assert paths(nodes.reader().generations()) == {"a.so", "d.so"}
-    assert heads(writer)[-1][0] == 4
+    assert heads(writer)[-1][0] == 6
 
 
 def test_a_young_statement_whose_record_is_missing_is_unresolved_not_a_rollback(
@@ -249,7 +251,7 @@ def test_junk_records_above_the_head_freeze_nothing_and_cost_bounded_work(
 
     reader = nodes.reader()
     counting = Counting(reader.backend)
-    reader.backend = counting  # type: ignore[assignment]
+    reader.backend = counting
     gens = reader.generations()
     assert paths(gens) == {"a.so"}
     assert len(counting.opened) <= freshness.JUNK_SCAN + 1, counting.opened
