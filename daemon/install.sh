@@ -3,10 +3,12 @@
 # checkout or unpacked sdist:
 #
 #   sudo daemon/install.sh [--prefix /opt/casfs] [--python python3.11]
-#                          [--from SPEC] [--enable] [--start]
+#                          [--from SPEC] [--no-fuse] [--enable] [--start]
 #
 # Creates a virtual environment under PREFIX, installs casfs into it (from
-# this source tree, or SPEC, e.g. a wheel or "casfs==0.1.0"), symlinks casfsd
+# this source tree, or SPEC, e.g. a wheel or "casfs==0.1.0") with its fuse
+# extra (pyfuse3: builds against libfuse3-dev with a C compiler; --no-fuse:
+# without, for nodes whose mounts are all mode = "dir"), symlinks casfsd
 # and casfs into /usr/local/bin, installs the unit, tmpfiles.d entry and (only
 # if none exists) the example configuration. It starts nothing unless asked:
 # --enable enables the unit, --start (re)starts it. Run it again to upgrade.
@@ -15,6 +17,7 @@ set -eu
 PREFIX=/opt/casfs
 PYTHON=python3
 SPEC=
+FUSE=1
 ENABLE=0
 START=0
 SRC=$(cd "$(dirname "$0")/.." && pwd)
@@ -28,9 +31,10 @@ while [ $# -gt 0 ]; do
         --prefix) PREFIX=$2; shift 2 ;;
         --python) PYTHON=$2; shift 2 ;;
         --from) SPEC=$2; shift 2 ;;
+        --no-fuse) FUSE=0; shift ;;
         --enable) ENABLE=1; shift ;;
         --start) START=1; shift ;;
-        -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
         *) echo "install.sh: unknown option $1" >&2; exit 2 ;;
     esac
 done
@@ -45,6 +49,10 @@ if [ ! -x "$PREFIX/bin/python" ]; then
 fi
 "$PREFIX/bin/python" -m pip install --quiet --upgrade pip
 "$PREFIX/bin/python" -m pip install --quiet --upgrade "${SPEC:-$SRC}"
+if [ "$FUSE" -eq 1 ]; then
+    # the installed casfs's fuse extra (pyfuse3), whatever SPEC was
+    "$PREFIX/bin/python" -m pip install --quiet "casfs[fuse]"
+fi
 
 ln -sf "$PREFIX/bin/casfsd" "$BINDIR/casfsd"
 ln -sf "$PREFIX/bin/casfs" "$BINDIR/casfs"

@@ -133,7 +133,11 @@ class Daemon:
 
         for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(s, self._on_signal)
-        check_fuse()
+        # FUSE (/dev/fuse, the 'fuse' extra's pyfuse3) only where a mount needs it: a node
+        # whose mounts are all dir mode, with no on-demand mount process, runs without.
+        if self.cfg.serve_base is not None or any(m.options.mode != "dir"
+                                                  for m in self.cfg.mounts):
+            check_fuse()
         _raise_fd_limit()  # every open jobs-socket connection is a file descriptor
         lock_fd = take_daemon_lock(self.cfg.run_dir)
         control = metrics = jobs = None

@@ -120,11 +120,14 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     # Everything a mount process imports, now, while nothing waits for it.
     import lmdb  # noqa: F401
-    import pyfuse3  # noqa: F401
     import trio  # noqa: F401
 
     from casfs.node import host, mount, worker  # noqa: F401
-    from casfs.view import mux, ops  # noqa: F401
+
+    with contextlib.suppress(ImportError):  # pyfuse3 is the 'fuse' extra: dir mode needs none
+        import pyfuse3  # noqa: F401
+
+        from casfs.view import mux, ops  # noqa: F401
 
     with os.fdopen(args.go_fd, "rb") as go:
         line = go.readline()

@@ -60,6 +60,14 @@ def read_config(fd: int | None, text: str | None) -> str:
 
 
 def check_fuse() -> None:
+    from casfs.util.fusesupport import fuse_missing
+
+    # pyfuse3 is the optional 'fuse' extra: without it casfs run falls back to dir mode
+    # (FuseUnavailableError), saying how to install it, instead of starting a mount
+    # process that fails at its first import.
+    why = fuse_missing(load=False)
+    if why is not None:
+        raise FuseUnavailableError(why)
     if not os.path.exists("/dev/fuse"):
         raise FuseUnavailableError(
             "FUSE is not available here (/dev/fuse is missing); casfs needs it to mount"
@@ -269,6 +277,18 @@ def _failed(e: CasfsError | OSError, tell: Callable[[str], None]) -> int:
     return 1
 
 
+def _fuse_import(e: ImportError) -> FuseUnavailableError:
+    """pyfuse3 (the 'fuse' extra) found but not loadable in the mount process: FUSE is
+    unavailable (exit status 8: casfs run serves in dir mode). Any other import error is
+    a bug, raised as it is."""
+    from casfs.util.fusesupport import fuse_missing
+
+    why = fuse_missing()
+    if why is None:
+        raise e
+    return FuseUnavailableError(why)
+
+
 class _Service(Protocol):
     def serve(self, on_ready: Callable[[], None]) -> None: ...
     def final_stats(self) -> dict[str, Any]: ...
@@ -335,12 +355,16 @@ def run_child(prog: str, argv: list[str] | None, load: Callable[[str], Any],
         svc = build(cfg)
     except (CasfsError, OSError) as e:
         return _failed(e, tell)
+    except ImportError as e:
+        return _failed(_fuse_import(e), tell)
     try:
         svc.serve(on_ready=lambda: tell("READY"))
     except (CasfsError, OSError) as e:
         # an OSError here is the environment (mount point unusable, disk full), not a bug:
         # tell the parent in one line instead of dying with only a traceback in a log
         return _failed(e, tell)
+    except ImportError as e:
+        return _failed(_fuse_import(e), tell)
     finally:
         if args.stats_out:
             try:
