@@ -11,6 +11,8 @@ command -v fusermount3 >/dev/null || need_apt+=(fuse3)
 pkg-config --exists fuse3 2>/dev/null || need_apt+=(libfuse3-dev pkg-config)
 command -v g++ >/dev/null || need_apt+=(g++)
 command -v systemd-analyze >/dev/null || need_apt+=(systemd)
+# tests/system: the wheel in Debian minbase trees without a compiler (scripts/wheel-check.sh)
+command -v debootstrap >/dev/null || need_apt+=(debootstrap)
 if [ ${#need_apt[@]} -gt 0 ]; then
     if [ "$(id -u)" -ne 0 ]; then
         echo "bootstrap: need root to install: ${need_apt[*]} (sudo apt-get install ${need_apt[*]})" >&2
