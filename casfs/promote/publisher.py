@@ -263,7 +263,9 @@ def profile_options(gens: GenerationStore, namespace: str, opened: list[str],
                     published: list[Entry], counters: Counters) -> dict[str, Any]:
     """The record's ``profile``: the newest record's, merged with what the jobs opened
     (``opened``) and the files published now (a cold run's hot set is what it wrote).
-    Any failure only drops the profile ({})."""
+    Any failure only drops the profile ({}), except a namespace this node must not
+    publish to (squatted, or written by a newer casfs): raised, for the publication
+    to refuse and say so once, not a "without a profile" warning before it."""
     try:
         rec = gens.latest(namespace)
         old = rec.options.get("profile") if rec is not None else None
@@ -278,6 +280,8 @@ def profile_options(gens: GenerationStore, namespace: str, opened: list[str],
         put = gens.objects.put_bytes(profile.encode(merged, runs))
         counters.inc("profiles_published")
         return {"profile": put.digest}
+    except (UntrustedError, UnreadableHereError):
+        raise  # publication refuses these too (Publisher.publish): said there, once
     except (CasfsError, OSError) as e:
         log.warning("%s: publishing without a profile: %s", namespace, e)
         return {}
