@@ -49,6 +49,10 @@ def test_sync_filesystem_runs(tmp_path: Path) -> None:
     sync_filesystem(tmp_path)  # syncfs(2) on a real directory: no error
 
 
+@pytest.mark.expect_log(
+    r"rejected object: object \w+: truncated header",
+    r"repaired damaged object ",
+)
 def test_a_torn_object_is_repaired_not_trusted_by_dedup(tmp_path: Path) -> None:
     from casfs.store.objects import digest_bytes, object_key
 

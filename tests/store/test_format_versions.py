@@ -76,6 +76,7 @@ def test_newer_manifest_version_is_not_damage() -> None:
         manifest.decode(b'{"casfs_manifest": 3, "kind": "full", "entries": []}')
 
 
+@pytest.mark.expect_log(r"skipping newer-format generation")
 @pytest.mark.parametrize("over", [{"casfs_generation": 3}, {"requires": ["teleport"]}],
                          ids=["version-3", "unknown-required-feature"])
 def test_newer_record_serves_older_and_refuses_publication(
@@ -97,6 +98,7 @@ def test_newer_record_serves_older_and_refuses_publication(
     assert gens.seqs("ns") == [1, 2]
 
 
+@pytest.mark.expect_log(r"skipping newer-format generation")
 def test_cli_refuses_import_onto_a_newer_record(
     casfs_env: dict[str, Path], cli: Callable[..., Any], tmp_path: Path
 ) -> None:

@@ -103,6 +103,10 @@ def heads(root: SharedRoot) -> list[tuple[int, int]]:
 
 
 # --- deletion of the newest record ---------------------------------------------------
+@pytest.mark.expect_log(
+    r"rolled back: namespace \S+: its statement .* names generation \d+, which is unreadable",
+    r"skipping damaged generation \S+: .*(no signature by a key trusted|not valid JSON)",
+)
 def test_deleting_the_newest_record_is_detected_never_silently_served_older(
         nodes: Nodes, old: None, caplog: pytest.LogCaptureFixture) -> None:
     """Each publication writes a statement; after record 2 is deleted, a node that served
@@ -160,6 +164,7 @@ def test_deleting_the_newest_record_is_detected_never_silently_served_older(
     assert heads(writer)[-1][0] == 6
 
 
+@pytest.mark.expect_log(r"skipping unresolved \(young, object missing\) generation ")
 def test_a_young_statement_whose_record_is_missing_is_unresolved_not_a_rollback(
         nodes: Nodes, caplog: pytest.LogCaptureFixture) -> None:
     """NFS may hide a fresh record a while: within the grace readers serve the older
@@ -178,6 +183,7 @@ def test_a_young_statement_whose_record_is_missing_is_unresolved_not_a_rollback(
         put(writer, nodes.writer().generations(), "c.so", b"C")
 
 
+@pytest.mark.expect_log(r"rolled back: namespace \S+: .*not the record its statement names")
 def test_a_record_put_in_the_place_of_the_named_one_is_a_rollback(
         nodes: Nodes, old: None, caplog: pytest.LogCaptureFixture) -> None:
     """The statement names the record's bytes: another validly signed record at the same
@@ -238,6 +244,10 @@ class Counting:
         return self.backend.info(key)
 
 
+@pytest.mark.expect_log(
+    r"skipping damaged generation \S+: .*(no signature by a key trusted|its record names tenant"
+    r"|not valid JSON)",
+)
 def test_junk_records_above_the_head_freeze_nothing_and_cost_bounded_work(
         nodes: Nodes) -> None:
     """200 junk records above the newest valid one: a reader examines at most JUNK_SCAN of
@@ -267,6 +277,7 @@ def test_junk_records_above_the_head_freeze_nothing_and_cost_bounded_work(
     assert paths(nodes.reader().generations()) == {"a.so", "b.so"}
 
 
+@pytest.mark.expect_log(r"skipping statement \S+: (no signature by a key trusted|not JSON)")
 def test_junk_statements_are_skipped_within_a_bound(nodes: Nodes) -> None:
     """Statements no key signed are skipped (counted); more than HEAD_SCAN of them above
     the real one hide it, and the namespace reads as if it had none (as before)."""
@@ -291,6 +302,10 @@ def test_junk_statements_are_skipped_within_a_bound(nodes: Nodes) -> None:
 
 
 # --- expiry --------------------------------------------------------------------------
+@pytest.mark.expect_log(
+    r"freshness unknown: namespace \S+: its statement .* expired",
+    r"rolled back: namespace \S+: its statement .* which is unreadable",
+)
 def test_an_expired_statement_warns_and_still_sets_the_floor(
         nodes: Nodes, old: None, caplog: pytest.LogCaptureFixture) -> None:
     """Expired (nothing published for head_expiry): logged once and counted, the newest
@@ -342,6 +357,8 @@ def test_a_namespace_without_statements_reads_and_publishes_as_before(
     assert owner.generations().heads.newest(NS) is None
 
 
+# the junk records planted above the head have no trusted signature
+@pytest.mark.expect_log(r"skipping damaged generation \S+: .*no signature by a key trusted")
 def test_gc_keeps_records_statements_name_and_drops_old_statements(
         nodes: Nodes, keys: tuple[Path, str, Path, str]) -> None:
     """gc keeps the newest statements and every record at or above the seq they name

@@ -20,6 +20,11 @@ from casfs.store import manifest
 from casfs.store.generations import MAX_RECORD_BYTES, seq_name
 from casfs.store.root import SharedRoot
 
+pytestmark = pytest.mark.expect_log(
+    r"rejected object: ",
+    r"ignoring damaged gc mark ",
+)
+
 GOOD = "a" * 64  # replaced by a real digest in _plant
 MTIME = 1_700_000_000_000_000_000
 

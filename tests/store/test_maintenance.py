@@ -106,6 +106,7 @@ def test_unpin_lets_gc_remove(root: SharedRoot) -> None:
     assert maintenance.verify(root).problems == []
 
 
+@pytest.mark.expect_log(r"rejected object: object \w+: bad zstd data")
 def test_gc_aborts_when_a_kept_manifest_is_corrupt(root: SharedRoot) -> None:
     _five_generations(root)
     root.objects.put_bytes(b"orphan")
@@ -146,6 +147,7 @@ def test_gc_with_a_missing_referenced_object_aborts(root: SharedRoot) -> None:
         maintenance.gc(root, keep=1, grace=0)
 
 
+@pytest.mark.expect_log(r"rejected object: object \w+: \d+ bytes, header says")
 def test_verify_reports_each_problem(root: SharedRoot) -> None:
     _publish(root, "ns", {"a": b"a" * 1000, "b": b"b" * 1000, "c": b"c" * 1000})
     snap = root.generations().entries("ns")
@@ -173,6 +175,7 @@ def test_usage_ratios(root: SharedRoot) -> None:
     assert whole["stored_bytes"] >= u["stored_bytes"] and whole["namespaces"] == 1
 
 
+@pytest.mark.expect_log(r"unreadable pin ns/keepme")
 def test_gc_deletes_nothing_when_a_pin_is_unreadable(tmp_path: Path) -> None:
     root = SharedRoot.open(tmp_path / "root", create=True)
     gens = root.generations()

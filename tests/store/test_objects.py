@@ -174,6 +174,7 @@ def _assert_rejected(
     return str(ei.value)
 
 
+@pytest.mark.expect_log(r"rejected object: object \w+: ")
 @pytest.mark.parametrize("maker", [_good_zstd, _good_raw], ids=["zstd", "raw"])
 @pytest.mark.parametrize("offset", [0, 5, 17, -1])
 def test_flipped_byte_is_rejected(root: SharedRoot, maker: Maker, offset: int) -> None:
@@ -186,6 +187,7 @@ def test_flipped_byte_is_rejected(root: SharedRoot, maker: Maker, offset: int) -
     _assert_rejected(root, digest, len(data))
 
 
+@pytest.mark.expect_log(r"rejected object: object \w+: ")
 @pytest.mark.parametrize("maker", [_good_zstd, _good_raw], ids=["zstd", "raw"])
 @pytest.mark.parametrize("keep", [0, 10, 16, 40, -1])
 def test_truncated_object_is_rejected(root: SharedRoot, maker: Maker, keep: int) -> None:
@@ -197,6 +199,7 @@ def test_truncated_object_is_rejected(root: SharedRoot, maker: Maker, keep: int)
     _assert_rejected(root, digest, len(data))
 
 
+@pytest.mark.expect_log(r"rejected object: object \w+: ")
 @pytest.mark.parametrize("field,value", [
     ("codec", 2), ("codec", 255), ("version", 2), ("reserved", 1), ("magic", b"CASX"),
 ])
@@ -209,6 +212,7 @@ def test_bad_header_fields_are_rejected(root: SharedRoot, field: str, value: obj
     _assert_rejected(root, digest, len(data))
 
 
+@pytest.mark.expect_log(r"rejected object: object \w+: ")
 def test_wrong_codec_raw_labelled_zstd(root: SharedRoot) -> None:
     data = compiler_text(5)
     digest = blake3.blake3(data).hexdigest()
@@ -216,6 +220,7 @@ def test_wrong_codec_raw_labelled_zstd(root: SharedRoot) -> None:
     _assert_rejected(root, digest, len(data))
 
 
+@pytest.mark.expect_log(r"rejected object: object \w+: ")
 def test_wrong_codec_zstd_labelled_raw(root: SharedRoot) -> None:
     data = compiler_text(5)
     digest = blake3.blake3(data).hexdigest()
@@ -224,6 +229,7 @@ def test_wrong_codec_zstd_labelled_raw(root: SharedRoot) -> None:
     _assert_rejected(root, digest, len(data))
 
 
+@pytest.mark.expect_log(r"rejected object: object \w+: ")
 def test_frame_longer_than_header_says(root: SharedRoot) -> None:
     data = compiler_text(10)
     short = data[:500]
@@ -234,6 +240,7 @@ def test_frame_longer_than_header_says(root: SharedRoot) -> None:
     assert digest in msg
 
 
+@pytest.mark.expect_log(r"rejected object: object \w+: ")
 def test_frame_shorter_than_header_says(root: SharedRoot) -> None:
     data = compiler_text(10)
     digest = blake3.blake3(data).hexdigest()
@@ -242,11 +249,13 @@ def test_frame_shorter_than_header_says(root: SharedRoot) -> None:
     _assert_rejected(root, digest, len(data))
 
 
+@pytest.mark.expect_log(r"rejected object: object \w+: ")
 def test_header_size_differs_from_manifest_size(root: SharedRoot) -> None:
     digest, data = _good_zstd(root)
     _assert_rejected(root, digest, len(data) + 1, verify=False)
 
 
+@pytest.mark.expect_log(r"rejected object: object \w+: ")
 @pytest.mark.parametrize("lie", [100, 250])
 def test_frame_content_size_field_lies(root: SharedRoot, lie: int) -> None:
     data = bytes(range(200))
@@ -259,6 +268,7 @@ def test_frame_content_size_field_lies(root: SharedRoot, lie: int) -> None:
     _assert_rejected(root, digest, len(data))
 
 
+@pytest.mark.expect_log(r"rejected object: object \w+: ")
 def test_content_not_matching_name_is_rejected(root: SharedRoot) -> None:
     a, b = b"content A" * 50, b"content B" * 50
     res = root.objects.put_bytes(a)
@@ -276,6 +286,7 @@ def test_missing_object_is_not_a_rejection(root: SharedRoot) -> None:
     assert root.counters.get("rejections") == 0
 
 
+@pytest.mark.expect_log(r"rejected object: not a blake2?\w* hex digest")
 def test_bad_digest_name_is_rejected(root: SharedRoot) -> None:
     with pytest.raises(CorruptObjectError):
         root.objects.get_bytes("../../etc/passwd")

@@ -38,6 +38,7 @@ def _tree(base: Path) -> dict[str, bytes]:
     return files
 
 
+@pytest.mark.expect_log(r"rejected object: object \w+: content does not match its name")
 def test_pack_writer_round_trip(any_root: SharedRoot) -> None:
     w = PackWriter(any_root.objects, target=4000)  # small target: several packs
     blobs = [os.urandom(100 + i * 20) for i in range(30)]
@@ -98,6 +99,7 @@ def test_import_with_packs_then_read_verify_du_gc(
     assert maintenance.verify(SharedRoot.open(root.location)).problems == []
 
 
+@pytest.mark.expect_log(r"rejected object: object \w+: content does not match its name")
 def test_damaged_pack_is_reported_and_a_miss(tmp_path: Path) -> None:
     root = SharedRoot.open(tmp_path / "root", create=True)
     src = tmp_path / "src"
@@ -148,6 +150,7 @@ def test_a_row_claiming_a_huge_pack_member_is_malformed(
     assert res.rc == 0 and "Traceback" not in res.err
 
 
+@pytest.mark.expect_log(r"repaired damaged pack ")
 def test_packing_the_same_bytes_again_repairs_a_damaged_pack(any_root: SharedRoot,
                                                               tmp_path: Path) -> None:
     """A pack is named by its content, so packing the same files again (a re-import into
@@ -253,6 +256,7 @@ def test_a_locator_that_misses_itself_does_not_wait_on_itself(any_root: SharedRo
     assert len(inner) == 1
 
 
+@pytest.mark.expect_log(r"rejected object: object \w+: header says \d+ bytes, manifest says")
 def test_members_of_one_pack_come_from_one_range_read(any_root: SharedRoot) -> None:
     """read_members: one read per pack (one GET on S3), each member verified on its own."""
     import io

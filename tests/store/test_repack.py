@@ -190,6 +190,7 @@ def test_repacking_gc_racing_publishers_keeps_every_kept_row_readable(
     assert maintenance.verify(root).problems == []
 
 
+@pytest.mark.expect_log(r"was removed by a concurrent gc: writing it again")
 def test_a_pack_a_racing_sweep_removes_is_put_back_after_the_record(
     any_root: SharedRoot, monkeypatch: pytest.MonkeyPatch
 ) -> None:

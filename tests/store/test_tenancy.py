@@ -55,6 +55,10 @@ def shared() -> Iterator[Path]:
         yield d
 
 
+@pytest.mark.expect_log(
+    r"not serving namespace u\d+~inductor-y: .* is owned by uid \d+, outside tenant",
+    r"moved namespace directory .* planted outside its tenant",
+)
 def test_a_tenants_namespace_is_its_own(shared: Path) -> None:
     """u1 cannot write into u2's namespace, nor pass off a directory of its own as u2's."""
     root_path = shared / "root"
@@ -90,6 +94,7 @@ def test_a_tenants_namespace_is_its_own(shared: Path) -> None:
         assert publish_as(u1, root_path, store_namespace(u1.tenant, "triton-x"), "a", "b") == ""
 
 
+@pytest.mark.expect_log(r"not serving namespace .*: .* is (writable by|owned by uid)")
 def test_a_namespace_writable_by_others_is_not_served(shared: Path) -> None:
     node = SharedRoot.open(shared / "root", tenants=TenantPolicy())
     ns = store_namespace("u4242", "ns")
@@ -184,6 +189,10 @@ def keys(tmp_path: Path) -> tuple[Path, str, Path, str]:
     return out[0], out[1], out[2], out[3]
 
 
+@pytest.mark.expect_log(
+    r"skipping damaged generation team~ns@\d+: .*no signature by a key trusted",
+    r"skipping statement team~ns/\S+: no signature by a key trusted",
+)
 def test_signed_records_are_served_only_with_a_trusted_key(
         tmp_path: Path, keys: tuple[Path, str, Path, str]) -> None:
     key_a, pub_a, key_b, pub_b = keys
@@ -241,6 +250,10 @@ def test_bad_signing_key_is_refused(tmp_path: Path) -> None:
         tenancy.check_public_key("abc", "tenants.trusted_keys[0]")
 
 
+@pytest.mark.expect_log(
+    r"not serving namespace triton-x: .* outside tenant root",
+    r"moved namespace directory .* planted outside its tenant",
+)
 def test_root_moves_aside_a_plain_namespace_a_user_made_before_tenants(shared: Path) -> None:
     """Before tenants users published under plain names; in uid mode those are root's:
     root's daemon must keep publishing there, not fail on the user's directory forever."""
