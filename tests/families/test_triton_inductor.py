@@ -110,6 +110,7 @@ def test_group_children_maps_absolute_paths_by_basename() -> None:
     assert nested is not None and nested[0].startswith(f"triton/0/{KEY}/")
 
 
+@pytest.mark.expect_log(r"group file \S+ names an unusable child")
 @pytest.mark.parametrize(
     "data",
     [

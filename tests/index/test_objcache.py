@@ -175,6 +175,7 @@ def test_missing_and_short_objects_are_errors(
     assert index.cache_bytes() == 0
 
 
+@pytest.mark.expect_log(r"cached object .* has \d+ bytes, expected \d+: refetching")
 def test_wrong_size_local_file_is_refetched(
     tmp_path: Path, index: NodeIndex, source: FakeSource
 ) -> None:
@@ -268,6 +269,7 @@ def _flip_a_bit(path: str) -> None:
     os.chmod(path, 0o444)
 
 
+@pytest.mark.expect_log(r"cached object .* does not hash to its name: removing, refetching")
 def test_bit_flip_in_a_cached_file_is_found_on_first_open_of_a_mount(
     tmp_path: Path, index: NodeIndex, source: FakeSource
 ) -> None:
@@ -290,6 +292,7 @@ def test_bit_flip_in_a_cached_file_is_found_on_first_open_of_a_mount(
     later.unpin(entry.digest)
 
 
+@pytest.mark.expect_log(r"cached object .* does not hash to its name: removing, refetching")
 def test_a_cached_file_changed_under_a_mount_is_hashed_again(
     tmp_path: Path, index: NodeIndex, source: FakeSource
 ) -> None:
@@ -326,6 +329,7 @@ def test_an_intact_cached_file_is_hashed_once_per_mount(
     assert source.calls == [entry.digest]  # never refetched
 
 
+@pytest.mark.expect_log(r"cached object .* is not a regular file: removing, refetching")
 def test_open_cached_serves_only_trusted_regular_files(
     tmp_path: Path, index: NodeIndex, source: FakeSource
 ) -> None:
@@ -438,6 +442,7 @@ def test_a_job_waiting_on_a_failed_read_ahead_fetches_itself(
     assert Path(got[0]).read_bytes() == source.objects[bad.digest]  # its own fill
 
 
+@pytest.mark.expect_log(r"cached object .* does not hash to its name: removing, refetching")
 def test_a_read_ahead_file_with_other_bytes_is_never_trusted(
         tmp_path: Path, index: NodeIndex, source: FakeSource) -> None:
     counters = Counters()

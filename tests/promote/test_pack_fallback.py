@@ -21,6 +21,9 @@ from tests.promote.rig import promotion_rig
 from tests.users import open_tmp, real_users
 
 
+@pytest.mark.expect_log(
+    r"cannot write a pack \(.*Not a directory.*\): storing its objects loose instead",
+)
 def test_unwritable_packs_fall_back_to_loose_objects(tmp_path: Path) -> None:
     root = SharedRoot.open(tmp_path / "root", create=True)
     shutil.rmtree(root.path / "packs", ignore_errors=True)
@@ -52,6 +55,9 @@ def test_unwritable_packs_fall_back_to_loose_objects(tmp_path: Path) -> None:
         assert root.objects.get_bytes(e.digest, e.size) == data
 
 
+@pytest.mark.expect_log(
+    r"cannot write a pack \(.*Permission denied.*\): storing its objects loose instead",
+)
 @pytest.mark.slow
 def test_user_on_a_multi_user_root_made_before_packs_publishes() -> None:
     with open_tmp() as d:

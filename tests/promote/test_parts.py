@@ -27,6 +27,7 @@ def _write(upper: Path, files: dict[str, bytes]) -> None:
         (upper / rel).write_bytes(data)
 
 
+@pytest.mark.expect_log(r"promotion step failed \(will retry\): \[Errno 5\] probe failed")
 def test_a_round_in_parts_stores_each_object_once(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(promoter_mod, "PART_BYTES", 64 << 10)  # many parts, two in flight

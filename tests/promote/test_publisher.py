@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from casfs.families import rules as family_rules
 from casfs.index.node_index import NodeIndex
 from casfs.promote.publisher import Publisher
@@ -76,6 +78,7 @@ def test_group_with_all_children_ours_is_published(tmp_path: Path) -> None:
     assert list(index.pending("ns")) == []
 
 
+@pytest.mark.expect_log(r"skipping damaged generation ns@\d+: .*not valid JSON")
 def test_a_damaged_newest_record_does_not_stop_publication(tmp_path: Path) -> None:
     root, index, pub, _ = setup(tmp_path)
     gens = root.generations()
@@ -95,6 +98,9 @@ def test_a_damaged_newest_record_does_not_stop_publication(tmp_path: Path) -> No
     assert root.counters.get("bad_generations") >= 1
 
 
+@pytest.mark.expect_log(
+    r"skipping (unresolved \(young, object missing\)|damaged) generation ns@\d+: .*is missing",
+)
 def test_a_young_record_with_a_missing_manifest_is_waited_for(tmp_path: Path) -> None:
     import os
     import time

@@ -34,6 +34,11 @@ def env(user: RealUser, shared: Path) -> dict[str, str]:
                     CASFS_SOCKET=str(user.home / "no-daemon.sock"))
 
 
+@pytest.mark.expect_log(
+    r"not serving namespace \S+~myns: .* is owned by uid \d+, outside tenant",
+    r"cannot read generations of \S+~myns: .* outside tenant",
+    r"not publishing to \S+~myns: .* outside tenant",
+)
 def test_a_squatted_namespace_is_reported_by_the_job_and_by_doctor(shared: Path) -> None:
     with real_users(2, shared) as (victim, attacker):
         ns = f"{victim.tenant}~myns"

@@ -84,6 +84,7 @@ def test_lower_misses_are_remembered_until_the_lower_tree_grows(tmp_path: Path) 
     assert ly.resolve("k/tmp/f") is not None and ly.resolve("k") is not None
 
 
+@pytest.mark.expect_log(r"sweeping .*: \[Errno 13\] denied")
 def test_whiteouts_are_possible_only_after_one_is_made_or_a_sweep_missed_a_dir(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from casfs.view import whiteout as wh

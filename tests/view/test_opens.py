@@ -69,6 +69,7 @@ READ = ("import os, sys\nfor d, _, fs in os.walk(sys.argv[1]):\n"
         " for f in fs:\n  assert open(os.path.join(d, f), 'rb').read() == b'x' + f.encode()\n")
 
 
+@pytest.mark.expect_log(r"the open listener exited with status -\d+")
 def test_listener_process_records_survives_kills_and_degrades(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     """The child-process listener: opens reach on_open here; a killed listener is

@@ -118,6 +118,7 @@ def test_read_lower_unpins_on_release(ops: OverlayOperations) -> None:
     assert not (ops.layers.upper_dir / "d").exists()  # reading copies nothing up
 
 
+@pytest.mark.expect_log(r"lower object for 'd/corrupt' unavailable, serving a miss: bad object")
 def test_fetch_failure_is_enoent_and_sticky(ops: OverlayOperations) -> None:
     async def main() -> None:
         ino = await ino_of(ops, "d/corrupt")
@@ -249,6 +250,7 @@ def test_warm_opens_skip_resolving_until_the_view_changes(ops: OverlayOperations
     assert all(n == 0 for n in ops.fetcher.pins.values())  # type: ignore[attr-defined]
 
 
+@pytest.mark.expect_log(r"lower object for 'd/corrupt' unavailable, serving a miss: bad object")
 def test_rename_lower_dir_remaps_descendants(ops: OverlayOperations) -> None:
     async def main() -> None:
         f = await ino_of(ops, "d/sub/f")

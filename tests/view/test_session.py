@@ -30,6 +30,7 @@ def test_plain_dir_is_not_a_mountpoint(tmp_path: Path) -> None:
     assert is_mountpoint(Path("/"))
 
 
+@pytest.mark.expect_log(r"clearing a dead mount at ")
 def test_dead_mount_is_cleared(overlay: Callable[..., Overlay]) -> None:
     ov = overlay()
     assert is_mountpoint(ov.mnt)

@@ -84,6 +84,7 @@ def test_sweep_as_the_owner_clears_a_marker_in_a_dir_the_job_made_read_only() ->
         assert os.stat(up / "d" / "o").st_mode & 0o777 == 0o555
 
 
+@pytest.mark.expect_log(r"sweeping .*: \[Errno 30\] Read-only file system")
 def test_sweep_reports_a_marker_it_cannot_remove_instead_of_raising(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from casfs.view import whiteout
