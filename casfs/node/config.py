@@ -75,6 +75,13 @@ class MountConfig:
     def socket_path(self) -> Path:
         return self.run_dir / f"{self.name}.sock"
 
+    def to_json(self) -> str:
+        return dump_config(self)
+
+    @classmethod
+    def from_json(cls, text: str) -> MountConfig:
+        return load_config(cls, text, ("mountpoint", "state_dir"))
+
     def check(self) -> None:
         """Refuse layouts that would make the daemon touch its own mount."""
         mp = self.mountpoint.resolve()

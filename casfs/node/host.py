@@ -24,8 +24,6 @@ host (after a crash) serves the same namespaces at the same paths at once.
 
 from __future__ import annotations
 
-import errno
-import fcntl
 import functools
 import json
 import logging
@@ -42,12 +40,13 @@ from typing import Any
 import trio
 
 from casfs.errors import CasfsError, UsageError
-from casfs.node import bounds, control, guard, leases, reclaim
+from casfs.node import bounds, control, guard, leases, nsregistry, reclaim
 from casfs.node.config import HostConfig  # lives below trio: the CLI builds one without it
 from casfs.node.tenant import requester, tenant_of, tenant_owner
 from casfs.node.worker import spawn_host
 from casfs.util import atomic
 from casfs.util.crashpoint import pausepoint
+from casfs.util.flock import try_flock
 
 log = logging.getLogger(__name__)
 
@@ -113,13 +112,14 @@ class NodeHost:
         fd = os.open(self.cfg.run_dir / f"{self.cfg.name}.lock",
                      os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as e:
+            taken = try_flock(fd)
+        except OSError:
             os.close(fd)
-            if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
-                raise UsageError(f"this node's mount process already runs (state dir"
-                                 f" {self.cfg.state_dir})") from None
             raise
+        if not taken:
+            os.close(fd)
+            raise UsageError(f"this node's mount process already runs (state dir"
+                             f" {self.cfg.state_dir})")
         return fd
 
     # --- serving namespaces --------------------------------------------------------
@@ -151,7 +151,7 @@ class NodeHost:
             await self._nursery.start(self._ns_tasks, s)
             self.served[key] = s
             self.final.pop(key, None)
-            reclaim.record_served(mcfg)
+            nsregistry.record_served(mcfg)
             svc.mark_ready()
             log.info("serving %s@%d at %s", namespace, svc.served_seq, mcfg.mountpoint)
         finally:
@@ -167,8 +167,8 @@ class NodeHost:
             s.scope = scope
             task_status.started()
             async with trio.open_nursery() as n:
-                for seconds, fn in svc.timers():
-                    n.start_soon(svc._every, seconds, fn)
+                for t in svc.tasks():
+                    n.start_soon(t.run)
                 svc.start_prefetch()  # the namespace's hot set, in the background
 
     async def detach(self, key: Key) -> dict[str, Any] | None:
@@ -188,17 +188,12 @@ class NodeHost:
         if s.scope is not None:
             s.scope.cancel()
         svc = s.svc
-        await trio.to_thread.run_sync(svc.stop_prefetch)  # cancelled with the namespace
-        with trio.move_on_after(self.cfg.shutdown_timeout) as scope:
-            await trio.to_thread.run_sync(svc.final_publication, abandon_on_cancel=True)
-        if scope.cancelled_caught:
-            log.warning("%s: final publication did not finish within %.0fs", svc.cfg.name,
-                        self.cfg.shutdown_timeout)
+        await svc.release(self.cfg.shutdown_timeout)  # prefetch stopped, published, bounded
         st: dict[str, Any] = await trio.to_thread.run_sync(svc.final_stats)
         st["path"] = str(s.path)
         await trio.to_thread.run_sync(svc.flush_counters)
         svc.close()
-        reclaim.record_served(svc.cfg)
+        nsregistry.record_served(svc.cfg)
         self.final[key] = st
         self._persist()
         log.info("released %s (%s)", svc.cfg.namespace, s.path)
@@ -411,7 +406,7 @@ class NodeHost:
         if cmd in ("status", "stats", "publish", "refresh"):
             out = []
             for s in list(self.served.values()):
-                r = await s.svc._handle({"cmd": cmd})
+                r = await s.svc.handle({"cmd": cmd})
                 r["path"] = str(s.path)
                 r["holders"] = sorted(lease.pid for lease in self.leases.values()
                                       if s.key in lease.keys)

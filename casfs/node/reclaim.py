@@ -27,110 +27,33 @@ listing that found it idle and the reclaim taking its lock is kept.
 from __future__ import annotations
 
 import contextlib
-import errno
-import fcntl
-import json
 import logging
 import os
 import shutil
 import stat
-import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from casfs.errors import CasfsError
 from casfs.node.config import MountConfig
-from casfs.util import atomic
+from casfs.node.mount import MountService
+from casfs.node.nsregistry import (
+    SERVED_DIR,
+    idle_namespaces,
+    last_served,
+    lock_file,
+    record_path,
+    record_served,
+    wanted,
+)
 from casfs.util.crashpoint import pausepoint
+from casfs.util.flock import try_flock
 
 log = logging.getLogger(__name__)
 
-SERVED_DIR = "served"
-
-
-def record_path(state_dir: Path, namespace: str) -> Path:
-    return state_dir / SERVED_DIR / f"{namespace}.json"
-
-
-def record_served(cfg: MountConfig) -> None:
-    """Note that ``cfg``'s namespace is served now (at start and at the end of a mount)."""
-    from casfs.node.worker import config_to_json
-
-    path = record_path(cfg.state_dir, cfg.namespace)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        data = {"config": json.loads(config_to_json(cfg)), "last_served": time.time()}
-        atomic.write_atomic(path, json.dumps(data).encode())
-    except OSError as e:
-        log.warning("%s: cannot record that it is served: %s", cfg.name, e)
-
-
-def idle_namespaces(state_dir: Path, idle_after: float, now: float | None = None,
-                    ) -> list[tuple[MountConfig, float]]:
-    """(config, last served) of namespaces not served for ``idle_after`` seconds."""
-    from casfs.node.worker import config_from_json
-
-    now = time.time() if now is None else now
-    out = []
-    for p in sorted((state_dir / SERVED_DIR).glob("*.json")):
-        try:
-            data = json.loads(p.read_bytes())
-            cfg = config_from_json(json.dumps(data["config"]))
-            last = float(data["last_served"])
-        except (OSError, ValueError, KeyError, TypeError) as e:
-            log.warning("ignoring unreadable %s: %s", p, e)
-            continue
-        if now - last >= idle_after and cfg.mode != "dir":
-            out.append((cfg, last))
-    return out
-
-
-def _lock_file(run_dir: Path, ns: str, what: str) -> int:
-    run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-    return os.open(run_dir / f"ns-{ns}.{what}", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-
-
-def _held(run_dir: Path, ns: str, what: str, how: int) -> bool:
-    """Whether another holds a lock on ``ns-<ns>.<what>`` that excludes ``how``."""
-    fd = _lock_file(run_dir, ns, what)
-    try:
-        fcntl.flock(fd, how | fcntl.LOCK_NB)
-    except OSError as e:
-        if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
-            return True
-        raise
-    finally:
-        os.close(fd)  # releases what it took
-    return False
-
-
-def in_progress(run_dir: Path, ns: str) -> bool:
-    """A reclaim of ``ns`` holds its lock (MountService waits for it instead of failing)."""
-    return _held(run_dir, ns, "reclaim", fcntl.LOCK_SH)
-
-
-def want(run_dir: Path, ns: str) -> int:
-    """Say that a mount waits for ``ns`` while the fd returned is open."""
-    fd = _lock_file(run_dir, ns, "wanted")
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH)  # a reclaim's check holds EX for an instant only
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
-
-
-def wanted(run_dir: Path, ns: str) -> bool:
-    return _held(run_dir, ns, "wanted", fcntl.LOCK_EX)
-
-
-def last_served(cfg: MountConfig) -> float | None:
-    try:
-        return float(json.loads(record_path(cfg.state_dir, cfg.namespace).read_bytes())
-                     ["last_served"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
+__all__ = ["SERVED_DIR", "idle_namespaces", "last_served", "reclaim_idle", "reclaim_one",
+           "record_path", "record_served", "unpublished"]
 
 
 def reclaim_one(cfg: MountConfig, listed: float | None = None) -> dict[str, Any]:
@@ -141,13 +64,9 @@ def reclaim_one(cfg: MountConfig, listed: float | None = None) -> dict[str, Any]
     """
     pausepoint("reclaim-listed")
     ns = cfg.namespace
-    fd = _lock_file(cfg.run_dir, ns, "reclaim")
+    fd = lock_file(cfg.run_dir, ns, "reclaim")
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as e:
-            if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
-                raise
+        if not try_flock(fd):
             return {"namespace": ns, "reclaimed": False,
                     "why": "in use: another process is reclaiming it"}
         return _reclaim_locked(cfg, listed)
@@ -156,8 +75,6 @@ def reclaim_one(cfg: MountConfig, listed: float | None = None) -> dict[str, Any]
 
 
 def _reclaim_locked(cfg: MountConfig, listed: float | None) -> dict[str, Any]:
-    from casfs.node.mount import MountService
-
     ns = cfg.namespace
     try:
         # hosted: the mount point is not ours to touch (it may be served by another).

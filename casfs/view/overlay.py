@@ -110,7 +110,7 @@ def build_links(
     local_path: Callable[[Entry], str | None],
     present: Callable[[Entry, str], bytes | None] | None = None,
     *,
-    dir_mode: int = 0o1777,
+    dir_mode: int = 0o777,
     owner: tuple[int, int] | None = None,
 ) -> LinkReport:
     """Fill ``links`` (emptied first) with the entries whose objects are local.

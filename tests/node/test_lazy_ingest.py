@@ -11,6 +11,7 @@ import pytest
 
 from casfs.index.node_index import NodeIndex
 from casfs.node.config import MountConfig
+from casfs.node.lowerfeed import LowerFeed
 from casfs.node.mount import MountService
 from casfs.store.entry import Entry
 from casfs.store.root import SharedRoot
@@ -69,7 +70,7 @@ def test_stopped_indexing_records_no_state_and_is_redone(tmp_path: Path,
         time.sleep(0.02)
         return real(self, *a, **kw)
 
-    monkeypatch.setattr(MountService, "_INDEX_CHUNK", 1)
+    monkeypatch.setattr(LowerFeed, "INDEX_CHUNK", 1)
     monkeypatch.setattr(NodeIndex, "add_entries", slow)
     svc = MountService(config(tmp_path), hosted=True)
     assert started.wait(10)

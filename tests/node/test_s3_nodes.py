@@ -254,7 +254,7 @@ def test_a_hung_server_at_mount_start_holds_the_start_briefly(
     fetch timeout; once it answers again the mount reopens the root and hits."""
     import signal
 
-    from casfs.node.mount import ROOT_OPEN_TIMEOUT
+    from casfs.node.rootlink import ROOT_OPEN_TIMEOUT
     from casfs.store.entry import Entry
 
     srv = SeaweedServer(tmp_path / "weed")  # its own server: this test freezes it

@@ -83,7 +83,7 @@ def test_restore_into_a_key_dir_swapped_for_a_symlink_writes_nothing_there(
     publish(d / "root", ns, {"KEY/k.json": b"{}"})
     svc = service(d, user, "generic")
     try:
-        svc._restore_dir()  # what serving starts with
+        svc.server.restore()  # type: ignore[attr-defined]  # what serving starts with
         mp = svc.cfg.mountpoint
         assert (mp / "KEY/k.json").read_bytes() == b"{}"
         swap_for_symlink(user, mp, "KEY", target)
@@ -116,7 +116,7 @@ def test_refresh_of_a_replaced_path_through_a_symlink_replaces_nothing(
     publish(d / "root", ns, {"KEY/k.best_config": v1})
     svc = service(d, user, "inductor")
     try:
-        svc._restore_dir()
+        svc.server.restore()  # type: ignore[attr-defined]
         mp = svc.cfg.mountpoint
         assert (mp / "KEY/k.best_config").read_bytes() == v1
         swap_for_symlink(user, mp, "KEY", target)

@@ -1,0 +1,168 @@
+"""dir mode: a plain directory, restored from the served generation and watched with inotify.
+
+No FUSE at all (hosts without libfuse3, unprivileged containers). The
+directory is the tenant's: restore and refresh write into it beneath an fd of
+it, with the tenant's file-system credentials (casfs.view.dirmode,
+casfs.util.beneath). A refresh restores only paths not offered before, so a
+file the job deleted stays deleted until the next mount start (the whiteout
+scope rule of casfs.view.whiteout); newer versions of replaced paths replace
+local copies that are still a published version (``_refresh_replaced``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import stat
+from collections.abc import Callable
+from typing import Any
+
+import trio
+
+from casfs.node import control
+from casfs.node.modes import Busy, Serving, Unchanged, ViewParts
+from casfs.store.entry import Entry
+from casfs.util.crashpoint import pausepoint
+from casfs.view import dirmode, session
+
+log = logging.getLogger(__name__)
+
+
+class DirServer:
+    name = "dir"
+    ops = None
+    has_fuse = False  # no FUSE connection: promotion runs in this process
+
+    def __init__(self, parts: ViewParts) -> None:
+        self.parts = parts
+        cfg = parts.cfg
+        self.restore_stamps = dirmode.RestoreStamps(
+            cfg.state_dir / f"restored-{cfg.namespace}.json", parts.lower)
+        self.busy: Busy = self._open_for_writing
+        self.unchanged: Unchanged = self.restore_stamps.unchanged
+        # Lower paths already offered to the directory.
+        self._offered: set[str] = set()
+        self._replaced: set[str] = set()  # newer versions of replaced paths to put in place
+        self._refused: set[str] = set()  # paths through a symlink: skipped, warned once
+
+    # --- promotion hooks ---------------------------------------------------------------
+    def _open_for_writing(self, rels: list[str]) -> set[str]:
+        return dirmode.open_for_writing(self.parts.cfg.mountpoint, rels)
+
+    def wire(self, on_open: Callable[[str, str], None],
+             on_miss: Callable[[str, Entry], None] | None) -> None:
+        pass  # opens come from inotify (serve), every object is restored, never missed
+
+    def wants_scan(self, final: bool) -> bool:
+        return final  # inotify events may still be in flight (or overflowed)
+
+    def discard_torn(self, held: list[str]) -> list[str]:
+        return []  # the directory is the job's own
+
+    # --- generations -------------------------------------------------------------------
+    def replaced_changed(self, paths: list[str]) -> None:
+        self._replaced.update(paths)  # swapped once they are served (generation_served)
+
+    def lower_added(self, paths: list[str]) -> None:
+        pass  # restored by generation_served
+
+    def generation_served(self, seq: int) -> None:
+        self._refresh_replaced()
+        self.restore()
+
+    def release_published_replaced(self) -> int:
+        return 0  # dir mode swaps them in place at serve (_refresh_replaced)
+
+    def restore(self) -> None:
+        """Put every lower path not offered before into the directory."""
+        p = self.parts
+        cfg = p.cfg
+        fresh = [e for e in p.lower.walk() if e.path not in self._offered]
+        written = dirmode.restore(cfg.mountpoint, fresh, p.cache, p.counters,
+                                  self.restore_stamps, present=p.presenter(),
+                                  owner=p.tenant_owner, refused=self._refused)
+        # Offered = now in the directory; a failed fetch is tried again on the next refresh.
+        self._offered.update(dirmode.lstats(cfg.mountpoint, [e.path for e in fresh]))
+        # Restored files are published already: record them so promotion skips them.
+        p.index.add_promoted_many(cfg.namespace, written)
+        p.index.mark_published(cfg.namespace, written, p.served_seq())
+
+    def _refresh_replaced(self) -> None:
+        """Newer published versions of replaced paths replace the local copies that are
+        still a published version the job has not rewritten (the promoted record:
+        restored, or this node's own, published, same size and mtime, no writer),
+        atomically by rename (dirmode.replace_file). A copy the job wrote and has not
+        published stays, is published, and wins in its turn."""
+        p = self.parts
+        cfg = p.cfg
+        paths, self._replaced = sorted(self._replaced), set()
+        mp = cfg.mountpoint
+        todo: list[tuple[Entry, os.stat_result]] = []
+        local = dirmode.lstats(mp, paths)
+        for path in paths:
+            e = p.lower.lookup(path)
+            rec = p.index.get_promoted(cfg.namespace, path)
+            st = local.get(path)
+            if st is None:
+                continue  # absent: the restore puts the newest version in place
+            if (isinstance(e, Entry) and rec is not None and rec.state == "published"
+                    and stat.S_ISREG(st.st_mode) and rec.entry.digest != e.digest
+                    and (rec.entry.size, rec.entry.mtime_ns) == (st.st_size, st.st_mtime_ns)
+                    and not p.tracker.has_writers(path)):
+                todo.append((e, st))
+        busy = dirmode.open_for_writing(mp, [e.path for e, _ in todo]) if todo else set()
+        done = [e for e, st in todo if e.path not in busy and dirmode.replace_file(
+            mp, e, p.cache, st, self.restore_stamps, present=p.presenter(),
+            owner=p.tenant_owner, refused=self._refused)]
+        if done:
+            p.index.add_promoted_many(cfg.namespace, done)
+            p.index.mark_published(cfg.namespace, done, p.served_seq())
+            p.counters.inc("replaced_dir_swapped", len(done))
+            log.info("%s: %d replaced paths refreshed in place", cfg.name, len(done))
+
+    # --- serving -----------------------------------------------------------------------
+    def serve(self, how: Serving) -> None:
+        p = self.parts
+        cfg = p.cfg
+        if p.rules.replaced:  # copies left by an earlier mount may be older versions
+            self._replaced.update(
+                r.entry.path for r in p.index.iter_promoted(cfg.namespace)
+                if r.state == "published" and p.is_replaced(r.entry.path))
+            self._refresh_replaced()
+        self.restore()
+        observer = dirmode.watch(cfg.mountpoint, p.tracker, on_open=p.access.observed_open)
+        try:
+            trio.run(self._main, how)
+        finally:
+            observer.stop()
+            observer.join(timeout=10)
+
+    async def _main(self, how: Serving) -> None:
+        cfg = self.parts.cfg
+        async with trio.open_nursery() as nursery:
+            await how.background(nursery)
+            # Catch SIGTERM before telling the parent we serve: a job that ends at once
+            # is stopped right after READY, and the default action would skip the final
+            # publication and the stats. As in the FUSE session, a second signal must
+            # not cut the final publication: stop_signals swallows it.
+            with session.stop_signals() as signals:
+                how.ready()
+                async for signum in signals:
+                    log.info("%s: signal %d: shutting down", cfg.name, signum)
+                    break
+            # A job joining now would write after the final scan: the entry says we
+            # stop, so the next job waits for our exit and spawns a fresh process
+            # (casfs.node.dirshare).
+            try:
+                control.write_registry(cfg.run_dir, cfg.name, dict(how.entry(), stopping=True))
+            except OSError as e:  # a full state dir: the final publication still runs
+                log.warning("%s: marking the registry entry stopping: %s", cfg.name, e)
+            pausepoint("dir-final-publication")
+            await how.shutdown()
+            nursery.cancel_scope.cancel()
+
+    def status(self) -> dict[str, Any] | None:
+        return None
+
+    def close(self) -> None:
+        pass

@@ -1,0 +1,218 @@
+"""overlay mode: kernel overlayfs over hard links to local objects and a read-only FUSE layer.
+
+The FUSE layer serves the lower only (its upper stays empty); the overlay is
+mounted once it serves, with a links layer (casfs.view.overlay) of every
+object already on the node, fixed for the life of the mount. The kernel
+writes the upper directly: writers are found by /proc (``busy``), creates
+and renames by inotify, and the upper is rescanned every few seconds because
+overlayfs writes with notifications off. Opens of linked files reach casfs
+through fanotify (casfs.view.opens), in a child process.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+import trio
+
+from casfs.node.modes import Busy, Serving, Unchanged, ViewParts
+from casfs.store.entry import Entry
+from casfs.view import dirmode, overlay, session
+
+log = logging.getLogger(__name__)
+
+RESCAN_S = 5.0  # overlayfs writes without notifications: the upper is rescanned this often
+
+
+class OverlayServer:
+    name = "overlay"
+    has_fuse = True
+
+    def __init__(self, parts: ViewParts) -> None:
+        from casfs.view.ops import OverlayOperations
+
+        self.parts = parts
+        cfg = parts.cfg
+        self.busy: Busy = self._open_for_writing
+        self.unchanged: Unchanged = None
+        self.paths = overlay.OverlayPaths(cfg.upper, cfg.overlay_base)
+        # The FUSE layer serves lower only; its upper stays empty (read-only).
+        # Directories show nlink 1: the overlay's first listing of a merged directory
+        # (the root: every kernel dir) would otherwise list each child directory
+        # here while the job waits (~10 us a file of a first pass).
+        self.ops = OverlayOperations(
+            parts.lower, parts.cache, self.paths.fuse_upper, parts.tracker, parts.counters,
+            fetch_timeout=cfg.fetch_timeout, replaced=parts.is_replaced,
+            presenter=parts.relocator, dir_nlink=False, root_mode=parts.root_mode,
+            lower_dir_mode=parts.lower_dir_mode)
+        self.ops.lower_owner = parts.tenant_owner  # as the links layer's: the tenant's
+        self._mounted = False
+        self._watcher: Any = None
+        self._open_watch: Any = None  # casfs.view.opens.OpenWatchProcess
+        self._last_scan = 0.0
+
+    # --- promotion hooks ---------------------------------------------------------------
+    def _open_for_writing(self, rels: list[str]) -> set[str]:
+        return dirmode.open_for_writing(self.parts.cfg.mountpoint, rels)
+
+    def wire(self, on_open: Callable[[str, str], None],
+             on_miss: Callable[[str, Entry], None] | None) -> None:
+        self.ops.on_lower_open = on_open
+        self.ops.on_lower_miss = on_miss
+
+    def wants_scan(self, final: bool) -> bool:
+        if final or time.monotonic() - self._last_scan >= RESCAN_S:
+            self._last_scan = time.monotonic()
+            return True
+        return False
+
+    def discard_torn(self, held: list[str]) -> list[str]:
+        return []  # never promoted; the kernel's upper is the job's own
+
+    # --- generations -------------------------------------------------------------------
+    def replaced_changed(self, paths: list[str]) -> None:
+        self.ops.replaced_changed(paths)
+
+    def lower_added(self, paths: list[str]) -> None:
+        self.ops.lower_added(paths)
+
+    def generation_served(self, seq: int) -> None:
+        pass
+
+    def release_published_replaced(self) -> int:
+        return 0
+
+    # --- serving -----------------------------------------------------------------------
+    def serve(self, how: Serving) -> None:
+        paths = self.paths
+        cfg = self.parts.cfg
+        from casfs.view import whiteout
+
+        whiteout.sweep(paths.upper)  # whiteouts last as long as the view that made them
+        # The merged root shows the upper's owner and mode: the tenant's, never wider.
+        os.chmod(paths.upper, self.parts.root_mode)
+        paths.fuse.mkdir(parents=True, exist_ok=True)
+        paths.fuse_upper.mkdir(parents=True, exist_ok=True)
+
+        async def background(nursery: trio.Nursery) -> None:
+            # The FUSE layer serves from here on; mounting the overlay looks up its
+            # root, so it must happen off this (the FUSE) thread.
+            if cfg.wait_warm > 0:
+                await trio.to_thread.run_sync(how.wait_warm, cfg.wait_warm)
+            if how.stopping():  # stopped while waiting: never mount, never say READY
+                await trio.sleep_forever()
+            await trio.to_thread.run_sync(self._mount)
+            await how.background(nursery)
+
+        async def shutdown() -> None:
+            await how.shutdown()
+            await trio.to_thread.run_sync(self._unmount)
+
+        try:
+            session.serve(self.ops, paths.fuse, fsname=f"casfs-{cfg.name}-lower",
+                          allow_other=True, debug=cfg.debug, read_only=True,
+                          on_ready=how.ready, background=background, on_shutdown=shutdown)
+        finally:
+            self._unmount()
+
+    def _mount(self) -> None:
+        p = self.parts
+        paths = self.paths
+        t0 = time.monotonic()
+        present = p.presenter()
+        local = self._local_digests()  # one listing, not a stat per entry
+        entries = p.lower.walk() if local else iter(())  # a fresh node: nothing to link
+
+        def local_path(e: Entry) -> str | None:
+            if e.digest not in local:
+                return None
+            path = str(p.cache.path_of(e.digest))
+            try:  # a damaged local copy is never linked (the FUSE layer refetches it)
+                return path if os.stat(path).st_size == e.size else None
+            except OSError:
+                return None
+
+        rep = overlay.build_links(paths.links, entries, local_path, present,
+                                  dir_mode=p.lower_dir_mode, owner=p.tenant_owner)
+        p.counters.inc("overlay_linked", rep.linked)
+        p.counters.inc("overlay_generated", rep.generated)
+        p.counters.inc("overlay_sealed_dirs", rep.sealed_dirs)
+        overlay.mount(p.cfg.mountpoint, paths)
+        self._mounted = True
+        self._watcher = dirmode.watch(paths.upper, p.tracker)
+        self._watch_opens()
+        log.info("%s: overlay at %s: %d linked, %d generated, %d via FUSE (%.2fs)",
+                 p.cfg.name, p.cfg.mountpoint, rep.linked, rep.generated, rep.absent,
+                 time.monotonic() - t0)
+
+    def _watch_opens(self) -> None:
+        """The kernel serves linked files without casfs; fanotify tells."""
+        from casfs.view.opens import FanotifyOpens, OpenWatchProcess
+
+        p = self.parts
+        access = p.access
+        # The per-event work runs in a child process at low CPU priority, off the
+        # job's cores and this process's GIL; only the recording runs here.
+        # CASFS_OPEN_WATCH_PROCESS=0: a thread of this process instead (as before);
+        # "off": no listener (benchmarks).
+        w: FanotifyOpens | OpenWatchProcess
+        how = os.environ.get("CASFS_OPEN_WATCH_PROCESS", "1")
+        if how == "off":
+            log.warning("%s: CASFS_OPEN_WATCH_PROCESS=off: opens of linked files are not "
+                        "recorded", p.cfg.name)
+            return
+        if how == "0":
+            w = FanotifyOpens(p.cfg.mountpoint, access.observed_open)
+        else:
+            w = OpenWatchProcess(p.cfg.mountpoint, access.observed_open,
+                                 on_opens=access.observed_opens)
+        try:
+            w.start()
+        except OSError as e:  # retention and profiles then see FUSE-served opens only
+            p.counters.inc("open_watch_unavailable")
+            log.warning("%s: opens of linked files are not recorded: %s", p.cfg.name, e)
+            return
+        self._open_watch = w
+        access.uses.on_epoch.append(w.reset)
+
+    def status(self) -> dict[str, Any] | None:
+        """The open listener: its pid, paths received, restarts, failed."""
+        w = self._open_watch
+        if w is None:
+            return None
+        return {"pid": w.pid, "events": w.events, "restarts": w.restarts, "failed": w.failed}
+
+    def _unmount(self) -> None:
+        counters = self.parts.counters
+        if self._open_watch is not None:
+            self._open_watch.stop()
+            counters.inc("open_events", self._open_watch.events)
+            counters.inc("open_watch_restarts", self._open_watch.restarts)
+            self._open_watch = None
+        if self._watcher is not None:
+            self._watcher.stop()
+            self._watcher.join(timeout=10)
+            self._watcher = None
+        if self._mounted:
+            overlay.unmount(self.parts.cfg.mountpoint)
+            self._mounted = False
+
+    def _local_digests(self) -> set[str]:
+        """Digests of every object in the local cache (a listing of its fan-out dirs)."""
+        out: set[str] = set()
+        try:
+            fans = list(os.scandir(self.parts.cache.directory))
+        except FileNotFoundError:
+            return out
+        for fan in fans:
+            if len(fan.name) == 2 and fan.is_dir(follow_symlinks=False):
+                with os.scandir(fan.path) as it:
+                    out.update(fan.name + f.name for f in it if len(f.name) == 62)
+        return out
+
+    def close(self) -> None:
+        self.ops.close_idle()

@@ -1,0 +1,387 @@
+"""Promotion and publication of one namespace, behind one transport.
+
+Promotion turns stable upper files into objects; publication writes a new
+generation naming them (casfs.promote). Both touch the shared root, so where a
+FUSE connection is to be protected they run in the promotion worker process
+(casfs.node.promoteproc): the transport is chosen once, at start
+(``WorkerTransport`` or ``InProcessTransport``), and nothing else asks which.
+The write tracker stays in this process either way: the worker reports which
+paths it promoted or found changed.
+
+A job killed mid-write leaves files that may be half-written: ``torn_writes``
+holds what changed in its window, so it is never promoted, and the view
+discards it at release.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from casfs.errors import CasfsError, WorkerBugError
+from casfs.families import CacheRules
+from casfs.index.memtree import StagedLowerTree
+from casfs.index.node_index import NodeIndex
+from casfs.node import promoteproc, usage
+from casfs.node.config import MountConfig
+from casfs.node.rootlink import RootLink
+from casfs.promote.promoter import Promoter, RoundResult
+from casfs.promote.publisher import Publisher, PublishOutcome
+from casfs.promote.tracker import WriteTracker
+from casfs.store import profile, reads
+from casfs.store.generations import PublishResult
+from casfs.util.counters import Counters
+
+log = logging.getLogger(__name__)
+
+Busy = Callable[[list[str]], set[str]] | None
+
+
+class ViewHooks(Protocol):
+    """What promotion needs from the view mode (casfs.node.modes)."""
+
+    # Paths some process holds open for writing, where the tracker cannot know (overlay,
+    # dir: the kernel writes); None where it does (fuse: the view sees every writer).
+    busy: Callable[[list[str]], set[str]] | None
+    # dir mode: whether a file is still as restored (not the job's), else None.
+    unchanged: Callable[[str, os.stat_result], bool] | None
+
+    def wants_scan(self, final: bool) -> bool:
+        """Rescan the whole upper before this round (events may be missing)."""
+
+    def discard_torn(self, held: list[str]) -> list[str]:
+        """Remove a killed job's held files at release; those removed."""
+
+
+class Context:
+    """The parts of a mount that promotion and publication read."""
+
+    def __init__(self, cfg: MountConfig, rules: CacheRules, index: NodeIndex,
+                 tracker: WriteTracker, counters: Counters, link: RootLink,
+                 lower: StagedLowerTree, recorder: profile.Recorder) -> None:
+        self.cfg, self.rules, self.index, self.tracker = cfg, rules, index, tracker
+        self.counters, self.link, self.lower, self.recorder = counters, link, lower, recorder
+
+
+class InProcessTransport:
+    """Promotion and publication in this process (dir mode, or the worker turned off)."""
+
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
+
+    def promote(self, promoter: Promoter, final: bool, busy: Busy) -> RoundResult:
+        return promoter.run_once(final=final)
+
+    def publish(self, pub: Publisher) -> PublishOutcome:
+        return pub.publish()
+
+    def record_reads(self, batch: usage.Batch) -> None:
+        ctx = self.ctx
+        root = ctx.link.root
+        assert root is not None
+        reads.record(root.backend, ctx.cfg.namespace, ctx.index.node_id, batch.paths,
+                     time.time(), until=batch.until)
+
+
+class WorkerTransport:
+    """Promotion and publication in the promotion worker process: nothing that waits on
+    the shared root, hashes or compresses runs in the FUSE process."""
+
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
+        self._lock = threading.Lock()  # one round per namespace at a time
+        promoteproc.shared(ctx.cfg.state_dir)  # started now: a first round does not wait
+
+    def _call(self, msg: dict[str, Any]) -> dict[str, Any]:
+        ctx = self.ctx
+        return promoteproc.shared(ctx.cfg.state_dir).call(msg, lambda: None, ctx.counters)
+
+    def promote(self, promoter: Promoter, final: bool, busy: Busy) -> RoundResult:
+        """One promotion round in the worker; the tracker stays here."""
+        with self._lock:
+            ctx = self.ctx
+            res = RoundResult()
+            paths = ctx.tracker.quiet(0.0 if final else ctx.cfg.stable_after,
+                                      with_writers=final and busy is not None)
+            if paths and busy is not None:
+                held = busy(paths)
+                res.deferred += len(held)
+                paths = [p for p in paths if p not in held]
+            # Bounded requests, commit records last: a group's children go in an earlier
+            # request (their rows are written when the group is checked) or in its own.
+            is_record = ctx.rules.is_commit_record
+            paths = [p for p in paths if not is_record(p)] + [p for p in paths if is_record(p)]
+            for i in range(0, len(paths), promoteproc.CHUNK):
+                if not self._promote_paths(paths[i:i + promoteproc.CHUNK], res):
+                    break
+            return res
+
+    def _promote_paths(self, paths: list[str], res: RoundResult) -> bool:
+        """Promote ``paths`` in one worker request, into ``res``; False if the round
+        must stop (the worker lost, or the root or disk failing: the paths stay dirty).
+
+        A request that fails on its input (WorkerBugError: an exception that is not
+        the environment's) is split in halves, down to the one file it fails on:
+        that file stays on this node, unpublished, until it changes, and every
+        other file is promoted (one such file, an empty one or a name that is not
+        UTF-8, once failed every round of its namespace: nothing was published).
+        """
+        ctx = self.ctx
+        cfg = ctx.cfg
+        msg = {"op": "promote", "root": ctx.link.spec, "ns": cfg.namespace,
+               "upper": str(cfg.writable_dir), "family": cfg.family,
+               "scratch": list(cfg.scratch_patterns), "packs": cfg.packs,
+               "max_seq": ctx.lower.max_seq, "paths": paths}
+        try:
+            reply = self._call(msg)
+        except WorkerBugError as e:
+            if len(paths) > 1:
+                mid = len(paths) // 2  # order kept: commit records stay after children
+                return (self._promote_paths(paths[:mid], res)
+                        and self._promote_paths(paths[mid:], res))
+            ctx.tracker.forget(paths[0])  # until it changes again
+            ctx.counters.inc("promote_unpromotable")
+            log.warning("%s: cannot promote %s (%s): it stays on this node, unpublished, "
+                        "and is tried again when it changes", cfg.name, paths[0], e.message)
+            return True
+        except CasfsError as e:  # the worker died twice or hung: the paths stay dirty
+            ctx.counters.inc("promote_worker_lost")
+            res.errors += 1
+            res.last_error = e.message
+            log.warning("%s: promotion round failed (will retry): %s", cfg.name, e.message)
+            return False
+        for ev in reply.get("events") or []:
+            if ev[0] == "f":
+                ctx.tracker.forget(ev[1], ev[2])
+            else:
+                ctx.tracker.modified(ev[1])
+        res.promoted += int(reply.get("promoted", 0))
+        res.bytes += int(reply.get("bytes", 0))
+        res.deferred += int(reply.get("deferred", 0))
+        res.errors += int(reply.get("errors", 0))
+        res.last_error = str(reply.get("last_error", "")) or res.last_error
+        return True
+
+    def publish(self, pub: Publisher) -> PublishOutcome:
+        """Publication in the worker: the outcome as Publisher.publish's."""
+        ctx = self.ctx
+        cfg = ctx.cfg
+        opened = ctx.recorder.paths()
+        msg = {"op": "publish", "root": ctx.link.spec, "ns": cfg.namespace,
+               "family": cfg.family, "scratch": list(cfg.scratch_patterns),
+               "fingerprint": pub.fingerprint, "max_bytes": pub.max_bytes, "opened": opened}
+        try:
+            reply = self._call(msg)
+        except CasfsError as e:  # the worker died twice or hung: retried next interval
+            ctx.counters.inc("publish_errors")
+            log.warning("%s: publication failed (will retry): %s", cfg.name, e.message)
+            out = PublishOutcome(False, f"failed: {e.message}")
+            pub.last = out
+            return out
+        for path in reply.get("lost") or []:
+            ctx.tracker.modified(path)
+        if reply.get("profiled"):
+            ctx.recorder.mark_published(len(opened))
+        raw = reply.get("result")
+        out = PublishOutcome(bool(reply.get("published")), str(reply.get("message", "")),
+                             PublishResult(**raw) if isinstance(raw, dict) else None)
+        pub.last = out
+        return out
+
+    def record_reads(self, batch: usage.Batch) -> None:
+        ctx = self.ctx
+        self._call({"op": "reads", "root": ctx.link.spec, "ns": ctx.cfg.namespace,
+                    "node": ctx.index.node_id, "paths": list(batch.paths),
+                    "time": time.time(), "until": batch.until})
+
+
+Transport = InProcessTransport | WorkerTransport
+
+
+class Publication:
+    """Promotion rounds, publications and read records of one namespace."""
+
+    def __init__(self, ctx: Context, view: ViewHooks, uses: usage.UseLog, *,
+                 in_worker: bool, refresh: Any, profile_options: Any) -> None:
+        self.ctx = ctx
+        self.view = view
+        self.uses = uses
+        self.refresh = refresh  # the lower feed's: serve what was just published
+        self.profile_options = profile_options  # in-process publication's profile
+        self.transport: Transport = WorkerTransport(ctx) if in_worker else InProcessTransport(
+            ctx)
+        self.publisher: Publisher | None = None
+        self.last_promotion_error = ""
+        self.last_publish: dict[str, Any] | None = None
+        # The latest paths published with other bytes than this node's (first writer kept).
+        self.conflict_paths: list[str] = []
+        self._ingredients: dict[str, Any] | None = None
+
+    # --- promotion ------------------------------------------------------------------
+    def promoter(self) -> Promoter | None:
+        ctx = self.ctx
+        root = ctx.link.root
+        if root is None:
+            return None
+        return Promoter(
+            upper=ctx.cfg.writable_dir, objects=root.objects, index=ctx.index,
+            key=ctx.cfg.namespace, rules=ctx.rules, tracker=ctx.tracker,
+            counters=ctx.counters, lower=ctx.lower, stable_after=ctx.cfg.stable_after,
+            busy=self.view.busy, unchanged=self.view.unchanged,
+            packs=ctx.cfg.packs, root_id=root.root_id, probe_loose=root.is_local,
+        )
+
+    def promote_once(self, final: bool = False) -> int:
+        self.ctx.link.ensure()
+        p = self.promoter()
+        if p is None:
+            return 0
+        if self.view.wants_scan(final):
+            p.scan_all()  # events may be missing (overlayfs writes, inotify overflow)
+        res = self.transport.promote(p, final, self.view.busy)
+        if res.errors:
+            self.last_promotion_error = res.last_error
+        elif res.promoted:
+            self.last_promotion_error = ""
+        return res.promoted
+
+    def promotion_state(self) -> tuple[int, str]:
+        """(files still awaiting promotion, the last promotion error or '')."""
+        waiting = self.ctx.tracker.pending()
+        return waiting, self.last_promotion_error if waiting else ""
+
+    # --- publication ----------------------------------------------------------------
+    def set_ingredients(self, ingredients: object) -> None:
+        """The job's ingredients of this namespace, computed on the job's side.
+
+        Kept only if they hash to the namespace served (an explicit namespace
+        has none): generation records carry them so ``casfs explain`` can say
+        which ingredients differ between namespaces.
+        """
+        from casfs.fingerprint import Fingerprint
+        from casfs.tenants import split_store_namespace
+
+        if self._ingredients is not None or not isinstance(ingredients, dict):
+            return
+        cfg = self.ctx.cfg
+        bare = split_store_namespace(cfg.namespace)[1]  # "<tenant>~<ns>" on the root
+        if all(isinstance(k, str) and (v is None or isinstance(v, str))
+               for k, v in ingredients.items()) and (
+                Fingerprint(cfg.family, ingredients).namespace == bare):
+            self._ingredients = dict(ingredients)
+
+    def _publisher(self) -> Publisher | None:
+        ctx = self.ctx
+        root = ctx.link.root
+        if root is None:
+            return None
+        if self.publisher is None or self.publisher.gens.root is not root:
+            self.publisher = Publisher(
+                generations=ctx.link.gens(), index=ctx.index, key=ctx.cfg.namespace,
+                namespace=ctx.cfg.namespace, counters=ctx.counters, rules=ctx.rules,
+                fingerprint=None, max_bytes=ctx.cfg.namespace_max_bytes,
+                on_lost=ctx.tracker.modified,
+            )
+            self.publisher.options_for = self.profile_options
+        # Only what a job said (set_ingredients): probing an interpreter here would put
+        # a subprocess on the publication path, and this process is not the job's.
+        # No mount path: path-bearing files are stored path-free (relocated on read).
+        self.publisher.fingerprint = dict(self._ingredients or {})
+        return self.publisher
+
+    def pending_publication(self) -> int:
+        return self.ctx.index.count_pending(self.ctx.cfg.namespace)
+
+    def publish_once(self, final: bool = False) -> dict[str, Any]:
+        """Publish what is promoted; ``final``: the namespace is being released."""
+        ctx = self.ctx
+        self.record_reads(force=True, final=final)
+        waiting, error = self.promotion_state()
+        pub = self._publisher()
+        if pub is None:
+            ctx.link.connect()
+            return {"ok": False, "message": f"shared root unavailable: {ctx.link.error}",
+                    "pending_promotion": waiting, "promotion_error": error}
+        out = self.transport.publish(pub)
+        res = out.result
+        if res is not None and res.added:
+            self.refresh()  # serve (and report) the generation we just made
+        message, ok = out.message, out.ok
+        if waiting:
+            # Never "nothing to publish" while files wait: say what is stuck and why.
+            what = f"{waiting} files await promotion"
+            message = (f"{what}, failing: {error}" if error else what) + (
+                "" if message == "nothing to publish" else f"; {message}")
+            ok = ok and not error
+        if res is not None and res.conflict_paths:
+            log.info("%s: %d paths published by another writer with other bytes (kept): %s",
+                     ctx.cfg.name, res.conflicts, ", ".join(res.conflict_paths[:5]))
+            self.conflict_paths = (self.conflict_paths + res.conflict_paths)[-20:]
+        self.last_publish = {
+            "ok": ok, "message": message, "time": time.time(),
+            "seq": res.seq if res else None, "added": res.added if res else 0,
+            "conflicts": res.conflicts if res else 0,
+            "pending_promotion": waiting, "promotion_error": error,
+        }
+        return self.last_publish
+
+    def publish_if_pending(self) -> None:
+        if self.pending_publication():
+            self.publish_once()
+
+    def record_reads(self, force: bool = False, final: bool = False) -> None:
+        """Write what this mount's jobs opened as a read record (casfs.store.reads) when
+        casfs.node.usage says it is due; ``force`` at publication, ``final`` at release."""
+        ctx = self.ctx
+        if not (force or final or self.uses.due()):
+            return
+        batch = self.uses.take(force=force, final=final)
+        if batch is None:
+            return
+        if ctx.link.root is None:
+            self.uses.put_back(batch)
+            return
+        try:
+            self.transport.record_reads(batch)
+            ctx.counters.inc("read_records")
+            ctx.counters.inc("read_record_paths", len(batch.paths))
+        except (CasfsError, OSError) as e:
+            self.uses.put_back(batch)
+            log.warning("%s: no read record this time: %s", ctx.cfg.name, e)
+
+    # --- killed jobs and release ---------------------------------------------------------
+    def torn_writes(self, since: float, until: float) -> int:
+        """A job of this namespace was killed: what changed from ``since`` to ``until``
+        (monotonic) may be half-written (a linker's output, a cache file written in
+        place). It is never promoted, and removed from the upper at release (a miss
+        next time, never a torn file on other nodes). Returns how many files."""
+        ctx = self.ctx
+        n = ctx.tracker.hold(since, until)
+        if n:
+            ctx.counters.inc("torn_held", n)
+            log.warning("%s: a job was killed: %d files it may have been writing are not "
+                        "published", ctx.cfg.name, n)
+        return n
+
+    def final_publication(self) -> None:
+        """Promote and publish everything stable: the namespace is being released.
+
+        A publication that finds a promoted object gone puts its path back to
+        promotion, for the next round; at release no next round comes, so it
+        gets one more here.
+        """
+        ctx = self.ctx
+        for rel in self.view.discard_torn(list(ctx.tracker.held())):
+            ctx.tracker.removed(rel)
+            ctx.counters.inc("torn_discarded")
+        for _ in range(2):
+            lost = ctx.counters.get("promoted_objects_lost")
+            self.promote_once(True)
+            self.publish_once(True)
+            if ctx.counters.get("promoted_objects_lost") == lost:
+                return
+

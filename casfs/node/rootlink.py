@@ -1,0 +1,229 @@
+"""A mount's link to the shared root: the handle, its failures, and the object source.
+
+The root may be missing, slow or hostile (docs/architecture.md, failure
+policy): ``RootLink.open`` is bounded, a failure is remembered for
+``ROOT_RETRY_AFTER`` seconds (so a release's promotion and publication do not
+each wait a fetch timeout on a stalled root) and the mount serves local state
+meanwhile. ``RootSource`` is what the local object cache fetches through: in
+this process, or through the fetch worker process, always following the
+current handle.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from typing import Any
+
+from casfs.errors import CasfsError, CorruptObjectError, ObjectMissingError
+from casfs.index.node_index import NodeIndex
+from casfs.node import fetchproc
+from casfs.node.config import MountConfig
+from casfs.store.generations import GenerationStore
+from casfs.store.root import SharedRoot
+from casfs.tenants import TenantPolicy
+from casfs.util.bounded import call_bounded
+from casfs.util.counters import Counters
+
+log = logging.getLogger(__name__)
+
+ROOT_RETRY_AFTER = 5.0  # seconds before a root that failed to open is tried again
+# The longest opening the root may hold a mount's start (or a refresh): the marker is
+# one small read, and a job must not wait a whole fetch timeout on a hung server (I4).
+ROOT_OPEN_TIMEOUT = 3.0
+
+
+class RootLink:
+    """The current SharedRoot handle of one namespace's mount (None while unavailable)."""
+
+    def __init__(self, cfg: MountConfig, policy: TenantPolicy | None, index: NodeIndex,
+                 counters: Counters) -> None:
+        self.cfg = cfg
+        self.policy = policy
+        self.index = index
+        self.counters = counters
+        self.root: SharedRoot | None = None
+        self.error: str | None = None
+        self._failed_at = -math.inf  # monotonic end of the last failed open
+        self._gens: GenerationStore | None = None
+        # How a worker process opens the same root (sent over a socket, never on argv).
+        self.spec: dict[str, Any] = {"root": str(cfg.root), "tenant": cfg.tenant,
+                                     "tenants": cfg.tenants, "timeout": cfg.fetch_timeout}
+
+    def connect(self) -> None:
+        """Open the root (bounded); on failure log, count, and serve local state."""
+        # A root that just failed to open (after up to fetch_timeout) is not tried again
+        # at once: a release's promotion and publication each tried, so a stalled root
+        # held `casfs run` twice fetch_timeout after its job had ended.
+        if time.monotonic() - self._failed_at < ROOT_RETRY_AFTER:
+            return
+        cfg = self.cfg
+        bound = min(cfg.fetch_timeout, ROOT_OPEN_TIMEOUT)
+        try:
+            # In a thread: a POSIX root on a dead hard NFS mount blocks in the kernel
+            # for good, and a job's start must not wait for it (I4).
+            self.root = call_bounded(
+                # per namespace: namespaces attached at once must not refuse each other
+                f"root-open:{cfg.root}:{cfg.tenant}:{cfg.namespace}",
+                lambda: SharedRoot.open(cfg.root, create=True, counters=self.counters,
+                                        tenants=self.policy, timeout=cfg.fetch_timeout,
+                                        open_timeout=bound),
+                bound + 1.0)
+            self.error = None
+            # A packed object fetched before any manifest was read this run (a
+            # restarted mount serving its indexed generation): learn where packs
+            # hold it from the namespace's newest generation, once.
+            self.root.objects.locator = self._load_pack_locations
+            root_id, index = self.root.root_id, self.index
+            # The packs this node's promotion wrote (named in the index before any record).
+            self.root.objects.lookup = lambda digest: index.pack_location(root_id, digest)
+        except (CasfsError, OSError) as e:
+            self.root = None
+            self.error = str(e)
+            self._failed_at = time.monotonic()
+            self.counters.inc("root_unavailable")
+            log.error("%s: shared root unavailable, serving local state only: %s",
+                      cfg.name, e)
+
+    def ensure(self) -> SharedRoot | None:
+        """The handle, opened again first if it is not there (and may be retried)."""
+        if self.root is None:
+            self.connect()
+        return self.root
+
+    def gens(self) -> GenerationStore:
+        """One GenerationStore per root handle: it caches parsed manifests."""
+        assert self.root is not None
+        if self._gens is None or self._gens.root is not self.root:
+            self._gens = self.root.generations()
+        return self._gens
+
+    def _load_pack_locations(self) -> None:
+        try:
+            if self.root is not None:
+                gens = self.gens()
+                if gens.latest(self.cfg.namespace) is not None:
+                    gens.entries(self.cfg.namespace)  # registers pack locations
+        except (CasfsError, OSError) as e:
+            log.warning("%s: cannot read pack locations: %s", self.cfg.name, e)
+
+
+class _NoSource:
+    """Object source while the shared root is unreachable: every fetch is a miss."""
+
+    def get_into(self, digest: str, expected_size: int | None, out: Any) -> int:
+        raise ObjectMissingError("the shared root is unavailable")
+
+
+def _ident(raw: object) -> tuple[int, int, int] | None:
+    """A cache file's identity as the fetch worker reports it (a list of 3 ints)."""
+    if isinstance(raw, list) and len(raw) == 3 and all(type(v) is int for v in raw):
+        return (raw[0], raw[1], raw[2])
+    return None
+
+
+class RootSource:
+    """The object source (and cache filler) that follows the link's current handle.
+
+    ``ondemand`` marks a fetch a job waits for (prefetch yields to those).
+    """
+
+    def __init__(self, link: RootLink, counters: Counters,
+                 ondemand: Callable[[], AbstractContextManager[None]]) -> None:
+        self._link = link
+        self._counters = counters
+        self._ondemand = ondemand
+
+    def get_into(self, digest: str, expected_size: int | None, out: Any) -> int:
+        root = self._link.root
+        if root is None:
+            return _NoSource().get_into(digest, expected_size, out)
+        self._counters.inc("objects_fetched")
+        with self._ondemand():
+            n = root.objects.get_into(digest, expected_size, out)
+        self._counters.inc("bytes_fetched", n)
+        return n
+
+    def worker(self) -> fetchproc.FetchWorker:
+        """This process's fetch worker (started at once, so a first fetch does not wait)."""
+        cfg = self._link.cfg
+        return fetchproc.shared(cfg.state_dir / "objects",
+                                hang_after=max(2 * cfg.fetch_timeout, 5.0))
+
+    def pack_of(self, digest: str) -> tuple[str, int, int] | None:
+        """Where a pack holds ``digest``, if this process knows: from a manifest it read,
+        or from the index (packs this node's promotion wrote, maybe unpublished yet)."""
+        objects = self._link.root.objects if self._link.root is not None else None
+        if objects is None:
+            return None
+        loc = objects.locations.get(digest)
+        if loc is None and objects.lookup is not None:
+            loc = objects.lookup(digest)
+        return loc
+
+    def fill_many(self, items: list[tuple[str, int]], progressed: Callable[[], None],
+                  done: Callable[[str, tuple[int, int, int] | None, BaseException | None], None],
+                  packs: list[str] | None = None,
+                  adopt: Callable[[str, int, tuple[int, int, int]], bool] | None = None
+                  ) -> None:
+        """casfs.index.objcache.CacheFiller: several objects in one request (read-ahead);
+        ``done`` is called once per object answered (identity or error), ``adopt`` for
+        each other member of ``packs`` the worker added (digest, size, identity)."""
+        counters, spec = self._counters, self._spec()
+        sizes = dict(items)
+
+        def one(msg: dict[str, Any]) -> None:
+            digest, ident = msg.get("one"), _ident(msg.get("ident"))
+            if isinstance(digest, str) and digest not in sizes:  # a pack member it added
+                size = msg.get("size")
+                # Counted only if adopted: a member a job's open is fetching meanwhile
+                # (the missed file of a one-member pack) is that fetch's, not a second.
+                if (ident is not None and adopt is not None and type(size) is int
+                        and size >= 0 and adopt(digest, size, ident)):
+                    counters.inc("objects_fetched")
+                    counters.inc("bytes_fetched", size)
+                return
+            if not isinstance(digest, str):
+                return
+            if ident is not None:
+                counters.inc("bytes_fetched", sizes[digest])
+                done(digest, ident, None)
+            else:
+                kind = msg.get("kind")
+                cls = (CorruptObjectError if kind == "corrupt" else
+                       ObjectMissingError if kind == "missing" else CasfsError)
+                done(digest, None, cls(str(msg.get("error", "fetch failed"))))
+
+        counters.inc("objects_fetched", len(items))
+        try:
+            with self._ondemand():
+                self.worker().fill_many([(d, n, self.pack_of(d)) for d, n in items], spec,
+                                        self._link.cfg.namespace, progressed, counters, one,
+                                        packs)
+        except fetchproc.FetchWorkerError:
+            counters.inc("fetch_worker_lost")
+            raise
+
+    def fill_cache(self, digest: str, size: int, progressed: Callable[[], None]
+                   ) -> tuple[int, int, int] | None:
+        """casfs.index.objcache.CacheFiller: the fetch worker process fills the cache."""
+        counters, spec = self._counters, self._spec()
+        worker = self.worker()
+        counters.inc("objects_fetched")
+        try:
+            with self._ondemand():
+                reply = worker.fill(digest, size, spec, self._link.cfg.namespace,
+                                    self.pack_of(digest), progressed, counters)
+        except fetchproc.FetchWorkerError:
+            counters.inc("fetch_worker_lost")
+            raise
+        counters.inc("bytes_fetched", int(reply.get("n", 0)))
+        return _ident(reply.get("ident"))
+
+    def _spec(self) -> dict[str, Any]:
+        if self._link.root is None:
+            raise ObjectMissingError("the shared root is unavailable")
+        return self._link.spec
