@@ -42,6 +42,7 @@ from typing import Any
 
 from casfs.errors import UsageError
 from casfs.node.control import MAX_REQUEST, peer_credentials
+from casfs.util import unixpath
 
 log = logging.getLogger(__name__)
 
@@ -122,7 +123,8 @@ class ControlServer:
         self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         old = os.umask(0o111 if public else 0o177)
         try:
-            self._listener.bind(str(path))
+            with unixpath.reachable(path) as where:  # a long state dir path fits too
+                self._listener.bind(where)
         finally:
             os.umask(old)
         self._listener.listen(128)

@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import trio  # imported where used: the CLI asks mounts without loading trio
 
-from casfs.errors import DaemonStuckError, DaemonUnavailableError
-from casfs.util import atomic
+from casfs.errors import DaemonStuckError, DaemonUnavailableError, UsageError
+from casfs.util import atomic, unixpath
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +45,8 @@ async def serve_control(sock_path: Path, handler: Handler,
     listener = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     old = os.umask(0o177)
     try:
-        await listener.bind(str(sock_path))
+        with unixpath.reachable(sock_path) as where:
+            await listener.bind(where)
     finally:
         os.umask(old)
     listener.listen(16)
@@ -93,6 +94,9 @@ async def _serve_one(conn: trio.socket.SocketType, handler: Handler) -> None:
                 raise ValueError("request is not an object")
             req["_peer"] = peer_credentials(conn)  # set here only: a client cannot forge it
             reply = await handler(req)
+        except UsageError as e:  # refused: the client is told why and says so itself
+            log.info("control request refused: %s", e)
+            reply = {"ok": False, "error": str(e)}
         except Exception as e:  # one bad request must not stop the server
             log.warning("control request failed: %s", e)
             reply = {"ok": False, "error": str(e)}
@@ -164,7 +168,8 @@ def request(sock_path: str | Path, cmd: str, timeout: float = 60.0, **kw: Any) -
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     s.settimeout(timeout)
     try:
-        s.connect(str(sock_path))
+        with unixpath.reachable(sock_path) as where:
+            s.connect(where)
         s.sendall(json.dumps({"cmd": cmd, **kw}).encode() + b"\n")
         buf = b""
         while not buf.endswith(b"\n"):
