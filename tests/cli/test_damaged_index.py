@@ -24,6 +24,10 @@ def run(tmp: Path, script: str) -> subprocess.CompletedProcess[str]:
                           env=env, capture_output=True, text=True, timeout=300, check=False)
 
 
+@pytest.mark.expect_log(
+    r"node index .* is damaged .*: moved to ",
+    r"the object cache .* was dropped with the damaged index",
+)
 @pytest.mark.parametrize("damage", ["garbage", "truncated"])
 def test_a_damaged_node_index_is_set_aside_and_the_node_keeps_sharing(
         tmp_path: Path, damage: str) -> None:

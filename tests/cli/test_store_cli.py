@@ -99,6 +99,7 @@ def test_export_is_byte_identical_with_modes(cli: Cli, imported: Path, tmp_path:
     assert doc["bytes"] == sum(p.stat().st_size for p in dest2.rglob("*") if p.is_file())
 
 
+@pytest.mark.expect_log(r"rejected object: object \w+: content does not match its name")
 def test_export_reports_corrupt_object_and_exits_1(
     cli: Cli, imported: Path, tmp_path: Path, casfs_env: dict[str, Path]
 ) -> None:
@@ -184,6 +185,9 @@ def test_du(cli: Cli, imported: Path) -> None:
     assert "dedup x" in text and "compression x" in text
 
 
+@pytest.mark.expect_log(
+    r"rejected object: object \w+: (content does not match its name|unknown codec)",
+)
 def test_verify_clean_and_damaged(
     cli: Cli, imported: Path, casfs_env: dict[str, Path]
 ) -> None:
@@ -319,6 +323,7 @@ def test_export_into_non_empty_dir(cli: Cli, imported: Path, tmp_path: Path) -> 
     assert "not an empty directory" in cli("export", "ns", afile).assert_clean_error()
 
 
+@pytest.mark.expect_log(r"rejected object: object \w+: content does not match its name")
 def test_cat_of_corrupt_object_writes_nothing(
     cli: Cli, imported: Path, casfs_env: dict[str, Path]
 ) -> None:
@@ -333,6 +338,7 @@ def test_cat_of_corrupt_object_writes_nothing(
     assert res.out == ""
 
 
+@pytest.mark.expect_log(r"is not a directory \(a symbolic link\?\): not collecting it")
 def test_a_fifo_where_the_root_stages_is_one_line_not_a_traceback(
     cli: Callable[..., Any], casfs_env: dict[str, Path], tmp_path: Path
 ) -> None:

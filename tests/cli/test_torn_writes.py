@@ -57,6 +57,9 @@ def published(root: Path) -> dict[str, int]:
     return {p: e.size for p, e in gens.snapshot(gens.latest(ns)).entries.items()}
 
 
+@pytest.mark.expect_log(
+    r"a job was killed: \d+ files it may have been writing are not published",
+)
 def test_a_job_killed_mid_write_publishes_what_it_finished_only(tmp_path: Path) -> None:
     marker = tmp_path / "torn-written"
     r = subprocess.run(run_cmd(tmp_path, str(marker), "self"), env=env_for(tmp_path, "a"),
@@ -76,6 +79,9 @@ def test_a_job_killed_mid_write_publishes_what_it_finished_only(tmp_path: Path) 
     assert published(tmp_path / "root") == {"k/done.so": 8000}
 
 
+@pytest.mark.expect_log(
+    r"a job was killed: \d+ files it may have been writing are not published",
+)
 def test_casfs_run_killed_with_its_job_publishes_what_the_job_finished_only(
         tmp_path: Path) -> None:
     """A scheduler's kill takes casfs run and the job at once: the mount process (it

@@ -24,6 +24,10 @@ def cli(tmp: Path, *args: str, root: Path) -> subprocess.CompletedProcess[str]:
                           capture_output=True, text=True, timeout=300, check=False)
 
 
+@pytest.mark.expect_log(
+    r"shared root unavailable, serving local state only: not creating a shared root at .*"
+    r" is in the fstab but not mounted",
+)
 def test_no_root_is_created_under_an_unmounted_shared_filesystem(tmp_path: Path) -> None:
     shared = tmp_path / "shared"  # the mount point of the cluster's NFS export
     shared.mkdir()

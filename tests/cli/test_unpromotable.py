@@ -25,6 +25,10 @@ for i in range(40):
 """
 
 
+@pytest.mark.expect_log(
+    r"cannot promote k\d+/poison.bin \(injected fault at promote-file",
+    r"promote of \S+ failed \[RuntimeError: injected fault at promote-file",
+)
 def test_one_unpromotable_file_stays_local_and_the_rest_is_published(tmp_path: Path) -> None:
     script = tmp_path / "job.py"
     script.write_text(JOB)

@@ -9,11 +9,13 @@ import socket
 from pathlib import Path
 from typing import Any
 
+import pytest
 import trio
 
 from casfs.node.control import serve_control
 
 
+@pytest.mark.expect_log(r"control socket: cannot accept a client: .*Too many open files")
 def test_running_out_of_fds_refuses_a_client_but_keeps_serving(tmp_path: Path) -> None:
     """An accept that meets EMFILE (a mount process out of fds) once ended the whole
     mount: now that client waits in the backlog and is served once fds are free."""

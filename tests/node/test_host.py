@@ -212,6 +212,9 @@ def test_a_mapped_library_keeps_the_namespace(node: dict[str, Any]) -> None:
         w.stop()
 
 
+@pytest.mark.expect_log(
+    r"is already mounted \(casfs-ns\); refusing to mount namespace other on top of it",
+)
 def test_stacking_a_mount_on_a_served_path_is_refused(node: dict[str, Any]) -> None:
     w = spawn_host(host_cfg(node, exit_when_idle=False))
     try:
@@ -291,6 +294,9 @@ def test_two_casfs_mount_of_one_family_each_umount_publishes(node: dict[str, Any
             subprocess.run(["fusermount3", "-u", "-z", str(m)], capture_output=True, check=False)
 
 
+@pytest.mark.expect_log(
+    r"shared root unavailable, serving local state only: cannot reach the shared root",
+)
 def test_an_unreachable_root_is_not_tried_again_at_release(node: dict[str, Any]) -> None:
     """I4 for `casfs run`'s exit: a root that just failed to open (each try may take
     fetch_timeout) is not tried again at once by the release's promotion and then its

@@ -55,6 +55,10 @@ def test_a_miss_brings_its_directory_local(cluster: dict[str, Any], tmp_path: Pa
     wait_until(lambda: b.ask(w, "stats")["counters"].get("readahead_files") == 7, "k2 read ahead")
 
 
+@pytest.mark.expect_log(
+    r"rejected object: object \w+: ",
+    r"unavailable, serving a miss: object \w+: ",
+)
 @pytest.mark.parametrize("kind", ["bitflip", "other-object"])
 def test_a_damaged_neighbour_is_never_served(cluster: dict[str, Any], tmp_path: Path,
                                              kind: str) -> None:
@@ -100,6 +104,10 @@ def _seed_packed(root: Path, tmp_path: Path, files: dict[str, bytes] = FILES) ->
     assert r.returncode == 0, r.stderr
 
 
+@pytest.mark.expect_log(
+    r"rejected object: object \w+: ",
+    r"unavailable, serving a miss: object \w+: ",
+)
 def test_a_packs_neighbours_come_in_one_read_and_a_damaged_one_is_a_miss(
         cluster: dict[str, Any], tmp_path: Path) -> None:
     root = cluster["root"]

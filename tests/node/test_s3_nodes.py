@@ -79,6 +79,10 @@ def test_two_nodes_publish_concurrently(s3_cluster: dict[str, Any], tmp_path: Pa
     assert set(got) == {f"{n}-{i}.bin" for n in "ab" for i in range(20)}
 
 
+@pytest.mark.expect_log(
+    r"unavailable, serving a miss: local object cache .*Error performing GET",
+    r"promotion round failed \(will retry\): cannot reach the shared root",
+)
 def test_server_down_mid_mount_is_a_miss_and_publication_waits(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -156,6 +160,11 @@ def test_packed_objects_served_by_a_mount_and_after_its_restart(
     assert b.ask(w, "stats")["counters"]["packed_reads"] == 12
 
 
+@pytest.mark.expect_log(
+    r"rejected object: object \w+: unknown object format version",
+    r"unavailable, serving a miss: object \w+: unknown object format version",
+    r"unavailable, serving a miss: no answer from the shared root",
+)
 def test_hung_server_and_wrong_bytes_are_misses(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -212,6 +221,10 @@ def test_hung_server_and_wrong_bytes_are_misses(
         srv.kill()
 
 
+@pytest.mark.expect_log(
+    r"rejected object: object \w+: content does not match its name",
+    r"unavailable, serving a miss: object \w+: content does not match its name",
+)
 def test_promoted_packs_are_verified_on_lazy_fetch_through_s3(
         s3_cluster: dict[str, Any]) -> None:
     """Promotion writes small files into packs; another node's lazy fetch of a packed
@@ -247,6 +260,9 @@ def test_promoted_packs_are_verified_on_lazy_fetch_through_s3(
     assert c["packed_reads"] >= 12 and c["rejections"] >= 1
 
 
+@pytest.mark.expect_log(
+    r"shared root unavailable, serving local state only: cannot reach the shared root",
+)
 def test_a_hung_server_at_mount_start_holds_the_start_briefly(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """I4: a server that accepts and never answers when a mount starts (a job's

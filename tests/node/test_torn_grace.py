@@ -20,6 +20,9 @@ from .test_host import host_cfg
 pytestmark = [pytest.mark.fuse]
 
 
+@pytest.mark.expect_log(
+    r"a job was killed: \d+ files it may have been writing are not published",
+)
 def test_a_killed_jobs_torn_file_is_gone_for_the_next_job_within_the_grace(
         node: dict[str, Any]) -> None:
     # stable_after: what the job wrote before its kill is in the hold window, however

@@ -79,6 +79,10 @@ def test_lazy_restore_fetches_only_what_is_read(cluster: dict[str, Any], tmp_pat
     assert len(cached) == len(wanted)
 
 
+@pytest.mark.expect_log(
+    r"rejected object: object \w+: bad zstd data",
+    r"lower object for 'bad/b' unavailable, serving a miss: object \w+: bad zstd data",
+)
 def test_corrupt_lower_object_is_a_miss(cluster: dict[str, Any], tmp_path: Path) -> None:
     files = {"good/a": b"A" * 5000, "bad/b": b"B" * 7000 + os.urandom(100)}
     seed(cluster["root"], files, tmp=tmp_path)
@@ -230,6 +234,10 @@ def test_misses_are_cached_until_a_refresh_or_a_create_shows_the_name(
     assert b.ask(wb, "stats")["counters"]["negative_invalidated"] == 3
 
 
+@pytest.mark.expect_log(
+    r"shared root unavailable, serving local state only: .* is unreadable or damaged",
+    r"lower object for 'x/uncached' unavailable, serving a miss: the shared root is unavailable",
+)
 def test_unreachable_root_serves_local_state(cluster: dict[str, Any], tmp_path: Path) -> None:
     files = {"x/cached": b"c" * 3000, "x/uncached": b"u" * 3000}
     seed(cluster["root"], files, tmp=tmp_path)
@@ -258,6 +266,9 @@ def test_unreachable_root_serves_local_state(cluster: dict[str, Any], tmp_path: 
         moved.rename(cluster["root"])
 
 
+@pytest.mark.expect_log(
+    r"was published from a mount at /old/path but is served here at .*: its Triton group files",
+)
 def test_serving_triton_at_another_path_is_warned_only_for_legacy_records(
         cluster: dict[str, Any]) -> None:
     a, c = cluster["a"], cluster["c"]
@@ -278,6 +289,10 @@ def test_serving_triton_at_another_path_is_warned_only_for_legacy_records(
     assert "hold absolute paths" in (c.state / "log" / "triton.log").read_text()
 
 
+@pytest.mark.expect_log(
+    r"rejected object: object \w+: not a regular file",
+    r"lower object for 'fifo' unavailable, serving a miss: object \w+: not a regular file",
+)
 def test_a_fifo_in_the_store_is_an_immediate_miss(cluster: dict[str, Any],
                                                   tmp_path: Path) -> None:
     """Issue 8 item 2: a FIFO under objects/ is corrupt, never opened blocking (I2, I4)."""
@@ -319,6 +334,7 @@ def test_a_burst_of_files_is_promoted_and_published_intact(cluster: dict[str, An
         assert objects.get_bytes(entries[rel].digest, len(data)) == data
 
 
+@pytest.mark.expect_log(r"testns was indexed from another shared root; re-indexing from ")
 def test_a_node_moved_to_another_shared_root_reindexes(cluster: dict[str, Any],
                                                        tmp_path: Path) -> None:
     seed(cluster["root"], {"old/only": b"from the first root"}, tmp=tmp_path)
@@ -337,6 +353,10 @@ def test_a_node_moved_to_another_shared_root_reindexes(cluster: dict[str, Any],
     assert set(published(b.root)) == {"mine"}  # and reaches the new root too
 
 
+@pytest.mark.expect_log(
+    r"rejected object: object \w+: content does not match its name",
+    r"unavailable, serving a miss: object \w+: content does not match its name",
+)
 def test_promotion_packs_small_files_dedups_and_fetches_verified(
         cluster: dict[str, Any]) -> None:
     """Promotion writes a round's small files as one pack (large ones loose); a node

@@ -98,6 +98,7 @@ def test_gc_drops_what_no_node_opened_since_the_cutoff(
     assert "K/a.bin" in left and "K/b.bin" not in left and "L/c.bin" not in left
 
 
+@pytest.mark.expect_log(r"the open listener exited with status -\d+")
 def test_overlay_listener_death_never_hurts_the_job(cluster: dict[str, Any],
                                                    tmp_path: Path) -> None:
     """Overlay mode's open listener is a child process: opens the kernel serves are

@@ -37,6 +37,7 @@ def _mounted(path: Path) -> bool:
         return any(line.split()[4] == str(path) for line in f)
 
 
+@pytest.mark.expect_log(r"clearing a dead mount at ")
 def test_a_zombie_mount_neither_fails_status_nor_holds_umount(cluster: dict[str, Any]) -> None:
     """Was: `casfs status` failed whole ("no answer on one.sock") though the other mount
     was healthy, and `casfs umount` of the dead one waited its whole timeout, then
