@@ -47,6 +47,16 @@ class _Collect(logging.Handler):
         self.lines.append(f"{record.levelname}\t{record.name}\t{msg}")
 
 
+def _ours(line: str) -> bool:
+    """A tapped line from casfs's own loggers (``__main__``: a casfs module run with -m).
+
+    Other libraries' lines are theirs, as in this process (_Collect): e.g. watchdog's
+    "queue_events() called when the thread is inactive", an ERROR it logs when a dir-mode
+    mount stops its observer while the emitter thread is between two reads."""
+    logger = line.split("\t", 2)[1] if line.count("\t") >= 2 else ""
+    return logger.startswith("casfs") or logger == "__main__"
+
+
 def _tapped(tap: Path) -> list[str]:
     out = []
     for f in sorted(tap.glob("*.log")):
@@ -54,7 +64,7 @@ def _tapped(tap: Path) -> list[str]:
             text = f.read_text(errors="backslashreplace")
         except OSError:
             continue
-        out += [f"{ln}\t({f.stem})" for ln in text.splitlines() if ln.strip()]
+        out += [f"{ln}\t({f.stem})" for ln in text.splitlines() if ln.strip() and _ours(ln)]
     return out
 
 
