@@ -108,6 +108,17 @@ class JobsLimits:
 
 
 @dataclass(frozen=True)
+class MetricsOptions:
+    """Labels of the per-family metrics ([metrics]; casfs.daemon.metrics): the tenant
+    label (or none), the namespace label (off: namespaces are hashes, many of them),
+    and at most ``max_label_values`` values of each, the later ones counted as ``_other``."""
+
+    tenant_label: bool = True
+    namespace_label: bool = False
+    max_label_values: int = 100
+
+
+@dataclass(frozen=True)
 class DaemonConfig:
     root: RootLocation
     state_dir: Path
@@ -116,6 +127,7 @@ class DaemonConfig:
     log_level: str = "info"
     log_format: str = "auto"
     metrics_listen: tuple[str, int] | None = None
+    metrics: MetricsOptions = MetricsOptions()
     mounts: tuple[MountSpec, ...] = ()
     source: Path | None = None  # the file it came from
     serve_base: Path | None = None  # on-demand namespaces: <serve_base>/<tenant>/<namespace>
@@ -553,6 +565,10 @@ def load(path: Path | None, overrides: Overrides | None = None) -> DaemonConfig:
     logt.finish()
     metrics = top.table("metrics")
     listen = metrics.get("listen", as_listen, None)
+    mopts = MetricsOptions(
+        tenant_label=metrics.get("tenant_label", as_bool, True),
+        namespace_label=metrics.get("namespace_label", as_bool, False),
+        max_label_values=metrics.get("max_label_values", as_count, 100))
     metrics.finish()
     tenants = _tenants(top.table("tenants"))
     jobs = _jobs(top.table("jobs"))
@@ -590,7 +606,7 @@ def load(path: Path | None, overrides: Overrides | None = None) -> DaemonConfig:
         listen = as_listen(ov.metrics_listen, "--metrics-listen")
     cfg = DaemonConfig(root=root, state_dir=state_dir, mount_base=mount_base,
                        cache_max_bytes=cache_max, log_level=level, log_format=fmt,
-                       metrics_listen=listen, mounts=mounts, source=path,
+                       metrics_listen=listen, metrics=mopts, mounts=mounts, source=path,
                        serve_base=serve_base, lease_grace=lease_grace, defaults=defaults,
                        reclaim_after=reclaim_after, unused_for_days=unused_for_days,
                        retention_interval=retention_interval,

@@ -235,6 +235,7 @@ class MountService:
             "mount_ready_s": self.mount_ready_s,
             "warm_ready_s": self.access.warm_ready_s,
             "counters": self.counters.snapshot(),
+            "histograms": self.counters.histograms(),  # fetch_seconds, publish_seconds
             "open_watch": self.server.status(),
             "fetch_worker": fetchproc.status_of(cfg.state_dir / "objects"),
             "promote_worker": promoteproc.status_of(cfg.state_dir),

@@ -306,8 +306,11 @@ class Publication:
             ctx.link.connect()
             return {"ok": False, "message": f"shared root unavailable: {ctx.link.error}",
                     "pending_promotion": waiting, "promotion_error": error}
+        t0 = time.monotonic()
         out = self.transport.publish(pub)
         res = out.result
+        if (res is not None and res.added) or not out.ok:  # wrote a generation, or failed
+            ctx.counters.observe("publish_seconds", time.monotonic() - t0)
         if res is not None and res.added:
             self.refresh()  # serve (and report) the generation we just made
         message, ok = out.message, out.ok

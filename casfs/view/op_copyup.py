@@ -11,6 +11,7 @@ import errno
 import logging
 import os
 import threading
+import time
 
 import trio
 
@@ -61,6 +62,7 @@ class CopyUpOps(OpsBase):
                     state["done"] = True
             return local
 
+        t0 = time.monotonic()
         try:
             with trio.move_on_after(self.fetch_timeout):
                 return await trio.to_thread.run_sync(
@@ -70,6 +72,8 @@ class CopyUpOps(OpsBase):
             if not isinstance(e, CasfsError | OSError):
                 log.exception("unexpected fetch failure for %r", path)
             raise self._lower_failed(path, e) from None
+        finally:  # how long the open waited for the object, whatever came of it (metrics)
+            self.counters.observe("fetch_seconds", time.monotonic() - t0)
         with lock:
             state["abandoned"] = True
             if state["done"]:  # finished just as we gave up: its pin is ours to drop
