@@ -101,6 +101,7 @@ class NodeHost:
         self.final: dict[Key, dict[str, Any]] = {}  # stats of released namespaces
         self._attaching: dict[Key, trio.Event] = {}
         self._detaching: dict[Key, trio.Event] = {}
+        self._last_check = 0.0  # monotonic start of the last lease check
         self._check_lock: trio.Lock | None = None
         self._nursery: trio.Nursery | None = None
         self.stopping = False
@@ -188,6 +189,7 @@ class NodeHost:
         if s.scope is not None:
             s.scope.cancel()
         svc = s.svc
+        await trio.to_thread.run_sync(pausepoint, "host-release", abandon_on_cancel=True)
         await svc.release(self.cfg.shutdown_timeout)  # prefetch stopped, published, bounded
         st: dict[str, Any] = await trio.to_thread.run_sync(svc.final_stats)
         st["path"] = str(s.path)
@@ -262,6 +264,11 @@ class NodeHost:
             self._torn(lease.keys, late=0.0)
         if req.get("wait"):
             await self.check_leases()
+            # The releases that check started run in the background: casfs run's
+            # summary line needs their final stats.
+            for key in sorted(lease.keys):
+                if (ev := self._detaching.get(key)) is not None:
+                    await ev.wait()
         out = []
         for key in sorted(lease.keys):
             s = self.served.get(key)
@@ -281,13 +288,18 @@ class NodeHost:
             await self._check_leases()
 
     async def _check_leases(self) -> None:
+        # A holder found dead now died at most this long ago: since the last check
+        # began (checks never wait on a release's final publication, see below).
+        now = time.monotonic()
+        late = min(now - self._last_check, 3600.0) if self._last_check else self.cfg.lease_poll
+        self._last_check = now
         for lid, lease in list(self.leases.items()):
             if not leases.alive(lease.pid, lease.started):
                 log.info("lease %s: process %d is gone", lid, lease.pid)
                 del self.leases[lid]
                 self._persist()
                 if self._gone_killed(lid, lease):
-                    self._torn(lease.keys, late=self.cfg.lease_poll)
+                    self._torn(lease.keys, late=max(late, self.cfg.lease_poll))
         held = {k for lease in self.leases.values() for k in lease.keys}
         idle = {str(s.path): k for k, s in self.served.items() if k not in held}
         for k, s in self.served.items():
@@ -310,9 +322,9 @@ class NodeHost:
                 # A killed job's half-written files are removed at release: no grace
                 # for them, a job leasing it meanwhile would read them.
                 if now - cur.idle_since >= self.cfg.grace or cur.svc.tracker.holding():
-                    await self.detach(k)
+                    self._detach_soon(k)
         if (self.cfg.exit_when_idle and not self.served and not self.leases
-                and not self._attaching and not self.stopping):
+                and not self._attaching and not self._detaching and not self.stopping):
             log.info("nothing left to serve: unmounting")
             self.stopping = True
             os.kill(os.getpid(), signal.SIGTERM)
@@ -337,6 +349,29 @@ class NodeHost:
                                               abandon_on_cancel=True)
             except Exception:
                 log.exception("reclaiming idle namespaces failed")
+
+    def _detach_soon(self, key: Key) -> None:
+        """Release ``key`` in the background: its final publication (up to
+        shutdown_timeout on a slow root) must not hold up the next lease check, whose
+        killed-job decisions would then come late and cover the wrong window."""
+        if key in self._detaching or self._nursery is None:
+            return
+        s = self.served.pop(key)  # stops new leases finding it; detach waits for attach
+        self._detaching[key] = trio.Event()
+
+        async def run() -> None:
+            try:
+                await self._detach(key, s)
+            except Exception:
+                log.exception("releasing %s failed", key[1])
+            finally:
+                self._detaching.pop(key).set()
+                if (self.cfg.exit_when_idle and not self.served and not self.leases
+                        and not self._attaching and not self._detaching
+                        and not self.stopping):
+                    await self.check_leases()  # the last one out: exit now, not next poll
+
+        self._nursery.start_soon(run)
 
     def _gone_killed(self, lid: str, lease: Lease) -> bool:
         """Whether a lease whose process died unreleased stands for a killed job."""
@@ -431,6 +466,8 @@ class NodeHost:
         async with trio.open_nursery() as n:
             for key in list(self.served):
                 n.start_soon(self.detach, key)
+            for ev in list(self._detaching.values()):  # releases already under way
+                n.start_soon(ev.wait)
         self.cfg.served_file.unlink(missing_ok=True)  # a clean stop: nothing to restore
 
     def serve(self, on_ready: Callable[[], None] | None = None) -> None:

@@ -72,6 +72,8 @@ PAUSE_STEPS = (
     "reclaim-dropped",  # reclaim dropped the index entries, the upper is still there
     "dir-final-publication",  # a dir-mode process marked its entry stopping, has not
     # started its final promotion/publication
+    "host-release",  # the node's host stopped a namespace's tasks, has not started its
+    # final promotion/publication
 )
 
 
