@@ -100,6 +100,10 @@ def _kill_everything(d: Daemon) -> None:
         wait_until(lambda p=pid: not os.path.exists(f"/proc/{p}"), f"worker {pid} gone")
 
 
+@pytest.mark.expect_log(
+    r"the parent process is gone: shutting down",
+    r"clearing a dead mount at ",
+)
 def test_sigkill_then_restart_recovers(daemons: Callable[..., Daemon]) -> None:
     # Nothing may be promoted before the kill, however slow the machine: the first run
     # never finds a file stable (a fixed 1 s, then 4 s, lost the race to a slow status
@@ -133,6 +137,11 @@ def test_sigkill_then_restart_recovers(daemons: Callable[..., Daemon]) -> None:
     assert d.terminate() == 0
 
 
+@pytest.mark.expect_log(
+    r"worker pid \d+ killed by signal \d+; restarting",
+    r"clearing a dead mount at ",
+    r"cleared the dead mount at ",
+)
 def test_dead_worker_is_restarted(daemons: Callable[..., Daemon]) -> None:
     opts = {"stable_after": 1.0, "publish_interval": 1.0}
     d = daemons("a", two_mounts(), defaults=opts)
@@ -156,6 +165,7 @@ def test_dead_worker_is_restarted(daemons: Callable[..., Daemon]) -> None:
     assert d.terminate() == 0
 
 
+@pytest.mark.expect_log(r"File exists: ")
 def test_failed_start_mounts_nothing(daemons: Callable[..., Daemon], tmp_path: Path) -> None:
     """One mount cannot come up (its path is a regular file): casfsd exits non-zero with one
     error line, and the mount that did come up is unmounted again."""

@@ -162,6 +162,10 @@ def _root_job(d: Daemon, build: str, script: str) -> str:
     return r.stdout + r.stderr
 
 
+@pytest.mark.expect_log(
+    r"skipping damaged generation \S+: .*no signature by a key trusted for tenant",
+    r"skipping statement \S+: no signature by a key trusted for tenant",
+)
 def test_signed_records_are_served_only_by_nodes_that_trust_the_key(
         daemons: Callable[..., Daemon], tmp_path: Path) -> None:
     """trust = "signature" end to end: casfsd signs with its node key; a node serves

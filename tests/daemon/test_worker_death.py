@@ -22,6 +22,11 @@ from bench.worker_death import Node, setup, trial
 pytestmark = [pytest.mark.fuse, pytest.mark.slow]
 
 
+@pytest.mark.expect_log(
+    r"worker pid \d+ killed by signal \d+; restarting",
+    r"clearing a dead mount at ",
+    r"cleared the dead mount at ",
+)
 def test_kill_9_of_the_mount_processes(tmp_path: Path) -> None:
     require_fuse()
     if os.geteuid() != 0:

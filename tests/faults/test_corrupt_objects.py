@@ -21,6 +21,15 @@ from casfs.store.objects import object_key
 from casfs.store.root import SharedRoot
 from tests.faults.conftest import CORRUPTIONS, corrupt
 
+pytestmark = pytest.mark.expect_log(
+    r"rejected object: ",
+    r"repaired damaged object ",
+    r"unavailable, serving a miss: ",
+    r"cached object .*(does not hash to its name|bytes, expected|is not a regular file)",
+    r": reading its loose copy",
+    r"pack \w+ is damaged or unreadable",
+)
+
 
 def _seed(src: Path) -> dict[str, bytes]:
     files = {f"k/{kind}": (kind.encode() + b"-payload ") * 500 for kind in CORRUPTIONS}

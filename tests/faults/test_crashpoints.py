@@ -22,6 +22,10 @@ from casfs.store.root import SharedRoot
 from casfs.util.crashpoint import STEPS
 from tests.fusehelpers import root_objects
 
+pytestmark = pytest.mark.expect_log(
+    r"promotion worker \d+: its connection closed: replacing it",
+)
+
 
 def _casfs(root: Path, state: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "casfs.cli.main", "--root", str(root),

@@ -22,7 +22,9 @@ import pytest
 from casfs.store.root import SharedRoot
 from tests.fusehelpers import root_objects
 
-pytestmark = pytest.mark.fuse
+pytestmark = [pytest.mark.fuse, pytest.mark.expect_log(
+    r"No space left on device",
+)]
 
 
 @contextlib.contextmanager

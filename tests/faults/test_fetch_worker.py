@@ -29,7 +29,11 @@ from waiting import wait_until
 
 from tests.node.conftest import Node
 
-pytestmark = pytest.mark.fuse
+pytestmark = [pytest.mark.fuse, pytest.mark.expect_log(
+    r"fetch worker \d+: (its connection closed|\d+ requests got nothing)",
+    r"fetch worker connection: ",
+    r"unavailable, serving a miss: ",
+)]
 
 FILES = {f"d/f{i}": bytes([65 + i]) * (3000 + i) for i in range(6)}
 

@@ -24,6 +24,15 @@ from casfs.store.generations import parse_record, seq_name
 from casfs.store.objects import digest_bytes
 from casfs.store.root import SharedRoot
 
+pytestmark = pytest.mark.expect_log(
+    r"skipping (damaged|unresolved|over-limit) .*generation",
+    r"cannot read pack locations",
+    r"publishing without a profile",
+    r"skipping incomplete commit record",
+    r"not visible yet \(.*\); publication waits",
+    r"over the object size limit",
+)
+
 
 def _record_path(root: Path, seq: int, ns: str = "ns") -> Path:
     return root / f"namespaces/{ns}/generations/{seq_name(seq)}"

@@ -37,7 +37,11 @@ from casfs.store.root import SharedRoot
 from tests.fusehelpers import root_objects
 from tests.node.conftest import Node
 
-pytestmark = pytest.mark.fuse
+pytestmark = [pytest.mark.fuse, pytest.mark.expect_log(
+    r"promotion worker \d+: (its connection closed|\d+ requests got nothing)",
+    r"promotion worker connection: ",
+    r"promotion round failed \(will retry\): .*promotion worker (hung|died twice)",
+)]
 
 I4 = 10.0  # seconds: the bound on any job operation
 

@@ -31,6 +31,10 @@ from casfs.view.lower import DictLowerTree
 from casfs.view.ops import OverlayOperations
 from casfs.view.testserve import RecordingTracker
 
+pytestmark = pytest.mark.expect_log(
+    r"serving a miss: no answer from the shared root",
+)
+
 CTX = pyfuse3.RequestContext()
 DATA = os.urandom(1 << 16)
 

@@ -20,7 +20,10 @@ from fusehelpers import MountedView
 
 from tests.node.conftest import Node
 
-pytestmark = pytest.mark.fuse
+pytestmark = [pytest.mark.fuse, pytest.mark.expect_log(
+    r"serving a miss: no answer from the shared root",
+    r"shared root unavailable, serving local state only: root-open:.*no answer within",
+)]
 
 
 def test_stalled_root_is_a_bounded_miss(tmp_path: Path) -> None:

@@ -12,10 +12,16 @@ import json
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from casfs.store.entry import Entry
 from casfs.store.generations import seq_name
 from casfs.store.root import SharedRoot
 from tests.faults.conftest import REPO, cli_for
+
+pytestmark = pytest.mark.expect_log(
+    r"skipping newer-format generation",
+)
 
 
 def _ok(res: subprocess.CompletedProcess[str]) -> str:
