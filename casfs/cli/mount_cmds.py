@@ -533,6 +533,10 @@ def cmd_run(args: argparse.Namespace) -> int:
             got = {st.get("namespace"): st
                    for st in client.release(*lease, wait=True, killed=_killed(rc))}
             stats = [(c["family"], got.get(c["namespace"])) for c in caches]
+        if _killed(rc):
+            _tell_torn([w.cfg.socket_path for w in workers]
+                       + [Path(m["socket"]) for js in shares
+                          if (m := _serving_dir(js.cfg)) is not None], job_ended)
         stats += [(w.cfg.family, w.stop()) for w in workers]
         stats += [(js.family, _leave_dir(js)) for js in shares]
         idle = [fam for fam, st in stats if len(stats) > 1 and _unused(st)]
@@ -550,6 +554,17 @@ def cmd_run(args: argparse.Namespace) -> int:
         if private is not None:
             shutil.rmtree(private, ignore_errors=True)
     return rc if rc >= 0 else 128 - rc
+
+
+def _tell_torn(sockets: list[Path], ended: float) -> None:
+    """The job was killed: dir and overlay mode's processes hold what it changed just
+    before (fuse mode's node mount process learns it from the lease's release)."""
+    for sock in sockets:
+        try:
+            control.request(sock, "torn", timeout=10.0, late=max(0.0, time.time() - ended))
+        except CasfsError as e:
+            print(f"casfs: warning: a killed job's files may be published: {e.message}",
+                  file=sys.stderr)
 
 
 def _serving_dir(cfg: MountConfig) -> dict[str, Any] | None:

@@ -138,6 +138,7 @@ class MountService:
         if cfg.ingredients:  # a configured mount or a dir/overlay casfs run
             self.set_ingredients(cfg.ingredients)
         self.server.release_published_replaced()
+        self.publication.discard_recorded_torn()  # a killed job's, before a stop: never published
         recovered = self.publication.promoter()
         if recovered is not None:
             n = recovered.scan_all()
@@ -258,6 +259,12 @@ class MountService:
             return {**reply, "promote_s": round(promote_s, 4)}
         if cmd == "refresh":
             return await trio.to_thread.run_sync(self.refresh_once, abandon_on_cancel=True)
+        if cmd == "torn":  # casfs run: its job was killed ``late`` seconds ago
+            late = req.get("late")
+            late = min(float(late), 3600.0) if isinstance(late, (int, float)) and late >= 0 else 0.0
+            now = time.monotonic()
+            n = self.torn_writes(now - late - self.cfg.stable_after - 0.5, now + 2.0)
+            return {"ok": True, "held": n}
         return {"ok": False, "error": f"unknown command {cmd!r}"}
 
     # --- background work -----------------------------------------------------------------

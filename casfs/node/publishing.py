@@ -15,11 +15,15 @@ discards it at release.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import logging
 import os
+import stat
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, Protocol
 
 from casfs.errors import CasfsError, WorkerBugError
@@ -34,6 +38,7 @@ from casfs.promote.publisher import Publisher, PublishOutcome
 from casfs.promote.tracker import WriteTracker
 from casfs.store import profile, reads
 from casfs.store.generations import PublishResult
+from casfs.util import atomic, beneath
 from casfs.util.counters import Counters
 
 log = logging.getLogger(__name__)
@@ -202,6 +207,63 @@ class WorkerTransport:
 Transport = InProcessTransport | WorkerTransport
 
 
+class TornRecord:
+    """``<state>/run/torn-<namespace>.json``: the files a killed job may have left
+    half-written, with their size and mtime when held, until they are removed."""
+
+    def __init__(self, path: Path, base: Path) -> None:
+        self.path = path
+        self.base = base  # the writable directory they lie in
+
+    def load(self) -> dict[str, list[int]]:
+        try:
+            doc = json.loads(self.path.read_bytes())
+        except FileNotFoundError:
+            return {}
+        except (OSError, ValueError) as e:
+            log.warning("ignoring unreadable %s: %s", self.path, e)
+            return {}
+        files = doc.get("files") if isinstance(doc, dict) else None
+        if not isinstance(files, dict):
+            return {}
+        return {k: v for k, v in files.items() if isinstance(k, str) and isinstance(v, list)
+                and len(v) == 2 and all(type(x) is int for x in v)}
+
+    def _stat(self, rels: list[str]) -> dict[str, list[int]]:
+        out: dict[str, list[int]] = {}
+        try:
+            base = beneath.open_base(self.base)
+        except OSError:
+            return out
+        try:
+            for rel in rels:
+                with contextlib.suppress(OSError):  # gone, or through a symlink: skipped
+                    st = beneath.lstat(base, rel)
+                    if stat.S_ISREG(st.st_mode):
+                        out[rel] = [st.st_size, st.st_mtime_ns]
+        finally:
+            os.close(base)
+        return out
+
+    def add(self, rels: list[str]) -> None:
+        files = {**self.load(), **self._stat(rels)}
+        if not files:
+            return
+        try:
+            atomic.write_atomic(self.path, json.dumps({"files": files}).encode(), mode=0o600)
+        except OSError as e:  # a full state dir: the hold in memory still stands
+            log.warning("cannot record held files in %s: %s", self.path, e)
+
+    def unchanged(self, recorded: dict[str, list[int]]) -> list[str]:
+        """The recorded files still as they were held (a later write made them good)."""
+        now = self._stat(list(recorded))
+        return sorted(rel for rel, v in now.items() if recorded.get(rel) == v)
+
+    def clear(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self.path.unlink()
+
+
 class Publication:
     """Promotion rounds, publications and read records of one namespace."""
 
@@ -220,6 +282,8 @@ class Publication:
         # The latest paths published with other bytes than this node's (first writer kept).
         self.conflict_paths: list[str] = []
         self._ingredients: dict[str, Any] | None = None
+        self.torn = TornRecord(ctx.cfg.run_dir / f"torn-{ctx.cfg.namespace}.json",
+                               ctx.cfg.writable_dir)
 
     # --- promotion ------------------------------------------------------------------
     def promoter(self) -> Promoter | None:
@@ -360,15 +424,33 @@ class Publication:
     def torn_writes(self, since: float, until: float) -> int:
         """A job of this namespace was killed: what changed from ``since`` to ``until``
         (monotonic) may be half-written (a linker's output, a cache file written in
-        place). It is never promoted, and removed from the upper at release (a miss
-        next time, never a torn file on other nodes). Returns how many files."""
+        place). It is never promoted, and removed at release (a miss next time, never a
+        torn file on other nodes). Returns how many files.
+
+        The held files are also written down (``TornRecord``), so a restart before the
+        release (a crash, an upgrade) removes them instead of promoting them."""
         ctx = self.ctx
         n = ctx.tracker.hold(since, until)
         if n:
             ctx.counters.inc("torn_held", n)
             log.warning("%s: a job was killed: %d files it may have been writing are not "
                         "published", ctx.cfg.name, n)
+            self.torn.add(ctx.tracker.held())
         return n
+
+    def discard_recorded_torn(self) -> None:
+        """At start: remove what a killed job left that a previous process held but did
+        not remove (it stopped first); each file only if unchanged since it was held."""
+        ctx = self.ctx
+        recorded = self.torn.load()
+        if not recorded:
+            return
+        removed = self.view.discard_torn(self.torn.unchanged(recorded))
+        ctx.counters.inc("torn_discarded", len(removed))
+        if removed:
+            log.info("%s: removed %d files a killed job left before the last stop",
+                     ctx.cfg.name, len(removed))
+        self.torn.clear()
 
     def final_publication(self) -> None:
         """Promote and publish everything stable: the namespace is being released.
@@ -378,9 +460,15 @@ class Publication:
         gets one more here.
         """
         ctx = self.ctx
-        for rel in self.view.discard_torn(list(ctx.tracker.held())):
-            ctx.tracker.removed(rel)
-            ctx.counters.inc("torn_discarded")
+        held = list(ctx.tracker.held())
+        if held:
+            self.torn.add(held)  # RELEASEs that came after the decision
+            removed = self.view.discard_torn(held)
+            for rel in removed:
+                ctx.tracker.removed(rel)
+                ctx.counters.inc("torn_discarded")
+            if len(removed) == len(held):
+                self.torn.clear()  # else the next start removes the rest
         for _ in range(2):
             lost = ctx.counters.get("promoted_objects_lost")
             self.promote_once(True)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import stat
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +36,7 @@ from casfs.node.config import MountConfig
 from casfs.promote.tracker import WriteTracker
 from casfs.store.entry import Entry
 from casfs.tenants import Tenant
+from casfs.util import beneath
 from casfs.util.counters import Counters
 
 log = logging.getLogger(__name__)
@@ -140,6 +142,37 @@ def give_to_tenant(path: Path, tenant: Tenant | None) -> int:
         os.chown(path, tenant.uid, tenant.gid)
     os.chmod(path, tenant.dir_mode)  # after chown, which clears setgid
     return tenant.dir_mode
+
+
+def remove_beneath(top: Path, rels: list[str], owner: tuple[int, int] | None,
+                   name: str) -> list[str]:
+    """Unlink the regular files ``rels`` beneath ``top``, no symlink followed, with
+    ``owner``'s file-system credentials if given; the paths removed."""
+    if not rels:
+        return []
+    try:
+        base = beneath.open_base(top)
+    except OSError as e:
+        log.warning("%s: cannot remove torn files: %s", name, e)
+        return []
+    removed = []
+    try:
+        with beneath.as_tenant(*(owner or (None, None))):
+            for rel in rels:
+                try:  # beneath the directory, no symlink followed: never outside it
+                    if stat.S_ISDIR(beneath.lstat(base, rel).st_mode):
+                        continue
+                    beneath.unlink(base, rel)
+                except FileNotFoundError:
+                    removed.append(rel)  # gone already: nothing torn is left
+                    continue
+                except OSError as e:
+                    log.warning("%s: cannot remove %s: %s", name, rel, e)
+                    continue
+                removed.append(rel)
+    finally:
+        os.close(base)
+    return removed
 
 
 def effective_mode(cfg: MountConfig, counters: Counters) -> MountConfig:

@@ -20,7 +20,7 @@ from typing import Any
 import trio
 
 from casfs.node import control
-from casfs.node.modes import Busy, Serving, Unchanged, ViewParts
+from casfs.node.modes import Busy, Serving, Unchanged, ViewParts, remove_beneath
 from casfs.store.entry import Entry
 from casfs.util.crashpoint import pausepoint
 from casfs.view import dirmode, session
@@ -57,7 +57,10 @@ class DirServer:
         return final  # inotify events may still be in flight (or overflowed)
 
     def discard_torn(self, held: list[str]) -> list[str]:
-        return []  # the directory is the job's own
+        """Remove a killed job's held files from the directory (the last job left), as
+        the tenant and beneath the directory: never through a symlink it planted."""
+        return remove_beneath(self.parts.cfg.mountpoint, held, self.parts.tenant_owner,
+                              self.parts.cfg.name)
 
     # --- generations -------------------------------------------------------------------
     def replaced_changed(self, paths: list[str]) -> None:

@@ -15,7 +15,7 @@ import stat
 from collections.abc import Callable
 from typing import Any
 
-from casfs.node.modes import Busy, Serving, Unchanged, ViewParts
+from casfs.node.modes import Busy, Serving, Unchanged, ViewParts, remove_beneath
 from casfs.store.entry import Entry
 from casfs.util import beneath
 from casfs.view import session
@@ -110,28 +110,7 @@ class FuseServer:
     def discard_torn(self, held: list[str]) -> list[str]:
         """Remove what a killed job may have half-written from the upper (the namespace
         is being released, nothing serves it now); the paths removed."""
-        p = self.parts
-        if not held:
-            return []
-        try:
-            base = beneath.open_base(p.cfg.upper)
-        except OSError as e:
-            log.warning("%s: cannot remove torn files: %s", p.cfg.name, e)
-            return []
-        removed = []
-        try:
-            for rel in held:
-                try:  # beneath the upper, no symlink followed: never outside it
-                    if stat.S_ISDIR(beneath.lstat(base, rel).st_mode):
-                        continue
-                    beneath.unlink(base, rel)
-                except OSError as e:
-                    log.warning("%s: cannot remove %s: %s", p.cfg.name, rel, e)
-                    continue
-                removed.append(rel)
-        finally:
-            os.close(base)
-        return removed
+        return remove_beneath(self.parts.cfg.upper, held, None, self.parts.cfg.name)
 
     # --- serving -----------------------------------------------------------------------
     def serve(self, how: Serving) -> None:

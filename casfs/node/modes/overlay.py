@@ -19,7 +19,7 @@ from typing import Any
 
 import trio
 
-from casfs.node.modes import Busy, Serving, Unchanged, ViewParts
+from casfs.node.modes import Busy, Serving, Unchanged, ViewParts, remove_beneath
 from casfs.store.entry import Entry
 from casfs.view import dirmode, overlay, session
 
@@ -71,7 +71,12 @@ class OverlayServer:
         return False
 
     def discard_torn(self, held: list[str]) -> list[str]:
-        return []  # never promoted; the kernel's upper is the job's own
+        """Remove a killed job's held files from the upper, only while the overlay is not
+        mounted (overlayfs forbids changing a layer under it): at release they stay held
+        and recorded, and the next start of the namespace removes them."""
+        if self._mounted:
+            return []
+        return remove_beneath(self.paths.upper, held, None, self.parts.cfg.name)
 
     # --- generations -------------------------------------------------------------------
     def replaced_changed(self, paths: list[str]) -> None:
