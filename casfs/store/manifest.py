@@ -28,8 +28,9 @@ from collections.abc import Iterable
 from typing import Any
 
 from casfs.errors import HostileManifestError, NewerFormatError, OverLimitError
+from casfs.store.digests import DIGEST_RE
 from casfs.store.entry import Entry
-from casfs.store.objects import DIGEST_RE, ObjectStore
+from casfs.store.objects import ObjectStore
 from casfs.util import jsonsafe
 from casfs.util.gcpause import gc_paused
 from casfs.util.paths import all_plain, ancestor_dirs, check_relpath

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import zstandard
 
 from casfs.store.backend import Backend, NotRegularFileError
-from casfs.store.objects import DIGEST_RE
+from casfs.store.digests import DIGEST_RE
 
 log = logging.getLogger(__name__)
 

@@ -16,6 +16,11 @@ bounded by the header's size *and* the size the caller expects (a zstd frame
 can lie), and the result is hashed and compared with the name. Any mismatch is
 a rejection: logged, counted, raised as CorruptObjectError for the caller to
 turn into a miss.
+
+Layering: above casfs.store.backend, casfs.store.digests (names and hashing,
+re-exported here) and casfs.store.packloc (where a packed object lives: a read
+follows a row's pack location and gc's forwards); casfs.store.packs, which
+writes packs through an ObjectStore, is above this module.
 """
 
 from __future__ import annotations
@@ -25,7 +30,6 @@ import errno
 import io
 import logging
 import os
-import re
 import stat
 import struct
 import threading
@@ -40,6 +44,8 @@ import zstandard
 
 from casfs.errors import CorruptObjectError, ObjectMissingError
 from casfs.store.backend import Backend, NotRegularFileError
+from casfs.store.digests import DIGEST_RE, check_digest, digest_bytes, object_key
+from casfs.store.packloc import MAX_HOPS, Location, load_forward, pack_key, parse_location
 from casfs.util import atomic
 from casfs.util.counters import Counters
 from casfs.util.crashpoint import crashpoint
@@ -53,7 +59,6 @@ CODEC_RAW = 0
 CODEC_ZSTD = 1
 HEADER = struct.Struct("<4sBBHQ")
 HEADER_SIZE = HEADER.size  # 16
-DIGEST_RE = re.compile(r"^[0-9a-f]{64}\Z")  # \Z: "$" lets a trailing "\n" through
 ZSTD_LEVEL = 3
 # Compression must save at least this fraction, else the object is stored raw
 # (already-compressed cubins and .so sections gain nothing; raw reads are cheaper).
@@ -87,22 +92,6 @@ def check_object_size(size: int, what: str) -> None:
         raise ObjectTooLargeError(
             f"{what}: {size} bytes is over the object size limit of {limit} bytes"
             " (CASFS_MAX_OBJECT_BYTES)")
-
-
-def digest_bytes(data: bytes) -> str:
-    # blake3's own threading only pays for multi-MB inputs; compiler artefacts
-    # are mostly a few KB, so hash single-threaded.
-    return blake3.blake3(data).hexdigest()
-
-
-def object_key(digest: str) -> str:
-    return f"objects/{digest[:2]}/{digest[2:]}"
-
-
-def check_digest(digest: object) -> str:
-    if not isinstance(digest, str) or not DIGEST_RE.match(digest):
-        raise CorruptObjectError(f"not a blake3 hex digest: {digest!r:.80}")
-    return digest
 
 
 @dataclass(frozen=True, slots=True)
@@ -399,8 +388,6 @@ class ObjectStore:
 
     def locate(self, digest: str, pack: object) -> None:
         """Remember where a packed object lives (a manifest row's ``pack`` extras)."""
-        from casfs.store.packs import parse_location
-
         loc = parse_location(pack)
         if loc is not None:
             self.locations[digest] = loc
@@ -427,14 +414,12 @@ class ObjectStore:
             loc = self.lookup(digest)  # a pack this node's promotion wrote
         if loc is None:
             return None
-        from casfs.store.packs import MAX_HOPS, forwarded, pack_key
-
         pack, off, length = loc
         for _ in range(MAX_HOPS):
             try:
                 raw = self.backend.read_range(pack_key(pack), off, length)
             except (FileNotFoundError, NotADirectoryError):
-                moved = forwarded(self, pack, digest)  # gc repacked it: follow the forward
+                moved = self.forwarded(pack, digest)  # gc repacked it: follow the forward
                 if moved is None:
                     return None  # the pack is gone: try a loose copy
                 pack, off, length = moved
@@ -447,6 +432,13 @@ class ObjectStore:
             self.counters.inc("packed_reads")
             return io.BytesIO(raw)
         return None
+
+    def forwarded(self, pack: str, digest: str) -> Location | None:
+        """Where ``digest`` went when gc repacked ``pack`` (cached per pack), or None."""
+        if pack not in self.forwards:
+            self.forwards[pack] = load_forward(self.backend, pack)
+        moved = self.forwards[pack]
+        return moved.get(digest) if moved else None
 
     def _loose_copy(self, digest: str) -> BinaryIO | None:
         """The loose object ``digest`` when one is there (None: none, or not a regular file).
@@ -509,8 +501,6 @@ class ObjectStore:
         reads those one by one (``get_into`` follows forwards). Nothing here is
         verified yet: pass each to ``get_stored_into``.
         """
-        from casfs.store.packs import pack_key
-
         by_pack: dict[str, list[tuple[str, int, int]]] = {}
         for digest, (pack, off, length) in wanted.items():
             by_pack.setdefault(pack, []).append((digest, off, length))
@@ -635,8 +625,6 @@ class ObjectStore:
         return n
 
     def get_bytes(self, digest: str, expected_size: int | None = None) -> bytes:
-        import io
-
         buf = io.BytesIO()
         self.get_into(digest, expected_size, buf)
         return buf.getvalue()

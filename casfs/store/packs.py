@@ -15,6 +15,10 @@ blake3 of the content must equal the entry's digest), so a pack can never
 serve wrong bytes; a missing or damaged pack is a miss (or the loose object,
 if one exists). The index lets gc, verify and du see a pack's members without
 any manifest.
+
+Layering: above casfs.store.objects (packs are written and read through an
+ObjectStore) and casfs.store.packloc (pack and forward keys, row locations and
+forward records read, re-exported here: the object store needs them too).
 """
 
 from __future__ import annotations
@@ -31,8 +35,18 @@ import zstandard
 
 from casfs.errors import CorruptObjectError
 from casfs.store.backend import NotRegularFileError
+from casfs.store.digests import DIGEST_RE, digest_bytes
 from casfs.store.entry import Entry
-from casfs.store.objects import DIGEST_RE, ObjectStore, digest_bytes
+from casfs.store.objects import ObjectStore
+from casfs.store.packloc import (
+    FORWARD_PREFIX,
+    MAX_FORWARD_BYTES,
+    Location,
+    forward_key,
+    load_forward,
+    pack_key,
+    parse_location,
+)
 from casfs.util import atomic
 from casfs.util.crashpoint import crashpoint
 
@@ -43,9 +57,6 @@ PACK_MAGIC = b"CASFPACK"
 PACK_VERSION = 1
 SMALL_OBJECT = 64 << 10  # objects up to this size go into packs
 PACK_TARGET = 1 << 20  # a pack is written once its members reach this size (see below)
-# A member is a small object's stored form (<= SMALL_OBJECT + header, zstd or raw): a row
-# claiming more is malformed (a ranged read allocates what the row says, before any check).
-MAX_MEMBER_BYTES = 1 << 20
 MAX_INDEX_BYTES = 64 << 20
 # zstd level of pack members (loose objects: the store's, 3). On few-KB to 64 KiB
 # inputs level 1 compresses ~30-45% faster; stored bytes: real PTX in 32 KB pieces
@@ -55,26 +66,6 @@ PACK_LEVEL = 1
 # a ranged GET there costs about the pack's size, so first touch ran at 435
 # files/s with 1 MiB packs, 289 with 4 MiB and 206 with 16 MiB, and promotion
 # was no slower (28 vs 21 MB/s). Still one PUT per ~50 small objects.
-
-Location = tuple[str, int, int]
-
-
-def pack_key(digest: str) -> str:
-    return f"packs/{digest[:2]}/{digest[2:]}"
-
-
-def parse_location(value: object) -> Location | None:
-    """A manifest row's ``pack`` extras as (pack digest, offset, length); None if malformed."""
-    if not isinstance(value, list | tuple) or len(value) != 3:
-        return None
-    pack, off, length = value
-    if not isinstance(pack, str) or not DIGEST_RE.match(pack):
-        return None
-    if type(off) is not int or type(length) is not int or off < 0 or length <= 0:
-        return None
-    if length > MAX_MEMBER_BYTES:  # a hostile row: readers would allocate ``length``
-        return None
-    return pack, off, length
 
 
 class PackWriter:
@@ -339,14 +330,7 @@ def put_pack_bytes(store: ObjectStore, digest: str, raw: bytes, *, replace: bool
 # follows the forward (each hop verified like any read: the member's blake3 must
 # equal the row's digest, so a forward can only cause a miss, never wrong bytes).
 
-FORWARD_PREFIX = "repacked"
 REPACK_BELOW = 0.5  # repack when less than this share of a pack's member bytes is live
-MAX_FORWARD_BYTES = 64 << 20
-MAX_HOPS = 8  # forwards followed for one read (a pack repacked again and again)
-
-
-def forward_key(pack: str) -> str:
-    return f"{FORWARD_PREFIX}/{pack[:2]}/{pack[2:]}"
 
 
 def write_forward(store: ObjectStore, pack: str, moved: dict[str, Location]) -> bool:
@@ -359,34 +343,12 @@ def write_forward(store: ObjectStore, pack: str, moved: dict[str, Location]) -> 
 
 def read_forward(store: ObjectStore, pack: str) -> dict[str, Location] | None:
     """digest -> new location of ``pack``'s moved members; None if there is no (sound) forward."""
-    try:
-        with store.backend.open(forward_key(pack)) as f:
-            raw = f.read(MAX_FORWARD_BYTES + 1)
-    except (FileNotFoundError, NotADirectoryError, NotRegularFileError):
-        return None
-    try:
-        doc = json.loads(zstandard.ZstdDecompressor().decompress(
-            raw, max_output_size=MAX_FORWARD_BYTES))
-        if doc.get("casfs_repacked") != 1 or doc.get("pack") != pack:
-            raise ValueError("not this pack's forward")
-        out: dict[str, Location] = {}
-        for d, v in doc["members"].items():
-            loc = parse_location(v)
-            if loc is not None and DIGEST_RE.match(d):
-                out[d] = loc
-    except (ValueError, KeyError, TypeError, AttributeError, RecursionError,
-            zstandard.ZstdError) as e:
-        log.warning("ignoring damaged pack forward %s: %s", pack, e)
-        return None
-    return out
+    return load_forward(store.backend, pack)
 
 
 def forwarded(store: ObjectStore, pack: str, digest: str) -> Location | None:
     """Where ``digest`` went when gc repacked ``pack`` (cached per pack), or None."""
-    if pack not in store.forwards:
-        store.forwards[pack] = read_forward(store, pack)
-    moved = store.forwards[pack]
-    return moved.get(digest) if moved else None
+    return store.forwarded(pack, digest)
 
 
 def iter_forwards(store: ObjectStore) -> Iterator[str]:
