@@ -18,7 +18,7 @@ from pathlib import Path
 
 from casfs.errors import CasfsError, UsageError
 from casfs.store.entry import Entry
-from casfs.store.generations import Record
+from casfs.store.record import Record
 from casfs.store.root import SharedRoot
 from casfs.util.atomic import temp_name
 from casfs.util.paths import parent_dirs

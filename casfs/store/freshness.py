@@ -46,6 +46,9 @@ What a reader does with it (``GenerationStore.newest_valid``):
 
 Only ``trust = "signature"`` writes and checks statements; other modes and
 older releases ignore ``heads/`` entirely (docs/format.md).
+
+Layering: above casfs.store.backend, casfs.store.digests and
+casfs.store.tenancy (signatures); below casfs.store.generations.
 """
 
 from __future__ import annotations
@@ -55,16 +58,14 @@ import logging
 import re
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from casfs.errors import HostileManifestError
-from casfs.store.objects import digest_bytes
+from casfs.store.backend import Backend
+from casfs.store.digests import digest_bytes
+from casfs.store.tenancy import RecordTrust, signature_ok
 from casfs.tenants import split_store_namespace
-
-if TYPE_CHECKING:
-    from casfs.store.backend import Backend
-    from casfs.store.tenancy import RecordTrust
-    from casfs.util.counters import Counters
+from casfs.util.counters import Counters
 
 log = logging.getLogger(__name__)
 
@@ -181,8 +182,6 @@ class Heads:
         return None
 
     def _read(self, ns: str, name: str, seq: int, issued: int, keys: tuple[str, ...]) -> Head:
-        from casfs.store.tenancy import signature_ok
-
         with self.backend.open(f"{heads_prefix(ns)}/{name}") as f:
             data = f.read(MAX_HEAD_BYTES + 1)
         if len(data) > MAX_HEAD_BYTES:

@@ -1,21 +1,12 @@
 """Generations: immutable, numbered snapshots of a namespace, published lock-free.
 
-A generation record is a small JSON file ``namespaces/<ns>/generations/<seq>``
-(seq zero-padded to 12 digits) naming the manifest objects that make up the
-snapshot:
-
-    {"casfs_generation": 2, "namespace": ns, "seq": N, "parent": N-1 | null,
-     "base": {"digest", "size", "entries"} | null,
-     "deltas": [{"digest", "size", "entries"}, ...],
-     "entries": total files, "bytes": total logical bytes,
-     "created": unix time, "node": node id, "casfs_version": "...",
-     "fingerprint": {...} | null, "requires": [feature, ...] (optional),
-     ...optional keys listed in docs/format.md}
-
-Versions 1 and 2 are read. A record of a newer version, or one requiring a
-feature this code lacks, is not damage (NewerFormatError): readers serve the
-newest generation they can read and publishers refuse the namespace, since
-building N+1 on an older snapshot would drop the newer entries for everyone.
+A generation is a record ``namespaces/<ns>/generations/<seq>`` naming the
+manifest parts (a base and deltas) that make up its snapshot; the record's
+format, its names and the name checks are casfs.store.record. This module
+reads records (the newest readable one, skipping damage), merges their parts
+into snapshots (casfs.store.snapshot: one rule, used both to build a snapshot
+whole and to advance one already held), publishes, drops, pins and
+enumerates them.
 
 The snapshot is the union of ``base`` and every delta. Publication is
 first-writer-wins, so a path once published never changes, except a
@@ -27,11 +18,19 @@ top of 100,000 writes one 10-entry delta object and one record; every
 ``COMPACT_DELTAS`` deltas (or when deltas grow past a quarter of the base) the
 publisher writes a new full base instead, so readers never chase long chains.
 
-Publication (DESIGN.md "Publication protocol"): objects are uploaded first;
-then the newest record N is read, the additions merged, the delta stored, and
-record N+1 created with link() (atomic, EEXIST if another node won). On EEXIST
-the publisher re-reads, re-merges and retries with jitter, a bounded number of
-times. A record only ever names objects that already exist.
+Publication (docs/format.md, "Publication protocol"): objects are uploaded
+first; then the newest record N is read, the additions merged, the delta
+stored, and record N+1 created with link() (atomic, EEXIST if another node
+won). On EEXIST the publisher re-reads, re-merges and retries with jitter, a
+bounded number of times. A record only ever names objects that already exist.
+
+Layering: GenerationStore works on a ``RootLike`` (casfs.store.rootlike:
+backend, objects, trust), not on casfs.store.root's SharedRoot, which is
+above this module (``SharedRoot.generations()``). Below it: casfs.store.record,
+casfs.store.snapshot, casfs.store.freshness, casfs.store.marks,
+casfs.store.packs, casfs.store.manifest, casfs.store.objects. Record, Part,
+parse_record, check_name, Snapshot and the format's constants are re-exported
+here under their old names.
 """
 
 from __future__ import annotations
@@ -39,12 +38,11 @@ from __future__ import annotations
 import json
 import logging
 import random
-import re
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from casfs import __version__
 from casfs.errors import (
@@ -65,32 +63,31 @@ from casfs.store.backend import NotRegularFileError
 from casfs.store.entry import Entry
 from casfs.store.freshness import JUNK_SCAN, Head, Heads, RolledBackError, record_digest
 from casfs.store.marks import Condemned
-from casfs.store.objects import DIGEST_RE, object_key
-from casfs.store.packs import packs_of
-from casfs.util import jsonsafe
+from casfs.store.objects import object_key
+from casfs.store.packs import pack_key, packs_of, put_pack_bytes, rewrite_forward, rewrite_pack
+from casfs.store.record import (
+    MAX_RECORD_BYTES,
+    NAME_RE,
+    NS_RE,
+    REPLACE,
+    SEQ_WIDTH,
+    SUPPORTED_FEATURES,
+    Part,
+    Record,
+    check_name,
+    is_replace,
+    parse_record,
+    seq_name,
+)
+from casfs.store.record import RELOCATE as RELOCATE  # re-exported: its old home
+from casfs.store.rootlike import RootLike
+from casfs.store.snapshot import Snapshot, check_tree, merge_part
 from casfs.util.crashpoint import crashpoint
-from casfs.util.paths import ancestor_dirs, parent_dirs
-
-if TYPE_CHECKING:
-    from casfs.store.root import SharedRoot
+from casfs.util.paths import parent_dirs
 
 log = logging.getLogger(__name__)
 
-RECORD_VERSION = 2  # written when a record needs it (options, requires); else 1
-READABLE_VERSIONS = (1, 2)
-# Features a record may ``require`` that this code implements; a record requiring
-# any other is treated as a newer format (a reader ignoring it would serve wrong
-# bytes). Optional keys that are safe to ignore need no entry here.
-SUPPORTED_FEATURES: frozenset[str] = frozenset({"replace", "pack"})
-REPLACE = "replace"  # extras key and feature: a later version of the path overrides
-RELOCATE = "relocate"  # extras key: a path-bearing file stored path-free, with N paths
-_CORE_KEYS = frozenset({
-    "casfs_generation", "namespace", "seq", "parent", "base", "deltas", "entries", "bytes",
-    "created", "node", "casfs_version", "fingerprint", "requires",
-})
 _DAMAGE = (HostileManifestError, CorruptObjectError, ObjectMissingError, NotFoundError)
-SEQ_WIDTH = 12
-MAX_RECORD_BYTES = 1 << 20
 COMPACT_DELTAS = 32
 # A record whose manifest is missing is skipped only once it is this old (seconds).
 MISSING_GRACE = 600.0
@@ -99,141 +96,6 @@ MISSING_GRACE = 600.0
 PROBE_STEPS = 64
 # Parsed manifest parts kept in memory (LRU), in entries: bounds a daemon's RSS.
 PART_CACHE_ENTRIES = 400_000
-NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,127}\Z")  # \Z: "$" lets "x\n" through
-# A namespace on the root may carry its tenant: "<tenant>~<name>" (casfs.tenants).
-NS_RE = re.compile(r"^(?:[a-z0-9][a-z0-9_-]{0,31}~)?[A-Za-z0-9_][A-Za-z0-9._-]{0,127}\Z")
-
-
-def check_name(name: str, what: str = "namespace") -> str:
-    if not isinstance(name, str) or not (NS_RE if what == "namespace" else NAME_RE).match(name):
-        raise UsageError(f"invalid {what} name {name!r:.80}: use 1-128 of [A-Za-z0-9._-],"
-                         " after an optional <tenant>~")
-    return name
-
-
-def seq_name(seq: int) -> str:
-    return f"{seq:0{SEQ_WIDTH}d}"
-
-
-@dataclass(frozen=True, slots=True)
-class Part:
-    """One manifest object of a generation."""
-
-    digest: str
-    size: int
-    entries: int
-
-    def to_json(self) -> dict[str, Any]:
-        return {"digest": self.digest, "size": self.size, "entries": self.entries}
-
-
-@dataclass(frozen=True)
-class Record:
-    namespace: str
-    seq: int
-    parent: int | None
-    base: Part | None
-    deltas: tuple[Part, ...]
-    entries: int
-    logical_bytes: int
-    created: float
-    node: str
-    casfs_version: str
-    fingerprint: dict[str, Any] | None = None
-    # Optional top-level keys (docs/format.md), passed through unchanged.
-    options: dict[str, Any] = field(default_factory=dict)
-    requires: tuple[str, ...] = ()
-
-    @property
-    def parts(self) -> list[Part]:
-        return ([self.base] if self.base else []) + list(self.deltas)
-
-    def to_json(self) -> bytes:
-        doc: dict[str, Any] = dict(self.options)
-        if self.requires:
-            doc["requires"] = sorted(self.requires)
-        doc |= {
-            # The oldest version that holds this record: nodes still on the
-            # previous release read v1 and would skip a v2 record as damaged.
-            "casfs_generation": RECORD_VERSION if self.options or self.requires else 1,
-            "namespace": self.namespace,
-            "seq": self.seq,
-            "parent": self.parent,
-            "base": self.base.to_json() if self.base else None,
-            "deltas": [d.to_json() for d in self.deltas],
-            "entries": self.entries,
-            "bytes": self.logical_bytes,
-            "created": self.created,
-            "node": self.node,
-            "casfs_version": self.casfs_version,
-            "fingerprint": self.fingerprint,
-        }
-        return json.dumps(doc, indent=1, sort_keys=True).encode() + b"\n"
-
-
-def _int(doc: dict[str, Any], key: str, *, nullable: bool = False) -> Any:
-    v = doc.get(key)
-    if v is None and nullable:
-        return None
-    if type(v) is not int or v < 0:
-        raise HostileManifestError(f"bad {key!r}")
-    return v
-
-
-def _part(obj: object) -> Part:
-    if not isinstance(obj, dict):
-        raise HostileManifestError("malformed manifest reference")
-    digest = obj.get("digest")
-    if not isinstance(digest, str) or not DIGEST_RE.match(digest):
-        raise HostileManifestError("bad manifest digest")
-    return Part(digest, _int(obj, "size"), _int(obj, "entries"))
-
-
-def parse_record(data: bytes, namespace: str, seq: int) -> Record:
-    """Validate a record; its namespace and seq must match where it was found."""
-    where = f"generation {namespace}@{seq}"
-    doc = jsonsafe.parse(data, where)
-    manifest.check_version(doc, "casfs_generation", READABLE_VERSIONS, where)
-    requires = doc.get("requires", [])
-    if not isinstance(requires, list) or not all(isinstance(r, str) for r in requires):
-        raise HostileManifestError(f"{where}: bad 'requires'")
-    missing = sorted(set(requires) - SUPPORTED_FEATURES)
-    if missing:
-        raise NewerFormatError(
-            f"{where}: requires {', '.join(m[:40] for m in missing[:4])}, which this casfs"
-            " does not implement; upgrade casfs on this node")
-    if doc.get("namespace") != namespace or doc.get("seq") != seq:
-        raise HostileManifestError(f"generation {namespace}@{seq}: record names another generation")
-    deltas = doc.get("deltas")
-    if not isinstance(deltas, list):
-        raise HostileManifestError(f"generation {namespace}@{seq}: deltas is not a list")
-    created = doc.get("created")
-    if not isinstance(created, int | float):
-        raise HostileManifestError(f"generation {namespace}@{seq}: bad created time")
-    fp = doc.get("fingerprint")
-    try:
-        parent = _int(doc, "parent", nullable=True)
-        base = _part(doc["base"]) if doc.get("base") is not None else None
-        parts = tuple(_part(d) for d in deltas)
-        entries = _int(doc, "entries")
-        logical_bytes = _int(doc, "bytes")
-    except HostileManifestError as e:  # name the record: "bad 'bytes'" alone says nothing
-        raise HostileManifestError(f"generation {namespace}@{seq}: {e.message}") from None
-    return Record(
-        namespace=namespace,
-        seq=seq,
-        parent=parent,
-        base=base,
-        deltas=parts,
-        entries=entries,
-        logical_bytes=logical_bytes,
-        created=float(created),
-        node=str(doc.get("node", ""))[:128],
-        casfs_version=str(doc.get("casfs_version", ""))[:64],
-        fingerprint=fp if isinstance(fp, dict) else None,
-        options={k: v for k, v in doc.items() if k not in _CORE_KEYS},
-        requires=tuple(requires),
-    )
 
 
 @dataclass
@@ -267,11 +129,6 @@ class Skipped:
         return {"seq": self.seq, "kind": self.what, "error": " ".join(self.error.message.split())}
 
 
-def is_replace(e: Entry) -> bool:
-    """Whether ``e`` is a version of a replaced path (it overrides earlier versions)."""
-    return bool(e.extras and e.extras.get(REPLACE) is True)
-
-
 PACK_SAVED = "pack:"  # _save_condemned's key prefix for a pack's bytes
 
 
@@ -280,25 +137,10 @@ def packed(e: Entry) -> bool:
     return bool(e.extras and "pack" in e.extras)
 
 
-class Snapshot:
-    """The merged entries of one generation (path -> Entry) and its directories."""
-
-    def __init__(self, record: Record | None, entries: dict[str, Entry]) -> None:
-        self.record = record
-        self.entries = entries
-        self._dirs: set[str] | None = None
-
-    @property
-    def dirs(self) -> set[str]:
-        if self._dirs is None:
-            self._dirs = ancestor_dirs(self.entries)
-        return self._dirs
-
-
 class GenerationStore:
     """Read, publish, pin and enumerate generations in a shared root."""
 
-    def __init__(self, root: SharedRoot) -> None:
+    def __init__(self, root: RootLike) -> None:
         self.root = root
         self.backend = root.backend
         self.objects = root.objects
@@ -648,31 +490,38 @@ class GenerationStore:
         return snap
 
     def _advance(self, base: Snapshot, record: Record) -> Snapshot | None:
+        """``base`` advanced in place to ``record`` when it holds a prefix of its parts
+        (only its new deltas are read and merged); None when it does not."""
         prev = base.record
         if (prev is None or record.seq < prev.seq or record.base != prev.base
                 or record.deltas[:len(prev.deltas)] != prev.deltas):
             return None
+        return self._merge_parts(base, record, record.deltas[len(prev.deltas):])
+
+    def _merge_parts(self, snap: Snapshot, record: Record, parts: Iterable[Part]) -> Snapshot:
+        """Merge ``parts`` of ``record`` into ``snap`` (casfs.store.snapshot.merge_part), check
+        the result against the record, and make ``snap`` its snapshot.
+
+        The one merge of generations: a full build (``snap`` empty) and an advance
+        (``snap`` the snapshot of an earlier record) both come here, so a replaced
+        path's newer version overrides in both. An empty ``snap`` checks the
+        tree once at the end, a held one each new path as it goes.
+        """
         where = f"{record.namespace}@{record.seq}"
-        merged, dirs = base.entries, base.dirs
-        for part in record.deltas[len(prev.deltas):]:
+        dirs = snap.dirs if snap.record is not None else None
+        for part in parts:
             try:
-                part_entries = self.part_entries(part)
-            except CasfsError as err:
+                rows = self.part_entries(part)
+            except CasfsError as err:  # say which generation the bad manifest belongs to
                 raise type(err)(f"generation {where}: {err.message}") from err
-            for e in part_entries:
-                parents = parent_dirs(e.path)
-                if e.path in merged:
-                    raise HostileManifestError(f"generation {where}: {e.path!r} appears twice")
-                if e.path in dirs or any(d in merged for d in parents):
-                    raise HostileManifestError(
-                        f"generation {where}: {e.path!r} is a file and a directory")
-                merged[e.path] = e
-                dirs.update(parents)
-        if len(merged) != record.entries:
+            merge_part(snap.entries, rows, where, dirs)
+        if len(snap.entries) != record.entries:
             raise HostileManifestError(
-                f"generation {where}: {len(merged)} entries, record says {record.entries}")
-        base.record = record
-        return base
+                f"generation {where}: {len(snap.entries)} entries, record says {record.entries}")
+        if dirs is None:
+            check_tree(snap, where)
+        snap.record = record
+        return snap
 
     def _published(self, snap: Snapshot, record: Record, new: list[Entry]) -> None:
         """Advance our own snapshot to the record just created (the next publish starts there)."""
@@ -688,33 +537,7 @@ class GenerationStore:
         """Load every part of ``record`` and merge them (validated as a whole)."""
         if record is None:
             return Snapshot(None, {})
-        merged: dict[str, Entry] = {}
-        for part in record.parts:
-            try:
-                part_entries = self.part_entries(part)
-            except CasfsError as err:  # say which generation the bad manifest belongs to
-                where = f"{record.namespace}@{record.seq}"
-                raise type(err)(f"generation {where}: {err.message}") from err
-            for e in part_entries:
-                if merged.setdefault(e.path, e) is not e:
-                    if is_replace(e):  # a newer version of a replaced path
-                        merged[e.path] = e
-                        continue
-                    raise HostileManifestError(
-                        f"generation {record.namespace}@{record.seq}: {e.path!r} appears twice"
-                    )
-        if len(merged) != record.entries:
-            raise HostileManifestError(
-                f"generation {record.namespace}@{record.seq}: {len(merged)} entries,"
-                f" record says {record.entries}"
-            )
-        snap = Snapshot(record, merged)
-        for d in snap.dirs:
-            if d in merged:
-                raise HostileManifestError(
-                    f"generation {record.namespace}@{record.seq}: {d!r} is a file and a directory"
-                )
-        return snap
+        return self._merge_parts(Snapshot(None, {}), record, record.parts)
 
     def entries(self, ns: str, seq: int | None = None) -> Snapshot:
         return self.snapshot(self.resolve(ns, seq))
@@ -832,8 +655,6 @@ class GenerationStore:
         """
         if self._condemned is None:
             self._condemned = Condemned(self.backend)
-        from casfs.store.packs import rewrite_forward, rewrite_pack
-
         condemned = self._condemned.digests()
         saved: dict[str, bytes | None] = {}
         for d in sorted(digests & condemned):
@@ -850,8 +671,6 @@ class GenerationStore:
 
     def _check_after_publish(self, saved: dict[str, bytes | None]) -> None:
         """Once the record exists, put back a rewritten object a racing sweep removed."""
-        from casfs.store.packs import pack_key, put_pack_bytes
-
         for d, data in saved.items():
             if data is None:
                 continue

@@ -36,14 +36,9 @@ from dataclasses import dataclass, field
 
 from casfs.errors import CasfsError, UsageError
 from casfs.store import freshness, marks, packs
-from casfs.store.generations import (
-    MAX_RECORD_BYTES,
-    GenerationStore,
-    Record,
-    Skipped,
-    seq_name,
-)
+from casfs.store.generations import GenerationStore, Skipped
 from casfs.store.objects import object_key
+from casfs.store.record import MAX_RECORD_BYTES, Record, seq_name
 from casfs.store.root import SharedRoot
 
 log = logging.getLogger(__name__)

@@ -2,9 +2,19 @@
 
     <root>/casfs.json                     {"format": "casfs", "version": "1.0", ...}
     <root>/objects/ab/<62 hex>            objects (casfs.store.objects)
-    <root>/namespaces/<ns>/generations/<seq, 12 digits>   records (casfs.store.generations)
-    <root>/namespaces/<ns>/pins/<name>    pins
+    <root>/packs/ab/<62 hex>              packs of small objects (casfs.store.packs)
+    <root>/repacked/ab/<62 hex>           forwards of packs gc repacked (casfs.store.packs)
+    <root>/namespaces/<ns>/generations/<seq, 12 digits>   records (casfs.store.record)
+    <root>/namespaces/<ns>/pins/<name>    pins (casfs.store.generations)
+    <root>/namespaces/<ns>/heads/<seq>-<issued>   statements of the newest generation
+                                          (casfs.store.freshness)
+    <root>/namespaces/<ns>/reads/<time>-<node>-<8 hex>   read records (casfs.store.reads)
+    <root>/gc/marks/<created>-<32 hex>    gc marks (casfs.store.marks)
+    <root>/probes/<32 hex>/<n>            create-only probes (``probe_create_only``); removed
+                                          after each probe
     <root>/tmp/                           staging; old files here are garbage
+
+docs/format.md ("Shared root" and the sections after it) has each of them in full.
 
 A root is a POSIX directory or ``s3://bucket/prefix`` (casfs.util.location):
 the same keys under the prefix, through S3Backend; staging is node-local there.
@@ -14,6 +24,14 @@ publication is lock-free only because of it.
 
 A root whose casfs.json has an unknown major version is refused: an older
 casfs must not misread, or gc away, what a newer one wrote.
+
+Layering: SharedRoot builds the handles onto a root's parts, so this module
+is above them all: the backend (casfs.store.backend, casfs.store.s3backend),
+the object store, the record trust (casfs.store.tenancy) and GenerationStore
+(casfs.store.generations, which sees a root only as the protocol
+casfs.store.rootlike.RootLike). Only the tools that work on a whole root
+(casfs.store.maintenance, casfs.store.export) and the layers above casfs.store
+import it.
 """
 
 from __future__ import annotations
@@ -26,20 +44,19 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from casfs import __version__
 from casfs.errors import CasfsError, StoreFormatError
 from casfs.store.backend import Backend, LocalBackend
+from casfs.store.generations import GenerationStore
 from casfs.store.objects import ObjectStore, read_regular
+from casfs.store.s3backend import S3Backend
+from casfs.store.tenancy import OpenTrust, RecordTrust, TenantTrust
+from casfs.tenants import TenantPolicy
 from casfs.util import atomic
 from casfs.util.counters import Counters
+from casfs.util.fsinfo import unmounted_fstab_mount
 from casfs.util.location import RootLocation, S3Location, parse_location
-
-if TYPE_CHECKING:
-    from casfs.store.generations import GenerationStore
-    from casfs.store.tenancy import RecordTrust
-    from casfs.tenants import TenantPolicy
 
 FORMAT_MAJOR = 1
 FORMAT_VERSION = f"{FORMAT_MAJOR}.0"
@@ -52,8 +69,6 @@ class SharedRoot:
 
     def __init__(self, path: RootLocation, counters: Counters | None = None, root_id: str = "",
                  tenants: TenantPolicy | None = None, backend: Backend | None = None) -> None:
-        from casfs.store.tenancy import OpenTrust, TenantTrust
-
         self.location = path
         # Identifies this root (not its path): a node index remembers which root
         # its lower entries came from, and starts over if pointed at another.
@@ -109,8 +124,6 @@ class SharedRoot:
     def _open_s3(cls, loc: S3Location, *, create: bool, counters: Counters | None,
                  tenants: TenantPolicy | None, timeout: float,
                  open_timeout: float | None = None) -> SharedRoot:
-        from casfs.store.s3backend import S3Backend
-
         backend = S3Backend(loc, timeout=timeout)
         # The marker is one small GET: a server that cannot answer it within
         # open_timeout is treated as down now (the caller retries later).
@@ -135,8 +148,6 @@ class SharedRoot:
         return cls(loc, counters, root_id, tenants, backend)
 
     def generations(self) -> GenerationStore:
-        from casfs.store.generations import GenerationStore
-
         return GenerationStore(self)
 
 
@@ -194,8 +205,6 @@ def init_root(path: Path) -> bool:
     Refused (StoreFormatError) under a filesystem ``/etc/fstab`` lists that is not
     mounted: the root would be made on the local disk beneath it.
     """
-    from casfs.util.fsinfo import unmounted_fstab_mount
-
     if (down := unmounted_fstab_mount(path)) is not None:
         raise StoreFormatError(f"not creating a shared root at {path}: {down} is in the "
                                "fstab but not mounted (is the shared filesystem down?)")

@@ -10,7 +10,9 @@ from casfs.errors import HostileManifestError
 from casfs.store import manifest
 from casfs.store.entry import Entry
 from casfs.store.generations import COMPACT_DELTAS, REPLACE, is_replace
+from casfs.store.record import Part, Record
 from casfs.store.root import SharedRoot
+from casfs.store.snapshot import Snapshot
 
 
 def put(root: SharedRoot, path: str, data: bytes, replace: bool = False) -> Entry:
@@ -62,3 +64,45 @@ def test_a_duplicate_without_replace_is_damage(root: SharedRoot) -> None:
     forged = parse_record(json.dumps(doc).encode(), "ns", rec.seq)
     with pytest.raises(HostileManifestError, match="appears twice"):
         gens.snapshot(forged)
+
+
+def test_a_delta_with_a_newer_replaced_version_advances_the_held_snapshot(
+        root: SharedRoot, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A reader holding generation N reads N+1, a delta carrying a newer version of a
+    replaced path, by merging that delta alone: no full rebuild (the incremental merge
+    once lacked the override and fell back to one on every such delta), and the same
+    entries as a full build of N+1."""
+    publisher = root.generations()
+    reader = root.generations()  # a store of its own: it holds its own snapshots
+    publisher.publish("ns", [put(root, "idx", b"v1", True), put(root, "k/a", b"a")]
+                      + [put(root, f"k/f{i}", b"%d" % i) for i in range(20)], node="A")
+    rebuilds: list[int] = []
+    loaded: list[str] = []
+    full_build, load = reader.snapshot, reader.part_entries
+
+    def counting_build(record: Record | None) -> Snapshot:
+        rebuilds.append(record.seq if record else -1)
+        return full_build(record)
+
+    def counting_load(part: Part) -> list[Entry]:
+        loaded.append(part.digest)
+        return load(part)
+
+    monkeypatch.setattr(reader, "snapshot", counting_build)
+    monkeypatch.setattr(reader, "part_entries", counting_load)
+    _, first, _ = reader.newest_valid("ns")
+    assert first is not None and rebuilds == [first.seq]  # nothing held yet: one full build
+    for version in (b"v2", b"v3"):
+        publisher.publish("ns", [put(root, "idx", version, True),
+                                 put(root, f"k/new-{version.decode()}", version)], node="B")
+        loaded.clear()
+        _, rec, snap = reader.newest_valid("ns")
+        assert rec is not None and rec.deltas and rec.base == first.base  # a delta, not a base
+        assert rebuilds == [first.seq], "advanced by a full rebuild"
+        assert loaded == [rec.deltas[-1].digest]  # the new delta alone was read
+        assert snap.record == rec
+        assert root.objects.get_bytes(snap.entries["idx"].digest) == version
+        fresh = root.generations().snapshot(rec)  # the same record built whole
+        assert snap.entries == fresh.entries
+        assert snap.dirs == fresh.dirs == {"k"}
+        assert len(snap.entries) == rec.entries == 23 + (version == b"v3")
