@@ -30,13 +30,13 @@ import blake3
 
 from casfs import families
 from casfs.errors import UsageError
+from casfs.util import names
 
 log = logging.getLogger(__name__)
 
 AUTO = "auto"
 BUILD_KEY_ENV = "CASFS_BUILD_KEY"
 
-_NAMESPACE_RE = re.compile(r"[A-Za-z0-9._-]{1,128}")
 _NVIDIA_SMI_TIMEOUT_S = 5.0
 _DRIVER_VERSION_FILE = "/proc/driver/nvidia/version"
 # "+cu128" -> 12.8, "+cu118" -> 11.8; the last digit is always the minor.
@@ -75,12 +75,8 @@ def check_family(family: str) -> str:
 
 
 def check_namespace(name: str) -> str:
-    """Return ``name`` if it can be a namespace directory name; raise UsageError otherwise."""
-    if not isinstance(name, str) or not _NAMESPACE_RE.fullmatch(name) or name.startswith("."):
-        raise UsageError(
-            f"invalid namespace {name!r:.80}: use 1-128 of [A-Za-z0-9._-], not starting with '.'"
-        )
-    return name
+    """Return ``name`` if it can be a namespace name (casfs.util.names); UsageError if not."""
+    return names.check_namespace(name)
 
 
 # Run by the job's interpreter: its Python, libc and package versions, from

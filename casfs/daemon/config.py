@@ -36,6 +36,7 @@ from casfs.tenants import (
     user_id,
 )
 from casfs.tenants import MODES as TENANT_MODES
+from casfs.util import names
 from casfs.util.defaults import default_mount_base, default_root, default_state_dir
 from casfs.util.fsinfo import check_local_fs
 from casfs.util.location import RootLocation, S3Location, check_endpoint, is_url, parse_location
@@ -44,7 +45,6 @@ DEFAULT_METRICS_PORT = 9464
 JOBS_SOCKET_NAME = "casfsd.sock"
 DEFAULT_CACHE_MAX_BYTES = 20 << 30
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
-NAMESPACE_RE = re.compile(r"[A-Za-z0-9._-]{1,128}")
 TENANT_NAME_RE = re.compile(r"[a-z0-9][a-z0-9_-]{0,31}")
 _BYTES_RE = re.compile(r"(\d+(?:\.\d+)?)\s*([KMGT]?)(i?B?)", re.IGNORECASE)
 _UNITS = {"": 0, "K": 1, "M": 2, "G": 3, "T": 4}
@@ -407,11 +407,11 @@ def _mount(t: _Table, defaults: MountOptions, mount_base: Path,
         if family not in resolved:
             resolved[family] = fingerprint(family)
         namespace, ingredients = resolved[family].namespace, resolved[family].ingredients
-    elif NAMESPACE_RE.fullmatch(setting) and not setting.startswith("."):
+    elif names.is_namespace(setting):
         namespace = setting
     else:
         raise ConfigError(f"{t.key('namespace')}: {setting!r} is not \"auto\" or a valid"
-                          " namespace (1-128 of [A-Za-z0-9._-], not starting with '.')")
+                          f" namespace ({names.RULE})")
     path = t.get("path", as_abs_path, mount_base / name)
     tenant = t.get("tenant", as_str, "")
     opts = _options(t, defaults)
