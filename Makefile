@@ -1,7 +1,7 @@
 # The two commands a fresh machine needs (see README.md):
 #   make demo   run casfs's main job on the zero-config default
 #   make test   run the whole test suite (what CI runs)
-.PHONY: bootstrap clients demo test test-clients lint bench bench-quick
+.PHONY: bootstrap check clients demo test test-clients lint bench bench-quick
 
 bootstrap:
 	@scripts/bootstrap.sh
@@ -29,9 +29,20 @@ clients: bootstrap
 	@scripts/vllm-venv.sh $(VLLM_VENV)
 	@scripts/flashinfer-venv.sh $(FLASHINFER_VENV)
 
+# Independent real-mount tests run in parallel (pytest-xdist): each test has its own
+# root, state dir and mount base, and each worker its own SeaweedFS.
+XDIST ?= -n 3
+
+# The core suite: every real path that is not a whole system (no systemd boot, no wheel
+# in a clean root, no Prometheus, no vLLM/FlashInfer). For iterating: ~10 min on 2 cores.
+check: bootstrap lint
+	@scripts/check-capabilities.sh
+	@scripts/run-tests.sh $(XDIST) -m "not system" $(PYTEST_ARGS)
+
+# What CI runs: the core suite and the system suites.
 test: bootstrap lint clients
 	@scripts/check-capabilities.sh
-	@$(CLIENTS_ENV) scripts/run-tests.sh $(PYTEST_ARGS)
+	@$(CLIENTS_ENV) scripts/run-tests.sh $(XDIST) $(PYTEST_ARGS)
 
 # Only the heavy real clients (vLLM, FlashInfer), node A/B(/C).
 test-clients: clients

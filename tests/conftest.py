@@ -19,6 +19,17 @@ from logcheck import _casfs_log_check  # noqa: F401  (autouse: unexpected casfs 
 os.environ["CASFS_SOCKET"] = f"/nonexistent/casfs-tests-{os.getpid()}/casfsd.sock"
 
 
+_SYSTEM_DIRS = ("tests/system/", "tests/clients/")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Whole-system tests (a booted systemd, a wheel in a clean root, a real Prometheus,
+    vLLM and FlashInfer) are marked ``system``: ``make check`` leaves them out."""
+    for item in items:
+        if any(d in item.nodeid for d in _SYSTEM_DIRS):
+            item.add_marker(pytest.mark.system)
+
+
 @pytest.fixture
 def casfs_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Path]]:
     """Point CASFS_ROOT and CASFS_STATE_DIR at fresh dirs under tmp_path (never the user's)."""
