@@ -41,11 +41,14 @@ Named databases
     namespace (generation seq, manifest object digests, entry counts). Owned
     by the ingesting code; the index does not interpret it.
 
-``mounts``
-    key mount name -> JSON object (served namespace, seq, mountpoint, pid, ...).
+``mounts``  (reserved: always empty)
+    Created by every read-write open, never written or read (it was meant
+    for per-mount state, which nothing ever used). It stays in ``ALL_DBS``:
+    a read-only open needs every database listed there, so an index without
+    it would be refused ("incomplete") by releases that list it.
 
-``promoted``  (promotion state of upper files, per mount)
-    key   ``mount \\0 encode_path(path, PROMOTED_PATH_INLINE_MAX)``
+``promoted``  (promotion state of upper files, per namespace)
+    key   ``ns \\0 encode_path(path, PROMOTED_PATH_INLINE_MAX)``
     value ``PROMOTED`` header: state u8 (1 pending, 2 published), digest 32
           raw bytes, size u64, mode u32, mtime_ns i64, published_seq u64 (0
           while pending); followed by the full path (UTF-8).
@@ -98,7 +101,7 @@ READABLE_VERSIONS = (1, 2)  # 1: before ``packed``; upgraded at a read-write ope
 DB_META = b"meta"
 DB_LOWER = b"lower"
 DB_NSSTATE = b"nsstate"
-DB_MOUNTS = b"mounts"
+DB_MOUNTS = b"mounts"  # reserved, always empty (see above); kept for older releases
 DB_PROMOTED = b"promoted"
 DB_PENDING = b"pending"
 DB_COUNTERS = b"counters"
@@ -203,12 +206,12 @@ def unpack_lower(value: bytes) -> tuple[int, bytes, int, int, int, int]:
 # --- promoted ------------------------------------------------------------
 
 
-def promoted_prefix(mount: bytes) -> bytes:
-    return mount + b"\0"
+def promoted_prefix(ns: bytes) -> bytes:
+    return ns + b"\0"
 
 
-def promoted_key(mount: bytes, path: str) -> bytes:
-    return promoted_prefix(mount) + encode_path(path, PROMOTED_PATH_INLINE_MAX)
+def promoted_key(ns: bytes, path: str) -> bytes:
+    return promoted_prefix(ns) + encode_path(path, PROMOTED_PATH_INLINE_MAX)
 
 
 def pack_promoted(

@@ -110,32 +110,18 @@ class NodeIndex:
         """Every namespace with a recorded state."""
         return self._all_json(ks.DB_NSSTATE)
 
-    # --- mounts ---------------------------------------------------------------
+    # --- promotion state (per namespace) --------------------------------------
 
-    def set_mount(self, name: str, state: Mapping[str, Any]) -> None:
-        self._put_json(ks.DB_MOUNTS, ks.check_name(name, "mount"), state)
-
-    def get_mount(self, name: str) -> dict[str, Any] | None:
-        return self._get_json(ks.DB_MOUNTS, ks.check_name(name, "mount"))
-
-    def mounts(self) -> dict[str, dict[str, Any]]:
-        return self._all_json(ks.DB_MOUNTS)
-
-    def remove_mount(self, name: str) -> bool:
-        return self._delete(ks.DB_MOUNTS, ks.check_name(name, "mount"))
-
-    # --- promotion state ------------------------------------------------------
-
-    def add_promoted(self, mount: str, entry: Entry) -> None:
+    def add_promoted(self, ns: str, entry: Entry) -> None:
         """Record ``entry`` as promoted, pending publication."""
-        promoted.add_promoted(self._env, mount, [entry])
+        promoted.add_promoted(self._env, ns, [entry])
 
-    def add_promoted_many(self, mount: str, entries: Iterable[Entry],
+    def add_promoted_many(self, ns: str, entries: Iterable[Entry],
                           locations: Mapping[str, promoted.Location] | None = None,
                           root: str = "") -> None:
         """Record several promoted entries, and their objects' pack locations in shared
         root ``root`` (its id), in one transaction."""
-        promoted.add_promoted(self._env, mount, entries, locations, root)
+        promoted.add_promoted(self._env, ns, entries, locations, root)
 
     def pack_location(self, root: str, digest: str) -> promoted.Location | None:
         """Where this node's promotion put ``digest`` inside a pack (casfs.store.packs)."""
@@ -147,35 +133,35 @@ class NodeIndex:
     def forget_pack_locations(self, root: str, digests: Iterable[str]) -> int:
         return promoted.forget_pack_locations(self._env, root, digests)
 
-    def get_promoted(self, mount: str, path: str) -> PromotedRecord | None:
-        return promoted.get_promoted(self._env, mount, path)
+    def get_promoted(self, ns: str, path: str) -> PromotedRecord | None:
+        return promoted.get_promoted(self._env, ns, path)
 
-    def get_promoted_many(self, mount: str, paths: Iterable[str]) -> dict[str, PromotedRecord]:
-        return promoted.get_promoted_many(self._env, mount, paths)
+    def get_promoted_many(self, ns: str, paths: Iterable[str]) -> dict[str, PromotedRecord]:
+        return promoted.get_promoted_many(self._env, ns, paths)
 
-    def forget_promoted(self, mount: str, path: str) -> bool:
-        return promoted.forget_promoted(self._env, mount, path)
+    def forget_promoted(self, ns: str, path: str) -> bool:
+        return promoted.forget_promoted(self._env, ns, path)
 
-    def pending(self, mount: str, root: str = "") -> Iterator[Entry]:
-        """Promoted entries of ``mount`` not yet published."""
-        return promoted.pending(self._env, mount, root)
+    def pending(self, ns: str, root: str = "") -> Iterator[Entry]:
+        """Promoted entries of ``ns`` not yet published."""
+        return promoted.pending(self._env, ns, root)
 
-    def forget_all_promoted(self, mount: str) -> int:
-        """Drop every promotion record of ``mount``; returns how many."""
-        return promoted.forget_all(self._env, mount)
+    def forget_all_promoted(self, ns: str) -> int:
+        """Drop every promotion record of ``ns``; returns how many."""
+        return promoted.forget_all(self._env, ns)
 
-    def count_pending(self, mount: str) -> int:
-        """How many promoted entries of ``mount`` wait for publication (O(pending))."""
-        return promoted.count_pending(self._env, mount)
+    def count_pending(self, ns: str) -> int:
+        """How many promoted entries of ``ns`` wait for publication (O(pending))."""
+        return promoted.count_pending(self._env, ns)
 
-    def iter_promoted(self, mount: str) -> Iterator[PromotedRecord]:
-        return promoted.iter_promoted(self._env, mount)
+    def iter_promoted(self, ns: str) -> Iterator[PromotedRecord]:
+        return promoted.iter_promoted(self._env, ns)
 
-    def mark_published(self, mount: str, items: Iterable[str | Entry], seq: int,
+    def mark_published(self, ns: str, items: Iterable[str | Entry], seq: int,
                        root: str | None = None) -> int:
         """Mark records published in ``seq`` (an Entry must still match its record's digest);
         with ``root``, drop the pack locations the published rows now hold."""
-        return promoted.mark_published(self._env, mount, items, seq, root)
+        return promoted.mark_published(self._env, ns, items, seq, root)
 
     # --- counters -------------------------------------------------------------
 

@@ -1,4 +1,4 @@
-"""Promotion state of upper files, per mount (keys in casfs.index.keyspace).
+"""Promotion state of upper files, per namespace (keys in casfs.index.keyspace).
 
 A promoted file is recorded ``pending`` with the digest it was promoted as;
 publication marks it ``published`` with the generation seq that contains it.
@@ -46,13 +46,13 @@ def _record(value: bytes) -> PromotedRecord:
     )
 
 
-def add_promoted(env: IndexEnv, mount: str, entries: Iterable[Entry],
+def add_promoted(env: IndexEnv, ns: str, entries: Iterable[Entry],
                  locations: Mapping[str, Location] | None = None, root: str = "") -> None:
     """Record ``entries`` as promoted and pending, and where ``locations`` (digest ->
     pack location in shared root ``root``) put their objects, in one transaction."""
-    mountb = ks.check_name(mount, "mount")
+    nsb = ks.check_name(ns, "namespace")
     items = [
-        (ks.promoted_key(mountb, e.path), ks.pack_promoted(
+        (ks.promoted_key(nsb, e.path), ks.pack_promoted(
             ks.STATE_PENDING, ks.digest_to_raw(e.digest), e.size, e.mode, e.mtime_ns, 0, e.path,
         ))
         for e in entries
@@ -118,8 +118,8 @@ def forget_pack_locations(env: IndexEnv, root: str, digests: Iterable[str]) -> i
     return env.write(lambda txn: sum(bool(txn.delete(k, db=pdb)) for k in keys))
 
 
-def get_promoted(env: IndexEnv, mount: str, path: str) -> PromotedRecord | None:
-    key = ks.promoted_key(ks.check_name(mount, "mount"), path)
+def get_promoted(env: IndexEnv, ns: str, path: str) -> PromotedRecord | None:
+    key = ks.promoted_key(ks.check_name(ns, "namespace"), path)
     db = env.dbs[ks.DB_PROMOTED]
     value = env.read(lambda txn: txn_get(txn, key, db))
     if value is None:
@@ -128,12 +128,12 @@ def get_promoted(env: IndexEnv, mount: str, path: str) -> PromotedRecord | None:
     return rec if rec.entry.path == path else None  # a long path's key is a hash
 
 
-def get_promoted_many(env: IndexEnv, mount: str, paths: Iterable[str],
+def get_promoted_many(env: IndexEnv, ns: str, paths: Iterable[str],
                       ) -> dict[str, PromotedRecord]:
     """``get_promoted`` of many paths, one read transaction per batch: the found ones."""
-    mountb = ks.check_name(mount, "mount")
+    nsb = ks.check_name(ns, "namespace")
     found = _read_batched(env, env.dbs[ks.DB_PROMOTED],
-                          [(p, ks.promoted_key(mountb, p)) for p in paths])
+                          [(p, ks.promoted_key(nsb, p)) for p in paths])
     out: dict[str, PromotedRecord] = {}
     for path, value in found.items():
         rec = _record(value)
@@ -142,8 +142,8 @@ def get_promoted_many(env: IndexEnv, mount: str, paths: Iterable[str],
     return out
 
 
-def forget_promoted(env: IndexEnv, mount: str, path: str) -> bool:
-    key = ks.promoted_key(ks.check_name(mount, "mount"), path)
+def forget_promoted(env: IndexEnv, ns: str, path: str) -> bool:
+    key = ks.promoted_key(ks.check_name(ns, "namespace"), path)
     db, pend = env.dbs[ks.DB_PROMOTED], env.dbs[ks.DB_PENDING]
 
     def txn_fn(txn: lmdb.Transaction) -> bool:
@@ -153,9 +153,9 @@ def forget_promoted(env: IndexEnv, mount: str, path: str) -> bool:
     return env.write(txn_fn)
 
 
-def iter_promoted(env: IndexEnv, mount: str) -> Iterator[PromotedRecord]:
-    """All records of ``mount`` in key order, read in short batches."""
-    prefix = ks.promoted_prefix(ks.check_name(mount, "mount"))
+def iter_promoted(env: IndexEnv, ns: str) -> Iterator[PromotedRecord]:
+    """All records of ``ns`` in key order, read in short batches."""
+    prefix = ks.promoted_prefix(ks.check_name(ns, "namespace"))
     db = env.dbs[ks.DB_PROMOTED]
 
     def read_batch(after: bytes | None) -> list[tuple[bytes, bytes]]:
@@ -171,10 +171,10 @@ def iter_promoted(env: IndexEnv, mount: str) -> Iterator[PromotedRecord]:
         after = batch[-1][0]
 
 
-def pending(env: IndexEnv, mount: str, root: str = "") -> Iterator[Entry]:
-    """The entries of ``mount`` promoted but not yet published (reads only those), with
+def pending(env: IndexEnv, ns: str, root: str = "") -> Iterator[Entry]:
+    """The entries of ``ns`` promoted but not yet published (reads only those), with
     their ``"pack"`` extras where promotion put their object in a pack of ``root``."""
-    prefix = ks.promoted_prefix(ks.check_name(mount, "mount"))
+    prefix = ks.promoted_prefix(ks.check_name(ns, "namespace"))
     db, pend = env.dbs[ks.DB_PROMOTED], env.dbs[ks.DB_PENDING]
     pdb = env.dbs.get(ks.DB_PACKED)
     tag = ks.packed_key(root, "0" * 64)[:8]
@@ -204,8 +204,8 @@ def pending(env: IndexEnv, mount: str, root: str = "") -> Iterator[Entry]:
         after = batch[-1][0]
 
 
-def count_pending(env: IndexEnv, mount: str) -> int:
-    prefix = ks.promoted_prefix(ks.check_name(mount, "mount"))
+def count_pending(env: IndexEnv, ns: str) -> int:
+    prefix = ks.promoted_prefix(ks.check_name(ns, "namespace"))
     pend = env.dbs[ks.DB_PENDING]
 
     def txn_fn(txn: lmdb.Transaction) -> int:
@@ -221,7 +221,7 @@ def count_pending(env: IndexEnv, mount: str) -> int:
     return env.read(txn_fn)
 
 
-def mark_published(env: IndexEnv, mount: str, items: Iterable[str | Entry], seq: int,
+def mark_published(env: IndexEnv, ns: str, items: Iterable[str | Entry], seq: int,
                    root: str | None = None) -> int:
     """Mark pending records published in generation ``seq``; returns how many changed.
 
@@ -235,7 +235,7 @@ def mark_published(env: IndexEnv, mount: str, items: Iterable[str | Entry], seq:
     kept: without it that record's object looked lost at its publication, and
     at a namespace's final publication nothing promoted it again.
     """
-    mountb = ks.check_name(mount, "mount")
+    nsb = ks.check_name(ns, "namespace")
     todo = list(items)
     db, pend = env.dbs[ks.DB_PROMOTED], env.dbs[ks.DB_PENDING]
     pdb = env.dbs.get(ks.DB_PACKED)
@@ -245,7 +245,7 @@ def mark_published(env: IndexEnv, mount: str, items: Iterable[str | Entry], seq:
         drop: set[bytes] = set()  # raw digests whose pack locations may go
         for item in todo:
             path = item if isinstance(item, str) else item.path
-            key = ks.promoted_key(mountb, path)
+            key = ks.promoted_key(nsb, path)
             value = txn_get(txn, key, db)
             if value is None:
                 continue
@@ -278,9 +278,9 @@ def mark_published(env: IndexEnv, mount: str, items: Iterable[str | Entry], seq:
     return env.write(txn_fn)
 
 
-def forget_all(env: IndexEnv, mount: str) -> int:
-    """Drop every promotion record of ``mount`` (its upper files get promoted afresh)."""
-    prefix = ks.promoted_prefix(ks.check_name(mount, "mount"))
+def forget_all(env: IndexEnv, ns: str) -> int:
+    """Drop every promotion record of ``ns`` (its upper files get promoted afresh)."""
+    prefix = ks.promoted_prefix(ks.check_name(ns, "namespace"))
     db, pend = env.dbs[ks.DB_PROMOTED], env.dbs[ks.DB_PENDING]
 
     def txn_fn(txn: lmdb.Transaction) -> int:

@@ -41,8 +41,8 @@ def test_open_twice_in_one_process_shares_the_environment(tmp_path: Path) -> Non
     b = NodeIndex.open(tmp_path)
     assert a.env is b.env
     a.close()
-    b.set_mount("m", {"pid": 1})  # still open: closing one reference keeps the other
-    assert b.get_mount("m") == {"pid": 1}
+    b.set_ns_state("ns", {"seq": 1})  # still open: closing one reference keeps the other
+    assert b.ns_state("ns") == {"seq": 1}
     b.close()
 
 
@@ -75,7 +75,7 @@ def test_readonly_refuses_writes(tmp_path: Path) -> None:
         NodeIndex.open(tmp_path, readonly=True) as ro,
         pytest.raises(IndexError_, match="read-only"),
     ):
-        ro.set_mount("m", {})
+        ro.set_ns_state("ns", {})
 
 
 def test_map_grows_instead_of_failing(tmp_path: Path) -> None:
@@ -93,7 +93,7 @@ def test_handle_refuses_use_after_fork(index: NodeIndex) -> None:
     pid = os.fork()
     if pid == 0:  # child: must not touch the parent's environment
         try:
-            index.get_mount("m")
+            index.ns_state("ns")
         except IndexError_:
             os._exit(0)
         except BaseException:
@@ -101,8 +101,8 @@ def test_handle_refuses_use_after_fork(index: NodeIndex) -> None:
         os._exit(1)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
-    index.set_mount("m", {"ok": True})  # the parent's handle still works
-    assert index.get_mount("m") == {"ok": True}
+    index.set_ns_state("ns", {"ok": True})  # the parent's handle still works
+    assert index.ns_state("ns") == {"ok": True}
 
 
 READER = textwrap.dedent(
@@ -149,14 +149,17 @@ def test_readonly_reader_in_another_process_sees_later_commits(tmp_path: Path) -
             assert proc.wait() == 0
 
 
-def test_mounts(index: NodeIndex) -> None:
-    assert index.get_mount("m1") is None
-    index.set_mount("m1", {"namespace": "ns", "seq": 3, "mountpoint": "/c", "pid": 10})
-    index.set_mount("m2", {"namespace": "other", "seq": 1})
-    assert index.get_mount("m1") == {"namespace": "ns", "seq": 3, "mountpoint": "/c", "pid": 10}
-    assert set(index.mounts()) == {"m1", "m2"}
-    assert index.remove_mount("m2") is True
-    assert set(index.mounts()) == {"m1"}
+def test_the_reserved_mounts_database_is_still_created(tmp_path: Path) -> None:
+    """Nothing uses ``mounts``, but a read-only open needs every database its release
+    lists: an index without it would be refused by releases that list it."""
+    NodeIndex.open(tmp_path).close()
+    env = lmdb.open(str(tmp_path / "index"), max_dbs=16, readonly=True)
+    try:
+        db = env.open_db(ks.DB_MOUNTS, create=False)
+        with env.begin() as txn:
+            assert txn.stat(db)["entries"] == 0
+    finally:
+        env.close()
 
 
 def test_ns_state(index: NodeIndex) -> None:
@@ -321,7 +324,7 @@ def test_a_pack_location_another_pending_record_names_outlives_a_publication(
         idx.close()
 
 
-def test_forget_all_promoted_is_per_mount(tmp_path: Path) -> None:
+def test_forget_all_promoted_is_per_namespace(tmp_path: Path) -> None:
     from casfs.store.entry import Entry
 
     idx = NodeIndex.open(tmp_path / "state")
