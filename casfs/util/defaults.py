@@ -2,8 +2,11 @@
 
 With no configuration one machine works out of the box: the shared root is a
 directory under the user's data dir and node state under the user's state
-dir (XDG). Mount points are fixed per family and the same on every machine,
-because Triton 3.x group files hold absolute paths (docs/design-notes.md).
+dir (XDG). Mount points are fixed per family and the same on every machine.
+Triton 3.x group files hold absolute paths; casfs stores them path-free and
+presents them at the path a namespace is served at, so a cache hits at any
+path, but generations published by older releases name their path and hit
+only there (docs/architecture.md, "Design choices": caches that move).
 """
 
 from __future__ import annotations

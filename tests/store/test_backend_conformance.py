@@ -1,4 +1,7 @@
-"""One conformance suite for every storage backend (DESIGN.md: backends are interchangeable).
+"""One conformance suite for every storage backend: backends are interchangeable.
+
+docs/architecture.md: the storage backend is a narrow protocol
+(casfs/store/backend.py) with one conformance suite.
 
 Add a backend by adding a factory to BACKENDS; every test below then runs against it.
 """

@@ -56,7 +56,7 @@ def test_first_publish_and_read_back(root: SharedRoot) -> None:
     snap = gens.entries("ns")
     assert snap.entries == {e.path: e for e in entries}
     assert snap.dirs == {"a"}
-    # The record file sits where DESIGN.md says, zero-padded.
+    # The record file sits where docs/format.md ("Shared root") says, zero-padded.
     assert (root.path / "namespaces/ns/generations/000000000001").is_file()
 
 
