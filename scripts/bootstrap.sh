@@ -23,6 +23,21 @@ if [ ${#need_apt[@]} -gt 0 ]; then
     apt-get update -qq
     apt-get install -y -qq "${need_apt[@]}" >/dev/null
 fi
+# tests/system/test_prometheus.py: Debian's Prometheus scrapes a real casfsd. Without its
+# node exporter (a recommends); the test runs its own server, so the package's
+# system-wide one is stopped where systemd started it.
+if [ ! -x /usr/bin/prometheus ] && [ "$(id -u)" -ne 0 ]; then
+    echo "bootstrap: warning: no prometheus (sudo apt-get install prometheus);" \
+         "tests/system/test_prometheus.py will skip" >&2
+elif [ ! -x /usr/bin/prometheus ]; then
+    echo "bootstrap: installing prometheus"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends prometheus >/dev/null
+    if [ -d /run/systemd/system ]; then
+        systemctl disable --now prometheus >/dev/null 2>&1 || true
+    fi
+fi
 
 PY=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then

@@ -63,6 +63,12 @@ HISTOGRAMS = {
 # Written by the per-entry compile-time step (issue 24) as integer milliseconds;
 # until then no mount counts it and the counter stays 0.
 COMPILE_MS_SAVED = "compile_ms_saved"
+# Exported for every group even before any namespace counts one: the dashboard's
+# queries (deploy/grafana/casfs.json) return 0, not "no data", on a quiet node.
+ALWAYS = ("lookup_lower", "lookup_miss", "lookup_upper", "open_lower", "objects_fetched",
+          "bytes_fetched", "fetch_timeouts", "fetch_errors", "rejections", "promoted_files",
+          "generations_published", "files_published", "promote_errors", "publish_errors",
+          "refresh_errors")
 SAME_START_S = 2.0  # two replies whose start times differ by more: two mount instances
 
 Group = tuple[str, ...]  # label values, in FamilyTotals.label_names order
@@ -250,6 +256,9 @@ class MountCollector:
         self.sup = sup
         self.totals = FamilyTotals(opts or getattr(sup.cfg, "metrics", None)
                                    or MetricsOptions())
+        # The node's mount process: its newest publication, kept once the namespace
+        # that made it is released (a quiet node still says how its last one went).
+        self._host_last: dict[str, dict[str, Any]] = {}
 
     def collect(self) -> Iterator[Metric]:
         labels = ["mount", "namespace"]
@@ -286,9 +295,11 @@ class MountCollector:
                 if mine:
                     root_ok.add_metric(lv, 1 if all(s.root_available for s in mine) else 0)
                 lasts = [n.get("last_publish") for n in st.get("namespaces") or []]
-                newest = max((p for p in lasts if p and p.get("time")),
+                lasts.append(self._host_last.get(slot.cfg.name))
+                newest = max((p for p in lasts if isinstance(p, dict) and p.get("time")),
                              key=lambda p: float(p["time"]), default=None)
                 if newest:
+                    self._host_last[slot.cfg.name] = newest
                     last_ts.add_metric(lv, float(newest["time"]))
                     last_ok.add_metric(lv, 1 if newest.get("ok") else 0)
                 continue
@@ -316,7 +327,8 @@ class MountCollector:
 
 def family_metrics(label_names: list[str], groups: dict[Group, Totals]) -> Iterator[Metric]:
     """The per-family series of ``FamilyTotals.update``'s groups."""
-    names = sorted({k for t in groups.values() for k in t.counters})
+    names = sorted({k for t in groups.values() for k in t.counters}
+                   | (set(ALWAYS) if groups else set()))
     for name in names:
         fam = CounterMetricFamily(
             "casfs_family_" + _BAD.sub("_", name),

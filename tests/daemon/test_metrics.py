@@ -197,3 +197,9 @@ def test_jobs_namespaces_exported_per_family_and_tenant() -> None:
     assert fam("casfs_family_lookup_lower_total", "triton", "u1001") == 2
     assert fam("casfs_namespaces_served", "triton", "u1001") == 0
     assert fam("casfs_fetch_seconds_count", "triton", "u1000") == 1
+    # nothing served any more: the host's last publication is still told, its root is not
+    sup.replies["host"] = {"ok": True, "host": True, "namespaces": []}
+    m = scrape(sup, collector)
+    assert m[("casfs_mount_last_publication_ok", (("mount", "host"), ("namespace", "*")))] == 1
+    assert ("casfs_mount_root_available", (("mount", "host"), ("namespace", "*"))) not in m
+    assert fam("casfs_family_lookup_lower_total", "triton", "u1000") == 4
