@@ -5,6 +5,7 @@ are capped, and the latency histograms are well-formed Prometheus histograms."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -203,3 +204,26 @@ def test_jobs_namespaces_exported_per_family_and_tenant() -> None:
     assert m[("casfs_mount_last_publication_ok", (("mount", "host"), ("namespace", "*")))] == 1
     assert ("casfs_mount_root_available", (("mount", "host"), ("namespace", "*"))) not in m
     assert fam("casfs_family_lookup_lower_total", "triton", "u1000") == 4
+
+
+def test_metrics_options_from_the_config_file(tmp_path: Path) -> None:
+    from casfs.daemon import config as dconfig
+    from casfs.errors import ConfigError
+
+    base = f'[store]\nroot = "{tmp_path}/root"\n[node]\nstate_dir = "{tmp_path}/state"\n'
+    p = tmp_path / "casfs.toml"
+    p.write_text(base)
+    assert dconfig.load(p).metrics == MetricsOptions(True, False, 100)
+    p.write_text(base + '[metrics]\nlisten = ":9464"\ntenant_label = false\n'
+                 "namespace_label = true\nmax_label_values = 5\n")
+    cfg = dconfig.load(p)
+    assert cfg.metrics == MetricsOptions(tenant_label=False, namespace_label=True,
+                                         max_label_values=5)
+    assert MountCollector(SimpleNamespace(cfg=cfg)).totals.label_names == [  # type: ignore[arg-type]
+        "family", "namespace"]
+    for bad, key in (("max_label_values = 0", "metrics.max_label_values"),
+                     ('tenant_label = "yes"', "metrics.tenant_label"),
+                     ("labels = 3", "metrics.labels")):
+        p.write_text(base + f"[metrics]\n{bad}\n")
+        with pytest.raises(ConfigError, match=key):
+            dconfig.load(p)
