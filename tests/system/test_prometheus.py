@@ -104,8 +104,6 @@ print("done", flush=True)
 time.sleep(4)
 """
 
-pytestmark = [pytest.mark.fuse, pytest.mark.slow]
-
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -238,6 +236,8 @@ def test_dashboard_structure() -> None:
     assert saved and all("NOT MEASURED YET" in p["description"] for p in saved)
 
 
+@pytest.mark.fuse
+@pytest.mark.slow
 def test_every_dashboard_query_returns_data(daemons: Callable[..., Daemon],
                                             prometheus: Callable[[str], Prometheus],
                                             tmp_path: Path) -> None:
