@@ -40,6 +40,7 @@ import argparse
 import json
 import os
 import random
+import resource
 import shutil
 import statistics
 import subprocess
@@ -194,6 +195,46 @@ def _unmount_under(path: Path) -> None:
         subprocess.run(["umount", "-l", mp], capture_output=True, check=False)
 
 
+class _TreeCpu:
+    """CPU of the processes whose command line names ``marker`` (a node's mount process
+    and workers, which ``casfs run`` does not reap), sampled every 0.1 s until ``stop``;
+    the bench's own children are left out (their CPU is in RUSAGE_CHILDREN)."""
+
+    def __init__(self, marker: str) -> None:
+        import threading
+
+        self.marker = marker.encode()
+        self.seen: dict[int, float] = {}
+        self._stop = threading.Event()
+        self._t = threading.Thread(target=self._loop, daemon=True)
+        self._t.start()
+
+    def _sample(self) -> None:
+        tick = os.sysconf("SC_CLK_TCK")
+        me = os.getpid()
+        for d in os.listdir("/proc"):
+            if not d.isdigit():
+                continue
+            try:
+                if self.marker not in Path(f"/proc/{d}/cmdline").read_bytes():
+                    continue
+                f = Path(f"/proc/{d}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(f[1]) == me:
+                continue
+            self.seen[int(d)] = (int(f[11]) + int(f[12])) / tick
+
+    def _loop(self) -> None:
+        while not self._stop.wait(0.1):
+            self._sample()
+
+    def stop(self) -> float:
+        self._stop.set()
+        self._t.join()
+        return sum(self.seen.values())
+
+
 def _timeline(reqs: list[Any], t0: float, t1: float, rtt: float,
               job: tuple[float, float] | None = None) -> dict[str, Any]:
     """Where the time went as the proxy saw it (``job``: when the job's read began and
@@ -270,6 +311,12 @@ class Bed:
             str(archive), BUCKET, "copy/tree.tar.zst")
         archive.unlink()
         self.seq = 0
+        # `casfs init` first, as docs say for S3: a node's first open of a root that does
+        # not exist yet creates it, ~19 serial requests, and past ROOT_OPEN_TIMEOUT (3 s:
+        # a loaded machine, or 200 ms RTT) that node serves local state only and its
+        # job's files are not published (exit 0)
+        subprocess.run([sys.executable, "-m", "casfs.cli.main", "init", self.env()["CASFS_ROOT"]],
+                       env=self.env(), cwd=REPO, check=True, capture_output=True, timeout=300)
 
     def _creds(self) -> dict[str, str]:
         e = self.srv.env()
@@ -292,6 +339,20 @@ class Bed:
             env.update(CASFS_STATE_DIR=str(node / "state"), CASFS_SERVE_BASE=str(node / "serve"),
                        CASFS_MOUNT_BASE=str(node / "mnt"))
         return env
+
+    def _cpu(self) -> tuple[float, float, float]:
+        """CPU seconds so far: reaped children (a node: casfs run, its mount process and
+        workers, the job), this process (the proxy's thread; the rest waits), SeaweedFS."""
+        from bench.common import proc_cpu
+
+        ch = resource.getrusage(resource.RUSAGE_CHILDREN)
+        assert self.srv.proc is not None
+        return ch.ru_utime + ch.ru_stime, time.process_time(), proc_cpu(self.srv.proc.pid)
+
+    def _cpu_since(self, before: tuple[float, float, float]) -> dict[str, float]:
+        now = self._cpu()
+        return {k: round(b - a, 2) for k, a, b in zip(("node", "proxy", "server"), before, now,
+                                                     strict=True)}
 
     def _casfs_run(self, node: Path, ns: str, job: list[str], report: Path
                    ) -> tuple[subprocess.CompletedProcess[str], float, float, float]:
@@ -321,6 +382,10 @@ class Bed:
         _, _, _, wall = self._casfs_run(node, ns, job, node / "report.json")
         counts = self.net.reset_counts()
         report = json.loads((node / "report.json").read_text())
+        promoted = sum(f.get("published", 0) for f in report.get("families", []))
+        if promoted != self.files:
+            raise RuntimeError(f"the writer's casfs run published {promoted} files, not "
+                               f"{self.files}: {json.dumps(report)[:2000]}")
         shutil.rmtree(node, ignore_errors=True)
         return {"namespace": ns, "wall_s": round(wall, 3), "requests": _kinds(counts),
                 "bytes_up": counts["bytes_up"], "report": report}
@@ -330,7 +395,13 @@ class Bed:
         self.net.delay = delay
         self.net.reset_counts()
         job = [sys.executable, SCRIPT, "--read-tree-job"]
+        cpu0 = self._cpu()
+        tree = _TreeCpu(str(node))
         p, t0, t1, wall = self._casfs_run(node, ns, job, node / "report.json")
+        cpu = self._cpu_since(cpu0)
+        cpu["casfs_run_and_job"] = cpu["node"]
+        cpu["mount"] = round(tree.stop(), 2)
+        cpu["node"] = round(cpu["node"] + cpu["mount"], 2)
         counts, reqs = self.net.counts(), self.net.requests()
         self.net.reset_counts()
         self.net.delay = 0.0
@@ -340,7 +411,7 @@ class Bed:
         if read["files"] != self.files or read["bytes_but_groups"] != self.nbytes_but_groups:
             raise RuntimeError(f"the fresh node read {read}, not {self.files} files, "
                                f"{self.nbytes_but_groups} bytes besides group files")
-        return {"wall_s": round(wall, 3), "job": read, "requests": _kinds(counts),
+        return {"wall_s": round(wall, 3), "job": read, "requests": _kinds(counts), "cpu_s": cpu,
                 "bytes_down": counts["bytes_down"], "bytes_up": counts["bytes_up"],
                 "connections": counts["connections"],
                 "files_per_request": round(self.files / max(1, counts["requests"]), 2),
@@ -352,11 +423,13 @@ class Bed:
         shutil.rmtree(dest, ignore_errors=True)
         self.net.delay = delay
         self.net.reset_counts()
+        cpu0 = self._cpu()
         t0 = time.monotonic()
         p = subprocess.run([sys.executable, SCRIPT, "--copy-restore-job",
                             self.net.endpoint, str(dest)], env=self.env(), cwd=REPO,
                            capture_output=True, text=True, timeout=900, check=False)
         wall = time.monotonic() - t0
+        cpu = self._cpu_since(cpu0)
         counts = self.net.reset_counts()
         self.net.delay = 0.0
         shutil.rmtree(dest, ignore_errors=True)
@@ -366,7 +439,7 @@ class Bed:
         job = json.loads(p.stdout.strip().splitlines()[-1])
         if job["files"] != self.files or job["bytes"] != self.nbytes:
             raise RuntimeError(f"copy-restore read {job}")
-        return {"wall_s": round(wall, 3), "job": job, "requests": _kinds(counts),
+        return {"wall_s": round(wall, 3), "job": job, "requests": _kinds(counts), "cpu_s": cpu,
                 "bytes_down": counts["bytes_down"]}
 
     def plain(self) -> dict[str, Any]:
@@ -442,6 +515,11 @@ def measure(work: Path, runs: int, rtt_ms: float, kernels: int = KERNELS,
                 "casfs_over_copy_restore": round(c / cr, 2),
                 "casfs_over_plain": round(c / pl, 1),
                 "casfs_read_s": _med([x["job"]["read_s"] for x in d["casfs"]]),
+                "casfs_cpu_s": {k: _med([x["cpu_s"][k] for x in d["casfs"]])
+                                for k in ("node", "casfs_run_and_job", "mount", "proxy",
+                                          "server")},
+                "copy_restore_cpu_s": {k: _med([x["cpu_s"][k] for x in d["copy_restore"]])
+                                       for k in ("node", "proxy", "server")},
                 "copy_restore_get_unpack_s": _med([x["job"]["restore_s"]
                                                    for x in d["copy_restore"]]),
                 "plain_read_s": _med([x["job"]["read_s"] for x in d["plain"]]),
