@@ -27,6 +27,7 @@ log = logging.getLogger(__name__)
 
 GUARD_DIR_NAME = "casfs-guard-empty"
 _MS_RDONLY, _MS_REMOUNT, _MS_BIND, _MNT_DETACH = 1, 32, 4096, 2  # <sys/mount.h>
+_MS_PRIVATE, _MS_SHARED = 1 << 18, 1 << 20
 
 
 @dataclass(frozen=True)
@@ -90,7 +91,15 @@ def install(path: Path, state_dir: Path) -> bool:
     # mount(2) directly: two mount(8) processes cost more than the FUSE mount itself
     # on the path to ready.
     target = os.fsencode(path)
+    # A bind mount from a shared mount joins that mount's peer group, and what is mounted on
+    # it then propagates to its peers: under systemd (every mount shared) the FUSE mount
+    # served here would also appear on the empty dir itself, in the state dir, where the
+    # next mount's guard then fails (EACCES) or finds a dead FUSE mount (ENOTCONN). Private,
+    # then shared again: a peer group of its own, so the FUSE mount still reaches the mount
+    # namespaces that copy the mount point (containers, HostToContainer), never the state dir.
     for what, src, flags in (("bind", os.fsencode(empty), _MS_BIND),
+                             ("leave the state dir's peer group", None, _MS_PRIVATE),
+                             ("share", None, _MS_SHARED),
                              ("remount read-only", None, _MS_REMOUNT | _MS_BIND | _MS_RDONLY)):
         if libc().mount(src, target, None, flags, None) != 0:
             err = ctypes.get_errno()
