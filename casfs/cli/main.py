@@ -47,15 +47,17 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     )
     p.add_argument("-v", "--verbose", action="count", default=0, help="more logging")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    from casfs.cli import mount_cmds
+    from casfs.cli import run
 
     if command in _QUICK:
-        mount_cmds.register(sub)
+        run.register(sub)
         return p
-    from casfs.cli import doctor, explain, store_cmds
+    from casfs.cli import doctor, explain, mounts, queries, store_cmds
 
     store_cmds.register(sub)
-    mount_cmds.register(sub)
+    mounts.register(sub)
+    run.register(sub)
+    queries.register(sub)
     doctor.register(sub)
     explain.register(sub)
     return p

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from casfs.cli.mount_cmds import summary_line
+from casfs.cli.summary import summary_line
 
 
 def test_summary_line_names_conflicts_only_when_there_are_some() -> None:

@@ -1,0 +1,58 @@
+"""Options shared by the commands that mount or lease caches (mount, env, run)."""
+
+from __future__ import annotations
+
+import argparse
+
+from casfs import families
+
+
+def positive(text: str) -> float:
+    v = float(text)
+    if not v > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0: {text}")
+    return v
+
+
+def non_negative(text: str) -> float:
+    v = float(text)
+    if not v >= 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0: {text}")
+    return v
+
+
+def family_opts(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--family", default=None,
+                   help=f"comma list of {', '.join(families.names())} (default: every"
+                        " family; in dir/overlay mode, one process each: "
+                        f"{','.join(families.DEFAULT_DAEMON)})")
+    p.add_argument("--python", metavar="PATH",
+                   help="the job's interpreter, whose packages make the namespace"
+                        " (default: the command's, else $VIRTUAL_ENV's, else python3)")
+    p.add_argument("--companions", action="store_true",
+                   help="also set the families' opt-in companion variables"
+                        " (e.g. FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1)")
+
+
+def mount_opts(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--wait-warm", type=non_negative, nargs="?", const=60.0, default=0.0,
+                   metavar="S",
+                   help="overlay mode: start the job only once the namespace's access"
+                        " profile (its hot set) is on the node, so the kernel serves it"
+                        " natively; at most S seconds (default 60), then with what is"
+                        " local")
+    p.add_argument("--namespace", "-n", help="explicit namespace (default: auto)")
+    p.add_argument("--name", help="mount name (default: the family)")
+    p.add_argument("--stable-after", type=float, default=2.0, metavar="S")
+    p.add_argument("--publish-interval", type=float, default=10.0, metavar="S")
+    p.add_argument("--refresh-interval", type=float, default=30.0, metavar="S")
+    p.add_argument("--fetch-timeout", type=positive, default=10.0, metavar="S",
+                   help="the longest an open waits for the shared root before the job"
+                        " gets a miss (default 10)")
+    p.add_argument("--allow-other", action="store_true")
+    p.add_argument("--exclude", action="append", help="extra scratch glob (repeatable)")
+    p.add_argument("--mode", choices=("fuse", "overlay", "dir"), default="fuse",
+                   help="fuse (default): lazy overlay mount; overlay: kernel overlayfs over"
+                        " local objects and a read-only FUSE view (native speed, needs"
+                        " CAP_SYS_ADMIN, else fuse); dir: plain directory restored"
+                        " by copy and watched with inotify, for hosts without FUSE")

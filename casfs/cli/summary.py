@@ -1,0 +1,128 @@
+"""What ``casfs run`` says when its job ends: one line per family, hints, the --report."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from casfs.errors import CasfsError
+from casfs.util.defaults import default_root
+
+
+def summary_line(family: str, st: dict[str, Any] | None) -> str:
+    if st is None:
+        return f"{family}: no statistics (the mount process died)"
+    if st.get("shared"):
+        return (f"{family}: {st.get('namespace')} is still used by another job on this node;"
+                " it publishes when the last one leaves")
+    c = st.get("counters", {})
+    last = st.get("last_publish") or {}
+    hits = c.get("lookup_lower", 0)
+    return (f"{family}: restored {st.get('restored_entries', 0)} entries, {hits} lookups served"
+            f" from the cache, {c.get('lookup_miss', 0)} of absent paths,"
+            f" {c.get('promoted_files', 0)} promoted,"
+            f" {c.get('files_published', 0)} published"
+            + (f" ({st['namespace']}@{last['seq']})" if last.get("seq") else "")
+            # a conflict is a path another node published first with other bytes: the
+            # cluster keeps the first version, so this job's copy stays node-local
+            + (f"; {c['publish_conflicts']} paths conflicted (another node's version kept;"
+               " --report lists them)" if c.get("publish_conflicts") else "")
+            + _not_published(last)
+            + _readiness(st))
+
+
+def _not_published(last: dict[str, Any]) -> str:
+    """Why the job's last publication failed (a squatted namespace, a full root...):
+    said once in the job's line, never only in the mount process's log."""
+    if not last or last.get("ok", True):
+        return ""
+    return f"; NOT PUBLISHED: {last.get('message')}"
+
+
+def _readiness(st: dict[str, Any]) -> str:
+    """The two readiness points, when the mount reports them (its own process's)."""
+    ready, warm = st.get("mount_ready_s"), st.get("warm_ready_s")
+    if ready is None:
+        return ""
+    out = f"; mount-ready {ready:.2f}s"
+    if warm is not None:
+        out += f", warm-ready {warm:.2f}s"
+    elif st.get("counters", {}).get("warm_wait_timeouts"):
+        out += ", not warm-ready (--wait-warm timed out)"
+    return out
+
+
+def unused(st: dict[str, Any] | None) -> bool:
+    """Nothing restored, looked up, written or published: the job never used this cache."""
+    if st is None or st.get("shared"):
+        return False
+    c = st.get("counters", {})
+    return not st.get("restored_entries") and not any(
+        c.get(k) for k in ("lookup_lower", "lookup_upper", "promoted_files", "files_published",
+                           "open_lower", "copy_up"))
+
+
+def miss_hints(caches: list[dict[str, Any]],
+                stats: list[tuple[str, dict[str, Any] | None]]) -> list[str]:
+    """One line per family that restored nothing while related namespaces exist."""
+    from casfs.cli.explain import hint
+    from casfs.daemon.config import load_tenants
+    from casfs.fingerprint import Fingerprint
+    from casfs.node.tenant import own_tenant
+    from casfs.store.root import SharedRoot
+
+    todo = [c for c, (_, st) in zip(caches, stats, strict=False)
+            if st is not None and not st.get("restored_entries") and c.get("ingredients")]
+    if not todo:
+        return []
+    try:
+        gens = SharedRoot.open(default_root()).generations()
+        tenant = own_tenant(load_tenants()).id
+        out = [hint(gens, Fingerprint(c["family"], c["ingredients"]), tenant) for c in todo]
+    except (CasfsError, OSError):
+        return []  # a hint is a courtesy: never a failure of the run
+    return [line for line in out if line]
+
+
+def write_report(path: Path, cmd: list[str], rc: int, caches: list[dict[str, Any]],
+                  stats: list[tuple[str, dict[str, Any] | None]], timings: dict[str, float],
+                  private: bool) -> None:
+    """``casfs run --report FILE``: the job's outcome per family, for a launcher to collect."""
+    import json
+    import socket
+
+    from casfs.util.atomic import write_atomic
+
+    fams = []
+    for c, (fam, st) in zip(caches, stats, strict=False):
+        cnt = (st or {}).get("counters", {})
+        last = (st or {}).get("last_publish") or {}
+        fams.append({
+            "family": fam, "namespace": c["namespace"],
+            "served": st is not None and not private,
+            "restored_entries": (st or {}).get("restored_entries", 0),
+            "hits": cnt.get("lookup_lower", 0), "opens_from_cache": cnt.get("open_lower", 0),
+            "misses": cnt.get("lookup_miss", 0),
+            "fetched_objects": cnt.get("objects_fetched", 0),
+            "fetched_bytes": cnt.get("bytes_fetched", 0),
+            "promoted": cnt.get("promoted_files", 0),
+            "published": cnt.get("files_published", 0),
+            "published_seq": last.get("seq"),
+            "errors": sum(v for k, v in cnt.items()
+                          if k.endswith(("_errors", "_timeouts")) or k == "rejections"),
+            "conflicts": cnt.get("publish_conflicts", 0),
+            "conflict_paths": (st or {}).get("conflict_paths", [])[:10],
+            # seconds from the mount's start: the job could start / the hot set was local
+            "mount_ready_s": (st or {}).get("mount_ready_s"),
+            "warm_ready_s": (st or {}).get("warm_ready_s"),
+            "prefetched_files": cnt.get("prefetched_files", 0),
+        })
+    doc = {"casfs_run_report": 1, "host": socket.gethostname(), "command": cmd,
+           "exit_status": rc, "time": time.time(),
+           "timings": {k: round(v, 3) for k, v in timings.items()}, "families": fams}
+    try:
+        write_atomic(path, (json.dumps(doc, indent=1) + "\n").encode())
+    except OSError as e:
+        print(f"casfs: warning: cannot write the report {path}: {e}", file=sys.stderr)
