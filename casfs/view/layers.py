@@ -16,7 +16,7 @@ import shutil
 import stat
 import time
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,6 +24,7 @@ from casfs.store.entry import Entry
 from casfs.util.counters import Counters
 from casfs.view import whiteout as wh
 from casfs.view.lower import DIR, LowerNode, LowerTree
+from casfs.view.quota import BLOCK, NamespaceQuota
 from casfs.view.whiteout import merge_children
 
 log = logging.getLogger(__name__)
@@ -149,6 +150,16 @@ class Layers:
         # nothing is there either.
         self._lower_absent: dict[str, int] = {}
         self._listings: dict[str, tuple[tuple[int, int, int], list[tuple[str, UpperOrLower]]]] = {}
+        # The tenant's bounds (casfs.view.quota), None: not counted. Every upper entry
+        # is created and removed through the methods below, so they charge inodes (and
+        # a directory's block) here; file bytes are charged where they are written
+        # (casfs.view.op_files, op_attrs, op_copyup). ``is_open(path)``: whether a
+        # handle holds the upper file at ``path`` (set by the view): a removed file
+        # still open keeps its space until its last handle goes, so its charge is
+        # given back then (``deferred``), not at the unlink.
+        self.quota: NamespaceQuota | None = None
+        self.is_open: Callable[[str], bool] = lambda path: False
+        self.deferred: set[tuple[int, int]] = set()
 
     @property
     def lower(self) -> LowerTree:
@@ -172,10 +183,25 @@ class Layers:
         return os.stat(self.rel(path), dir_fd=self.fd, follow_symlinks=False)
 
     def open(self, path: str, flags: int, mode: int = 0o777) -> int:
+        """``os.open`` beneath the upper; a create (O_CREAT) charges an inode when it
+        makes one (the view creates with O_EXCL: always)."""
         if not flags & os.O_CREAT:
             return os.open(self.rel(path), flags, mode, dir_fd=self.fd)
+        q = self.quota
+        if q is not None and not flags & os.O_EXCL:
+            try:
+                self.lstat(path)
+                q = None  # there already: nothing made
+            except FileNotFoundError:
+                pass
+        if q is not None:
+            q.take(0, 1)
         try:
             return os.open(self.rel(path), flags, mode, dir_fd=self.fd)
+        except BaseException:
+            if q is not None:
+                q.give(0, 1)
+            raise
         finally:
             self._created += 1
 
@@ -198,24 +224,65 @@ class Layers:
         parent = split(path)[0]
         count = self._nlink.get(parent) if new else None
         self._touched(path)
+        q = self.quota
+        if q is not None:
+            q.take(BLOCK, 1)
         try:
             os.mkdir(self.rel(path), mode, dir_fd=self.fd)
+        except BaseException:
+            if q is not None:
+                q.give(BLOCK, 1)
+            raise
         finally:
             self._creating()
         if count is not None:  # exact before the mkdir (``_touched`` drops a stale one)
             self._nlink[parent] = (count[0], count[1] + 1)
 
     def mknod(self, path: str, mode: int, rdev: int = 0) -> None:
-        try:
+        with self._new_inode():
             os.mknod(self.rel(path), mode, rdev, dir_fd=self.fd)
+
+    def symlink(self, target: bytes, path: str) -> None:
+        with self._new_inode():
+            os.symlink(target, os.fsencode(self.rel(path)), dir_fd=self.fd)
+
+    @contextlib.contextmanager
+    def _new_inode(self) -> Iterator[None]:
+        """Charge one inode for an entry made in the block (given back if it fails)."""
+        q = self.quota
+        if q is not None:
+            q.take(0, 1)
+        try:
+            yield
+        except BaseException:
+            if q is not None:
+                q.give(0, 1)
+            raise
         finally:
             self._creating()
 
-    def symlink(self, target: bytes, path: str) -> None:
+    def _removing(self, path: str) -> os.stat_result | None:
+        """lstat of ``path`` before it is removed (None: not counted, or absent)."""
+        if self.quota is None:
+            return None
         try:
-            os.symlink(target, os.fsencode(self.rel(path)), dir_fd=self.fd)
-        finally:
-            self._creating()
+            return self.lstat(path)
+        except FileNotFoundError:
+            return None
+
+    def _removed(self, path: str, st: os.stat_result | None) -> None:
+        """The name ``path`` (stat ``st`` before) is gone: give back what its entry
+        counted if this was its last name; if a handle still holds it, at the last
+        handle's release (``deferred``)."""
+        q = self.quota
+        if q is None or st is None or wh.is_whiteout(st):
+            return
+        if not stat.S_ISDIR(st.st_mode) and st.st_nlink > 1:
+            return  # another name keeps the inode
+        if stat.S_ISREG(st.st_mode) and self.is_open(path):
+            self.deferred.add((st.st_dev, st.st_ino))
+            return
+        q.give_entry(st)
 
     def readlink(self, path: str) -> bytes:
         return os.readlink(os.fsencode(self.rel(path)), dir_fd=self.fd)
@@ -229,11 +296,15 @@ class Layers:
 
     def unlink(self, path: str) -> None:
         self._changes += 1
+        st = self._removing(path)
         os.unlink(self.rel(path), dir_fd=self.fd)
+        self._removed(path, st)
 
     def rmdir(self, path: str) -> None:
         self._touched(path)
         os.rmdir(self.rel(path), dir_fd=self.fd)
+        if self.quota is not None:
+            self.quota.give(BLOCK, 1)
 
     def rmdir_if_empty(self, path: str) -> bool:
         """rmdir the upper directory ``path`` if it holds nothing at all; False (and
@@ -245,6 +316,8 @@ class Layers:
                 return False
             raise
         self._touched(path)
+        if self.quota is not None:
+            self.quota.give(BLOCK, 1)
         return True
 
     @property
@@ -267,10 +340,12 @@ class Layers:
     def rename(self, old: str, new: str) -> None:
         self._touched(old)
         self._touched(new)
+        replaced = self._removing(new)  # an entry renamed over is removed
         try:
             os.rename(self.rel(old), self.rel(new), src_dir_fd=self.fd, dst_dir_fd=self.fd)
         finally:
             self._creating()
+        self._removed(new, replaced)
 
     def chmod(self, path: str, mode: int) -> None:
         """chmod (follows a symlink: callers never chmod one)."""
@@ -514,6 +589,7 @@ class Layers:
             raise
         finally:
             self._creating()
+        self._removed(path, st)  # the upper entry it replaced, if any
 
     def remove_whiteout(self, path: str) -> bool:
         """Free the name ``path`` of its whiteout (before creating an entry there)."""

@@ -107,10 +107,14 @@ class AttrOps(CopyUpOps):
             else:
                 up.lchown(target, uid, gid)
         if fields.update_size:
-            if isinstance(target, int):
-                os.ftruncate(target, attr.st_size)
-            else:
-                up.truncate(target, attr.st_size)
+            before, charged = self._grow(target, attr.st_size)  # EDQUOT: beyond the bound
+            try:
+                if isinstance(target, int):
+                    os.ftruncate(target, attr.st_size)
+                else:
+                    up.truncate(target, attr.st_size)
+            finally:
+                self._settle(target, before, charged)  # a shrink gives back
         if fields.update_atime or fields.update_mtime:
             st = stat_target()
             atime = attr.st_atime_ns if fields.update_atime else st.st_atime_ns

@@ -17,7 +17,7 @@ import resource
 import stat
 import sys
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +34,7 @@ from casfs.view.attrs import lower_attrs, upper_attrs
 from casfs.view.inodes import InodeTable
 from casfs.view.layers import Layers, Node, join, split
 from casfs.view.lower import LowerNode, LowerTree, ObjectFetcher
+from casfs.view.quota import NamespaceQuota, round_up
 
 log = logging.getLogger(__name__)
 
@@ -187,6 +188,7 @@ class OpsBase(pyfuse3.Operations):
         replaced_timeout: float = 1.0,
         presenter: Presenter | None = None,
         dir_nlink: bool = True,
+        quota: NamespaceQuota | None = None,
     ) -> None:
         super().__init__()
         # Directories' link count: 2 + subdirectories (exact), or 1 ("unknown", as
@@ -199,6 +201,12 @@ class OpsBase(pyfuse3.Operations):
         # member's directory never makes another's cache writes fail.
         self.share_bits = share_bits
         self.layers = Layers(lower, Path(upper_dir), counters)
+        # The tenant's bounds (casfs.view.quota): entries are charged by the layers,
+        # bytes where they are written; None: nothing counted.
+        self.quota = quota
+        self.layers.quota = quota
+        self.layers.is_open = self._upper_open
+        self._open_upper: Counter[int] = Counter()  # inode -> handles of its upper file
         self.fetcher = fetcher
         self.tracker = tracker
         self.counters = counters
@@ -543,6 +551,37 @@ class OpsBase(pyfuse3.Operations):
         node = self._resolve(path)
         return self._attrs(node, self.inodes.lookup(path, link_key(node)))
 
+
+    def _upper_open(self, path: str) -> bool:
+        ino = self.inodes.find(path)
+        return ino is not None and self._open_upper[ino] > 0
+
+    def _grow(self, fd: int | str, end: int) -> tuple[int, int]:
+        """Charge the growth of the upper file ``fd`` (an fd, or an upper path) to
+        ``end`` bytes: (its size before, bytes charged). EDQUOT/ENOSPC, nothing
+        charged, when beyond the tenant's bound or the state filesystem's reserve."""
+        q = self.quota
+        if q is None:
+            return 0, 0
+        before = (os.fstat(fd) if isinstance(fd, int) else self.layers.lstat(fd)).st_size
+        grow = round_up(end) - round_up(before) if end > before else 0
+        if grow:
+            q.take(grow)
+        return before, grow
+
+    def _settle(self, fd: int | str, before: int, charged: int) -> None:
+        """Make the charge of the upper file ``fd`` (``charged`` for its growth from
+        ``before``) what its size now says: a short or failed write, a shrink."""
+        q = self.quota
+        if q is None:
+            return
+        try:
+            now = (os.fstat(fd) if isinstance(fd, int) else self.layers.lstat(fd)).st_size
+        except OSError:
+            now = before  # gone: its removal gave back what it counted
+        delta = round_up(now) - round_up(before) - charged
+        if delta:
+            q.adjust(delta)
 
     def _handle(self, fh: int) -> Handle:
         h = self._handles.get(fh)

@@ -7,6 +7,7 @@ object that fails to fetch or verify becomes a miss (casfs.view.op_base.Miss).
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
@@ -19,6 +20,7 @@ from casfs.errors import CasfsError, CorruptObjectError
 from casfs.store.entry import Entry
 from casfs.view.layers import Node, join, split
 from casfs.view.op_base import Miss, OpsBase, err
+from casfs.view.quota import round_up
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +99,26 @@ class CopyUpOps(OpsBase):
         entry = node.lower_file
         if entry is None:
             return
+        # The copy is the tenant's (it lands in its upper): charged before it is made,
+        # given back if it is not installed. EDQUOT/ENOSPC: the lower file stays.
+        charge = 0 if empty else round_up(entry.size)
+        if self.quota is not None:
+            self.quota.take(charge, 1)
+        try:
+            installed = await self._copy_up_charged(node, entry, empty)
+        except BaseException:
+            if self.quota is not None:
+                self.quota.give(charge, 1)
+            raise
+        if self.quota is None:
+            return
+        if not installed:
+            self.quota.give(charge, 1)
+            return
+        with contextlib.suppress(OSError):  # a presented file's size is not the stored one
+            self.quota.adjust(round_up(self.layers.lstat(node.path).st_size) - charge)
+
+    async def _copy_up_charged(self, node: Node, entry: Entry, empty: bool) -> bool:
         src = None if empty else await self._fetch(node.path, entry)
         content = None
         if src is not None and self.presenter is not None and (
@@ -117,15 +139,21 @@ class CopyUpOps(OpsBase):
             os.unlink(tmp)
             if current is None:
                 raise err(errno.ENOENT)
-            return
-        self.layers.ensure_upper_dir(split(node.path)[0], self.dir_mode)
-        self.layers.install_staged(tmp, node.path)
+            return False
+        try:
+            self.layers.ensure_upper_dir(split(node.path)[0], self.dir_mode)
+        except BaseException:
+            os.unlink(tmp)
+            raise
+        if not self.layers.install_staged(tmp, node.path):
+            return False
         owner = self.lower_owner
         if self._is_root and owner is not None and owner != self._owner:
             # as the lower entry appeared; relative to the upper's fd, never followed
             os.chown(self.layers.rel(node.path), *owner, dir_fd=self.layers.fd,
                      follow_symlinks=False)
         self.counters.inc("copy_up")
+        return True
 
     async def _copy_up_tree(self, node: Node) -> None:
         """Copy a merged directory and everything visible below it into upper."""

@@ -116,10 +116,16 @@ class FileOps(CopyUpOps):
         if entry is not None:
             await self._copy_up(node, empty=bool(flags & os.O_TRUNC))
             self._invalidate_entry(node.path)  # drop the long lower timeouts
+        # An upper file truncated by this open gives its bytes back.
+        was = node.upper.st_size if (self.quota is not None and flags & os.O_TRUNC
+                                     and entry is None and node.upper is not None) else None
         fd = self.layers.open(
             node.path, _writeback_flags(flags & ~STRIP_FLAGS) | os.O_CLOEXEC | os.O_NOFOLLOW
         )
+        if was is not None:
+            self._settle(fd, was, 0)
         self._handles[fd] = Handle(fd, ino, node.path, writable, None)
+        self._open_upper[ino] += 1
         if writable:
             self.tracker.opened_for_write(node.path)
         if flags & os.O_TRUNC:
@@ -246,6 +252,7 @@ class FileOps(CopyUpOps):
         ino = self.inodes.lookup(path)
         writable = flags & os.O_ACCMODE != os.O_RDONLY
         self._handles[fd] = Handle(fd, ino, path, writable, None)
+        self._open_upper[ino] += 1
         if writable:
             self.tracker.opened_for_write(path)  # marks it changed too
         else:
@@ -260,7 +267,19 @@ class FileOps(CopyUpOps):
     @sync_handler
     def write(self, fh: int, off: int, buf: bytes) -> int:
         h = self._handle(fh)
-        n = os.pwrite(h.fd, buf, off)
+        if self.quota is None:
+            n = os.pwrite(h.fd, buf, off)
+        else:
+            # Growth is charged first: beyond the tenant's bound nothing is written
+            # (EDQUOT; with the writeback cache the job sees it at close or fsync).
+            before, charged = self._grow(h.fd, off + len(buf))
+            try:
+                n = os.pwrite(h.fd, buf, off)
+            except BaseException:
+                self._settle(h.fd, before, charged)
+                raise
+            if charged and n < len(buf):
+                self._settle(h.fd, before, charged)
         self.tracker.modified(self.inodes.path(h.ino) or h.path)
         return n
 
@@ -289,7 +308,20 @@ class FileOps(CopyUpOps):
             if h.presented is not None:
                 self._release_memfd(h.presented)
                 return
+            upper = h.digest is None
+            gone = None
+            if upper:
+                self._open_upper[h.ino] -= 1
+                last = self._open_upper[h.ino] <= 0
+                if last:
+                    del self._open_upper[h.ino]
+                if last and self.layers.deferred:
+                    gone = os.fstat(h.fd)  # removed while open: its space goes now
             os.close(h.fd)
+            if gone is not None and gone.st_nlink == 0 and self.quota is not None and (
+                    (key := (gone.st_dev, gone.st_ino)) in self.layers.deferred):
+                self.layers.deferred.discard(key)
+                self.quota.give_entry(gone)
             if h.digest is not None:
                 self.fetcher.unpin(h.digest)
             if h.writable:
