@@ -25,6 +25,8 @@ from casfs.node.config import MountConfig
 if TYPE_CHECKING:
     from casfs.node.host import HostConfig
 from casfs.node.logfmt import FORMATS, LEVELS
+from casfs.node.quota import MECHANISMS as QUOTA_MECHANISMS
+from casfs.node.quota import QuotaPolicy, loopfs_unavailable
 from casfs.tenants import (
     CLUSTER,
     DEFAULT_POLICY,
@@ -53,6 +55,7 @@ OPTION_KEYS = ("stable_after", "publish_interval", "refresh_interval", "shutdown
                "allow_other", "namespace_max_bytes", "exclude", "mode", "fetch_timeout", "packs",
                "wait_warm")
 MODES = ("fuse", "overlay", "dir")
+DEFAULT_QUOTA = QuotaPolicy()
 
 
 @dataclass(frozen=True)
@@ -139,6 +142,7 @@ class DaemonConfig:
     defaults: MountOptions = MountOptions()
     tenants: TenantPolicy = DEFAULT_POLICY
     jobs: JobsLimits = JobsLimits()
+    quota: QuotaPolicy = DEFAULT_QUOTA
 
     @property
     def run_dir(self) -> Path:
@@ -167,6 +171,7 @@ class DaemonConfig:
             scratch_patterns=o.exclude, mode=o.mode, fetch_timeout=o.fetch_timeout,
             guard=True,  # supervised: a restart follows a crash, so guard the gap
             ingredients=dict(m.ingredients), packs=o.packs, wait_warm=o.wait_warm,
+            quota=self.quota.to_dict(),
         )
 
     def mount_configs(self) -> list[MountConfig]:
@@ -187,7 +192,7 @@ class DaemonConfig:
             cache_max_bytes=self.cache_max_bytes, namespace_max_bytes=o.namespace_max_bytes,
             scratch_patterns=o.exclude, grace=self.lease_grace, packs=o.packs,
             reclaim_after=self.reclaim_after,
-            tenants=self.tenants.to_dict(),
+            tenants=self.tenants.to_dict(), quota=self.quota.to_dict(),
         )
 
 
@@ -382,6 +387,50 @@ def _options(t: _Table, base: MountOptions) -> MountOptions:
     )
 
 
+_SHARE_RE = re.compile(r"(\d+(?:\.\d+)?)\s*%")
+
+
+def as_bytes_or_share(v: Any, key: str) -> int | float | None:
+    """A byte count (see as_bytes), a share of the state filesystem ("10%": a float),
+    or 0 / "off": none."""
+    if v == 0 or v == "off":
+        return None
+    if isinstance(v, str) and (m := _SHARE_RE.fullmatch(v.strip())):
+        share = float(m.group(1)) / 100
+        if not 0 < share <= 1:
+            raise ConfigError(f"{key}: a share must be above 0% and at most 100%, got {v!r}")
+        return share
+    return as_bytes(v, key)
+
+
+def as_count_or_off(v: Any, key: str) -> int | None:
+    if v == 0 or v == "off":
+        return None
+    return as_count(v, key)
+
+
+def _quota(t: _Table) -> QuotaPolicy:
+    d = QuotaPolicy()
+    reserve = t.get("reserve", lambda v, k: "auto" if v == "auto" else as_bytes_or_share(v, k),
+                    "auto")
+    mechanism = t.get("mechanism", as_str, d.mechanism)
+    if mechanism not in QUOTA_MECHANISMS:
+        raise ConfigError(f"{t.key('mechanism')}: expected one of {', '.join(QUOTA_MECHANISMS)},"
+                          f" got {mechanism!r}")
+    policy = QuotaPolicy(bytes=t.get("bytes", as_bytes_or_share, d.bytes),
+                         inodes=t.get("inodes", as_count_or_off, d.inodes),
+                         reserve=None if reserve == "auto" else (reserve or 0),
+                         mechanism=mechanism)
+    t.finish()
+    if mechanism == "loopfs":
+        if policy.bytes is None:
+            raise ConfigError(f"{t.key('bytes')}: mechanism \"loopfs\" makes each tenant a"
+                              " filesystem of this size: it cannot be off")
+        if (why := loopfs_unavailable()) is not None:
+            raise ConfigError(f"{t.key('mechanism')}: \"loopfs\" is unavailable here: {why}")
+    return policy
+
+
 def _mode(t: _Table, default: str) -> str:
     mode = t.get("mode", as_str, default)
     if mode not in MODES:
@@ -572,6 +621,7 @@ def load(path: Path | None, overrides: Overrides | None = None) -> DaemonConfig:
     metrics.finish()
     tenants = _tenants(top.table("tenants"))
     jobs = _jobs(top.table("jobs"))
+    quota = _quota(top.table("quota"))
     dt = top.table("defaults")
     defaults = _options(dt, MountOptions())
     dt.finish()
@@ -610,7 +660,7 @@ def load(path: Path | None, overrides: Overrides | None = None) -> DaemonConfig:
                        serve_base=serve_base, lease_grace=lease_grace, defaults=defaults,
                        reclaim_after=reclaim_after, unused_for_days=unused_for_days,
                        retention_interval=retention_interval,
-                       tenants=tenants, jobs=jobs)
+                       tenants=tenants, jobs=jobs, quota=quota)
     check(cfg)
     return cfg
 

@@ -53,6 +53,7 @@ from casfs.errors import CasfsError, CorruptObjectError, ObjectMissingError
 from casfs.index import cachedb
 from casfs.index.node_index import NodeIndex
 from casfs.store.entry import Entry
+from casfs.util import diskroom
 from casfs.util.atomic import temp_name
 from casfs.util.counters import Counters
 from casfs.util.shares import EvenShares
@@ -203,8 +204,15 @@ def fill_file(directory: Path, source: ObjectSource, digest: str, size: int,
     """Stream ``digest`` from ``source`` into the cache at ``directory``: temp file, rename.
 
     The one way a cache file is written, in a mount process or in its fetch
-    worker (casfs.node.fetchworker). Returns the bytes written.
+    worker (casfs.node.fetchworker). Returns the bytes written. Refused (a miss)
+    when it would leave less than the state filesystem's reserve free
+    (casfs.util.diskroom): the cache evicts to its cap, and never fills the disk
+    the node index commits to.
     """
+    try:
+        diskroom.check_room(directory, size)
+    except OSError as e:
+        raise CasfsError(f"local object cache {directory}: {e}") from e
     path = object_path(directory, digest)
     tmp = temp_name(path.parent, "fill-")
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC

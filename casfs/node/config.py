@@ -50,16 +50,36 @@ class MountConfig:
     # naming packs need format v2: a fleet still running a casfs without packs
     # reads them only once upgraded (docs/format.md, "Migration").
     packs: bool = True
+    # Per-tenant bounds on the node's uppers (casfs.node.quota.QuotaPolicy.to_dict();
+    # empty: the defaults).
+    quota: dict[str, Any] = field(default_factory=dict)
 
     @property
     def run_dir(self) -> Path:
         return self.state_dir / "run"
 
     @property
+    def quota_fs(self) -> Path | None:
+        """The tenant's own filesystem ([quota] mechanism "loopfs", casfs.node.quota),
+        where its uppers live; None: they live in the state dir."""
+        if self.tenant and self.quota.get("mechanism") == "loopfs":
+            return self.state_dir / "quota" / self.tenant
+        return None
+
+    @property
     def upper(self) -> Path:
         # One upper per namespace: a new torch/triton version (a new namespace)
         # starts clean instead of shadowing its files with stale ones.
-        return self.state_dir / "upper" / self.namespace
+        fs = self.quota_fs
+        return (self.state_dir if fs is None else fs) / "upper" / self.namespace
+
+    @property
+    def overlay_work(self) -> Path:
+        """overlayfs's workdir: on the upper's filesystem."""
+        fs = self.quota_fs
+        if fs is None:
+            return self.overlay_base / "work"
+        return fs / "work" / self.namespace
 
     @property
     def overlay_base(self) -> Path:
@@ -154,6 +174,7 @@ class HostConfig:
     debug: bool = False
     name: str = "host"
     tenants: dict[str, Any] = field(default_factory=dict)  # TenantPolicy.to_dict()
+    quota: dict[str, Any] = field(default_factory=dict)  # QuotaPolicy.to_dict() (MountConfig)
 
     # What casfs.node.worker.Worker and the supervisor read from a config.
     @property
@@ -202,7 +223,7 @@ class HostConfig:
             packs=self.packs,
             allow_other=self.allow_other, cache_max_bytes=self.cache_max_bytes,
             namespace_max_bytes=self.namespace_max_bytes,
-            scratch_patterns=self.scratch_patterns,
+            scratch_patterns=self.scratch_patterns, quota=self.quota,
         )
 
     def check(self) -> None:

@@ -38,7 +38,7 @@ from casfs import families
 from casfs.index.memtree import StagedLowerTree
 from casfs.index.node_index import NodeIndex
 from casfs.index.objcache import LocalObjectCache, discard_cache_dir
-from casfs.node import control, fetchproc, nsregistry, promoteproc, readahead
+from casfs.node import control, fetchproc, nsregistry, promoteproc, quota, readahead
 from casfs.node.access import Access
 from casfs.node.config import MountConfig
 from casfs.node.lowerfeed import LowerFeed
@@ -100,6 +100,7 @@ class MountService:
         self.feed = LowerFeed(cfg, self.rules, self.index, self.link, self.counters)
         if not hosted:
             session.clear_stale_mount(cfg.mountpoint)  # a dead mount (ENOTCONN) fails mkdir
+        quota.prepare(cfg)  # the tenant's own filesystem ([quota] mechanism "loopfs")
         cfg.writable_dir.mkdir(parents=True, exist_ok=True)
         root_mode = give_to_tenant(cfg.writable_dir, self.tenant)
         self.access = Access(cfg, self.lower, self.link, self.counters, self._t0)

@@ -77,6 +77,9 @@ def unavailable_reason() -> str | None:
 class OverlayPaths:
     upper: Path
     base: Path  # <state>/overlay/<ns>
+    # overlayfs's workdir, on the upper's filesystem: <base>/work unless the upper lives
+    # on the tenant's own filesystem (casfs.node.quota, mechanism "loopfs")
+    work_dir: Path | None = None
 
     @property
     def links(self) -> Path:
@@ -93,7 +96,7 @@ class OverlayPaths:
 
     @property
     def work(self) -> Path:
-        return self.base / "work"
+        return self.work_dir if self.work_dir is not None else self.base / "work"
 
 
 @dataclass

@@ -168,4 +168,6 @@ class DirServer:
         return None
 
     def close(self) -> None:
-        pass
+        from casfs.node import quota
+
+        quota.release_dir(self.parts.cfg)  # the bind of the tenant's directory ("loopfs")

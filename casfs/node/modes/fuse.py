@@ -15,6 +15,7 @@ import stat
 from collections.abc import Callable
 from typing import Any
 
+from casfs.node import quota
 from casfs.node.modes import Busy, Serving, Unchanged, ViewParts, remove_beneath
 from casfs.store.entry import Entry
 from casfs.util import beneath
@@ -35,11 +36,14 @@ class FuseServer:
         self.busy: Busy = None  # the view sees every writer
         self.unchanged: Unchanged = None
         cfg = parts.cfg
+        # The tenant's bounds, shared by its namespaces in this process: the view
+        # counts what it writes (casfs.node.quota; the upper is scanned now).
+        self.quota = quota.attach(cfg)
         self.ops = OverlayOperations(
             parts.lower, parts.cache, cfg.upper, parts.tracker, parts.counters,
             fetch_timeout=cfg.fetch_timeout, root_mode=parts.root_mode,
             share_bits=parts.tenant.share_bits if parts.tenant else 0,
-            replaced=parts.is_replaced, presenter=parts.relocator)
+            replaced=parts.is_replaced, presenter=parts.relocator, quota=self.quota)
 
     def wire(self, on_open: Callable[[str, str], None],
              on_miss: Callable[[str, Entry], None] | None) -> None:
@@ -101,6 +105,8 @@ class FuseServer:
             except OSError as e:
                 log.warning("%s: cannot release %s: %s", p.cfg.name, path, e)
                 return False
+            if self.quota is not None and st.st_nlink == 1:
+                self.quota.give_entry(st)
         finally:
             os.close(base)
         p.counters.inc("replaced_upper_released")
@@ -126,3 +132,5 @@ class FuseServer:
         # The idle fds this namespace kept (a host releases namespaces all its life:
         # nothing else ever closes them).
         self.ops.close_idle()
+        if self.quota is not None:  # its upper now counts as scanned, not live
+            self.quota.close()

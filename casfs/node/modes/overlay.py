@@ -39,7 +39,7 @@ class OverlayServer:
         cfg = parts.cfg
         self.busy: Busy = self._open_for_writing
         self.unchanged: Unchanged = None
-        self.paths = overlay.OverlayPaths(cfg.upper, cfg.overlay_base)
+        self.paths = overlay.OverlayPaths(cfg.upper, cfg.overlay_base, cfg.overlay_work)
         # The FUSE layer serves lower only; its upper stays empty (read-only).
         # Directories show nlink 1: the overlay's first listing of a merged directory
         # (the root: every kernel dir) would otherwise list each child directory
