@@ -5,19 +5,23 @@
 Lifecycle: load and check the whole configuration (a bad one exits 2 with one
 line naming the key, before anything is mounted); take the state dir's daemon
 lock; start every mount's worker; tell systemd ``READY=1``; supervise (restart
-dead workers, refresh ``STATUS=``); on SIGTERM, SIGINT or SIGHUP send
-``STOPPING=1``, stop every worker (final publication, unmount) and exit 0.
+dead workers, refresh ``STATUS=``, ping systemd's watchdog while the supervision
+loop turns); on SIGHUP (``systemctl reload``) reload the configuration file and
+apply what changed (``Daemon.reload``); on SIGTERM or SIGINT send ``STOPPING=1``,
+stop every worker (final publication, unmount) and exit 0.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import faulthandler
 import logging
 import os
 import signal
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -27,7 +31,7 @@ from casfs.daemon import config as dconfig
 from casfs.daemon.controlsock import ControlServer, ServerLimits, take_daemon_lock
 from casfs.daemon.jobs import JobsSocket
 from casfs.daemon.notify import Notifier
-from casfs.daemon.supervisor import Supervisor
+from casfs.daemon.supervisor import QUERY_TIMEOUT, Supervisor
 from casfs.errors import CasfsError
 from casfs.node import logfmt
 
@@ -71,12 +75,42 @@ def _say_error(message: str, fmt: str) -> None:
     print(f"{prefix}{PROG}: error: {message}", file=sys.stderr, flush=True)
 
 
-class Daemon:
-    def __init__(self, cfg: dconfig.DaemonConfig, notifier: Notifier | None = None) -> None:
+# What a reload applies (DaemonConfig fields): the log level, and what reaches the mounts'
+# configurations (a changed mount restarts) or is read afresh each time (retention).
+# Every other field is what the sockets, the state and the serving threads were built
+# on: changing it needs a restart, and a reload that does is refused (a field added
+# later is refused too until someone decides it can change live).
+RELOADABLE = frozenset({"source", "log_level", "mounts", "defaults", "cache_max_bytes",
+                        "lease_grace", "reclaim_after", "unused_for_days",
+                        "retention_interval"})
+KEY_NAMES = {
+    "root": "store.root", "state_dir": "node.state_dir", "mount_base": "node.mount_base",
+    "serve_base": "node.on_demand/node.serve_base", "log_format": "log.format",
+    "metrics_listen": "metrics.listen", "metrics": "[metrics]", "tenants": "[tenants]",
+    "jobs": "[jobs]",
+}
 
+
+def restart_only_changes(old: dconfig.DaemonConfig, new: dconfig.DaemonConfig) -> list[str]:
+    """The keys that differ between ``old`` and ``new`` and only a restart applies."""
+    return [KEY_NAMES.get(f.name, f.name) for f in dataclasses.fields(old)
+            if f.name not in RELOADABLE and getattr(old, f.name) != getattr(new, f.name)]
+
+
+def _needs_fuse(cfg: dconfig.DaemonConfig) -> bool:
+    return cfg.serve_base is not None or any(m.options.mode != "dir" for m in cfg.mounts)
+
+
+class Daemon:
+    def __init__(self, cfg: dconfig.DaemonConfig, notifier: Notifier | None = None,
+                 load: Callable[[], dconfig.DaemonConfig] | None = None) -> None:
+        """``load`` re-reads the configuration at a reload (default: ``cfg.source`` again,
+        without command-line overrides)."""
         self.cfg = cfg
         self.notifier = notifier or Notifier.from_environment()
         self.stop_requested = threading.Event()
+        self.reload_requested = threading.Event()
+        self._load = load or (lambda: dconfig.load(cfg.source))
         from casfs.node import standby
 
         fmt = logfmt.resolve_format(cfg.log_format)
@@ -84,12 +118,76 @@ class Daemon:
         self.supervisor = Supervisor(cfg, _spawn, spawn_options={
             "log_to_stderr": True, "log_format": fmt,
             "log_level": cfg.log_level, "die_with_parent": True,
-        }, standby=lambda: standby.start(log_format=fmt, log_level=cfg.log_level))
+        }, standby=lambda: standby.start(log_format=fmt, log_level=self.cfg.log_level))
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         if not self.stop_requested.is_set():
             log.info("%s: stopping", signal.Signals(signum).name)
         self.stop_requested.set()
+
+    def _on_hup(self, signum: int, frame: FrameType | None) -> None:
+        self.reload_requested.set()  # the supervision loop reloads (Daemon.reload)
+
+    def _tick(self) -> None:
+        if self.reload_requested.is_set():
+            self.reload_requested.clear()
+            self.reload()
+
+    def reload(self) -> bool:
+        """Re-read the configuration and apply it: the log level at once (casfsd's own
+        lines; mount processes take it when they next start), mounts removed, added or
+        changed (each changed one restarted; the others keep serving), retention. A file
+        that does not load, or that changes what only a restart applies (every field
+        not ``RELOADABLE``), is refused with one ERROR line: the running configuration
+        stays. True if applied."""
+        where = str(self.cfg.source) if self.cfg.source else "the built-in defaults"
+        self.notifier.reloading(f"reloading {where}")
+        try:
+            try:
+                new = self._load()
+            except CasfsError as e:
+                return self._refuse(e.message if where in e.message else f"{where}: {e.message}")
+            fixed = restart_only_changes(self.cfg, new)
+            if fixed:
+                return self._refuse(f"{', '.join(fixed)} changed, which only a restart applies"
+                                    " (systemctl restart casfsd)")
+            if _needs_fuse(new) and not _needs_fuse(self.cfg):
+                from casfs.node.worker import check_fuse
+
+                try:
+                    check_fuse()
+                except CasfsError as e:
+                    return self._refuse(e.message)
+            done = []
+            if new.log_level != self.cfg.log_level:
+                logging.getLogger().setLevel(logfmt.LEVELS[new.log_level])
+                self.supervisor.set_log_level(new.log_level)
+                done.append(f"log level {self.cfg.log_level} -> {new.log_level}")
+            done += self.supervisor.reconfigure(new)
+            if (new.unused_for_days, new.retention_interval) != (self.cfg.unused_for_days,
+                                                                 self.cfg.retention_interval):
+                done.append("retention")
+            self.cfg = new
+            log.info("reloaded %s: %s", where, "; ".join(done) or "nothing changed")
+            return True
+        finally:
+            sup = self.supervisor
+            with sup.busy(QUERY_TIMEOUT * len(sup.slots) + 5):
+                sup.refresh_status()
+            self.notifier.ready(sup.summary())
+
+    def _refuse(self, why: str) -> bool:
+        log.error("reload refused: %s; still serving the configuration loaded before", why)
+        return False
+
+    def _watchdog_loop(self, interval: float) -> None:
+        """WATCHDOG=1 every quarter of systemd's interval, while the supervision loop turns
+        (or is in a bounded wait): a casfsd wedged for half the interval stops pinging,
+        and systemd aborts it (SIGABRT: faulthandler writes every thread's stack to the
+        journal) and restarts it."""
+        while not self.stop_requested.wait(interval / 4):
+            if self.supervisor.alive(stalled_after=interval / 2):
+                self.notifier.watchdog()
 
     def _jobs(self, req: dict[str, Any]) -> dict[str, Any]:
         """The socket every user may reach: leases only, served as the peer's tenant,
@@ -126,17 +224,18 @@ class Daemon:
 
         while not self.stop_requested.wait(self.cfg.retention_interval
                                            * random.uniform(0.5, 1.0)):
-            retention_once(self.cfg)
+            if self.cfg.unused_for_days > 0:  # a reload may turn it on or off
+                retention_once(self.cfg)
 
     def run(self) -> int:
         from casfs.node.worker import check_fuse
 
-        for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        for s in (signal.SIGTERM, signal.SIGINT):
             signal.signal(s, self._on_signal)
+        signal.signal(signal.SIGHUP, self._on_hup)
         # FUSE (/dev/fuse, the 'fuse' extra's pyfuse3) only where a mount needs it: a node
         # whose mounts are all dir mode, with no on-demand mount process, runs without.
-        if self.cfg.serve_base is not None or any(m.options.mode != "dir"
-                                                  for m in self.cfg.mounts):
+        if _needs_fuse(self.cfg):
             check_fuse()
         _raise_fd_limit()  # every open jobs-socket connection is a file descriptor
         lock_fd = take_daemon_lock(self.cfg.run_dir)
@@ -162,9 +261,8 @@ class Daemon:
             self.notifier.status(f"mounting {names}")
             log.info("casfsd %s starting: %s; root %s; state %s", __version__, names,
                      self.cfg.root, self.cfg.state_dir)
-            if self.cfg.unused_for_days > 0:
-                threading.Thread(target=self._retention_loop, name="retention",
-                                 daemon=True).start()
+            threading.Thread(target=self._retention_loop, name="retention",
+                             daemon=True).start()
             sup.start()
             sup.refill_standby()  # ready for the first restart
             if not self.stop_requested.is_set():
@@ -172,7 +270,13 @@ class Daemon:
                 summary = sup.summary()
                 self.notifier.ready(summary)
                 log.info("ready: %s", summary)
-                sup.run(self.stop_requested, on_status=self.notifier.status)
+                wd = self.notifier.watchdog_interval
+                if wd:
+                    log.debug("watchdog: a ping every %.1fs (systemd's interval %.1fs)",
+                              wd / 4, wd)
+                    threading.Thread(target=self._watchdog_loop, args=(wd,), name="watchdog",
+                                     daemon=True).start()
+                sup.run(self.stop_requested, on_status=self.notifier.status, tick=self._tick)
             self.notifier.stopping("stopping: final publication, then unmount")
             sup.stop()
             log.info("stopped")
@@ -239,6 +343,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         _say_error(e.message, fmt)
         return e.exit_code
     logfmt.setup(logfmt.LEVELS[cfg.log_level], cfg.log_format, prog=PROG)
+    # systemd's watchdog aborts a wedged casfsd with SIGABRT: every thread's stack goes
+    # to stderr (the journal) before it dies
+    faulthandler.enable()
     if args.check:
         for m in cfg.mounts:
             print(f"{m.name}: {m.family} {m.namespace} at {m.path}")
@@ -246,7 +353,7 @@ def main(argv: Sequence[str] | None = None) -> int:
               f" state dir {cfg.state_dir}")
         return 0
     try:
-        return Daemon(cfg).run()
+        return Daemon(cfg, load=lambda: dconfig.load(cfg.source, ov)).run()
     except CasfsError as e:
         _say_error(e.message, cfg.log_format)
         return e.exit_code

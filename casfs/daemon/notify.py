@@ -3,8 +3,14 @@
 systemd passes a unix datagram socket in ``NOTIFY_SOCKET`` (a path, or an
 abstract name written with a leading ``@``); each datagram is newline
 separated ``KEY=VALUE`` assignments: ``READY=1``, ``STATUS=...``,
-``STOPPING=1``. Without ``NOTIFY_SOCKET`` every call is a no-op, so the
-daemon runs the same under systemd, in a container or in a terminal.
+``STOPPING=1``, ``RELOADING=1``, ``WATCHDOG=1``. Without ``NOTIFY_SOCKET`` every
+call is a no-op, so the daemon runs the same under systemd, in a container or
+in a terminal.
+
+The watchdog (``WatchdogSec=`` in the unit): systemd passes ``WATCHDOG_USEC``
+(and ``WATCHDOG_PID``, the process it is meant for); the daemon must send
+``WATCHDOG=1`` more often than that, or systemd aborts and restarts it
+(sd_watchdog_enabled(3)).
 """
 
 from __future__ import annotations
@@ -16,12 +22,31 @@ import socket
 log = logging.getLogger(__name__)
 
 ENV = "NOTIFY_SOCKET"
+WATCHDOG_USEC = "WATCHDOG_USEC"
+WATCHDOG_PID = "WATCHDOG_PID"
+
+
+def _watchdog_seconds(usec: str | None, pid: str | None) -> float | None:
+    """The watchdog interval systemd asked for, in seconds; None: no watchdog (or another
+    process's: WATCHDOG_PID names a process that is not this one)."""
+    if not usec:
+        return None
+    try:
+        if pid and int(pid) != os.getpid():
+            return None
+        seconds = int(usec) / 1e6
+    except ValueError:
+        log.warning("ignoring %s=%r: not a number of microseconds", WATCHDOG_USEC, usec)
+        return None
+    return seconds if seconds > 0 else None
 
 
 class Notifier:
-    def __init__(self, address: str | None) -> None:
+    def __init__(self, address: str | None, watchdog: float | None = None) -> None:
         self._addr: str | bytes | None = None
         self._sock: socket.socket | None = None
+        # seconds: systemd restarts the daemon if no WATCHDOG=1 comes for this long
+        self.watchdog_interval = watchdog if address else None
         if not address:
             return
         if address.startswith("@"):
@@ -35,8 +60,10 @@ class Notifier:
 
     @classmethod
     def from_environment(cls) -> Notifier:
-        """Take NOTIFY_SOCKET out of the environment: the mount workers must not notify."""
-        return cls(os.environ.pop(ENV, None))
+        """Take NOTIFY_SOCKET (and the watchdog's variables) out of the environment: the
+        mount workers must not notify."""
+        usec, pid = os.environ.pop(WATCHDOG_USEC, None), os.environ.pop(WATCHDOG_PID, None)
+        return cls(os.environ.pop(ENV, None), watchdog=_watchdog_seconds(usec, pid))
 
     @property
     def enabled(self) -> bool:
@@ -62,6 +89,13 @@ class Notifier:
 
     def stopping(self, status: str = "stopping") -> bool:
         return self.send(STOPPING=1, STATUS=status)
+
+    def reloading(self, status: str = "reloading") -> bool:
+        """The service is ``reloading`` until the next ``ready``."""
+        return self.send(RELOADING=1, STATUS=status)
+
+    def watchdog(self) -> bool:
+        return self.send(WATCHDOG=1)
 
     def close(self) -> None:
         if self._sock is not None:

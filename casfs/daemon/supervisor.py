@@ -18,6 +18,16 @@ serves. The supervisor runs in the daemon's main thread:
 
 Workers hold a lifeline pipe to the supervisor, so if the supervisor itself is
 killed they still publish and unmount instead of serving orphaned.
+
+``reconfigure`` applies a reloaded configuration's mounts (SIGHUP, ``systemctl
+reload``): a mount no longer configured is stopped like at ``stop``, a new one
+started, a changed one (any option, the mount point, the node defaults it takes)
+stopped then started again; the others keep serving, untouched.
+
+``alive`` says whether the supervision loop is turning: it beats every poll, and
+marks the bounded operations that block it (a restart waits up to
+RESTART_READY_TIMEOUT for the new worker) as busy until their bound; the daemon's
+systemd watchdog pings only while it is alive.
 """
 
 from __future__ import annotations
@@ -26,7 +36,8 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -89,6 +100,9 @@ class Supervisor:
         # Mount processes often die together (an OOM kill, a bad node): one standby
         # each for up to two of them; more would cost memory (~35 MB each) for little.
         self.standby_pool = min(2, len(self.slots))
+        # the supervision loop's last turn, and how long a bounded operation may block it
+        self.heartbeat = time.monotonic()
+        self.busy_until = 0.0
 
     # --- start ----------------------------------------------------------------
     def start(self) -> None:
@@ -164,28 +178,55 @@ class Supervisor:
         log.info("%s: the standby process (pid %d) took over", slot.cfg.name, w.proc.pid)
         return w
 
+    def set_log_level(self, level: str) -> None:
+        """Mount processes started from now on log at ``level`` (the standbys were started
+        at the old one: replaced)."""
+        self._spawn_options["log_level"] = level
+        if self._standby_fn is not None and not self.stopping:
+            self._drop_standby()
+            threading.Thread(target=self.refill_standby, name="standby", daemon=True).start()
+
     def _drop_standby(self) -> None:
         with self._standby_lock:
             sbs, self._standbys = self._standbys, []
         for sb in sbs:
             sb.discard()
 
+    # --- liveness (the daemon's watchdog) -------------------------------------------
+    @contextmanager
+    def busy(self, bound: float) -> Iterator[None]:
+        """The loop is blocked on purpose for at most ``bound`` seconds."""
+        self.busy_until = time.monotonic() + bound
+        try:
+            yield
+        finally:
+            self.busy_until = 0.0
+            self.heartbeat = time.monotonic()
+
+    def alive(self, stalled_after: float) -> bool:
+        """The loop turned in the last ``stalled_after`` seconds, or is in a bounded wait."""
+        now = time.monotonic()
+        return now - self.heartbeat < stalled_after or now < self.busy_until
+
     # --- supervision ------------------------------------------------------------
     def run(self, stop: threading.Event, on_status: Callable[[str], object] | None = None,
-            poll: float = 0.1) -> None:
-        """Watch the workers until ``stop`` is set."""
+            poll: float = 0.1, tick: Callable[[], object] | None = None) -> None:
+        """Watch the workers until ``stop`` is set; ``tick`` runs every turn (reloads)."""
         next_status = time.monotonic()
         while not stop.is_set():
-            now = time.monotonic()
+            now = self.heartbeat = time.monotonic()
             for slot in self.slots:
                 if stop.is_set():
                     break
                 self._check(slot, now)
             if now >= next_status and not stop.is_set():
-                self.refresh_status()
+                with self.busy(QUERY_TIMEOUT * len(self.slots) + 5):
+                    self.refresh_status()
                 if on_status is not None:
                     on_status(self.summary())
                 next_status = now + STATUS_INTERVAL
+            if tick is not None and not stop.is_set():
+                tick()
             stop.wait(poll)
 
     def _check(self, slot: Slot, now: float) -> None:
@@ -195,7 +236,8 @@ class Supervisor:
         elif w is None and slot.state == "restarting" and now >= slot.next_start:
             slot.restarts += 1
             try:
-                self._start_slot(slot, ready_timeout=RESTART_READY_TIMEOUT)
+                with self.busy(RESTART_READY_TIMEOUT + 10):
+                    self._start_slot(slot, ready_timeout=RESTART_READY_TIMEOUT)
             except CasfsError as e:
                 slot.state = "restarting"
                 slot.last_exit = e.message
@@ -230,7 +272,9 @@ class Supervisor:
         """SIGTERM every worker at once; each publishes, unmounts and exits (bounded)."""
         self.stopping = True
         self._drop_standby()
+        self._stop_slots(self.slots)
 
+    def _stop_slots(self, slots: list[Slot]) -> None:
         def one(slot: Slot) -> None:
             w = slot.worker
             if w is None:
@@ -247,11 +291,68 @@ class Supervisor:
                      slot.cfg.mountpoint, pub.get("message", "none"))
 
         threads = [threading.Thread(target=one, args=(s,), name=f"stop-{s.cfg.name}")
-                   for s in self.slots]
+                   for s in slots]
         for t in threads:
             t.start()
         for t in threads:
             t.join()
+
+    # --- reload -----------------------------------------------------------------
+    def reconfigure(self, cfg: DaemonConfig) -> list[str]:
+        """Serve ``cfg``'s mounts: stop the removed and changed ones (in parallel, each
+        with its final publication), then start the changed and new ones (in parallel);
+        the unchanged keep serving. Returns one phrase per change (none: nothing to do).
+        A mount that fails to start is retried like a dead worker (backoff), not undone."""
+        want: list[Any] = list(cfg.mount_configs())
+        host = cfg.host_config()
+        if host is not None:
+            want.append(host)
+        old = {s.cfg.name: s for s in self.slots}
+        new = {c.name: c for c in want}
+        gone = [s for name, s in old.items() if name not in new]
+        changed = [s for name, s in old.items() if name in new and s.cfg != new[name]]
+        changes = ([f"{s.cfg.name} removed" for s in gone]
+                   + [f"{s.cfg.name} changed" for s in changed]
+                   + [f"{name} added" for name in new if name not in old])
+        self.cfg = cfg
+        if not changes:
+            return []
+        fresh = {name: Slot(c) for name, c in new.items()
+                 if name not in old or old[name] in changed}
+        bound = (max([s.cfg.shutdown_timeout for s in gone + changed], default=0.0) + 20
+                 + 120.0)  # each stop is bounded by its shutdown_timeout, each start by 120 s
+        with self.busy(bound):
+            self._stop_slots(gone + changed)
+            with self._lock:
+                self.slots = [fresh.get(name) or old[name] for name in new]
+            self.standby_pool = min(2, len(self.slots))
+            errors: dict[str, str] = {}
+
+            def one(slot: Slot) -> None:
+                try:
+                    self._start_slot(slot)
+                except CasfsError as e:
+                    errors[slot.cfg.name] = e.message
+                except Exception as e:  # a bug: retried like any failed start
+                    log.exception("%s: start failed", slot.cfg.name)
+                    errors[slot.cfg.name] = str(e)
+
+            threads = [threading.Thread(target=one, args=(s,), name=f"start-{s.cfg.name}")
+                       for s in fresh.values()]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+        now = time.monotonic()
+        for name, message in errors.items():
+            slot = fresh[name]
+            with self._lock:
+                slot.state = "restarting"
+                slot.last_exit = message
+            self._schedule(slot, now)
+            log.error("%s: start failed: %s; next try in %.0fs", name, message,
+                      slot.next_start - now)
+        return changes
 
     # --- status ---------------------------------------------------------------
     def query(self, slot: Slot, cmd: str = "status") -> dict[str, Any] | None:
