@@ -13,6 +13,8 @@ command -v g++ >/dev/null || need_apt+=(g++)
 command -v systemd-analyze >/dev/null || need_apt+=(systemd)
 # tests/system: the wheel in Debian minbase trees without a compiler (scripts/wheel-check.sh)
 command -v debootstrap >/dev/null || need_apt+=(debootstrap)
+# tests/system/test_systemd.py: casfsd under a real systemd, booted in such a tree
+command -v systemd-nspawn >/dev/null || need_apt+=(systemd-container)
 if [ ${#need_apt[@]} -gt 0 ]; then
     if [ "$(id -u)" -ne 0 ]; then
         echo "bootstrap: need root to install: ${need_apt[*]} (sudo apt-get install ${need_apt[*]})" >&2
