@@ -22,16 +22,7 @@ PKG = Path(__file__).resolve().parent.parent / "casfs"
 
 # (importer, imported) -> why: upward imports still in the code, each one a
 # known circle, kept here until the layer that owns it is redesigned (issue 22).
-ALLOWED: dict[tuple[str, str], str] = {
-    # The node layer's mode servers (in progress): the package's __init__ holds
-    # the protocol they implement (Busy, Serving, Unchanged, ViewParts), which
-    # each server imports, and picks a server with a function-level import of
-    # it (fuse needs pyfuse3). Moving the protocol into a module of its own
-    # (e.g. casfs/node/modes/base.py) unties it.
-    ("casfs.node.modes", "casfs.node.modes.directory"): "mode server factory",
-    ("casfs.node.modes", "casfs.node.modes.fuse"): "mode server factory",
-    ("casfs.node.modes", "casfs.node.modes.overlay"): "mode server factory",
-}
+ALLOWED: dict[tuple[str, str], str] = {}
 # Packages whose every casfs import must be at module top (no function-level
 # import hiding an upward one): the layers redesigned so far.
 AT_TOP = ("casfs.store",)

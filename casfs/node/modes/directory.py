@@ -20,7 +20,7 @@ from typing import Any
 import trio
 
 from casfs.node import control
-from casfs.node.modes import Busy, Serving, Unchanged, ViewParts, remove_beneath
+from casfs.node.modes.base import Busy, Serving, Unchanged, ViewParts, remove_beneath
 from casfs.store.entry import Entry
 from casfs.util.crashpoint import pausepoint
 from casfs.view import dirmode, session

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from casfs.node import quota
-from casfs.node.modes import Busy, Serving, Unchanged, ViewParts, remove_beneath
+from casfs.node.modes.base import Busy, Serving, Unchanged, ViewParts, remove_beneath
 from casfs.store.entry import Entry
 from casfs.util import beneath
 from casfs.view import session

@@ -19,7 +19,7 @@ from typing import Any
 
 import trio
 
-from casfs.node.modes import Busy, Serving, Unchanged, ViewParts, remove_beneath
+from casfs.node.modes.base import Busy, Serving, Unchanged, ViewParts, remove_beneath
 from casfs.store.entry import Entry
 from casfs.view import dirmode, overlay, session
 
