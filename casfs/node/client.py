@@ -178,13 +178,16 @@ def follow(sock: Path, caches: list[dict[str, Any]], pid: int, run_lease: str, *
 
 
 def release(sock: Path, lease_id: str, *, wait: bool, timeout: float = 300.0,
-            killed: bool = False) -> list[dict[str, Any]]:
+            killed: bool = False, reaped_ok: bool = False) -> list[dict[str, Any]]:
     """Give the lease back; the per-namespace stats the mount process reports.
-    ``killed``: the job was killed by a signal (what it wrote last is not published)."""
+    ``killed``: the job was killed by a signal (what it wrote last is not published).
+    ``reaped_ok``: the lease's holder has exited, so the mount process may have dropped
+    the lease already (its lease check): "no such lease" is then no warning."""
     reply = _ask(sock, "release", timeout, lease=lease_id, wait=wait, killed=killed)
     if reply is None or not reply.get("ok"):
-        log.warning("releasing lease %s: %s", lease_id,
-                    (reply or {}).get("error", "the mount process is gone"))
+        why = (reply or {}).get("error", "the mount process is gone")
+        say = log.debug if reaped_ok and why == "no such lease" else log.warning
+        say("releasing lease %s: %s", lease_id, why)
         return []
     return list(reply.get("namespaces", []))
 

@@ -80,7 +80,8 @@ class JobCaches:
         stats: Stats = []
         if self.lease is not None:
             if self.job_lease is not None:
-                client.release(self.lease[0], self.job_lease, wait=False)  # said just below
+                # said just below; the job has exited, so its lease may be reaped already
+                client.release(self.lease[0], self.job_lease, wait=False, reaped_ok=True)
             got = {st.get("namespace"): st
                    for st in client.release(*self.lease, wait=True, killed=killed(rc))}
             stats = [(c["family"], got.get(c["namespace"])) for c in self.caches]
