@@ -18,6 +18,12 @@ pytestmark = [pytest.mark.fuse, pytest.mark.slow]
 FAST = {"stable_after": 0.2, "publish_interval": 0.5, "refresh_interval": 1.0}
 
 
+# On a loaded machine (2 cores, other suites running) opening the S3 root can take
+# longer than its bound (rootlink.ROOT_OPEN_TIMEOUT + 1 s): the mount serves local state,
+# opens the root again, and the publication checked below still goes through.
+@pytest.mark.expect_log(
+    r"shared root unavailable, serving local state only: root-open:.*no answer within",
+)
 def test_casfsd_on_an_s3_root(daemons: Callable[..., Daemon], s3_url: str) -> None:
     d = daemons("a", [{"name": "kern", "family": "generic", "namespace": "kern-test"}],
                 root=s3_url, defaults=FAST)

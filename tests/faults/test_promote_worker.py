@@ -38,8 +38,10 @@ from tests.fusehelpers import root_objects
 from tests.node.conftest import Node
 
 pytestmark = [pytest.mark.fuse, pytest.mark.expect_log(
-    r"promotion worker \d+: (its connection closed|\d+ requests got nothing)",
+    r"promotion worker \d+: (its connection closed|\d+ requests got nothing"
+    r"|it does not read its requests)",
     r"promotion worker connection: ",
+    r"cannot send to the promotion worker: ",
     r"promotion round failed \(will retry\): .*promotion worker (hung|died twice)",
 )]
 
