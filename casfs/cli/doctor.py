@@ -133,9 +133,8 @@ def _health() -> tuple[str, str]:
 
 def _tenant() -> tuple[str, str]:
     """Which tenant this user's jobs are, under the node's policy, and how they get caches."""
-    from casfs.daemon.config import load_tenants
     from casfs.node.client import jobs_socket
-    from casfs.node.tenant import own_tenant
+    from casfs.node.tenant import load_tenants, own_tenant
 
     policy = load_tenants()
     t = own_tenant(policy)
@@ -155,8 +154,7 @@ def _squatted() -> tuple[str, str]:
     Without casfsd (root) to move such a directory aside, the tenant publishes
     nothing there: say so, with who owns it, instead of failing silently.
     """
-    from casfs.daemon.config import load_tenants
-    from casfs.node.tenant import own_tenant
+    from casfs.node.tenant import load_tenants, own_tenant
     from casfs.store.tenancy import TenantTrust
     from casfs.tenants import SEP
 

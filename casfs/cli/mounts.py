@@ -20,8 +20,8 @@ from casfs.util.defaults import default_root, default_state_dir
 
 def make_config(args: argparse.Namespace, family: str, mountpoint: Path,
                 namespace: str | None) -> MountConfig:
-    from casfs.daemon.config import load_tenants
     from casfs.fingerprint import AUTO, check_namespace, fingerprint
+    from casfs.node.tenant import load_tenants
     from casfs.tenants import Credentials
 
     families.check(family)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 
 from casfs import families
+from casfs.node.options import DEFAULTS as D
+from casfs.node.options import MODES
 
 
 def positive(text: str) -> float:
@@ -43,15 +45,16 @@ def mount_opts(p: argparse.ArgumentParser) -> None:
                         " local")
     p.add_argument("--namespace", "-n", help="explicit namespace (default: auto)")
     p.add_argument("--name", help="mount name (default: the family)")
-    p.add_argument("--stable-after", type=float, default=2.0, metavar="S")
-    p.add_argument("--publish-interval", type=float, default=10.0, metavar="S")
-    p.add_argument("--refresh-interval", type=float, default=30.0, metavar="S")
-    p.add_argument("--fetch-timeout", type=positive, default=10.0, metavar="S",
+    p.add_argument("--stable-after", type=float, default=D.stable_after, metavar="S")
+    p.add_argument("--publish-interval", type=float, default=D.publish_interval, metavar="S")
+    p.add_argument("--refresh-interval", type=float, default=D.refresh_interval, metavar="S")
+    p.add_argument("--fetch-timeout", type=positive, default=D.fetch_timeout, metavar="S",
                    help="the longest an open waits for the shared root before the job"
                         " gets a miss (default 10)")
-    p.add_argument("--allow-other", action="store_true")
+    p.add_argument("--allow-other", action="store_true",  # casfsd's mounts: on
+                   help="let other users use the mount (default: only this user)")
     p.add_argument("--exclude", action="append", help="extra scratch glob (repeatable)")
-    p.add_argument("--mode", choices=("fuse", "overlay", "dir"), default="fuse",
+    p.add_argument("--mode", choices=MODES, default=D.mode,
                    help="fuse (default): lazy overlay mount; overlay: kernel overlayfs over"
                         " local objects and a read-only FUSE view (native speed, needs"
                         " CAP_SYS_ADMIN, else fuse); dir: plain directory restored"

@@ -76,7 +76,7 @@ def cache_vars(paths: dict[str, str], job_env: dict[str, str] | os._Environ[str]
 
 def host_config(args: argparse.Namespace, *, for_run: bool) -> HostConfig:
     """The node's mount process this command starts when none runs."""
-    from casfs.daemon.config import load_tenants
+    from casfs.node.tenant import load_tenants
 
     return HostConfig(
         tenants=load_tenants().to_dict(),
@@ -112,10 +112,9 @@ def cmd_env(args: argparse.Namespace) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     """Run one job with its caches: shared from the node's mount process when one runs."""
-    from casfs.daemon.config import load_tenants
     from casfs.fingerprint import job_env
     from casfs.node import client, jobrun
-    from casfs.node.tenant import own_tenant
+    from casfs.node.tenant import load_tenants, own_tenant
 
     cmd = list(args.cmd)
     if cmd and cmd[0] == "--":

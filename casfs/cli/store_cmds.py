@@ -334,7 +334,7 @@ def cmd_gc(args: argparse.Namespace) -> int:
     if args.unused_for is not None:
         import time
 
-        from casfs.daemon.config import load_tenants
+        from casfs.node.tenant import load_tenants
         from casfs.promote.retention import drop_unused
 
         if args.unused_for <= 0:

@@ -68,9 +68,8 @@ def miss_hints(caches: list[dict[str, Any]],
                 stats: list[tuple[str, dict[str, Any] | None]]) -> list[str]:
     """One line per family that restored nothing while related namespaces exist."""
     from casfs.cli.explain import hint
-    from casfs.daemon.config import load_tenants
     from casfs.fingerprint import Fingerprint
-    from casfs.node.tenant import own_tenant
+    from casfs.node.tenant import load_tenants, own_tenant
     from casfs.store.root import SharedRoot
 
     todo = [c for c, (_, st) in zip(caches, stats, strict=False)

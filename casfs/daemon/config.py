@@ -11,8 +11,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-import tomllib
-from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -25,54 +23,38 @@ from casfs.node.config import MountConfig
 if TYPE_CHECKING:
     from casfs.node.host import HostConfig
 from casfs.node.logfmt import FORMATS, LEVELS
+from casfs.node.options import DEFAULTS as MOUNT_DEFAULTS
+from casfs.node.options import MODES, MountOptions
 from casfs.node.quota import MECHANISMS as QUOTA_MECHANISMS
 from casfs.node.quota import QuotaPolicy, loopfs_unavailable
+from casfs.node.tenant import DEFAULT_CONFIG, load_tenants, tenants_from
 from casfs.tenants import (
     CLUSTER,
     DEFAULT_POLICY,
-    TRUSTS,
-    USER_RE,
-    Domain,
     TenantPolicy,
-    group_id,
-    user_id,
 )
-from casfs.tenants import MODES as TENANT_MODES
 from casfs.util import names
 from casfs.util.defaults import default_mount_base, default_root, default_state_dir
 from casfs.util.fsinfo import check_local_fs
 from casfs.util.location import RootLocation, S3Location, check_endpoint, is_url, parse_location
+from casfs.util.toml import (
+    Table,
+    as_abs_path,
+    as_bool,
+    as_bytes,
+    as_count,
+    as_non_negative,
+    as_positive,
+    as_str,
+    as_str_list,
+    read_file,
+)
 
 DEFAULT_METRICS_PORT = 9464
 JOBS_SOCKET_NAME = "casfsd.sock"
 DEFAULT_CACHE_MAX_BYTES = 20 << 30
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
-TENANT_NAME_RE = re.compile(r"[a-z0-9][a-z0-9_-]{0,31}")
-_BYTES_RE = re.compile(r"(\d+(?:\.\d+)?)\s*([KMGT]?)(i?B?)", re.IGNORECASE)
-_UNITS = {"": 0, "K": 1, "M": 2, "G": 3, "T": 4}
-# Keys a [[mounts]] table may set, and [defaults] may set for every mount.
-OPTION_KEYS = ("stable_after", "publish_interval", "refresh_interval", "shutdown_timeout",
-               "allow_other", "namespace_max_bytes", "exclude", "mode", "fetch_timeout", "packs",
-               "wait_warm")
-MODES = ("fuse", "overlay", "dir")
 DEFAULT_QUOTA = QuotaPolicy()
-
-
-@dataclass(frozen=True)
-class MountOptions:
-    """Per-mount behaviour; [defaults] sets them for all mounts, a mount overrides."""
-
-    stable_after: float = 2.0
-    publish_interval: float = 10.0
-    refresh_interval: float = 30.0
-    shutdown_timeout: float = 30.0
-    allow_other: bool = True  # jobs run as other users than the root daemon
-    namespace_max_bytes: int | None = None
-    exclude: tuple[str, ...] = ()
-    mode: str = "fuse"  # "dir" for hosts without FUSE
-    fetch_timeout: float = 10.0
-    packs: bool = True  # promotion packs small objects (casfs.store.packs; records need v2)
-    wait_warm: float = 0.0  # overlay mode: seconds READY may wait for the hot set (0: no wait)
 
 
 @dataclass(frozen=True)
@@ -139,7 +121,7 @@ class DaemonConfig:
     # Retention by use (casfs.promote.retention): drop files unused this many days; 0: off.
     unused_for_days: float = 0.0
     retention_interval: float = 86400.0  # seconds between two retention passes
-    defaults: MountOptions = MountOptions()
+    defaults: MountOptions = MOUNT_DEFAULTS
     tenants: TenantPolicy = DEFAULT_POLICY
     jobs: JobsLimits = JobsLimits()
     quota: QuotaPolicy = DEFAULT_QUOTA
@@ -207,109 +189,6 @@ class Overrides:
     metrics_listen: str | None = None
 
 
-# --- typed access to one TOML table ---------------------------------------------
-class _Table:
-    def __init__(self, data: Any, where: str) -> None:
-        if not isinstance(data, dict):
-            raise ConfigError(f"{where}: expected a table, got {_describe(data)}")
-        self.data: dict[str, Any] = data
-        self.where = where
-        self.used: set[str] = set()
-
-    def key(self, name: str) -> str:
-        return f"{self.where}.{name}" if self.where else name
-
-    def has(self, name: str) -> bool:
-        return name in self.data
-
-    def get(self, name: str, conv: Callable[[Any, str], Any], default: Any = None) -> Any:
-        self.used.add(name)
-        if name not in self.data:
-            return default
-        return conv(self.data[name], self.key(name))
-
-    def table(self, name: str) -> _Table:
-        self.used.add(name)
-        return _Table(self.data.get(name, {}), self.key(name))
-
-    def finish(self) -> None:
-        for k in self.data:
-            if k not in self.used:
-                raise ConfigError(f"{self.key(k)}: unknown key")
-
-
-def _describe(v: Any) -> str:
-    kind = {bool: "a boolean", int: "an integer", float: "a number", str: "a string",
-            list: "an array", dict: "a table"}.get(type(v), type(v).__name__)
-    text = repr(v) if not isinstance(v, dict | list) else ""
-    return f"{kind} {text[:40]}".strip()
-
-
-def as_str(v: Any, key: str) -> str:
-    if not isinstance(v, str):
-        raise ConfigError(f"{key}: expected a string, got {_describe(v)}")
-    return v
-
-
-def as_number(v: Any, key: str) -> float:
-    if isinstance(v, bool) or not isinstance(v, int | float):
-        raise ConfigError(f"{key}: expected a number of seconds, got {_describe(v)}")
-    return float(v)
-
-
-def as_positive(v: Any, key: str) -> float:
-    x = as_number(v, key)
-    if x <= 0:
-        raise ConfigError(f"{key}: must be greater than 0, got {x:g}")
-    return x
-
-
-def as_non_negative(v: Any, key: str) -> float:
-    x = as_number(v, key)
-    if x < 0:
-        raise ConfigError(f"{key}: must not be negative, got {x:g}")
-    return x
-
-
-def as_count(v: Any, key: str) -> int:
-    if isinstance(v, bool) or not isinstance(v, int):
-        raise ConfigError(f"{key}: expected an integer, got {_describe(v)}")
-    if v < 1:
-        raise ConfigError(f"{key}: must be at least 1, got {v}")
-    return v
-
-
-def as_bool(v: Any, key: str) -> bool:
-    if not isinstance(v, bool):
-        raise ConfigError(f"{key}: expected true or false, got {_describe(v)}")
-    return v
-
-
-def as_bytes(v: Any, key: str) -> int:
-    """An integer, or a string such as "20GiB", "500M", "1.5T" (K/M/G/T are powers of 1024;
-    KB/MB/GB/TB powers of 1000)."""
-    if isinstance(v, int) and not isinstance(v, bool):
-        n = v
-    elif isinstance(v, str) and (m := _BYTES_RE.fullmatch(v.strip())):
-        num, unit, suffix = m.groups()
-        base = 1000 if suffix.upper() == "B" and unit else 1024
-        n = int(float(num) * base ** _UNITS[unit.upper()])
-    else:
-        raise ConfigError(f"{key}: expected a byte count such as 20GiB, got {_describe(v)}")
-    if n <= 0:
-        raise ConfigError(f"{key}: must be greater than 0")
-    return n
-
-
-def as_abs_path(v: Any, key: str) -> Path:
-    s = as_str(v, key)
-    if not s or "\0" in s:
-        raise ConfigError(f"{key}: expected a path")
-    if not os.path.isabs(s):
-        raise ConfigError(f"{key}: must be an absolute path, got {s!r}")
-    return Path(os.path.normpath(s))
-
-
 def as_root(v: Any, key: str) -> RootLocation:
     """An absolute directory or an s3:// URL."""
     s = as_str(v, key)
@@ -326,12 +205,6 @@ def as_endpoint(v: Any, key: str) -> str:
     if not s.startswith(("http://", "https://")):
         raise ConfigError(f"{key}: expected an http:// or https:// URL, got {s!r}")
     return check_endpoint(s, key)
-
-
-def as_str_list(v: Any, key: str) -> tuple[str, ...]:
-    if not isinstance(v, list) or not all(isinstance(x, str) and x for x in v):
-        raise ConfigError(f"{key}: expected an array of non-empty strings, got {_describe(v)}")
-    return tuple(v)
 
 
 def as_listen(v: Any, key: str) -> tuple[str, int] | None:
@@ -361,17 +234,7 @@ def as_format(v: Any, key: str) -> str:
 
 
 # --- loading ----------------------------------------------------------------------
-def read_file(path: Path) -> dict[str, Any]:
-    try:
-        with open(path, "rb") as f:
-            return tomllib.load(f)
-    except OSError as e:
-        raise ConfigError(f"cannot read {path}: {e.strerror or e}") from None
-    except tomllib.TOMLDecodeError as e:
-        raise ConfigError(f"{path}: invalid TOML: {e}") from None
-
-
-def _options(t: _Table, base: MountOptions) -> MountOptions:
+def _options(t: Table, base: MountOptions) -> MountOptions:
     return MountOptions(
         stable_after=t.get("stable_after", as_non_negative, base.stable_after),
         publish_interval=t.get("publish_interval", as_positive, base.publish_interval),
@@ -409,7 +272,7 @@ def as_count_or_off(v: Any, key: str) -> int | None:
     return as_count(v, key)
 
 
-def _quota(t: _Table) -> QuotaPolicy:
+def _quota(t: Table) -> QuotaPolicy:
     d = QuotaPolicy()
     reserve = t.get("reserve", lambda v, k: "auto" if v == "auto" else as_bytes_or_share(v, k),
                     "auto")
@@ -431,14 +294,14 @@ def _quota(t: _Table) -> QuotaPolicy:
     return policy
 
 
-def _mode(t: _Table, default: str) -> str:
+def _mode(t: Table, default: str) -> str:
     mode = t.get("mode", as_str, default)
     if mode not in MODES:
         raise ConfigError(f"{t.key('mode')}: expected one of {', '.join(MODES)}, got {mode!r}")
     return mode
 
 
-def _mount(t: _Table, defaults: MountOptions, mount_base: Path,
+def _mount(t: Table, defaults: MountOptions, mount_base: Path,
            resolved: dict[str, Fingerprint]) -> MountSpec:
     name = t.get("name", as_str)
     if name is None:
@@ -469,7 +332,7 @@ def _mount(t: _Table, defaults: MountOptions, mount_base: Path,
                      path=path, options=opts, tenant=tenant, ingredients=dict(ingredients))
 
 
-def _jobs(t: _Table) -> JobsLimits:
+def _jobs(t: Table) -> JobsLimits:
     d = JobsLimits()
     limits = JobsLimits(**{
         f.name: t.get(f.name, as_positive if f.type in (float, "float") else as_count,
@@ -483,88 +346,6 @@ def _jobs(t: _Table) -> JobsLimits:
         raise ConfigError(f"{t.key('connections_per_tenant')}: more than jobs.connections"
                           f" ({limits.connections})")
     return limits
-
-
-def _tenants(t: _Table, *, own_key: bool = True) -> TenantPolicy:
-    """``own_key`` False (a user's command): a signing key this user cannot read is
-    dropped instead of refused; only casfsd signs, a user's records stay unsigned."""
-    mode = t.get("mode", as_str, "uid")
-    if mode not in TENANT_MODES:
-        raise ConfigError(f"{t.key('mode')}: expected one of {', '.join(TENANT_MODES)},"
-                          f" got {mode!r}")
-    trust = t.get("trust", as_str, "owner")
-    if trust not in TRUSTS:
-        raise ConfigError(f"{t.key('trust')}: expected one of {', '.join(TRUSTS)}, got {trust!r}")
-    signing_key = t.get("signing_key", as_abs_path, None)
-    trusted = t.get("trusted_keys", as_str_list, ())
-    pod_tenants = t.get("pod_tenants", as_abs_path, None)
-    head_expiry = t.get("head_expiry_days", as_positive, 7.0) * 86400.0  # casfs.store.freshness
-    t.used.add("domains")
-    raw = t.data.get("domains", [])
-    if not isinstance(raw, list):
-        raise ConfigError(f"{t.key('domains')}: expected an array of tables ([[tenants.domains]])")
-    domains = tuple(_domain(_Table(d, f"{t.key('domains')}[{i}]")) for i, d in enumerate(raw))
-    t.finish()
-    from casfs.store import tenancy
-
-    for i, k in enumerate(trusted):
-        tenancy.check_public_key(k, f"{t.key('trusted_keys')}[{i}]")
-    if signing_key is not None and not own_key and not os.access(signing_key, os.R_OK):
-        signing_key = None
-    if signing_key is not None:
-        tenancy.load_signing_key(signing_key)  # refuse a bad key now, not at the first publish
-    seen: set[str] = set()
-    for i, d in enumerate(domains):
-        if d.name in seen:
-            raise ConfigError(f"{t.key('domains')}[{i}].name: {d.name!r} is declared twice")
-        seen.add(d.name)
-    if trust == "signature" and not trusted and not any(d.keys for d in domains):
-        raise ConfigError(f"{t.key('trust')}: \"signature\" needs tenants.trusted_keys or a"
-                          " domain's keys (no record could be served)")
-    return TenantPolicy(mode=mode, trust=trust, domains=domains, signing_key=signing_key,
-                        trusted_keys=trusted, pod_tenants=pod_tenants, head_expiry=head_expiry)
-
-
-def _ids(t: _Table, name: str, conv: Callable[[int | str], int]) -> frozenset[int]:
-    out: set[int] = set()
-    for i, v in enumerate(t.get(name, _int_or_str_list, [])):
-        try:
-            out.add(conv(v))
-        except CasfsError as e:
-            raise ConfigError(f"{t.key(name)}[{i}]: {e.message}") from None
-    return frozenset(out)
-
-
-def _int_or_str_list(v: Any, key: str) -> list[int | str]:
-    if not isinstance(v, list) or not all(
-            (isinstance(x, int) and not isinstance(x, bool) and x >= 0)
-            or (isinstance(x, str) and x) for x in v):
-        raise ConfigError(f"{key}: expected an array of ids or names, got {_describe(v)}")
-    return list(v)
-
-
-def _domain(t: _Table) -> Domain:
-    from casfs.store import tenancy
-
-    name = t.get("name", as_str)
-    if name is None:
-        raise ConfigError(f"{t.key('name')}: every [[tenants.domains]] table needs a name")
-    if not TENANT_NAME_RE.fullmatch(name) or USER_RE.fullmatch(name) or name == CLUSTER:
-        raise ConfigError(f"{t.key('name')}: {name!r} is not a valid domain name (1-32 of"
-                          " [a-z0-9_-]; not u<number>, not \"cluster\")")
-    uids = _ids(t, "users", user_id)
-    gids = _ids(t, "groups", group_id)
-    cgroups = t.get("cgroups", as_str_list, ())
-    keys = t.get("keys", as_str_list, ())
-    for i, k in enumerate(keys):
-        tenancy.check_public_key(k, f"{t.key('keys')}[{i}]")
-    t.finish()
-    if len(uids) > 1 and not gids:
-        raise ConfigError(f"{t.key('groups')}: a domain of several users needs a group they"
-                          " share (its directories are 2770 with that group)")
-    if not (uids or gids or cgroups):
-        raise ConfigError(f"{t.key('name')}: domain {name!r} has no users, groups or cgroups")
-    return Domain(name, uids, gids, cgroups, keys)
 
 
 def _mount_tenant(m: MountSpec, policy: TenantPolicy, key: str) -> MountSpec:
@@ -592,7 +373,7 @@ def load(path: Path | None, overrides: Overrides | None = None) -> DaemonConfig:
     """
     ov = overrides or Overrides()
     data = read_file(path) if path is not None else {}
-    top = _Table(data, "")
+    top = Table(data, "")
     store = top.table("store")
     root = store.get("root", as_root, default_root())
     endpoint = store.get("endpoint", as_endpoint, "")
@@ -619,7 +400,7 @@ def load(path: Path | None, overrides: Overrides | None = None) -> DaemonConfig:
         namespace_label=metrics.get("namespace_label", as_bool, False),
         max_label_values=metrics.get("max_label_values", as_count, 100))
     metrics.finish()
-    tenants = _tenants(top.table("tenants"))
+    tenants = tenants_from(top.table("tenants"))
     jobs = _jobs(top.table("jobs"))
     quota = _quota(top.table("quota"))
     dt = top.table("defaults")
@@ -635,7 +416,7 @@ def load(path: Path | None, overrides: Overrides | None = None) -> DaemonConfig:
         raise ConfigError("mounts: at least one [[mounts]] table is needed"
                           " (or node.on_demand = true)")
     resolved: dict[str, Fingerprint] = {}
-    mounts = tuple(_mount_tenant(_mount(_Table(m, f"mounts[{i}]"), defaults, mount_base,
+    mounts = tuple(_mount_tenant(_mount(Table(m, f"mounts[{i}]"), defaults, mount_base,
                                         resolved), tenants, f"mounts[{i}]")
                    for i, m in enumerate(raw_mounts))
     top.finish()
@@ -663,24 +444,6 @@ def load(path: Path | None, overrides: Overrides | None = None) -> DaemonConfig:
                        tenants=tenants, jobs=jobs, quota=quota)
     check(cfg)
     return cfg
-
-
-DEFAULT_CONFIG = Path("/etc/casfs/casfs.toml")
-
-
-def load_tenants(path: Path | None = None) -> TenantPolicy:
-    """The node's [tenants] settings, for commands that run without casfsd (casfs run).
-
-    ``path`` None: ``$CASFS_CONFIG``, else /etc/casfs/casfs.toml; a file this user
-    cannot read (or none at all) means the defaults: every uid is its own tenant.
-    """
-    if path is None:
-        env = os.environ.get("CASFS_CONFIG")
-        path = Path(env) if env else DEFAULT_CONFIG
-        if not env and not os.access(path, os.R_OK):
-            return DEFAULT_POLICY
-    data = read_file(path)
-    return _tenants(_Table(data.get("tenants", {}), "tenants"), own_key=False)
 
 
 def check(cfg: DaemonConfig) -> None:
@@ -734,3 +497,8 @@ def check(cfg: DaemonConfig) -> None:
             hc.check()
         except CasfsError as e:
             raise ConfigError(f"node.serve_base: {e.message}") from None
+
+
+__all__ = ["DEFAULT_CONFIG", "DEFAULT_METRICS_PORT", "JOBS_SOCKET_NAME", "DaemonConfig",
+           "JobsLimits", "MetricsOptions", "MountOptions", "MountSpec", "Overrides", "check",
+           "load", "load_tenants"]

@@ -11,10 +11,34 @@ tenant (``u<uid>``, a declared domain, or ``cluster``).
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
-from casfs.tenants import Credentials, Tenant, TenantPolicy
+from casfs.errors import CasfsError, ConfigError
+from casfs.tenants import (
+    CLUSTER,
+    DEFAULT_POLICY,
+    TRUSTS,
+    USER_RE,
+    Credentials,
+    Domain,
+    Tenant,
+    TenantPolicy,
+    group_id,
+    user_id,
+)
+from casfs.tenants import MODES as TENANT_MODES
+from casfs.util.toml import (
+    Table,
+    as_abs_path,
+    as_positive,
+    as_str,
+    as_str_list,
+    describe,
+    read_file,
+)
 
 Owner = Callable[[str], tuple[int, int, int]]
 
@@ -63,3 +87,109 @@ def tenant_owner(policy: TenantPolicy) -> Owner:
             return os.geteuid(), os.getegid(), 0o700
         return t.uid, t.gid, t.dir_mode
     return owner
+
+
+# --- the [tenants] settings, read from casfsd's TOML by casfsd and by the CLI ----------
+TENANT_NAME_RE = re.compile(r"[a-z0-9][a-z0-9_-]{0,31}")
+
+
+def tenants_from(t: Table, *, own_key: bool = True) -> TenantPolicy:
+    """``own_key`` False (a user's command): a signing key this user cannot read is
+    dropped instead of refused; only casfsd signs, a user's records stay unsigned."""
+    mode = t.get("mode", as_str, "uid")
+    if mode not in TENANT_MODES:
+        raise ConfigError(f"{t.key('mode')}: expected one of {', '.join(TENANT_MODES)},"
+                          f" got {mode!r}")
+    trust = t.get("trust", as_str, "owner")
+    if trust not in TRUSTS:
+        raise ConfigError(f"{t.key('trust')}: expected one of {', '.join(TRUSTS)}, got {trust!r}")
+    signing_key = t.get("signing_key", as_abs_path, None)
+    trusted = t.get("trusted_keys", as_str_list, ())
+    pod_tenants = t.get("pod_tenants", as_abs_path, None)
+    head_expiry = t.get("head_expiry_days", as_positive, 7.0) * 86400.0  # casfs.store.freshness
+    t.used.add("domains")
+    raw = t.data.get("domains", [])
+    if not isinstance(raw, list):
+        raise ConfigError(f"{t.key('domains')}: expected an array of tables ([[tenants.domains]])")
+    domains = tuple(_domain(Table(d, f"{t.key('domains')}[{i}]")) for i, d in enumerate(raw))
+    t.finish()
+    from casfs.store import tenancy
+
+    for i, k in enumerate(trusted):
+        tenancy.check_public_key(k, f"{t.key('trusted_keys')}[{i}]")
+    if signing_key is not None and not own_key and not os.access(signing_key, os.R_OK):
+        signing_key = None
+    if signing_key is not None:
+        tenancy.load_signing_key(signing_key)  # refuse a bad key now, not at the first publish
+    seen: set[str] = set()
+    for i, d in enumerate(domains):
+        if d.name in seen:
+            raise ConfigError(f"{t.key('domains')}[{i}].name: {d.name!r} is declared twice")
+        seen.add(d.name)
+    if trust == "signature" and not trusted and not any(d.keys for d in domains):
+        raise ConfigError(f"{t.key('trust')}: \"signature\" needs tenants.trusted_keys or a"
+                          " domain's keys (no record could be served)")
+    return TenantPolicy(mode=mode, trust=trust, domains=domains, signing_key=signing_key,
+                        trusted_keys=trusted, pod_tenants=pod_tenants, head_expiry=head_expiry)
+
+
+def _ids(t: Table, name: str, conv: Callable[[int | str], int]) -> frozenset[int]:
+    out: set[int] = set()
+    for i, v in enumerate(t.get(name, _int_or_str_list, [])):
+        try:
+            out.add(conv(v))
+        except CasfsError as e:
+            raise ConfigError(f"{t.key(name)}[{i}]: {e.message}") from None
+    return frozenset(out)
+
+
+def _int_or_str_list(v: Any, key: str) -> list[int | str]:
+    if not isinstance(v, list) or not all(
+            (isinstance(x, int) and not isinstance(x, bool) and x >= 0)
+            or (isinstance(x, str) and x) for x in v):
+        raise ConfigError(f"{key}: expected an array of ids or names, got {describe(v)}")
+    return list(v)
+
+
+def _domain(t: Table) -> Domain:
+    from casfs.store import tenancy
+
+    name = t.get("name", as_str)
+    if name is None:
+        raise ConfigError(f"{t.key('name')}: every [[tenants.domains]] table needs a name")
+    if not TENANT_NAME_RE.fullmatch(name) or USER_RE.fullmatch(name) or name == CLUSTER:
+        raise ConfigError(f"{t.key('name')}: {name!r} is not a valid domain name (1-32 of"
+                          " [a-z0-9_-]; not u<number>, not \"cluster\")")
+    uids = _ids(t, "users", user_id)
+    gids = _ids(t, "groups", group_id)
+    cgroups = t.get("cgroups", as_str_list, ())
+    keys = t.get("keys", as_str_list, ())
+    for i, k in enumerate(keys):
+        tenancy.check_public_key(k, f"{t.key('keys')}[{i}]")
+    t.finish()
+    if len(uids) > 1 and not gids:
+        raise ConfigError(f"{t.key('groups')}: a domain of several users needs a group they"
+                          " share (its directories are 2770 with that group)")
+    if not (uids or gids or cgroups):
+        raise ConfigError(f"{t.key('name')}: domain {name!r} has no users, groups or cgroups")
+    return Domain(name, uids, gids, cgroups, keys)
+
+
+DEFAULT_CONFIG = Path("/etc/casfs/casfs.toml")
+
+
+def load_tenants(path: Path | None = None) -> TenantPolicy:
+    """The node's [tenants] settings, for commands that run without casfsd (casfs run).
+
+    ``path`` None: ``$CASFS_CONFIG``, else /etc/casfs/casfs.toml; a file this user
+    cannot read (or none at all) means the defaults: every uid is its own tenant.
+    """
+    if path is None:
+        env = os.environ.get("CASFS_CONFIG")
+        path = Path(env) if env else DEFAULT_CONFIG
+        if not env and not os.access(path, os.R_OK):
+            return DEFAULT_POLICY
+    data = read_file(path)
+    return tenants_from(Table(data.get("tenants", {}), "tenants"), own_key=False)
+
+
