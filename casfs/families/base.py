@@ -16,7 +16,12 @@ A family is one frozen ``Family`` value in its own module (``triton.py``,
 - ``path_bearing``: files holding absolute paths of the cache, stored
   path-free and presented with the serving path;
 - ``includes``: families whose caches live inside this one's directory
-  (Inductor keeps a Triton cache under ``triton/<dev>/``): their rules apply too.
+  (Inductor keeps a Triton cache under ``triton/<dev>/``): their rules apply too;
+- ``entry_of``: the *entry* a path belongs to (what a job compiles at once and
+  hits as a whole: a Triton kernel's key directory, an Inductor FX graph); None
+  for paths that are no part of an entry (the directories above them). The
+  unit of compile time saved (docs/format.md, ``cs``); a family that does not
+  say has one entry per file.
 
 Nothing outside ``casfs/families/`` names a family: the rest of the code asks
 the registry (``casfs.families.get``) and a family's ``CacheRules``.
@@ -129,6 +134,7 @@ class Family:
     replaced: tuple[ReplacedPath, ...] = ()
     path_bearing: tuple[PathBearing, ...] = ()
     includes: tuple[str, ...] = ()
+    entry_of: Callable[[str], str | None] | None = None
 
     @property
     def subdir(self) -> str:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import re
 
+from casfs.families import triton
 from casfs.families.base import NEWEST, UUID4, Family, ReplacedPath, common_scratch
 
 _BUNDLER_TMP_RE = re.compile(rf"tmp\.{UUID4}")
@@ -42,6 +43,30 @@ def is_scratch(name: str) -> bool:
     )
 
 
+_SHARD_RE = re.compile(r"[0-9a-z]{2}")
+
+
+def entry_of(relpath: str) -> str | None:
+    """The entry a path belongs to: ``fxgraph/<xx>/<key>`` (an FX graph),
+    ``aotautograd/<key>``, ``triton/<dev>/<KEY>`` (a Triton kernel), and a
+    generated module's files ``<xx>/<name>.*`` (``.py``, ``.so``,
+    ``.best_config``...: ``<xx>/<name>``); None for the directories above them."""
+    parts = relpath.split("/")
+    top = parts[0]
+    if top == "fxgraph":
+        return "/".join(parts[:3]) if len(parts) >= 3 else None
+    if top == "aotautograd":
+        return "/".join(parts[:2]) if len(parts) >= 2 else None
+    if top == "triton":
+        if len(parts) < 3:
+            return None
+        key = triton.entry_of("/".join(parts[2:]))
+        return f"triton/{parts[1]}/{key}" if key is not None else None
+    if len(parts) == 2 and _SHARD_RE.fullmatch(top) and not is_scratch(parts[1]):
+        return f"{top}/{parts[1].partition('.')[0]}"
+    return None
+
+
 FAMILY = Family(
     name="inductor",
     summary="TorchInductor FX-graph, AOTAutograd and generated code (TORCHINDUCTOR_CACHE_DIR)",
@@ -50,4 +75,5 @@ FAMILY = Family(
     replaced=(ReplacedPath("*.best_config", NEWEST,
                            "runtime autotuning saves, then coordinate descent saves again"),),
     includes=("triton",),
+    entry_of=entry_of,
 )

@@ -73,6 +73,18 @@ class CacheRules:
                 return r.rule
         return None
 
+    # --- entries ---------------------------------------------------------------
+    def entry_of(self, relpath: str) -> str | None:
+        """The entry ``relpath`` belongs to (its id: a relative path), or None.
+
+        The family's own rule (``Family.entry_of``, which knows the families it
+        includes), else one entry per path. Scratch names are no entry's.
+        """
+        rule = self.families[0].entry_of
+        if rule is None:
+            return None if not relpath or self.is_scratch(relpath) else relpath
+        return rule(relpath)
+
     # --- path-bearing files --------------------------------------------------
     def path_bearer(self, relpath: str) -> PathBearing | None:
         for p in self.path_bearing:

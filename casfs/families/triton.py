@@ -22,6 +22,7 @@ import functools
 import json
 import logging
 import posixpath
+import re
 
 from casfs.families.base import Family, common_scratch
 from casfs.util.paths import is_valid_relpath
@@ -176,6 +177,16 @@ class GroupFiles:
 
 GROUPS = GroupFiles()
 
+# A kernel's key directory: base32 of a sha256 without padding (triton 3.x), or hex.
+_KEY_RE = re.compile(r"[A-Z2-7]{52}|[0-9a-f]{64}")
+
+
+def entry_of(relpath: str) -> str | None:
+    """The kernel a path belongs to: its key directory (``<KEY>``, with every file in
+    it and the group file that commits them); None above it and for launchers."""
+    key = relpath.partition("/")[0]
+    return key if _KEY_RE.fullmatch(key) else None
+
 FAMILY = Family(
     name="triton",
     summary="Triton kernels (TRITON_CACHE_DIR)",
@@ -183,4 +194,5 @@ FAMILY = Family(
     scratch=is_scratch,
     commit_records=(GROUPS,),
     path_bearing=(GROUPS,),
+    entry_of=entry_of,
 )

@@ -82,6 +82,16 @@ def merge_dict_literal(older: bytes, newer: bytes) -> bytes | None:
 MERGE_DICT_LITERAL = ReplaceRule("merge", merge_dict_literal,
                                  "Python dict literal: union of keys, newest per key")
 
+def entry_of(relpath: str) -> str | None:
+    """One compiled model per rank: ``torch_compile_cache/<hash>/rank_<i>_<j>/<prefix>``
+    (its index, artifacts and the Inductor and Triton caches inside it), and
+    ``torch_compile_cache/torch_aot_compile/<hash>/rank_<i>_<j>``; None above."""
+    parts = relpath.split("/")
+    if len(parts) < 4 or parts[0] != "torch_compile_cache":
+        return None
+    return "/".join(parts[:4])
+
+
 FAMILY = Family(
     name="vllm",
     summary="vLLM torch.compile cache (VLLM_CACHE_ROOT)",
@@ -98,4 +108,5 @@ FAMILY = Family(
                      "the AOT artifact; rewritten by rename on every re-trace"),
     ),
     includes=("inductor",),
+    entry_of=entry_of,
 )

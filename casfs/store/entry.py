@@ -16,6 +16,25 @@ def mtime_storable(mtime_ns: int) -> bool:
     return -MTIME_NS_LIMIT < mtime_ns < MTIME_NS_LIMIT
 
 
+# Extras key: seconds the entry took to compile where it was first made (an estimate,
+# docs/format.md "cs"); set on one row per entry (its commit record, or its last file).
+COMPILE_SECONDS = "cs"
+COMPILE_SECONDS_MAX = 7 * 86400  # a figure above a week is no compile time: ignored
+
+
+def compile_seconds(e: Entry) -> float | None:
+    """The row's ``cs``: a number of seconds in [0, a week], else None (absent, or not
+    a figure: ignored, never damage; the row serves as any other)."""
+    x = e.extras
+    if not x:
+        return None
+    v = x.get(COMPILE_SECONDS)
+    if not (type(v) is int or type(v) is float):  # no bools (type is not int)
+        return None
+    f = float(v)
+    return f if 0 <= f <= COMPILE_SECONDS_MAX else None  # NaN: no comparison holds
+
+
 @dataclass(frozen=True, slots=True)
 class Entry:
     """A regular file in a generation.
