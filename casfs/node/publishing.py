@@ -460,6 +460,8 @@ class Publication:
         gets one more here.
         """
         ctx = self.ctx
+        if ctx.link.root is None:
+            ctx.link.connect(last_chance=True)  # the last time anything here would publish
         held = list(ctx.tracker.held())
         if held:
             self.torn.add(held)  # RELEASEs that came after the decision

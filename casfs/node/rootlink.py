@@ -53,12 +53,16 @@ class RootLink:
         self.spec: dict[str, Any] = {"root": str(cfg.root), "tenant": cfg.tenant,
                                      "tenants": cfg.tenants, "timeout": cfg.fetch_timeout}
 
-    def connect(self) -> None:
-        """Open the root (bounded); on failure log, count, and serve local state."""
+    def connect(self, *, last_chance: bool = False) -> None:
+        """Open the root (bounded); on failure log, count, and serve local state.
+
+        ``last_chance``: a release's final publication, tried once more even within
+        ROOT_RETRY_AFTER of a failure (a slow first open, e.g. creating an S3 root on
+        a loaded node, had left a short job's files unpublished)."""
         # A root that just failed to open (after up to fetch_timeout) is not tried again
         # at once: a release's promotion and publication each tried, so a stalled root
         # held `casfs run` twice fetch_timeout after its job had ended.
-        if time.monotonic() - self._failed_at < ROOT_RETRY_AFTER:
+        if not last_chance and time.monotonic() - self._failed_at < ROOT_RETRY_AFTER:
             return
         cfg = self.cfg
         bound = min(cfg.fetch_timeout, ROOT_OPEN_TIMEOUT)
