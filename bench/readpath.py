@@ -194,8 +194,12 @@ def bench_tree(s: Settings, kernels: int, reps: int, floor: bool = True) -> Resu
     if not floor:
         notes.append("no pyfuse3 floor row at this size (it holds the tree in memory)")
     return Result("readpath", f"{kernels} kernel dirs", figures, ratios,
-                  [Target("warm_over_floor_warm", 1.2), Target("first_over_plain_cold", 3.0),
-                   Target("overlay_warm_over_plain_warm", 1.1)],
+                  # Restated against the mechanisms' floors (issue 23): warm FUSE reads by
+                  # the mount's CPU against the pyfuse3 floor's (wall swings 2x with load);
+                  # overlay warm against a bare overlayfs over the same tree in the same run
+                  # (bare overlayfs alone is 1.23-1.31x a plain dir).
+                  [Target("warm_server_cpu_over_floor", 1.5), Target("first_over_plain_cold", 3.0),
+                   Target("overlay_warm_over_bare_overlay_warm", 1.05)],
                   raw={**runs, "per_round_ratios": per_round, "last_counters": st,
                        "drop_caches_works": can_drop}, notes=notes)
 

@@ -119,10 +119,12 @@ def bench_size(fx: Fixture, s: Settings, files: int) -> Result:
     figures["plain_job_start_s"] = round(median(run_plain), 4)
     ratios["casfs_run_ready_over_plain_job_start"] = ratio(median(run_casfs),
                                                            median(run_plain), 1)
-    targets = [Target("fastest_copy_over_casfs", 20, "ge")]
+    # Restated (issue 23): `casfs run` ready <= 0.5 s at 1,000 and 10,000 files; the copy
+    # ratio only at 100,000 files (at 1,000 a copy takes less than Python's start).
+    targets: list[Target] = []
     if files >= 100_000:
-        targets.insert(0, Target("casfs_ready_s", 1.0))
-    if files == 10_000:
+        targets += [Target("casfs_ready_s", 1.0), Target("fastest_copy_over_casfs", 20, "ge")]
+    if files in (1_000, 10_000):
         targets.insert(0, Target("casfs_run_ready_s", 0.5))
     return Result("ready", f"{files} files", figures, ratios, targets,
                   raw={"casfs_s": casfs, **{f"{k}_s": v for k, v in alts.items()},

@@ -113,7 +113,10 @@ def client_writes(s: Settings, kernels: int) -> Result:
                    # the pyfuse3 floor: what the FUSE mode could at best reach
                    "floor_over_plain": ratio(floor_s, plain_s, 2),
                    "casfs_over_floor": ratio(casfs_s, floor_s, 2)},
-                  [Target("casfs_over_plain", 2.0), Target("overlay_over_plain", 1.1),
+                  # Restated against the mechanism's floor (issue 23): the minimal pyfuse3
+                  # passthrough writes at ~14.7x plain on tmpfs, 1.5x on ext4, so "2x plain"
+                  # was below what any pyfuse3 filesystem reaches; casfs is held to 1.3x it.
+                  [Target("casfs_over_floor", 1.3), Target("overlay_over_plain", 1.1),
                    Target("promotion_mb_per_s", 200, "ge")],
                   raw=runs)
 
