@@ -110,6 +110,13 @@ def cmd_stats(args: argparse.Namespace) -> int:
             print(_unreachable_line(r))
             continue
         print(f"{r['name']} ({r['mountpoint']}):")
+        c = r["counters"]
+        if c.get("entries_hit") or c.get("entries_missed"):
+            from casfs.cli.summary import saved_text
+
+            print(f"  compile time saved {saved_text(c.get('compile_ms_saved', 0))}"
+                  f" ({c.get('entries_hit', 0)} entries hit,"
+                  f" {c.get('entries_missed', 0)} missed; an estimate)")
         # The two readiness points: the job may start / the profile's hot set is local.
         for k in ("mount_ready_s", "warm_ready_s"):
             if r.get(k) is not None:

@@ -29,8 +29,30 @@ def summary_line(family: str, st: dict[str, Any] | None) -> str:
             # cluster keeps the first version, so this job's copy stays node-local
             + (f"; {c['publish_conflicts']} paths conflicted (another node's version kept;"
                " --report lists them)" if c.get("publish_conflicts") else "")
+            + _saved(c)
             + _not_published(last)
             + _readiness(st))
+
+
+def saved_text(ms: int) -> str:
+    """Compile seconds as the summary says them: ``~212 s``, ``~3.4 s``, ``~1.2 h``."""
+    s = ms / 1000
+    return f"~{s / 3600:.1f} h" if s >= 36000 else f"~{s:.0f} s" if s >= 10 else f"~{s:.1f} s"
+
+
+def _saved(c: dict[str, Any]) -> str:
+    """Entries the job hit and the compile time they saved (casfs.node.compiletime):
+    an estimate, from the figures their makers published (docs/format.md, "cs")."""
+    hits, ms = c.get("entries_hit", 0), c.get("compile_ms_saved", 0)
+    if not hits:
+        return ""
+    out = f"; {hits} entries hit"
+    if ms:
+        out += f", saved {saved_text(ms)} of compilation"
+    untimed = c.get("entries_hit_untimed", 0)
+    if untimed:
+        out += f" ({untimed} with no recorded compile time)"
+    return out
 
 
 def _not_published(last: dict[str, Any]) -> str:
@@ -117,6 +139,11 @@ def write_report(path: Path, cmd: list[str], rc: int, caches: list[dict[str, Any
             "mount_ready_s": (st or {}).get("mount_ready_s"),
             "warm_ready_s": (st or {}).get("warm_ready_s"),
             "prefetched_files": cnt.get("prefetched_files", 0),
+            # per entry (a family's unit: a Triton kernel, an FX graph), an estimate
+            "entries_hit": cnt.get("entries_hit", 0),
+            "entries_missed": cnt.get("entries_missed", 0),
+            "entries_hit_untimed": cnt.get("entries_hit_untimed", 0),
+            "compile_s_saved": round(cnt.get("compile_ms_saved", 0) / 1000, 3),
         })
     doc = {"casfs_run_report": 1, "host": socket.gethostname(), "command": cmd,
            "exit_status": rc, "time": time.time(),

@@ -20,7 +20,7 @@ from typing import Any
 
 from casfs.index.memtree import StagedLowerTree
 from casfs.index.objcache import LocalObjectCache
-from casfs.node import prefetch, usage
+from casfs.node import compiletime, prefetch, usage
 from casfs.node.config import MountConfig
 from casfs.node.rootlink import RootLink
 from casfs.promote.publisher import profile_options
@@ -48,6 +48,13 @@ class Access:
         self.ondemand_fetches = 0  # the job's own fetches in flight (see ondemand)
         self._ondemand_lock = threading.Lock()
         self.stopping = False
+        # Compile time saved per entry hit (casfs.node.compiletime), once wired.
+        self.savings: compiletime.Savings | None = None
+
+    def count_savings(self, savings: compiletime.Savings) -> None:
+        """Credit each entry's compile seconds when a job opens it (first open per epoch)."""
+        self.savings = savings
+        self.uses.on_epoch.append(savings.new_epoch)
 
     @contextlib.contextmanager
     def ondemand(self) -> Iterator[None]:
@@ -72,6 +79,8 @@ class Access:
         self.recorder.opened(path)
         self.uses.opened(path)
         self.counters.inc("opens_recorded")
+        if self.savings is not None:
+            self.savings.hit(path)
         if self.prefetcher is not None:
             self.prefetcher.opened(digest)
 
@@ -111,6 +120,9 @@ class Access:
         self.recorder.opened_many(paths)
         self.uses.opened_many(paths)
         self.counters.inc("opens_recorded", len(paths))
+        if self.savings is not None:
+            for rel in paths:
+                self.savings.hit(rel)
         if self.prefetcher is not None:
             self.prefetcher.opened_many(digests)
 

@@ -167,7 +167,7 @@ class Worker(ChildServer):
         self._inflight: dict[int, int] = {}  # request id -> activity count last reported
 
     def handler(self, op: Any) -> Callable[[dict[str, Any]], None] | None:
-        return self.run if op in ("promote", "publish", "reads") else None
+        return self.run if op in ("promote", "publish", "reads", "outcomes") else None
 
     def serve(self) -> None:
         threading.Thread(target=self._report, name="progress", daemon=True).start()
@@ -229,7 +229,8 @@ class Worker(ChildServer):
             sp = self.space(msg["root"], str(msg["ns"]))
             op = msg["op"]
             out = (self.promote(sp, msg) if op == "promote" else
-                   self.publish(sp, msg) if op == "publish" else self.reads(sp, msg))
+                   self.publish(sp, msg) if op == "publish" else
+                   self.outcomes(sp, msg) if op == "outcomes" else self.reads(sp, msg))
             reply = {"id": rid, "ok": True, **out}
         except Exception as e:  # every failure is an answer: the mount retries next round
             if not isinstance(e, CasfsError | OSError):
@@ -277,10 +278,21 @@ class Worker(ChildServer):
             return out
 
         pub.options_for = options
+        first = msg.get("first_miss")
+        if isinstance(first, dict):
+            pub.first_miss = {str(k): int(v) for k, v in first.items()}
         out = pub.publish()
         return {"published": out.ok, "message": out.message,
                 "result": asdict(out.result) if out.result is not None else None,
-                "lost": lost, "profiled": profiled[0]}
+                "lost": lost, "profiled": profiled[0], "timed": list(out.timed)}
+
+    def outcomes(self, sp: _Namespace, msg: dict[str, Any]) -> dict[str, Any]:
+        """An outcome record of the mount's jobs (casfs.store.outcomes)."""
+        from casfs.store import outcomes
+
+        doc = dict(msg["outcome"])
+        doc["missed"] = [(str(e), int(n)) for e, n in doc.get("missed") or []]
+        return {"key": outcomes.record(sp.root.backend, sp.ns, **doc)}
 
     def reads(self, sp: _Namespace, msg: dict[str, Any]) -> dict[str, Any]:
         """A read record of what the mount's jobs opened (casfs.store.reads)."""

@@ -31,12 +31,13 @@ from casfs.families import CacheRules
 from casfs.index.memtree import StagedLowerTree
 from casfs.index.node_index import NodeIndex
 from casfs.node import promoteproc, usage
+from casfs.node.compiletime import MissClock, Savings
 from casfs.node.config import MountConfig
 from casfs.node.rootlink import RootLink
 from casfs.promote.promoter import Promoter, RoundResult
 from casfs.promote.publisher import Publisher, PublishOutcome
 from casfs.promote.tracker import WriteTracker
-from casfs.store import profile, reads
+from casfs.store import outcomes, profile, reads
 from casfs.store.generations import PublishResult
 from casfs.util import atomic, beneath
 from casfs.util.counters import Counters
@@ -90,6 +91,11 @@ class InProcessTransport:
         assert root is not None
         reads.record(root.backend, ctx.cfg.namespace, ctx.index.node_id, batch.paths,
                      time.time(), until=batch.until)
+
+    def record_outcomes(self, doc: dict[str, Any]) -> None:
+        root = self.ctx.link.root
+        assert root is not None
+        outcomes.record(root.backend, self.ctx.cfg.namespace, **doc)
 
 
 class WorkerTransport:
@@ -178,7 +184,8 @@ class WorkerTransport:
         opened = ctx.recorder.paths()
         msg = {"op": "publish", "root": ctx.link.spec, "ns": cfg.namespace,
                "family": cfg.family, "scratch": list(cfg.scratch_patterns),
-               "fingerprint": pub.fingerprint, "max_bytes": pub.max_bytes, "opened": opened}
+               "fingerprint": pub.fingerprint, "max_bytes": pub.max_bytes, "opened": opened,
+               "first_miss": pub.first_miss}
         try:
             reply = self._call(msg)
         except CasfsError as e:  # the worker died twice or hung: retried next interval
@@ -193,7 +200,8 @@ class WorkerTransport:
             ctx.recorder.mark_published(len(opened))
         raw = reply.get("result")
         out = PublishOutcome(bool(reply.get("published")), str(reply.get("message", "")),
-                             PublishResult(**raw) if isinstance(raw, dict) else None)
+                             PublishResult(**raw) if isinstance(raw, dict) else None,
+                             tuple(str(e) for e in reply.get("timed") or ()))
         pub.last = out
         return out
 
@@ -202,6 +210,11 @@ class WorkerTransport:
         self._call({"op": "reads", "root": ctx.link.spec, "ns": ctx.cfg.namespace,
                     "node": ctx.index.node_id, "paths": list(batch.paths),
                     "time": time.time(), "until": batch.until})
+
+    def record_outcomes(self, doc: dict[str, Any]) -> None:
+        ctx = self.ctx
+        self._call({"op": "outcomes", "root": ctx.link.spec, "ns": ctx.cfg.namespace,
+                    "outcome": doc})
 
 
 Transport = InProcessTransport | WorkerTransport
@@ -284,6 +297,12 @@ class Publication:
         self._ingredients: dict[str, Any] | None = None
         self.torn = TornRecord(ctx.cfg.run_dir / f"torn-{ctx.cfg.namespace}.json",
                                ctx.cfg.writable_dir)
+        # Compile time (casfs.node.compiletime): the mount's first misses per entry, its
+        # hits' savings; what the last outcome record counted (casfs.store.outcomes).
+        self.clock: MissClock | None = None
+        self.savings: Savings | None = None
+        self._outcome_base: dict[str, int] = {}
+        self._outcome_day = outcomes.day_of(time.time())
 
     # --- promotion ------------------------------------------------------------------
     def promoter(self) -> Promoter | None:
@@ -370,8 +389,14 @@ class Publication:
             ctx.link.connect()
             return {"ok": False, "message": f"shared root unavailable: {ctx.link.error}",
                     "pending_promotion": waiting, "promotion_error": error}
+        # Compile seconds need v2 rows: not where packs are off (a fleet mixing 0.1 nodes).
+        clock = self.clock
+        pub.first_miss = clock.first_misses() if clock is not None and ctx.cfg.packs else None
         t0 = time.monotonic()
         out = self.transport.publish(pub)
+        if clock is not None and out.timed:
+            clock.settle(out.timed)
+            ctx.counters.inc("entries_timed", len(out.timed))
         res = out.result
         if (res is not None and res.added) or not out.ok:  # wrote a generation, or failed
             ctx.counters.observe("publish_seconds", time.monotonic() - t0)
@@ -404,6 +429,7 @@ class Publication:
         """Write what this mount's jobs opened as a read record (casfs.store.reads) when
         casfs.node.usage says it is due; ``force`` at publication, ``final`` at release."""
         ctx = self.ctx
+        self.record_outcomes(final)
         if not (force or final or self.uses.due()):
             return
         batch = self.uses.take(force=force, final=final)
@@ -419,6 +445,41 @@ class Publication:
         except (CasfsError, OSError) as e:
             self.uses.put_back(batch)
             log.warning("%s: no read record this time: %s", ctx.cfg.name, e)
+
+    OUTCOME_KEYS = ("entries_hit", "entries_missed", "compile_ms_saved", "entries_hit_untimed")
+
+    def record_outcomes(self, final: bool = False) -> None:
+        """This mount's outcome record (casfs.store.outcomes): at release (``final``),
+        and on the first call of a new UTC day (the rows then go to the day before).
+        One small write per namespace and release, or per day; nothing when all is 0."""
+        ctx, clock = self.ctx, self.clock
+        if clock is None:
+            return
+        now = time.time()
+        today = outcomes.day_of(now)
+        if not final and today == self._outcome_day:
+            return
+        cur = {k: ctx.counters.get(k) for k in self.OUTCOME_KEYS}
+        d = {k: cur[k] - self._outcome_base.get(k, 0) for k in self.OUTCOME_KEYS}
+        if not (d["entries_hit"] or d["entries_missed"] or d["compile_ms_saved"]):
+            self._outcome_day = today
+            return
+        if ctx.link.root is None:
+            return  # counted in the next one
+        missed = clock.take_missed()
+        doc = {"family": ctx.cfg.family, "node": ctx.index.node_id, "now": now,
+               "day": today if final else self._outcome_day,
+               "hits": d["entries_hit"], "misses": d["entries_missed"],
+               "saved_ms": d["compile_ms_saved"], "untimed": d["entries_hit_untimed"],
+               "missed": missed.most_common(outcomes.MISSED_MAX)}
+        try:
+            self.transport.record_outcomes(doc)
+        except (CasfsError, OSError) as e:
+            clock.missed_counts.update(missed)
+            log.warning("%s: no outcome record this time: %s", ctx.cfg.name, e)
+            return
+        self._outcome_base, self._outcome_day = cur, today
+        ctx.counters.inc("outcome_records")
 
     # --- killed jobs and release ---------------------------------------------------------
     def torn_writes(self, since: float, until: float) -> int:

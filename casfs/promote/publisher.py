@@ -33,6 +33,7 @@ from casfs.errors import (
 from casfs.families import CacheRules
 from casfs.index.node_index import NodeIndex
 from casfs.index.promoted import PromotedRecord
+from casfs.promote.timing import with_compile_times
 from casfs.store import profile
 from casfs.store.entry import Entry
 from casfs.store.generations import (
@@ -54,6 +55,7 @@ class PublishOutcome:
     ok: bool
     message: str
     result: PublishResult | None = None
+    timed: tuple[str, ...] = ()  # entries published with their compile seconds (cs)
 
 
 class Publisher:
@@ -82,6 +84,9 @@ class Publisher:
         self.last: PublishOutcome | None = None
         # Optional record keys for a publication of these entries (the access profile).
         self.options_for: Callable[[list[Entry]], dict[str, Any]] | None = None
+        # Entry -> first miss (ns since the epoch) of entries a job of this mount made:
+        # their rows get compile seconds (casfs.promote.timing); None: no figures.
+        self.first_miss: dict[str, int] | None = None
 
     def pending(self) -> list[Entry]:
         return list(self.index.pending(self.key, self.gens.root.root_id))
@@ -90,6 +95,9 @@ class Publisher:
         pending = self._present(self.pending())
         if not pending:
             return PublishOutcome(True, "nothing to publish")
+        timed: list[str] = []
+        if self.first_miss:
+            pending, timed = with_compile_times(self.rules, pending, self.first_miss)
         try:
             res = self.gens.publish(
                 self.namespace,
@@ -140,7 +148,7 @@ class Publisher:
                 True,
                 f"{self.namespace}@{res.seq}: +{res.added} files, {res.already} already"
                 f" published, {res.conflicts} conflicts",
-                res,
+                res, tuple(timed),
             )
         self.last = out
         return out

@@ -45,7 +45,8 @@ from casfs.util.counters import Counters
 
 log = logging.getLogger(__name__)
 
-SUBDIRS = ("generations", "pins", "reads")  # reads: casfs.store.reads (retention)
+# reads: casfs.store.reads (retention); outcomes: casfs.store.outcomes (casfs report)
+SUBDIRS = ("generations", "pins", "reads", "outcomes")
 
 
 class RecordTrust(Protocol):

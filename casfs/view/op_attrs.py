@@ -5,7 +5,7 @@ from __future__ import annotations
 import errno
 import os
 import stat
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import pyfuse3
 
@@ -14,6 +14,10 @@ from casfs.view.op_copyup import CopyUpOps
 
 
 class AttrOps(CopyUpOps):
+    # Called with each path a lookup found in no layer (casfs.node.compiletime: the first
+    # miss of an entry starts its compile time); None: nobody asks.
+    on_lookup_miss: Callable[[str], None] | None = None
+
     @sync_handler
     def lookup(
         self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext
@@ -22,6 +26,8 @@ class AttrOps(CopyUpOps):
         node = self.layers.resolve(path)
         if node is None:
             self.counters.inc("lookup_miss")
+            if self.on_lookup_miss is not None:
+                self.on_lookup_miss(path)
             return self._negative_reply(parent_inode, name, path)
         self.counters.inc("lookup_upper" if node.upper is not None else "lookup_lower")
         return self._attrs(node, self.inodes.lookup(path, link_key(node)))
