@@ -38,7 +38,7 @@ from casfs import families
 from casfs.index.memtree import StagedLowerTree
 from casfs.index.node_index import NodeIndex
 from casfs.index.objcache import LocalObjectCache, discard_cache_dir
-from casfs.node import control, fetchproc, nsregistry, promoteproc, quota, readahead
+from casfs.node import compiletime, control, fetchproc, nsregistry, promoteproc, quota, readahead
 from casfs.node.access import Access
 from casfs.node.config import MountConfig
 from casfs.node.lowerfeed import LowerFeed
@@ -130,12 +130,22 @@ class MountService:
                           if cfg.readahead and self.server.has_fuse else None)
         self.server.wire(self.access.lower_opened,
                          self.readahead.missed if self.readahead is not None else None)
+        # Compile time per entry (casfs.node.compiletime): first misses (the FUSE view's
+        # negative lookups; none in dir mode) and the seconds hits save.
+        self.miss_clock = compiletime.MissClock(self.rules, self.counters)
+        if getattr(self.server, "ops", None) is not None:
+            self.server.ops.on_lookup_miss = self.miss_clock.missed
+        self.access.count_savings(compiletime.Savings(
+            self.rules, self.counters, compiletime.parts_loader(self.link.gens, cfg.namespace),
+            lambda: self.feed.served_seq))
         self.publication = Publication(
             Context(cfg, self.rules, self.index, self.tracker, self.counters, self.link,
                     self.lower, self.access.recorder),
             self.server, self.access.uses,
             in_worker=self.server.has_fuse and promoteproc.enabled(),
             refresh=self.refresh_once, profile_options=self.access.profile_options)
+        self.publication.clock = self.miss_clock
+        self.publication.savings = self.access.savings
         if cfg.ingredients:  # a configured mount or a dir/overlay casfs run
             self.set_ingredients(cfg.ingredients)
         self.server.release_published_replaced()
