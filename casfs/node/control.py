@@ -50,6 +50,10 @@ async def serve_control(sock_path: Path, handler: Handler,
     finally:
         os.umask(old)
     listener.listen(16)
+    try:
+        ours = os.stat(sock_path).st_ino
+    except OSError:
+        ours = None
     if task_status is not None:
         task_status.started()
     try:
@@ -73,8 +77,10 @@ async def serve_control(sock_path: Path, handler: Handler,
                 nursery.start_soon(_serve_one, conn, handler)
     finally:
         listener.close()
-        with contextlib.suppress(FileNotFoundError):
-            sock_path.unlink()
+        # Only our own: after a handover the path is the successor's socket.
+        with contextlib.suppress(OSError):
+            if os.stat(sock_path).st_ino == ours:
+                sock_path.unlink()
 
 
 async def _serve_one(conn: trio.socket.SocketType, handler: Handler) -> None:
@@ -122,9 +128,18 @@ def write_registry(run_dir: Path, name: str, info: dict[str, Any]) -> None:
     atomic.write_atomic(run_dir / f"{name}.json", json.dumps(info, indent=1).encode())
 
 
-def remove_registry(run_dir: Path, name: str) -> None:
+def remove_registry(run_dir: Path, name: str, pid: int | None = None) -> None:
+    """Remove ``name``'s registry entry; with ``pid``, only if it is that process's (a
+    mount process that handed over leaves its successor's entry)."""
+    path = run_dir / f"{name}.json"
+    if pid is not None:
+        try:
+            if json.loads(path.read_bytes()).get("pid") != pid:
+                return
+        except (OSError, ValueError, AttributeError):
+            pass
     with contextlib.suppress(FileNotFoundError):
-        (run_dir / f"{name}.json").unlink()
+        path.unlink()
 
 
 def running(pid: int) -> bool:

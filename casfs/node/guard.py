@@ -36,6 +36,8 @@ class MountEntry:
     root: str  # the path inside the mounted filesystem (a bind mount's source)
     fstype: str
     source: str
+    id: int = 0  # the mount's id (mountinfo's first field; kept by a move)
+    parent: int = 0  # the id of the mount it is mounted on
 
 
 def _unescape(s: str) -> str:
@@ -43,9 +45,13 @@ def _unescape(s: str) -> str:
 
 
 def mounts_at(path: Path) -> list[MountEntry]:
-    """Mounts whose mount point is ``path``, bottom first (the last one is visible)."""
+    """Mounts whose mount point is ``path``, bottom first (the last one is visible).
+
+    In stack order, each mounted on the one before: not mountinfo's order, which is
+    the order of mounting (a mount moved beneath another, casfs.node.handover, comes
+    after the one it is under)."""
     target = os.path.normpath(os.path.abspath(path))
-    out = []
+    found = []
     try:
         with open("/proc/self/mountinfo") as f:
             for line in f:
@@ -53,11 +59,19 @@ def mounts_at(path: Path) -> list[MountEntry]:
                 a = left.split()
                 b = right.split()
                 if len(a) >= 5 and len(b) >= 2 and _unescape(a[4]) == target:
-                    out.append(MountEntry(_unescape(a[4]), _unescape(a[3]), b[0],
-                                          _unescape(b[1])))
-    except OSError:
+                    found.append(MountEntry(_unescape(a[4]), _unescape(a[3]), b[0],
+                                            _unescape(b[1]), int(a[0]), int(a[1])))
+    except (OSError, ValueError):
         pass
-    return out
+    by_parent = {m.parent: m for m in found}
+    ids = {m.id for m in found}
+    bottoms = [m for m in found if m.parent not in ids]
+    if len(bottoms) != 1:
+        return found  # not one stack (a race with a mount or unmount): as listed
+    out = [bottoms[0]]
+    while (up := by_parent.get(out[-1].id)) is not None and len(out) < len(found):
+        out.append(up)
+    return out if len(out) == len(found) else found
 
 
 def is_guard(m: MountEntry) -> bool:

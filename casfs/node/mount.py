@@ -38,7 +38,16 @@ from casfs import families
 from casfs.index.memtree import StagedLowerTree
 from casfs.index.node_index import NodeIndex
 from casfs.index.objcache import LocalObjectCache, discard_cache_dir
-from casfs.node import compiletime, control, fetchproc, nsregistry, promoteproc, quota, readahead
+from casfs.node import (
+    compiletime,
+    control,
+    fetchproc,
+    handover,
+    nsregistry,
+    promoteproc,
+    quota,
+    readahead,
+)
 from casfs.node.access import Access
 from casfs.node.config import MountConfig
 from casfs.node.lowerfeed import LowerFeed
@@ -57,6 +66,7 @@ from casfs.promote.tracker import WriteTracker
 from casfs.store.root import SharedRoot
 from casfs.tenants import TenantPolicy
 from casfs.util.counters import Counters
+from casfs.util.flock import try_flock
 from casfs.view import session
 
 log = logging.getLogger(__name__)
@@ -74,7 +84,9 @@ class MountService:
     """
 
     def __init__(self, cfg: MountConfig, *, hosted: bool = False,
-                 wait_for_reclaim: bool = True) -> None:
+                 wait_for_reclaim: bool = True, replace: bool = False) -> None:
+        """``replace``: take the mount point over from the mount process serving it
+        (casfs.node.handover; HandoverUnavailable if it cannot hand over)."""
         if not hosted:
             cfg.check()
         self.cfg = cfg
@@ -94,6 +106,23 @@ class MountService:
         self.index = NodeIndex.open(cfg.state_dir)
         if self.index.take_repaired():
             discard_cache_dir(cfg.state_dir / "objects")
+        # Replacements (casfs.node.handover): this session's part, the mount process we
+        # take over from (it gives up the namespace's lock first), and our answers to one.
+        self.handing = handover.Handing()
+        self.predecessor = None
+        if replace and not hosted:
+            if cfg.mode != "fuse":  # overlay: overlayfs on top; dir: a bind mount
+                if handover.find_predecessor(cfg.run_dir, cfg.name, cfg.mountpoint):
+                    raise handover.HandoverUnavailable(
+                        f"{cfg.mode} mode mounts are not handed over (fuse mode only)")
+            else:
+                self.predecessor = handover.prepare(cfg.run_dir, cfg.name, cfg.mountpoint)
+        if self.predecessor is not None:
+            self.handing.stage = handover.stage_dir(cfg.run_dir, cfg.name)
+        self._periodic: list[Periodic] = []
+        self.drain = handover.Drain(cfg.mountpoint, cfg.run_dir, self.handing,
+                                    give_locks=self._give_lock, retake_locks=self._retake_lock,
+                                    writing=self.tracker.writing, aside=self._stepped_aside)
         self._lock_fd: int | None = nsregistry.take_lock(cfg, wait_for_reclaim)
         self.link = RootLink(cfg, self.policy, self.index, self.counters)
         self.link.connect()
@@ -122,6 +151,9 @@ class MountService:
             counters=self.counters, lower=self.lower, cache=self.cache, access=self.access,
             served_seq=lambda: self.feed.served_seq, tenant=self.tenant, root_mode=root_mode,
             relocator=relocator))
+        if self.server.busy is None:  # FUSE: never promote what a draining predecessor writes
+            self.server.busy = handover.busy_hook(cfg.run_dir, cfg.namespace,
+                                                  self.tracker.has_writers)
         if self.server.has_fuse and fetchproc.enabled():
             source.worker()  # started now, so a first fetch does not wait
         # A miss fetches the rest of its directory (objects fetched on open only).
@@ -270,6 +302,8 @@ class MountService:
             return {**reply, "promote_s": round(promote_s, 4)}
         if cmd == "refresh":
             return await trio.to_thread.run_sync(self.refresh_once, abandon_on_cancel=True)
+        if cmd == "handover":  # a successor takes the mount point over (casfs.node.handover)
+            return await self.drain.handle(req)
         if cmd == "torn":  # casfs run: its job was killed ``late`` seconds ago
             late = req.get("late")
             late = min(float(late), 3600.0) if isinstance(late, (int, float)) and late >= 0 else 0.0
@@ -322,10 +356,41 @@ class MountService:
             self.readahead.stop()
 
     async def _background(self, nursery: trio.Nursery) -> None:
+        pred = self.predecessor
+        if pred is not None:
+            # Before our control socket replaces the predecessor's (same path).
+            await handover.take_over(self.cfg.mountpoint, self.handing, pred)
+        self.drain.nursery = nursery
         await nursery.start(control.serve_control, self.cfg.socket_path, self.handle)
-        for t in self.tasks():
+        self._periodic = self.tasks()
+        for t in self._periodic:
             nursery.start_soon(t.run)
         self.start_prefetch()
+
+    # --- handing over (casfs.node.handover) ---------------------------------------------
+    def _give_lock(self) -> list[str]:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+        return [self.cfg.namespace]
+
+    def _retake_lock(self) -> bool:
+        if self._lock_fd is not None:
+            return True
+        fd = nsregistry.lock_file(self.cfg.run_dir, self.cfg.namespace, "lock")
+        if not try_flock(fd):
+            os.close(fd)
+            return False
+        self._lock_fd = fd
+        return True
+
+    async def _stepped_aside(self) -> None:
+        """What a drained mount no longer does: refresh (the successor serves the newer
+        generations), prefetch. Promotion and publication of what it tracks go on."""
+        for t in self._periodic:
+            if t.name == "refresh_once":
+                t.stop()
+        await trio.to_thread.run_sync(self.stop_prefetch)
 
     async def release(self, timeout: float | None = None) -> None:
         """Final promotion and publication, bounded by ``timeout`` (shutdown_timeout):
@@ -348,7 +413,8 @@ class MountService:
         from casfs.node import guard
 
         cfg = self.cfg
-        guard.refuse_stacking(cfg.mountpoint, f"namespace {cfg.namespace}")
+        if self.predecessor is None:  # a successor stacks beneath its predecessor's mount
+            guard.refuse_stacking(cfg.mountpoint, f"namespace {cfg.namespace}")
         for other in control.registered(cfg.run_dir):
             # (Same mount point: a supervisor's replacement for a worker it gave up on.)
             if (other.get("name") == cfg.name and other.get("pid") != os.getpid()
@@ -381,12 +447,12 @@ class MountService:
             self.server.serve(Serving(ready=ready, background=self._background,
                                       shutdown=self.release, wait_warm=self.wait_warm,
                                       stopping=lambda: self._stopping,
-                                      entry=lambda: self._entry))
+                                      entry=lambda: self._entry, handing=self.handing))
         finally:
-            if guarded:
+            if guarded and not self.handing.stepped_aside:  # else: a successor's mount point
                 guard.remove(cfg.mountpoint)  # a clean stop; a crash leaves it (the point)
             nsregistry.record_served(cfg)
-            control.remove_registry(cfg.run_dir, cfg.name)
+            control.remove_registry(cfg.run_dir, cfg.name, os.getpid())
             self.flush_counters()
             self.close()
 
@@ -397,3 +463,4 @@ class MountService:
         if self._lock_fd is not None:
             os.close(self._lock_fd)
             self._lock_fd = None
+        self.drain.close()

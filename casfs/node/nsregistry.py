@@ -108,20 +108,46 @@ def wanted(run_dir: Path, ns: str) -> bool:
     return _held(run_dir, ns, "wanted", fcntl.LOCK_EX)
 
 
+def hold_draining(run_dir: Path, ns: str) -> int:
+    """``ns-<ns>.draining``, held shared by every process that handed ``ns`` over and
+    still serves what jobs hold open of it (casfs.node.handover): no reclaim meanwhile."""
+    fd = lock_file(run_dir, ns, "draining")
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def draining(run_dir: Path, ns: str) -> bool:
+    return _held(run_dir, ns, "draining", fcntl.LOCK_EX)
+
+
+HANDOVER_LOCK_WAIT = 10.0  # a successor waits this long for a handing-over mount's lock
+
+
 def take_lock(cfg: MountConfig, wait_for_reclaim: bool = True) -> int:
     """The namespace's lock, as an fd to keep open while the namespace is served.
 
     Held by another mount (or by anything, for the reclaim itself:
-    ``wait_for_reclaim`` False): UsageError at once. Held by a reclaim of the
-    namespace: waits for it, at most ``shutdown_timeout``, holding
-    ``ns-<ns>.wanted`` shared meanwhile.
+    ``wait_for_reclaim`` False): UsageError at once, unless a mount is handing
+    the namespace over (a ``draining`` lock is held): then it waits for the lock,
+    at most HANDOVER_LOCK_WAIT. Held by a reclaim of the namespace: waits for it,
+    at most ``shutdown_timeout``, holding ``ns-<ns>.wanted`` shared meanwhile.
+    A reclaim never takes a namespace that a draining process still serves.
     """
     ns = cfg.namespace
     fd = lock_file(cfg.run_dir, ns, "lock")
     wanted_fd: int | None = None
     try:
         deadline = time.monotonic() + cfg.shutdown_timeout
+        handover_until = time.monotonic() + HANDOVER_LOCK_WAIT
         while not try_flock(fd):
+            if (wait_for_reclaim and time.monotonic() < handover_until
+                    and draining(cfg.run_dir, ns)):
+                time.sleep(0.02)
+                continue
             if not wait_for_reclaim or not reclaim_in_progress(cfg.run_dir, ns):
                 # The reclaim releases the namespace's lock before its own: free now,
                 # unless another mount took it.
@@ -142,4 +168,8 @@ def take_lock(cfg: MountConfig, wait_for_reclaim: bool = True) -> int:
     finally:
         if wanted_fd is not None:
             os.close(wanted_fd)
+    if not wait_for_reclaim and draining(cfg.run_dir, ns):
+        os.close(fd)
+        raise UsageError(f"namespace {ns} is still served by a mount process that handed it"
+                         " over (it drains what jobs hold open)")
     return fd

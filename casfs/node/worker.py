@@ -121,8 +121,13 @@ class Worker:
 
 def spawn(cfg: MountConfig, *, ready_timeout: float = 120.0, verbose: int = 0,
           log_to_stderr: bool = False, log_format: str | None = None,
-          log_level: str | None = None, die_with_parent: bool = False) -> Worker:
+          log_level: str | None = None, die_with_parent: bool = False,
+          replace: bool = False) -> Worker:
     """Start a mount process and wait until it serves; CasfsError with its reason if not.
+
+    ``replace``: the new process takes the mount point over from the one serving it
+    (casfs.node.handover): no job sees the change. HandoverUnavailable if that one
+    cannot hand over (then nothing was changed: see ``replace``).
 
     By default the worker logs to ``<state_dir>/log/<name>.log``; ``log_to_stderr``
     makes it inherit the caller's stderr instead (casfsd: the journal), in
@@ -137,7 +142,32 @@ def spawn(cfg: MountConfig, *, ready_timeout: float = 120.0, verbose: int = 0,
         "casfs.node.worker", cfg, config_to_json(cfg), where=f"mount {cfg.name} at",
         ready_timeout=ready_timeout + cfg.wait_warm, verbose=verbose,
         log_to_stderr=log_to_stderr, log_format=log_format, log_level=log_level,
-        die_with_parent=die_with_parent)
+        die_with_parent=die_with_parent, replace=replace)
+
+
+def replace(old: Worker, spawn_fn: Callable[..., Worker] | None = None,
+            cfg: Any = None, **kw: Any) -> tuple[Worker, bool]:
+    """Put a new mount process (this release) in ``old``'s place: (the new one, whether
+    it was handed over seamlessly).
+
+    The new process takes the mount point over while ``old`` serves (casfs.node.handover);
+    ``old`` then drains what jobs hold open and exits by itself (the caller reaps it).
+    If ``old`` cannot hand over (an older release, no CAP_SYS_ADMIN, a kernel before
+    6.5, overlay or dir mode) it is stopped first and the new one mounts after it, as
+    every restart did before: jobs see the gap. One WARNING line says so.
+    """
+    from casfs.node.handover import HandoverUnavailable
+
+    cfg = cfg if cfg is not None else old.cfg
+    spawn_fn = spawn_fn or spawn
+    if old.proc.poll() is None:
+        try:
+            return spawn_fn(cfg, replace=True, **kw), True
+        except HandoverUnavailable as e:
+            log.warning("%s: no seamless handover (%s): stopping pid %d, then mounting again"
+                        " (jobs see the gap)", cfg.name, e.message, old.proc.pid)
+    old.stop()
+    return spawn_fn(cfg, **kw), False
 
 
 def check_paths(cfg: Any) -> None:
@@ -159,7 +189,7 @@ def check_paths(cfg: Any) -> None:
 def start_process(module: str, cfg: Any, cfg_json: str, *, where: str,
                   ready_timeout: float = 120.0, verbose: int = 0, log_to_stderr: bool = False,
                   log_format: str | None = None, log_level: str | None = None,
-                  die_with_parent: bool = False) -> Worker:
+                  die_with_parent: bool = False, replace: bool = False) -> Worker:
     """Run ``python -m module`` with ``cfg_json`` and wait for its READY line.
 
     The one way casfs starts a mount process (a single mount, or the node's
@@ -185,6 +215,8 @@ def start_process(module: str, cfg: Any, cfg_json: str, *, where: str,
         cmd += ["--log-format", log_format]
     if log_level:
         cmd += ["--log-level", log_level]
+    if replace:
+        cmd.append("--replace")
     pass_fds = [w, cfg_r]
     life_r = life_w = None
     if die_with_parent:
@@ -225,6 +257,10 @@ def start_process(module: str, cfg: Any, cfg_json: str, *, where: str,
         reason = line or last or "it exited without saying why"
         if proc.returncode == FuseUnavailableError.exit_code:
             raise FuseUnavailableError(f"{where} {cfg.mountpoint} failed: {reason}")
+        if replace and proc.returncode == HANDOVER_EXIT:
+            from casfs.node.handover import HandoverUnavailable
+
+            raise HandoverUnavailable(reason)
         raise CasfsError(f"{where} {cfg.mountpoint} failed: {reason}")
     return Worker(cfg, proc, stats_out, log_path, life_w)
 
@@ -289,11 +325,12 @@ def _fuse_import(e: ImportError) -> FuseUnavailableError:
     return FuseUnavailableError(why)
 
 
-class _Service(Protocol):
+class _Service(Protocol):  # built by ``build(cfg)``, or ``build(cfg, replace=True)``
     def serve(self, on_ready: Callable[[], None]) -> None: ...
     def final_stats(self) -> dict[str, Any]: ...
 
 
+HANDOVER_EXIT = 9  # casfs.node.handover.HandoverUnavailable.exit_code
 FD_LIMIT_MAX = 1 << 20  # what a mount process lifts its soft RLIMIT_NOFILE to, at most
 
 
@@ -317,7 +354,7 @@ def lift_fd_limit() -> None:
 
 
 def run_child(prog: str, argv: list[str] | None, load: Callable[[str], Any],
-              build: Callable[[Any], _Service]) -> int:
+              build: Callable[..., _Service]) -> int:
     """The child side of ``start_process``: config from its pipe, READY once serving.
 
     ``load`` parses the configuration JSON; ``build`` makes the service (a
@@ -334,6 +371,8 @@ def run_child(prog: str, argv: list[str] | None, load: Callable[[str], Any],
     ap.add_argument("--log-level", choices=sorted(logfmt.LEVELS))
     ap.add_argument("--lifeline-fd", type=int,
                     help="shut down when this pipe's write end closes (the parent died)")
+    ap.add_argument("--replace", action="store_true",
+                    help="take the mount point over from the process serving it (handover)")
     args = ap.parse_args(argv)
     cfg = load(read_config(args.config_fd, args.config_json))
     level = (logfmt.LEVELS[args.log_level] if args.log_level
@@ -352,7 +391,7 @@ def run_child(prog: str, argv: list[str] | None, load: Callable[[str], Any],
             args.ready_fd = None
 
     try:
-        svc = build(cfg)
+        svc = build(cfg, replace=True) if args.replace else build(cfg)
     except (CasfsError, OSError) as e:
         return _failed(e, tell)
     except ImportError as e:
@@ -387,10 +426,10 @@ def spawn_host(cfg: HostConfig, *, ready_timeout: float = 120.0, log_to_stderr: 
 
 
 def main(argv: list[str] | None = None) -> int:
-    def build(cfg: MountConfig) -> _Service:
+    def build(cfg: MountConfig, replace: bool = False) -> _Service:
         from casfs.node.mount import MountService
 
-        return MountService(cfg)
+        return MountService(cfg, replace=replace)
 
     return run_child("casfs-worker", argv, config_from_json, build)
 

@@ -101,6 +101,11 @@ class WriteTracker:
         with self._lock:
             return path in self._writers
 
+    def writing(self) -> list[str]:
+        """Paths open for writing now (what a handover's successor must not promote)."""
+        with self._lock:
+            return sorted(self._writers)
+
     def quiet(self, stable_after: float, *, with_writers: bool = False) -> list[str]:
         """Dirty paths with no open writer and no change for ``stable_after`` seconds.
 

@@ -26,6 +26,8 @@ from casfs.errors import FuseUnavailableError
 if TYPE_CHECKING:
     import pyfuse3
 
+    from casfs.node.handover import Handing
+
 log = logging.getLogger(__name__)
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
@@ -86,6 +88,7 @@ def serve(
     on_ready: Callable[[], None] | None = None,
     background: Callable[[trio.Nursery], Awaitable[None]] | None = None,
     on_shutdown: Callable[[], Awaitable[None]] | None = None,
+    handing: Handing | None = None,
 ) -> None:
     """Mount ``ops`` at ``mountpoint`` and serve until told to stop.
 
@@ -94,6 +97,12 @@ def serve(
     in the mount's nursery. On SIGTERM/SIGINT, ``on_shutdown`` is awaited first
     (e.g. a final publication) while the mount still serves, then the FUSE loop
     ends and background tasks are cancelled.
+
+    ``handing`` (casfs.node.handover): the session's part in replacements. With
+    a ``stage``, it mounts there first (``background`` moves it to the mount
+    point); once it has stepped aside, the end of its connection (the kernel's:
+    the last job let go) runs ``on_shutdown`` too, and nothing is unmounted at
+    the end (the mount point is the successor's).
     """
     if not os.path.exists("/dev/fuse"):
         raise FuseUnavailableError("/dev/fuse is missing: FUSE is not available here")
@@ -101,15 +110,23 @@ def serve(
 
     mountpoint = Path(mountpoint)
     clear_stale_mount(mountpoint)
+    at = mountpoint
+    if handing is not None and handing.stage is not None:
+        from casfs.node import handover
+
+        at = handing.stage
+        handover.prepare_stage(at)
     try:
-        pyfuse3.init(ops, str(mountpoint), mount_options(fsname, allow_other=allow_other,
-                                                         debug=debug, read_only=read_only))
+        pyfuse3.init(ops, str(at), mount_options(fsname, allow_other=allow_other,
+                                                 debug=debug, read_only=read_only))
     except RuntimeError as e:
-        raise FuseUnavailableError(f"cannot mount {mountpoint}: {e}") from e
+        raise FuseUnavailableError(f"cannot mount {at}: {e}") from e
+    if handing is not None:
+        handing.mounted(at)
     unmounted = False
     wake = _install_read_wake()
     try:
-        trio.run(_main, on_ready, background, on_shutdown, wake)
+        trio.run(_main, on_ready, background, on_shutdown, wake, handing)
     except BaseException:
         log.exception("FUSE main loop failed")
         raise
@@ -117,12 +134,38 @@ def serve(
         if wake:
             _remove_read_wake()
         try:
-            pyfuse3.close(unmount=True)
+            if handing is not None and (handing.stepped_aside or handing.stage is not None):
+                _close_handed(pyfuse3, handing, mountpoint)
+            else:
+                pyfuse3.close(unmount=True)
             unmounted = True
         finally:
             if not unmounted:
                 clear_stale_mount(mountpoint)
-    log.info("unmounted %s", mountpoint)
+    if handing is not None and handing.stepped_aside:
+        log.info("the last job let go of the mount handed over at %s", mountpoint)
+    else:
+        log.info("unmounted %s", mountpoint)
+
+
+def _close_handed(pyfuse3: object, handing: Handing, mountpoint: Path) -> None:
+    """End a session that took part in a handover. libfuse would unmount the path it
+    mounted (the stage's, or the mount point that is a successor's now): never that.
+    A session moved to the mount point that did not step aside detaches its own mount,
+    found by its id, then closes its connection."""
+    from casfs.node import guard, handover
+
+    if not handing.stepped_aside and handing.mount_id is not None:
+        for path in (mountpoint, handing.stage):
+            found = guard.mounts_at(path) if path is not None else []
+            if found and found[-1].id == handing.mount_id:
+                try:
+                    handover.detach(path)  # type: ignore[arg-type]
+                except OSError as e:
+                    log.error("could not unmount %s: %s", path, e)
+    pyfuse3.close(unmount=False)  # type: ignore[attr-defined]
+    if handing.stage is not None:
+        handover.drop_stage(handing.stage)
 
 
 async def _main(
@@ -130,12 +173,13 @@ async def _main(
     background: Callable[[trio.Nursery], Awaitable[None]] | None,
     on_shutdown: Callable[[], Awaitable[None]] | None,
     wake: bool = False,
+    handing: Handing | None = None,
 ) -> None:
     # Caught before READY (a job that ends at once is stopped right after it), and from
     # the first signal on, more are swallowed: one between here and the unmount would
     # leave a dead mount (ENOTCONN) behind. SIGKILL still works.
     with stop_signals() as signals:
-        await _session(signals, on_ready, background, on_shutdown, wake)
+        await _session(signals, on_ready, background, on_shutdown, wake, handing)
 
 
 async def _session(
@@ -144,8 +188,23 @@ async def _session(
     background: Callable[[trio.Nursery], Awaitable[None]] | None,
     on_shutdown: Callable[[], Awaitable[None]] | None,
     wake: bool = False,
+    handing: Handing | None = None,
 ) -> None:
     import pyfuse3
+
+    shut = trio.Lock()
+    done = False
+
+    async def shutdown() -> None:
+        nonlocal done
+        async with shut:  # once: a signal may come while a drained mount publishes
+            if done or on_shutdown is None:
+                return
+            done = True
+            try:
+                await on_shutdown()
+            except Exception:
+                log.exception("shutdown hook failed")
 
     async with trio.open_nursery() as nursery:
         if wake:
@@ -153,17 +212,19 @@ async def _session(
 
         async def fuse_loop() -> None:
             await pyfuse3.main()
+            if handing is not None and handing.stepped_aside:
+                # Handed over, and the kernel ended the connection: the last job let go
+                # of the detached mount. Publish what it wrote, then exit.
+                log.info("the mount handed over at %s is no longer used: final"
+                         " publication", handing.stage or "the mount point")
+                await shutdown()
             nursery.cancel_scope.cancel()  # unmounted from outside: stop background work
 
         async def watch_signals() -> None:
             async for signum in signals:
                 log.info("signal %d: shutting down", signum)
                 break
-            if on_shutdown is not None:
-                try:
-                    await on_shutdown()
-                except Exception:
-                    log.exception("shutdown hook failed")
+            await shutdown()
             pyfuse3.terminate()
 
         nursery.start_soon(fuse_loop)

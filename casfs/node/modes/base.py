@@ -90,6 +90,7 @@ class Serving:
     wait_warm: Callable[[float], None]  # hold mount-ready until the hot set is local
     stopping: Callable[[], bool]
     entry: Callable[[], dict[str, Any]] = field(default=dict)  # our registry entry
+    handing: Any = None  # casfs.node.handover.Handing: FUSE mode's part in replacements
 
 
 class ModeServer(Protocol):

@@ -33,7 +33,7 @@ class FuseServer:
         from casfs.view.ops import OverlayOperations
 
         self.parts = parts
-        self.busy: Busy = None  # the view sees every writer
+        self.busy: Busy = None  # the view sees every writer (a predecessor's: handover)
         self.unchanged: Unchanged = None
         cfg = parts.cfg
         # The tenant's bounds, shared by its namespaces in this process: the view
@@ -123,7 +123,8 @@ class FuseServer:
         cfg = self.parts.cfg
         session.serve(self.ops, cfg.mountpoint, fsname=f"casfs-{cfg.name}",
                       allow_other=cfg.allow_other, debug=cfg.debug, on_ready=how.ready,
-                      background=how.background, on_shutdown=how.shutdown)
+                      background=how.background, on_shutdown=how.shutdown,
+                      handing=how.handing)
 
     def status(self) -> dict[str, Any] | None:
         return None

@@ -1,0 +1,436 @@
+"""Replacing a FUSE mount process under running jobs: the new one stacks, the old one drains.
+
+A FUSE connection cannot change processes: libfuse answers every request with
+EIO until it has seen FUSE_INIT, which the kernel sends once per connection,
+and pyfuse3 has no way to mark a session initialised. So a planned restart
+(docs/reliability.md, "Planned restarts") keeps the old connection and adds a
+new one, with ``move_mount(2)``'s ``MOVE_MOUNT_BENEATH`` (Linux 6.5):
+
+1. The successor (``spawn(..., replace=True)``, possibly a newer release) asks
+   the predecessor named by the mount's registry entry to ``prepare``: it
+   gives up the namespace's lock (holding ``ns-<ns>.draining`` shared instead),
+   so the successor's MountService can be built. The predecessor serves on.
+2. The successor mounts its FUSE session on a private staging directory
+   (``<state>/run/staging-<name>``), serves it (its INIT completes there), and
+   moves that mount *beneath* the predecessor's, at the mount point. Jobs see
+   no change: the predecessor's mount is still on top.
+3. It asks the predecessor to ``step_aside``: the predecessor checks that its
+   own mount is the visible one with a FUSE mount right beneath it, detaches
+   it (``umount2(MNT_DETACH)``: the top mount), and answers with the paths it
+   holds open for writing. From that instant every new lookup reaches the
+   successor; the mount point never shows the empty guard.
+4. The predecessor keeps serving what jobs hold on its detached mount (open
+   files, mapped ``.so`` files, cwds) for as long as they hold it; it stops
+   refreshing and prefetching, keeps promoting and publishing what it tracks.
+   The kernel ends the connection once the last reference is gone (its
+   /dev/fuse read fails with ENODEV); then it promotes and publishes the rest
+   (publication is multi-writer) and exits. It never unmounts a path then:
+   the path is the successor's.
+
+A predecessor that cannot (an older release: ``unknown command``; a format
+version this one does not read; no CAP_SYS_ADMIN; a kernel before 6.5) makes
+``prepare`` raise ``HandoverUnavailable``; the parent then stops the old
+process and mounts again (casfs.node.worker.replace), saying so in one line.
+
+The request and its replies carry ``handover_version`` (docs/format.md,
+"Handover").
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import glob
+import json
+import logging
+import os
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from casfs.errors import CasfsError
+from casfs.node import control, guard
+from casfs.util import atomic
+from casfs.util.libc import libc
+
+if TYPE_CHECKING:
+    import trio
+
+log = logging.getLogger(__name__)
+
+HANDOVER_VERSION = 1  # the newest handover format this release speaks
+HANDOVER_MIN_VERSION = 1  # the oldest it still reads
+SYS_MOVE_MOUNT = {"x86_64": 429, "aarch64": 429}
+AT_FDCWD = -100
+MOVE_MOUNT_BENEATH = 0x200
+MNT_DETACH = 2
+_MS_BIND, _MS_PRIVATE = 4096, 1 << 18
+PREPARE_TIMEOUT = 300.0  # a prepared predecessor whose successor never stepped it aside
+CONTROL_TIMEOUT = 30.0
+
+
+class HandoverUnavailable(CasfsError):
+    """The mount process at the mount point cannot hand over: stop it, then mount again."""
+
+    exit_code = 9
+
+
+def unsupported() -> str | None:
+    """Why this process cannot stack a mount beneath another (None: it can)."""
+    if os.geteuid() != 0:
+        return "moving a mount needs root (CAP_SYS_ADMIN)"
+    if os.uname().machine not in SYS_MOVE_MOUNT:
+        return f"move_mount's number on {os.uname().machine} is not known here"
+    try:
+        major, minor = (int(x) for x in os.uname().release.split(".")[:2])
+    except ValueError:
+        return None
+    if (major, minor) < (6, 5):
+        return f"Linux {os.uname().release} has no MOVE_MOUNT_BENEATH (6.5 or later)"
+    return None
+
+
+# --- mounts -------------------------------------------------------------------------
+def _check(rc: int, what: str, path: Path) -> None:
+    if rc != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"{what}: {os.strerror(err)}", str(path))
+
+
+def move_mount(src: Path, dst: Path, beneath: bool) -> None:
+    """The mount at ``src`` to ``dst``: on top, or beneath the mount visible there."""
+    call = libc().syscall
+    call.restype = ctypes.c_long
+    rc = call(ctypes.c_long(SYS_MOVE_MOUNT[os.uname().machine]), ctypes.c_int(AT_FDCWD),
+              ctypes.c_char_p(os.fsencode(src)), ctypes.c_int(AT_FDCWD),
+              ctypes.c_char_p(os.fsencode(dst)),
+              ctypes.c_uint(MOVE_MOUNT_BENEATH if beneath else 0))
+    _check(int(rc), "move_mount", dst)
+
+
+def detach(path: Path) -> None:
+    """Lazily unmount the mount visible at ``path`` (the top one)."""
+    _check(libc().umount2(os.fsencode(path), MNT_DETACH), "umount2", path)
+
+
+def top(path: Path) -> guard.MountEntry | None:
+    found = guard.mounts_at(path)
+    return found[-1] if found else None
+
+
+def stage_dir(run_dir: Path, name: str) -> Path:
+    return run_dir / f"staging-{name}"
+
+
+def prepare_stage(path: Path) -> None:
+    """A private mount of the (root-only) staging dir itself: a mount can be moved
+    only from under a parent that is not shared (systemd shares every mount)."""
+    drop_stage(path)
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    target = os.fsencode(path)
+    _check(libc().mount(target, target, None, _MS_BIND, None), "bind", path)
+    _check(libc().mount(None, target, None, _MS_PRIVATE, None), "make private", path)
+
+
+def drop_stage(path: Path) -> None:
+    """Detach whatever is left on the staging dir (its bind mount; a failed start's FUSE)."""
+    for _ in range(8):
+        if not guard.mounts_at(path):
+            return
+        with contextlib.suppress(OSError):
+            detach(path)
+
+
+# --- one session's part ---------------------------------------------------------------
+@dataclass
+class Handing:
+    """A FUSE session's part in handovers (casfs.view.session.serve reads it)."""
+
+    stage: Path | None = None  # a successor's: the session mounts here first
+    mount_id: int | None = None  # its mount, once mounted (a move keeps the id)
+    moved: bool = False  # moved to the mount point: libfuse's own path is the stage's
+    stepped_aside: bool = False  # detached for a successor: serve until the kernel ends it
+    drained: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
+
+    def mounted(self, path: Path) -> None:
+        t = top(path)
+        self.mount_id = t.id if t is not None and t.fstype.startswith("fuse") else None
+
+
+# --- the successor's side ---------------------------------------------------------------
+@dataclass
+class Predecessor:
+    pid: int
+    socket: Path
+    version: int
+
+
+def find_predecessor(run_dir: Path, name: str, mountpoint: Path) -> dict[str, Any] | None:
+    """The live registry entry of the mount process serving ``name`` at ``mountpoint``."""
+    for e in control.registered(run_dir):
+        if (e.get("name") == name and e.get("mountpoint") == str(mountpoint)
+                and e.get("pid") != os.getpid()):
+            return e
+    return None
+
+
+def _ask(sock: Path, phase: str, timeout: float = CONTROL_TIMEOUT,
+         **kw: Any) -> dict[str, Any]:
+    return control.request(sock, "handover", timeout=timeout, phase=phase,
+                           handover_version=HANDOVER_VERSION, pid=os.getpid(), **kw)
+
+
+def prepare(run_dir: Path, name: str, mountpoint: Path) -> Predecessor | None:
+    """Ask the mount process now serving ``mountpoint`` to prepare its handover (it
+    gives up its namespace locks); None if none serves it (a plain start).
+    HandoverUnavailable when it cannot."""
+    entry = find_predecessor(run_dir, name, mountpoint)
+    if entry is None:
+        return None
+    pid = int(entry["pid"])
+    why = unsupported()
+    if why is not None:
+        raise HandoverUnavailable(f"cannot take {mountpoint} over from pid {pid}: {why}")
+    sock = Path(str(entry.get("socket") or ""))
+    try:
+        reply = _ask(sock, "prepare")
+    except CasfsError as e:
+        raise HandoverUnavailable(f"the mount process at {mountpoint} (pid {pid}) did not"
+                                  f" answer the handover: {e.message}") from None
+    if not reply.get("ok"):
+        raise HandoverUnavailable(f"the mount process at {mountpoint} (pid {pid}) cannot hand"
+                                  f" over: {reply.get('error') or 'refused'}")
+    v = reply.get("handover_version")
+    if not isinstance(v, int) or v < HANDOVER_MIN_VERSION:
+        raise HandoverUnavailable(f"the mount process at {mountpoint} (pid {pid}) speaks"
+                                  f" handover format {v!r}; this release reads"
+                                  f" {HANDOVER_MIN_VERSION}..{HANDOVER_VERSION}")
+    return Predecessor(pid, sock, min(v, HANDOVER_VERSION))
+
+
+async def take_over(mountpoint: Path, handing: Handing, pred: Predecessor) -> list[str]:
+    """Move the session served at ``handing.stage`` beneath the predecessor's mount and
+    have the predecessor step aside; the paths it still holds open for writing."""
+    import trio
+
+    from casfs.view.session import clear_stale_mount
+
+    assert handing.stage is not None
+    t0 = time.monotonic()
+    # The first request answered at the stage: our INIT is done there (the loop runs).
+    await trio.to_thread.run_sync(os.stat, handing.stage)
+    alive = await trio.to_thread.run_sync(lambda: not clear_stale_mount(mountpoint))
+    over = top(mountpoint)
+    beneath = alive and over is not None and over.fstype.startswith("fuse") and (
+        not guard.is_guard(over))
+    move_mount(handing.stage, mountpoint, beneath=beneath)
+    handing.moved = True
+    drop_stage(handing.stage)
+    if not beneath:  # the predecessor's mount went meanwhile (it died): we are on top now
+        log.warning("%s: no mount to take over from pid %d: mounted", mountpoint, pred.pid)
+        return []
+    try:
+        reply = await trio.to_thread.run_sync(
+            lambda: _ask(pred.socket, "step_aside", beneath=handing.mount_id))
+    except CasfsError as e:
+        reply = {"ok": False, "error": e.message}
+    if not reply.get("ok"):
+        # Still beneath it: a dead predecessor's mount is cleared, a live one keeps serving
+        # and this process fails its start (its mount goes when it exits).
+        if await trio.to_thread.run_sync(clear_stale_mount, mountpoint):
+            return []
+        raise CasfsError(f"the mount process at {mountpoint} (pid {pred.pid}) did not step"
+                         f" aside: {reply.get('error')}")
+    log.info("%s: took over from pid %d in %.0f ms (format %d)", mountpoint, pred.pid,
+             (time.monotonic() - t0) * 1000, pred.version)
+    return [str(p) for p in reply.get("writing") or []]
+
+
+def writers_file(run_dir: Path, ns: str, pid: int) -> Path:
+    return run_dir / f"draining-{ns}.{pid}.json"
+
+
+def drained_writers(run_dir: Path, ns: str) -> set[str]:
+    """Paths of ``ns`` open for writing through the mounts of processes that handed it
+    over and drain (their ``draining-<ns>.<pid>.json``; a dead process's is removed)."""
+    out: set[str] = set()
+    for p in run_dir.glob(f"draining-{glob.escape(ns)}.*.json"):
+        try:
+            pid = int(p.name[len(f"draining-{ns}."):-len(".json")])
+        except ValueError:
+            continue
+        if not control.running(pid):
+            with contextlib.suppress(OSError):
+                p.unlink()
+            continue
+        try:
+            out.update(str(x) for x in json.loads(p.read_bytes()))
+        except (OSError, ValueError, TypeError):
+            continue
+    return out
+
+
+def busy_hook(run_dir: Path, ns: str,
+              own: Callable[[str], bool]) -> Callable[[list[str]], set[str]]:
+    """A FUSE mount's promotion ``busy`` hook: its own writers (``own``, as without the
+    hook) and the paths draining predecessors hold open for writing: a file another
+    process writes is never promoted half-written (first writer kept would keep that)."""
+
+    def busy(paths: list[str]) -> set[str]:
+        held = drained_writers(run_dir, ns) if paths else set()
+        return {p for p in paths if p in held or own(p)}
+
+    return busy
+
+
+# --- the predecessor's side -------------------------------------------------------------
+class Drain:
+    """A mount process's answers to a successor (control request ``handover``).
+
+    ``give_locks`` releases the namespace locks and returns the namespaces whose
+    ``draining`` lock to hold; ``retake_locks`` takes them back (True if it could)
+    when a prepared handover is abandoned; ``writing`` lists the paths open for
+    writing; ``aside`` stops new work once stepped aside."""
+
+    def __init__(self, mountpoint: Path, run_dir: Path, handing: Handing, *,
+                 give_locks: Callable[[], list[str]], retake_locks: Callable[[], bool],
+                 writing: Callable[[], list[str]],
+                 aside: Callable[[], Awaitable[None]]) -> None:
+        self.mountpoint = mountpoint
+        self.run_dir = run_dir
+        self.handing = handing
+        self.give_locks = give_locks
+        self.retake_locks = retake_locks
+        self.writing = writing
+        self.aside = aside
+        self.nursery: trio.Nursery | None = None
+        self._draining: list[int] = []
+        self._namespaces: list[str] = []
+        self._successor: int | None = None
+        self._prepared_at = 0.0
+
+    @property
+    def prepared(self) -> bool:
+        return self._successor is not None
+
+    def close(self) -> None:
+        for fd in self._draining:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self._draining = []
+        if self.handing.stepped_aside:
+            for ns in self._namespaces:
+                with contextlib.suppress(OSError):
+                    writers_file(self.run_dir, ns, os.getpid()).unlink()
+
+    def _publish_writers(self) -> None:
+        """What this draining process's jobs write, for the other processes' promotion."""
+        paths = self.writing()
+        for ns in self._namespaces:
+            try:
+                atomic.write_atomic(writers_file(self.run_dir, ns, os.getpid()),
+                                    json.dumps(paths).encode())
+            except OSError as e:
+                log.warning("%s: cannot record the files open for writing here: %s",
+                            self.mountpoint, e)
+
+    async def _keep_writers(self) -> None:
+        import trio
+
+        while True:
+            await trio.sleep(0.5)
+            await trio.to_thread.run_sync(self._publish_writers)
+
+    async def handle(self, req: dict[str, Any]) -> dict[str, Any]:
+        v = req.get("handover_version")
+        if not isinstance(v, int) or v < HANDOVER_MIN_VERSION:
+            return {"ok": False, "handover_version": HANDOVER_VERSION,
+                    "error": f"handover format {v!r} is not read here (reads"
+                             f" {HANDOVER_MIN_VERSION}..{HANDOVER_VERSION})"}
+        version = min(v, HANDOVER_VERSION)
+        phase = req.get("phase")
+        pid = req.get("pid")
+        if not isinstance(pid, int):
+            return {"ok": False, "handover_version": version, "error": "no successor pid"}
+        if self.handing.stepped_aside:
+            return {"ok": False, "handover_version": version, "error": "already stepped aside"}
+        if phase == "prepare":
+            return self._prepare(pid, version)
+        if phase == "step_aside":
+            return await self._step_aside(pid, version, req.get("beneath"))
+        return {"ok": False, "handover_version": version, "error": f"unknown phase {phase!r}"}
+
+    def _prepare(self, pid: int, version: int) -> dict[str, Any]:
+        from casfs.node import nsregistry
+
+        if self.handing.mount_id is None:
+            return {"ok": False, "handover_version": version,
+                    "error": "this process's mount cannot be found (not stackable)"}
+        if self._successor not in (None, pid) and control.running(self._successor):
+            return {"ok": False, "handover_version": version,
+                    "error": f"already handing over to pid {self._successor}"}
+        if not self._draining:
+            self._namespaces = self.give_locks()
+            for ns in self._namespaces:
+                self._draining.append(nsregistry.hold_draining(self.run_dir, ns))
+        first = self._successor is None
+        self._successor = pid
+        self._prepared_at = time.monotonic()
+        if first and self.nursery is not None:
+            self.nursery.start_soon(self._watch)
+        log.info("%s: handing over to pid %d (format %d)", self.mountpoint, pid, version)
+        return {"ok": True, "handover_version": version, "pid": os.getpid()}
+
+    async def _step_aside(self, pid: int, version: int, beneath: object) -> dict[str, Any]:
+        import trio
+
+        if pid != self._successor:
+            return {"ok": False, "handover_version": version,
+                    "error": f"pid {pid} did not prepare this handover"}
+        stack = guard.mounts_at(self.mountpoint)
+        if not stack or stack[-1].id != self.handing.mount_id:
+            return {"ok": False, "handover_version": version,
+                    "error": "this process's mount is not the visible one"}
+        below = stack[-2] if len(stack) > 1 else None
+        if (below is None or not below.fstype.startswith("fuse")
+                or (isinstance(beneath, int) and below.id != beneath)):
+            return {"ok": False, "handover_version": version,
+                    "error": "the successor's mount is not beneath this one: not uncovering"
+                             " the mount point"}
+        self._publish_writers()  # before the successor serves: its first round reads it
+        try:
+            detach(self.mountpoint)
+        except OSError as e:
+            return {"ok": False, "handover_version": version, "error": str(e)}
+        self.handing.stepped_aside = True
+        if self.nursery is not None:
+            self.nursery.start_soon(self._keep_writers)
+        writing = self.writing()
+        log.info("%s: stepped aside for pid %d; serving what jobs hold open here until"
+                 " they let go (%d files open for writing)", self.mountpoint, pid,
+                 len(writing))
+        await trio.lowlevel.checkpoint()
+        await self.aside()
+        return {"ok": True, "handover_version": version, "pid": os.getpid(),
+                "writing": writing}
+
+    async def _watch(self) -> None:
+        """Serve on if the successor never steps us aside (it died, or gave up)."""
+        import trio
+
+        while not self.handing.stepped_aside:
+            await trio.sleep(0.5)
+            succ = self._successor
+            if self.handing.stepped_aside or succ is None:
+                return
+            if control.running(succ) and time.monotonic() - self._prepared_at < PREPARE_TIMEOUT:
+                continue
+            if self.retake_locks():
+                self.close()
+                self._successor = None
+                log.warning("%s: the handover to pid %d was abandoned: serving on",
+                            self.mountpoint, succ)
+                return
+
