@@ -118,7 +118,8 @@ class Daemon:
         self.supervisor = Supervisor(cfg, _spawn, spawn_options={
             "log_to_stderr": True, "log_format": fmt,
             "log_level": cfg.log_level, "die_with_parent": True,
-        }, standby=lambda: standby.start(log_format=fmt, log_level=self.cfg.log_level))
+        }, standby=lambda: standby.start(log_format=fmt, log_level=self.cfg.log_level),
+            handover=True)  # planned restarts hand over (casfs.node.handover)
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         if not self.stop_requested.is_set():

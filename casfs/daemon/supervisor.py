@@ -24,6 +24,13 @@ reload``): a mount no longer configured is stopped like at ``stop``, a new one
 started, a changed one (any option, the mount point, the node defaults it takes)
 stopped then started again; the others keep serving, untouched.
 
+Planned restarts hand over (``handover``, casfsd's; casfs.node.handover): a
+changed mount at the same mount point, and ``restart``, start the new mount
+process beside the old one, which steps aside once the new one serves and then
+drains what jobs hold open on its (detached) mount; ``draining`` holds those
+processes until they exit by themselves (reaped each turn; SIGTERMed at
+``stop``). One that cannot hand over is stopped first, as before, in one line.
+
 ``alive`` says whether the supervision loop is turning: it beats every poll, and
 marks the bounded operations that block it (a restart waits up to
 RESTART_READY_TIMEOUT for the new worker) as busy until their bound; the daemon's
@@ -82,8 +89,10 @@ class Slot:
 class Supervisor:
     def __init__(self, cfg: DaemonConfig, spawn: SpawnFn, *,
                  spawn_options: dict[str, Any] | None = None,
-                 standby: Callable[[], Any] | None = None) -> None:
+                 standby: Callable[[], Any] | None = None, handover: bool = False) -> None:
         self.cfg = cfg
+        self.handover = handover  # planned restarts stack the new process (casfs.node.handover)
+        self.draining: list[Worker] = []  # replaced processes serving what jobs still hold
         self.slots = [Slot(mc) for mc in cfg.mount_configs()]
         host = cfg.host_config()
         if host is not None:
@@ -219,6 +228,7 @@ class Supervisor:
                 if stop.is_set():
                     break
                 self._check(slot, now)
+            self.reap_drained()
             if now >= next_status and not stop.is_set():
                 with self.busy(QUERY_TIMEOUT * len(self.slots) + 5):
                     self.refresh_status()
@@ -267,12 +277,78 @@ class Supervisor:
         slot.next_start = now + slot.backoff
         slot.backoff = min(max(slot.backoff * 2, BACKOFF_FIRST), BACKOFF_MAX)
 
+    # --- planned restarts (casfs.node.handover) ----------------------------------
+    def restart(self, names: list[str] | None = None) -> list[str]:
+        """Put a new mount process (the release now installed) in the place of each
+        named mount's (all: None), one after the other; the names restarted."""
+        done = []
+        for slot in list(self.slots):
+            if names is not None and slot.cfg.name not in names:
+                continue
+            if slot.worker is None or slot.state != "up":
+                continue
+            with self.busy(RESTART_READY_TIMEOUT + slot.cfg.shutdown_timeout + 30):
+                try:
+                    self._replace(slot, slot.worker, slot.cfg)
+                except CasfsError as e:
+                    log.error("%s: restart failed: %s", slot.cfg.name, e.message)
+                    continue
+            done.append(slot.cfg.name)
+        return done
+
+    def _replace(self, slot: Slot, old: Worker, cfg: Any) -> None:
+        """``slot`` served by a new process for ``cfg`` in ``old``'s place: handed over
+        if ``old`` can, else after it stopped (casfs.node.worker.replace)."""
+        from casfs.node.worker import replace
+
+        slot.state = "starting"
+        try:
+            new, seamless = replace(old, self._spawn, cfg, ready_timeout=RESTART_READY_TIMEOUT,
+                                    **self._spawn_options)
+        except BaseException:
+            if old.proc.poll() is None:  # the new one failed: the old one serves on
+                with self._lock:
+                    slot.worker = old
+                    slot.state = "up"
+            raise
+        with self._lock:
+            slot.worker = new
+            slot.cfg = cfg
+            slot.state = "up"
+            slot.started = time.monotonic()
+            if seamless:
+                self.draining.append(old)
+        if seamless:
+            log.info("%s: worker pid %d took over %s from pid %d, which serves what jobs"
+                     " hold open there until they let go", cfg.name, new.proc.pid,
+                     cfg.mountpoint, old.proc.pid)
+
+    def reap_drained(self) -> None:
+        """Replaced processes that exited: their jobs let go, they published."""
+        with self._lock:
+            gone = [w for w in self.draining if w.proc.poll() is not None]
+            self.draining = [w for w in self.draining if w not in gone]
+        for w in gone:
+            w.release()
+            rc = w.proc.returncode
+            (log.info if rc == 0 else log.warning)(
+                "%s: replaced worker pid %d drained and exited (status %d)", w.cfg.name,
+                w.proc.pid, rc)
+
     # --- stop -------------------------------------------------------------------
     def stop(self) -> None:
         """SIGTERM every worker at once; each publishes, unmounts and exits (bounded)."""
         self.stopping = True
         self._drop_standby()
+        with self._lock:
+            drained, self.draining = self.draining, []
+        stoppers = [threading.Thread(target=w.stop, name=f"stop-{w.proc.pid}")
+                    for w in drained]
+        for t in stoppers:
+            t.start()
         self._stop_slots(self.slots)
+        for t in stoppers:
+            t.join()
 
     def _stop_slots(self, slots: list[Slot]) -> None:
         def one(slot: Slot) -> None:
@@ -319,6 +395,11 @@ class Supervisor:
             return []
         fresh = {name: Slot(c) for name, c in new.items()
                  if name not in old or old[name] in changed}
+        # Changed at the same mount point, with a live worker: handed over, not stopped.
+        swap = {s.cfg.name: s.worker for s in changed
+                if self.handover and s.worker is not None and s.state == "up"
+                and s.cfg.mountpoint == new[s.cfg.name].mountpoint}
+        changed = [s for s in changed if s.cfg.name not in swap]
         bound = (max([s.cfg.shutdown_timeout for s in gone + changed], default=0.0) + 20
                  + 120.0)  # each stop is bounded by its shutdown_timeout, each start by 120 s
         with self.busy(bound):
@@ -330,7 +411,11 @@ class Supervisor:
 
             def one(slot: Slot) -> None:
                 try:
-                    self._start_slot(slot)
+                    old_worker = swap.get(slot.cfg.name)
+                    if old_worker is not None:
+                        self._replace(slot, old_worker, slot.cfg)
+                    else:
+                        self._start_slot(slot)
                 except CasfsError as e:
                     errors[slot.cfg.name] = e.message
                 except Exception as e:  # a bug: retried like any failed start

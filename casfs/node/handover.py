@@ -152,6 +152,7 @@ class Handing:
     mount_id: int | None = None  # its mount, once mounted (a move keeps the id)
     moved: bool = False  # moved to the mount point: libfuse's own path is the stage's
     stepped_aside: bool = False  # detached for a successor: serve until the kernel ends it
+    ended: bool = False  # stepped aside, and the kernel ended the connection: all closed
     drained: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
 
     def mounted(self, path: Path) -> None:
@@ -261,6 +262,8 @@ def drained_writers(run_dir: Path, ns: str) -> set[str]:
             pid = int(p.name[len(f"draining-{ns}."):-len(".json")])
         except ValueError:
             continue
+        if pid == os.getpid():
+            continue  # our own (we drain): our tracker knows
         if not control.running(pid):
             with contextlib.suppress(OSError):
                 p.unlink()

@@ -396,6 +396,8 @@ class MountService:
         """Final promotion and publication, bounded by ``timeout`` (shutdown_timeout):
         the namespace is no longer served. Then ``close``."""
         self._stopping = self.access.stopping = True
+        if self.handing.ended:  # handed over and let go of: the RELEASEs may never come
+            self.tracker.all_closed()
         await trio.to_thread.run_sync(self.stop_prefetch)
         limit = self.cfg.shutdown_timeout if timeout is None else timeout
         with trio.move_on_after(limit) as scope:

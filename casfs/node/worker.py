@@ -415,8 +415,16 @@ def run_child(prog: str, argv: list[str] | None, load: Callable[[str], Any],
 
 def spawn_host(cfg: HostConfig, *, ready_timeout: float = 120.0, log_to_stderr: bool = False,
                log_format: str | None = None, log_level: str | None = None,
-               die_with_parent: bool = False, verbose: int = 0) -> Worker:
-    """Start the node's mount process (casfs.node.host); a Worker once it serves."""
+               die_with_parent: bool = False, verbose: int = 0, replace: bool = False) -> Worker:
+    """Start the node's mount process (casfs.node.host); a Worker once it serves.
+
+    ``replace``: not yet for the node's mount process (docs/reliability.md, "Planned
+    restarts"): HandoverUnavailable, and the caller stops the old one first."""
+    if replace:
+        from casfs.node.handover import HandoverUnavailable
+
+        raise HandoverUnavailable("the node's mount process for on-demand namespaces does not"
+                                  " hand over yet")
     check_fuse()
     cfg.check()
     return start_process(

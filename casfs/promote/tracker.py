@@ -101,6 +101,15 @@ class WriteTracker:
         with self._lock:
             return path in self._writers
 
+    def all_closed(self) -> None:
+        """Every file is closed (the kernel ended the connection, whose last RELEASEs it
+        may never send): what was open for writing is dirty, as at its close."""
+        now = time.monotonic()
+        with self._lock:
+            for p in list(self._writers):
+                self._set_dirty(p, now)
+            self._writers.clear()
+
     def writing(self) -> list[str]:
         """Paths open for writing now (what a handover's successor must not promote)."""
         with self._lock:

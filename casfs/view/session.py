@@ -215,8 +215,8 @@ async def _session(
             if handing is not None and handing.stepped_aside:
                 # Handed over, and the kernel ended the connection: the last job let go
                 # of the detached mount. Publish what it wrote, then exit.
-                log.info("the mount handed over at %s is no longer used: final"
-                         " publication", handing.stage or "the mount point")
+                handing.ended = True
+                log.info("the mount handed over is no longer used: final publication")
                 await shutdown()
             nursery.cancel_scope.cancel()  # unmounted from outside: stop background work
 

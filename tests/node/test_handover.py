@@ -226,3 +226,52 @@ def _spawn_previous(prev: Path, cfg: Any) -> Worker:
             del os.environ["PYTHONPATH"]
         else:
             os.environ["PYTHONPATH"] = env_before
+
+
+def test_the_supervisors_planned_restarts_hand_over(tmp_path: Path) -> None:
+    """casfsd's restart path: ``restart`` and a reload that changes a mount at the same
+    path start the new process beside the old one; the job sees nothing; the replaced
+    processes drain, are reaped, and everything is published."""
+    from casfs.daemon import config as dconfig
+    from casfs.daemon.main import _spawn
+    from casfs.daemon.supervisor import Supervisor
+    from tests.daemon.conftest import write_config
+
+    root, state, mp = tmp_path / "root", tmp_path / "state", tmp_path / "mnt" / "m"
+    defaults = {"stable_after": 0.2, "publish_interval": 3600.0,
+                "refresh_interval": 3600.0}
+
+    def conf(name: str, **kw: Any) -> Any:
+        m = {"name": "m", "family": "generic", "namespace": "testns", "path": str(mp)}
+        return dconfig.load(write_config(tmp_path / name, root=root, state=state,
+                                         mounts=[m], defaults={**defaults, **kw},
+                                         node={"on_demand": False}))
+
+    sup = Supervisor(conf("a.toml"), _spawn, handover=True)
+    sup.start()
+    job = None
+    try:
+        job = Job(mp, tmp_path)
+        job.wait_loops()
+        first = sup.slots[0].pid
+        assert sup.restart() == ["m"]
+        assert sup.reconfigure(conf("b.toml", publish_interval=1800.0)) == ["m changed"]
+        assert sup.restart(["m"]) == ["m"]
+        assert sup.slots[0].state == "up" and sup.slots[0].pid != first
+        assert sup.slots[0].cfg.publish_interval == 1800.0
+        assert len(sup.draining) == 3
+        report = job.finish()
+        deadline = time.monotonic() + 60
+        while sup.draining and time.monotonic() < deadline:
+            sup.reap_drained()
+            time.sleep(0.1)
+        assert sup.draining == []
+    finally:
+        if job is not None and job.proc.poll() is None:
+            job.stop_file.touch()
+            job.proc.wait(60)
+        sup.stop()
+    assert report["errors"] == [] and report["slow"] == [], report
+    pub = _published(root)
+    lost = [rel for rel, data in report["written"] if pub.get(rel) != data.encode()]
+    assert lost == [], f"{len(lost)} of {len(report['written'])}: {lost[:20]}"
