@@ -15,6 +15,8 @@ command -v systemd-analyze >/dev/null || need_apt+=(systemd)
 command -v debootstrap >/dev/null || need_apt+=(debootstrap)
 # tests/system/test_systemd.py: casfsd under a real systemd, booted in such a tree
 command -v systemd-nspawn >/dev/null || need_apt+=(systemd-container)
+# tests/system/test_report_page.py: casfs report's HTML page in a real headless Chromium
+command -v chromium >/dev/null || need_apt+=(chromium)
 if [ ${#need_apt[@]} -gt 0 ]; then
     if [ "$(id -u)" -ne 0 ]; then
         echo "bootstrap: need root to install: ${need_apt[*]} (sudo apt-get install ${need_apt[*]})" >&2

@@ -52,7 +52,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     if command in _QUICK:
         run.register(sub)
         return p
-    from casfs.cli import doctor, explain, mounts, queries, store_cmds
+    from casfs.cli import doctor, explain, mounts, queries, report, store_cmds
 
     store_cmds.register(sub)
     mounts.register(sub)
@@ -60,6 +60,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     queries.register(sub)
     doctor.register(sub)
     explain.register(sub)
+    report.register(sub)
     return p
 
 

@@ -330,6 +330,8 @@ def cmd_gc(args: argparse.Namespace) -> int:
         raise UsageError("--grace must be a number of seconds >= 0")
     if args.keep < 1:
         raise UsageError("--keep must be at least 1 (the newest generation is always kept)")
+    if not args.keep_outcomes >= 1:
+        raise UsageError("--keep-outcomes must be at least 1 day")
     root = open_root()
     if args.unused_for is not None:
         import time
@@ -350,7 +352,7 @@ def cmd_gc(args: argparse.Namespace) -> int:
                 print(f"{ns}: {verb} {len(paths)} files unused for {args.unused_for:g} days")
     with progress("gc", enabled=not args.json) as bar:
         rep = maintenance.gc(root, keep=args.keep, grace=args.grace, dry_run=args.dry_run,
-                             progress=bar.advance)
+                             progress=bar.advance, keep_outcomes=args.keep_outcomes)
     d = rep.__dict__
     if args.json:
         emit_json(d)
@@ -504,6 +506,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--unused-for", type=float, metavar="DAYS",
                    help="first drop the files no node opened (or published) for DAYS days"
                         " from each namespace (a new generation without them)")
+    p.add_argument("--keep-outcomes", type=float, default=90, metavar="DAYS",
+                   help="days of daily outcome records kept for casfs report (default 90;"
+                        " older rows are dropped, never younger ones)")
     p = add("pin", cmd_pin, "keep a generation from gc", json=False)
     p.add_argument("ref", metavar="NS@SEQ")
     p.add_argument("name")

@@ -35,7 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from casfs.errors import CasfsError, UsageError
-from casfs.store import freshness, marks, packs
+from casfs.store import freshness, marks, outcomes, packs
 from casfs.store.generations import GenerationStore, Skipped
 from casfs.store.objects import object_key
 from casfs.store.record import MAX_RECORD_BYTES, Record, seq_name
@@ -64,6 +64,8 @@ class GcReport:
     removed_tmp: int = 0
     # Why this run marked nothing new (a full shared root), else None.
     mark_error: str | None = None
+    outcome_records_merged: int = 0  # daily outcome records merged per month (outcomes)
+    outcome_rows_dropped: int = 0  # their rows older than --keep-outcomes days
 
 
 def _kept(gens: GenerationStore, ns: str, keep: int) -> tuple[list[int], list[int]]:
@@ -221,8 +223,12 @@ def gc(
     dry_run: bool = False,
     progress: Progress | None = None,
     now: float | None = None,
+    keep_outcomes: float = outcomes.KEEP_DAYS,
 ) -> GcReport:
     """One gc run: sweep marks at least ``grace`` old, then mark what is unreferenced now.
+
+    Outcome records (casfs.store.outcomes) are merged per month and their rows
+    older than ``keep_outcomes`` days dropped (never younger ones).
 
     ``now`` (tests) stands for the current time when judging ages.
     """
@@ -259,6 +265,15 @@ def gc(
             if info and now - info.mtime >= grace and not dry_run:
                 root.backend.delete(key)
     report.kept_generations = sum(len(gens.seqs(ns)) for ns in gens.namespaces())
+    for ns in gens.namespaces():
+        try:
+            res = outcomes.compact(root.backend, ns, now=now, keep_days=keep_outcomes,
+                                   dry_run=dry_run)
+        except OSError as e:  # statistics only: never a reason to stop collecting
+            log.warning("gc: outcome records of %s left as they are: %s", ns, e)
+            continue
+        report.outcome_records_merged += res.merged
+        report.outcome_rows_dropped += res.dropped_rows
     candidates = []
     for digest in root.objects.iter_digests():
         if progress:

@@ -1,0 +1,70 @@
+"""``casfs report``: the cluster's figures from the shared root alone, for a window."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from casfs.cli.report import parse_since
+from casfs.store import outcomes
+
+from .reportroot import build, cli, report_json
+
+
+def test_report_json_figures(tmp_path: Path) -> None:
+    build(tmp_path / "root")
+    doc = report_json(tmp_path / "root", "--since", "7d")
+    days = [d["day"] for d in doc["days"]]
+    assert len(days) == 8 and days == sorted(days)  # 7 days back to today, both included
+    # Triton: node-a 3+d hits, node-b 6+d, for d = 0..7 (the days in the window).
+    fam = {f["family"]: f for f in doc["families"]}
+    want_hits = sum(3 + d + 6 + d for d in range(8))
+    assert fam["triton"]["hits"] == want_hits and fam["triton"]["misses"] == 3 * 8
+    assert fam["triton"]["saved_s"] == round(sum(12_345 * 3 + 2 * d for d in range(8)) / 1000, 3)
+    assert fam["triton"]["hit_ratio"] == round(want_hits / (want_hits + 24), 4)
+    assert fam["inductor"]["untimed_hits"] == 8
+    assert doc["totals"]["hits"] == sum(f["hits"] for f in doc["families"])
+    today = doc["days"][-1]
+    assert today["day"] == outcomes.day_of(doc["generated"])
+    assert today["families"]["triton"]["hits"] == 9 and today["hits"] == 9
+    assert {n["node"]: n["hits"] for n in doc["nodes"]} == {
+        "node-a": sum(3 + d for d in range(8)) + sum(range(8)),
+        "node-b": sum(6 + d for d in range(8))}
+    ns = {n["namespace"]: n for n in doc["namespaces"]}
+    assert ns["triton-aa11"]["entries"] == 7 and ns["vllm-cc33"]["hits"] == 0
+    assert doc["unread_namespaces"] == ["vllm-cc33"]  # no read record, no hit
+    # Store: the shared file is stored once; growth: every namespace began in the window.
+    st = doc["store"]
+    assert st["files"] == 15 and st["unique_bytes"] < st["logical_bytes"]
+    assert doc["growth"]["bytes"] == sum(n["bytes"] for n in doc["namespaces"])
+    assert doc["growth"]["exact"] is True
+    top = doc["most_missed"][0]
+    assert top["namespace"] == "triton-aa11" and top["entry"] in {"K0", "K1", "K2"}
+
+
+def test_report_window_and_text(tmp_path: Path) -> None:
+    build(tmp_path / "root")
+    one = report_json(tmp_path / "root", "--since", "1d")
+    assert len(one["days"]) == 2
+    r = cli(tmp_path / "root", "report")
+    assert r.returncode == 0, r.stderr
+    assert "compile time saved" in r.stdout and "triton-aa11" in r.stdout
+    assert "nobody read: vllm-cc33" in r.stdout
+    assert cli(tmp_path / "root", "report", "--since", "soon").returncode != 0
+
+
+def test_gc_keeps_outcomes_for_the_window(tmp_path: Path) -> None:
+    build(tmp_path / "root")
+    before = report_json(tmp_path / "root", "--since", "10d")
+    r = cli(tmp_path / "root", "gc", "--grace", "0", "--keep-outcomes", "5", "--json")
+    assert r.returncode == 0, r.stderr
+    after = report_json(tmp_path / "root", "--since", "10d")
+    # Days within the kept 5 are unchanged; older ones are gone.
+    recent = {d["day"]: d for d in before["days"][-5:]}
+    assert {d["day"]: d for d in after["days"][-5:]} == recent
+    assert after["totals"]["hits"] < before["totals"]["hits"]
+    assert cli(tmp_path / "root", "gc", "--keep-outcomes", "0").returncode != 0
+
+
+def test_parse_since() -> None:
+    assert parse_since("7d") == 7 * 86400 and parse_since("12h") == 12 * 3600
+    assert parse_since("3") == 3 * 86400 and parse_since("30m") == 1800
