@@ -11,6 +11,7 @@ so in one line.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import subprocess
@@ -168,6 +169,7 @@ def test_twenty_replacements_under_a_running_job(cluster: dict[str, Any]) -> Non
     assert report["errors"] == [], report["errors"][:10]
     assert report["slow"] == []
     assert report["loops"] > 100
+    print(f"handover: {report['loops']} loops, slowest operation {report['worst'] * 1000:.1f} ms")
     # Always the guard and one FUSE mount on top: the old one was detached.
     assert all(s[-1] == "fuse.casfs" and s.count("fuse.casfs") == 1 for s in stacks), stacks
     _drained(olds)
@@ -182,7 +184,7 @@ def test_twenty_replacements_under_a_running_job(cluster: dict[str, Any]) -> Non
 
 @pytest.mark.expect_log(r"no seamless handover .*cannot hand over: unknown command 'handover'")
 def test_upgrade_from_a_release_without_handover_falls_back(
-        cluster: dict[str, Any], tmp_path: Path) -> None:
+        cluster: dict[str, Any], tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """The previous release has no ``handover`` command: the new one stops it, then
     mounts (today's restart), in one WARNING line; what it served is published."""
     prev = tmp_path / "casfs-prev"
@@ -195,9 +197,12 @@ def test_upgrade_from_a_release_without_handover_falls_back(
         old = _spawn_previous(prev, cfg)
         mp = cfg.mountpoint
         (mp / "before.txt").write_bytes(b"from the old release")
-        new, seamless = replace(old)
+        with caplog.at_level(logging.WARNING, logger="casfs.node.worker"):
+            new, seamless = replace(old)
         a.workers.append(new)
         assert not seamless
+        assert [r.getMessage() for r in caplog.records
+                if "no seamless handover" in r.getMessage()] != []
         assert old.proc.returncode == 0
         assert (mp / "before.txt").read_bytes() == b"from the old release"
         (mp / "after.txt").write_bytes(b"from the new release")
