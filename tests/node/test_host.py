@@ -14,6 +14,7 @@ import select
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -299,17 +300,22 @@ def test_two_casfs_mount_of_one_family_each_umount_publishes(node: dict[str, Any
 )
 def test_an_unreachable_root_is_not_tried_again_at_release(node: dict[str, Any]) -> None:
     """I4 for `casfs run`'s exit: a root that just failed to open (each try may take
-    fetch_timeout) is not tried again at once by the release's promotion and then its
+    fetch_timeout) is not tried again by each of the release's promotion and
     publication: with a stalled S3 server that held `casfs run` 2 x 10 s after its job
-    had ended. The job runs, its file stays in the node's upper for a later publication."""
+    had ended. The final publication tries it once more, within the short open bound
+    (a root that was only slow to open must not cost the job its files: see
+    tests/faults/test_root_late.py). The job runs, its file stays in the node's upper
+    for a later publication."""
     env = dict(node["env"], CASFS_ROOT="s3://casfs-none/x?endpoint=http://127.0.0.1:1",
                AWS_ACCESS_KEY_ID="k", AWS_SECRET_ACCESS_KEY="s", AWS_REGION="us-east-1")
+    t0 = time.monotonic()
     r = subprocess.run([sys.executable, "-m", "casfs.cli.main", "run", "--family", "generic",
                         "-n", "down", "--", "/bin/sh", "-c", 'echo x > "$CASFS_CACHE_DIR/x"'],
                        env=env, capture_output=True, text=True, timeout=120, check=False)
     assert r.returncode == 0, r.stderr
+    assert time.monotonic() - t0 < 30, r.stderr  # not held 2 x fetch_timeout per try
     log = (node["state"] / "log" / "host.log").read_text()
-    assert log.count("shared root unavailable") == 1, log
+    assert log.count("shared root unavailable") == 2, log  # at start, once at release
     assert (node["state"] / "upper").exists()
 
 
