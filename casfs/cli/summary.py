@@ -46,7 +46,7 @@ def _saved(c: dict[str, Any]) -> str:
     hits, ms = c.get("entries_hit", 0), c.get("compile_ms_saved", 0)
     if not hits:
         return ""
-    out = f"; {hits} entries hit"
+    out = f"; {hits} {'entry' if hits == 1 else 'entries'} hit"
     if ms:
         out += f", saved {saved_text(ms)} of compilation"
     untimed = c.get("entries_hit_untimed", 0)
