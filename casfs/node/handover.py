@@ -159,6 +159,30 @@ class Handing:
         t = top(path)
         self.mount_id = t.id if t is not None and t.fstype.startswith("fuse") else None
 
+    def prepare_stage(self) -> None:
+        """Make the stage a mount of its own, to mount on first (casfs.view.session)."""
+        if self.stage is not None:
+            prepare_stage(self.stage)
+
+    def close_session(self, pyfuse3: Any, mountpoint: Path) -> None:
+        """End a session that took part in a handover. libfuse would unmount the path
+        it mounted (the stage's, or the mount point that is a successor's now): never
+        that. A session moved to the mount point that did not step aside detaches its
+        own mount, found by its id, then closes its connection."""
+        from casfs.node import guard
+
+        if not self.stepped_aside and self.mount_id is not None:
+            for path in (mountpoint, self.stage):
+                found = guard.mounts_at(path) if path is not None else []
+                if found and found[-1].id == self.mount_id:
+                    try:
+                        detach(path)  # type: ignore[arg-type]
+                    except OSError as e:
+                        log.error("could not unmount %s: %s", path, e)
+        pyfuse3.close(unmount=False)
+        if self.stage is not None:
+            drop_stage(self.stage)
+
 
 # --- the successor's side ---------------------------------------------------------------
 @dataclass

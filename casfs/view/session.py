@@ -17,7 +17,7 @@ import subprocess
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
 
@@ -26,7 +26,17 @@ from casfs.errors import FuseUnavailableError
 if TYPE_CHECKING:
     import pyfuse3
 
-    from casfs.node.handover import Handing
+
+class Handing(Protocol):
+    """A session's part in a handover (implemented by casfs.node.handover.Handing)."""
+
+    stage: Path | None
+    stepped_aside: bool
+    ended: bool
+
+    def mounted(self, path: Path) -> None: ...
+    def prepare_stage(self) -> None: ...
+    def close_session(self, pyfuse3: Any, mountpoint: Path) -> None: ...
 
 log = logging.getLogger(__name__)
 
@@ -112,10 +122,8 @@ def serve(
     clear_stale_mount(mountpoint)
     at = mountpoint
     if handing is not None and handing.stage is not None:
-        from casfs.node import handover
-
         at = handing.stage
-        handover.prepare_stage(at)
+        handing.prepare_stage()
     try:
         pyfuse3.init(ops, str(at), mount_options(fsname, allow_other=allow_other,
                                                  debug=debug, read_only=read_only))
@@ -135,7 +143,7 @@ def serve(
             _remove_read_wake()
         try:
             if handing is not None and (handing.stepped_aside or handing.stage is not None):
-                _close_handed(pyfuse3, handing, mountpoint)
+                handing.close_session(pyfuse3, mountpoint)
             else:
                 pyfuse3.close(unmount=True)
             unmounted = True
@@ -146,26 +154,6 @@ def serve(
         log.info("the last job let go of the mount handed over at %s", mountpoint)
     else:
         log.info("unmounted %s", mountpoint)
-
-
-def _close_handed(pyfuse3: object, handing: Handing, mountpoint: Path) -> None:
-    """End a session that took part in a handover. libfuse would unmount the path it
-    mounted (the stage's, or the mount point that is a successor's now): never that.
-    A session moved to the mount point that did not step aside detaches its own mount,
-    found by its id, then closes its connection."""
-    from casfs.node import guard, handover
-
-    if not handing.stepped_aside and handing.mount_id is not None:
-        for path in (mountpoint, handing.stage):
-            found = guard.mounts_at(path) if path is not None else []
-            if found and found[-1].id == handing.mount_id:
-                try:
-                    handover.detach(path)  # type: ignore[arg-type]
-                except OSError as e:
-                    log.error("could not unmount %s: %s", path, e)
-    pyfuse3.close(unmount=False)  # type: ignore[attr-defined]
-    if handing.stage is not None:
-        handover.drop_stage(handing.stage)
 
 
 async def _main(
