@@ -53,7 +53,7 @@ def make_config(args: argparse.Namespace, family: str, mountpoint: Path,
         scratch_patterns=tuple(args.exclude or ()),
         mode=args.mode,
         fetch_timeout=args.fetch_timeout,
-        wait_warm=args.wait_warm,
+        wait_warm=args.wait_warm, prefetch_budget=args.prefetch_budget,
     )
 
 

@@ -23,6 +23,17 @@ def non_negative(text: str) -> float:
     return v
 
 
+def byte_count(text: str) -> int:
+    """A byte count: an integer or "512M", "2GiB", ... (casfs.util.toml.as_bytes)."""
+    from casfs.errors import ConfigError
+    from casfs.util.toml import as_bytes
+
+    try:
+        return as_bytes(text if not text.isdigit() else int(text), "--prefetch-budget")
+    except ConfigError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def family_opts(p: argparse.ArgumentParser) -> None:
     p.add_argument("--family", default=None,
                    help=f"comma list of {', '.join(families.names())} (default: every"
@@ -51,6 +62,11 @@ def mount_opts(p: argparse.ArgumentParser) -> None:
     p.add_argument("--fetch-timeout", type=positive, default=D.fetch_timeout, metavar="S",
                    help="the longest an open waits for the shared root before the job"
                         " gets a miss (default 10)")
+    p.add_argument("--prefetch-budget", type=byte_count, default=D.prefetch_budget,
+                   metavar="BYTES",
+                   help="fetch a namespace whose files add up to at most BYTES whole, in"
+                        " the background from mount-ready (a larger one stays lazy; 0:"
+                        f" never; default {D.prefetch_budget >> 20}M)")
     p.add_argument("--allow-other", action="store_true",  # casfsd's mounts: on
                    help="let other users use the mount (default: only this user)")
     p.add_argument("--exclude", action="append", help="extra scratch glob (repeatable)")

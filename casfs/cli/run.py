@@ -84,7 +84,7 @@ def host_config(args: argparse.Namespace, *, for_run: bool) -> HostConfig:
         state_dir=default_state_dir().absolute(), stable_after=args.stable_after,
         publish_interval=args.publish_interval, refresh_interval=args.refresh_interval,
         allow_other=args.allow_other, scratch_patterns=tuple(args.exclude or ()),
-        fetch_timeout=args.fetch_timeout,
+        fetch_timeout=args.fetch_timeout, prefetch_budget=args.prefetch_budget,
         # casfs run's own mount process: the last job out publishes and unmounts.
         grace=0.0 if for_run else 60.0, exit_when_idle=True,
     )

@@ -153,6 +153,7 @@ class DaemonConfig:
             scratch_patterns=o.exclude, mode=o.mode, fetch_timeout=o.fetch_timeout,
             guard=True,  # supervised: a restart follows a crash, so guard the gap
             ingredients=dict(m.ingredients), packs=o.packs, wait_warm=o.wait_warm,
+            prefetch_budget=o.prefetch_budget,
             quota=self.quota.to_dict(),
         )
 
@@ -173,6 +174,7 @@ class DaemonConfig:
             fetch_timeout=o.fetch_timeout, allow_other=o.allow_other,
             cache_max_bytes=self.cache_max_bytes, namespace_max_bytes=o.namespace_max_bytes,
             scratch_patterns=o.exclude, grace=self.lease_grace, packs=o.packs,
+            prefetch_budget=o.prefetch_budget,
             reclaim_after=self.reclaim_after,
             tenants=self.tenants.to_dict(), quota=self.quota.to_dict(),
         )
@@ -247,6 +249,7 @@ def _options(t: Table, base: MountOptions) -> MountOptions:
         fetch_timeout=t.get("fetch_timeout", as_positive, base.fetch_timeout),
         packs=t.get("packs", as_bool, base.packs),
         wait_warm=t.get("wait_warm", as_non_negative, base.wait_warm),
+        prefetch_budget=t.get("prefetch_budget", as_bytes, base.prefetch_budget),
     )
 
 

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import itertools
 import logging
 import mmap
 import os
@@ -75,6 +76,10 @@ THREADS_ABOVE = 32 << 20
 # fetch thread. (bench/readpath "remount": 991 files/s when every first open
 # went to a thread, against 1,916 without hashing.)
 INLINE_VERIFY_MAX = 256 << 10
+# A job's open waits this long for an object a whole-namespace prefetch (fill_packs) has
+# planned, then fetches it itself: the prefetch installs in its own order.
+BULK_WAIT = 2.0
+_TMP_SEQ = itertools.count()
 # A cache file is opened never following a link and never blocking (a FIFO put there).
 _OPEN_CACHED = os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
 # Idle shared fds kept open (``open_cached``): at most this many per cache, and at
@@ -129,13 +134,16 @@ class ObjectSource(Protocol):
 class _Fill:
     """One in-flight fill; waiters block on ``done`` and then read ``error``."""
 
-    def __init__(self, speculative: bool = False) -> None:
+    def __init__(self, speculative: bool = False, bulk: bool = False) -> None:
         self.done = threading.Event()
         self.error: BaseException | None = None
         self.waiters = 0
         self.started = self.progressed = time.monotonic()  # progressed: last bytes written
         # A read-ahead's (fill_many): when it fails, a waiter fills the object itself.
-        self.speculative = speculative
+        self.speculative = speculative or bulk
+        # A whole-namespace prefetch's (fill_packs): a waiter waits at most BULK_WAIT for
+        # it, then fills the object itself (the job reads in another order).
+        self.bulk = bulk
 
 
 def _rewrap(error: BaseException) -> BaseException:
@@ -246,6 +254,50 @@ def fill_file(directory: Path, source: ObjectSource, digest: str, size: int,
     return n
 
 
+def install_file(directory: str, digest: str, data: bytes | memoryview) -> os.stat_result:
+    """Write verified bytes as the cache file of ``digest``: a temp file created 0444,
+    written, renamed into place; returns its fstat (identity: inode, mtime, size).
+
+    fill_file's lean twin for objects decoded in memory (the whole-namespace
+    fetch installs thousands of few-KB pack members): no stream, no chmod, a temp
+    name from a counter; the caller checks the disk's room once for a batch."""
+    fan = f"{directory}/{digest[:2]}"
+    tmp = f"{fan}/.tmp-fill-{os.getpid()}-{next(_TMP_SEQ)}"
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
+    try:
+        try:
+            fd = os.open(tmp, flags, 0o444)
+        except FileNotFoundError:  # first object of its fan-out dir
+            os.makedirs(fan, exist_ok=True)
+            fd = os.open(tmp, flags, 0o444)
+    except OSError as e:
+        raise CasfsError(f"local object cache {directory}: {e}") from e
+    renamed = False
+    try:
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            st = os.fstat(fd)
+            if stat.S_IMODE(st.st_mode) != 0o444:  # a umask took bits away
+                os.fchmod(fd, 0o444)
+                st = os.fstat(fd)
+        finally:
+            os.close(fd)
+        if st.st_size != len(data):
+            raise CorruptObjectError(f"object {digest}: {st.st_size} bytes written,"
+                                     f" expected {len(data)}")
+        os.rename(tmp, f"{fan}/{digest[2:]}")
+        renamed = True
+    except OSError as e:
+        raise CasfsError(f"local object cache {directory}: {e}") from e
+    finally:
+        if not renamed:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+    return st
+
+
 class LocalObjectCache:
     """Satisfies casfs.index.tree.ObjectFetcher."""
 
@@ -271,6 +323,8 @@ class LocalObjectCache:
         self._evict_lock = threading.Lock()
         self._pins: Counter[str] = Counter()
         self._fills: dict[str, _Fill] = {}
+        # Packs a whole-namespace prefetch is reading now (read-ahead leaves them to it).
+        self._bulk_packs: set[str] = set()
         self._touches: dict[str, tuple[int, int]] = {}
         self._last_flush = time.monotonic()
         # Shared fds of trusted objects (``open_cached``), see ``_shared`` below. One
@@ -583,7 +637,16 @@ class LocalObjectCache:
                     fill.waiters += 1
             if owner:
                 break
-            if fill.speculative:
+            if fill.bulk:
+                self._count("prefetch_waits")  # a job's open waited for the prefetch
+                if not fill.done.wait(BULK_WAIT):
+                    # Planned but not there yet (the job reads in another order): our own
+                    # fill, beside it (both write the same verified bytes).
+                    self._count("prefetch_overtaken")
+                    self._fill(digest, size, path)
+                    self._after_fill()
+                    return
+            elif fill.speculative:
                 self._count("readahead_waits")  # a job's open waited for a read-ahead
             fill.done.wait()
             if fill.speculative and (fill.error is not None
@@ -694,6 +757,98 @@ class LocalObjectCache:
         finally:
             for digest, _ in todo:  # not answered (the request failed): failed
                 done(digest, None, CasfsError("read-ahead: no answer"))
+        if filled and not self._index.readonly:
+            with self._lock:
+                for digest in filled:
+                    self._touches.pop(digest, None)
+            cachedb.record(self._index.env, filled)
+            self._after_fill()
+        return len(filled), failed
+
+    def pack_of(self, digest: str) -> tuple[str, int, int] | None:
+        """Where a pack holds ``digest``, if the filler knows (None: loose, or no filler)."""
+        fn = getattr(self._filler, "pack_of", None)
+        return fn(digest) if fn is not None else None
+
+    def covers_pack(self, pack: str) -> bool:
+        """Whether a whole-namespace prefetch is reading ``pack`` now."""
+        return pack in self._bulk_packs
+
+    def trusted_digest(self, digest: str) -> bool:
+        """Whether this process verified a file of ``digest`` already (no I/O: the
+        prefetch plans without the objects it has; an open still checks the file)."""
+        return digest in self._verified
+
+    def fill_packs(self, items: list[tuple[str, int]]) -> tuple[int, int]:
+        """Fill many objects (a whole-namespace prefetch's wave) with one request to the
+        filler, which reads each pack holding some of them once (all at once) and
+        installs the objects in the order given, each verified by its digest. Objects
+        local and trusted, or being filled, are skipped. A job's open of one of them
+        meanwhile waits for it (at most BULK_WAIT, then fetches it itself). One index
+        write for the wave. Errors are not raised: returns (filled, failed)."""
+        batch = getattr(self._filler, "fill_packs", None)
+        if batch is None:  # no fetch worker (debugging): read-ahead's way, one by one
+            return self.fill_many(items)
+        mine: dict[str, tuple[int, _Fill]] = {}
+        with self._lock:
+            for digest, size in items:
+                if (digest not in self._fills and digest not in mine
+                        and digest not in self._verified):
+                    mine[digest] = (size, _Fill(bulk=True))
+                    self._fills[digest] = mine[digest][1]
+        todo = [(d, n) for d, (n, _) in mine.items()]
+        filled: dict[str, tuple[int, int]] = {}
+        failed = 0
+
+        def done(ok: list[tuple[str, tuple[int, int, int]]],
+                 bad: list[tuple[str, BaseException]]) -> None:
+            nonlocal failed
+            now = time.time_ns()
+            with self._lock:
+                for digest, ident in ok:
+                    size, fill = mine.get(digest, (0, None))
+                    if fill is None or fill.done.is_set() or ident[2] != size:
+                        continue  # not ours, answered already, or not the size asked
+                    # The worker verified the bytes it wrote: trusted while the file has
+                    # that identity (an open checks it with its fstat).
+                    self._verified[digest] = ident
+                    filled[digest] = (size, now)
+                    if self._fills.get(digest) is fill:
+                        del self._fills[digest]
+                    fill.done.set()
+                for digest, error in bad:
+                    _, fill = mine.get(digest, (0, None))
+                    if fill is None or fill.done.is_set():
+                        continue
+                    failed += 1
+                    if self._fills.get(digest) is fill:
+                        del self._fills[digest]
+                    fill.error = error
+                    fill.done.set()
+
+        def progressed() -> None:
+            now = time.monotonic()
+            for _, fill in mine.values():
+                fill.progressed = now
+
+        pack_of = getattr(self._filler, "pack_of", None)
+        packs = {loc[0] for d, _ in todo
+                 if pack_of is not None and (loc := pack_of(d)) is not None}
+        with self._lock:
+            packs -= self._bulk_packs  # another wave's: that one removes them
+            self._bulk_packs |= packs
+        try:
+            if todo:
+                batch(todo, progressed, done)
+        except Exception as e:  # the request as a whole: a hint lost, never the job's error
+            log.debug("prefetch of %d objects failed: %s", len(todo), e)
+        finally:
+            with self._lock:
+                self._bulk_packs -= packs
+            for digest, (_, fill) in mine.items():  # not answered (the request failed)
+                if not fill.done.is_set():
+                    failed += 1
+                    self._end_fill(digest, fill, CasfsError("prefetch: no answer"))
         if filled and not self._index.readonly:
             with self._lock:
                 for digest in filled:

@@ -158,7 +158,9 @@ class Access:
             cache, self.lower, self.counters,
             ondemand_busy=lambda: self.ondemand_fetches > 0,
             max_bytes=min(cfg.cache_max_bytes, 4 << 30) // 2,
-            origin=self.origin, paced=paced)
+            origin=self.origin, paced=paced,
+            # never more than half the local cache: a larger namespace stays lazy
+            budget=min(cfg.prefetch_budget, cfg.cache_max_bytes // 2))
         self.prefetcher.start(hot_set)
 
     def wait_warm(self, timeout: float) -> bool | None:

@@ -32,6 +32,9 @@ class MountConfig:
     # overlay mode: hold mount-ready up to this many seconds until the access profile's
     # hot set is local, so the links layer (fixed at mount) serves it natively; 0: don't
     wait_warm: float = 0.0
+    # a namespace up to this many bytes is fetched whole from mount-ready (0: never;
+    # casfs.node.prefetch, MountOptions.prefetch_budget)
+    prefetch_budget: int = 512 << 20
     allow_other: bool = False
     cache_max_bytes: int = 20 << 30
     namespace_max_bytes: int | None = None
@@ -162,6 +165,7 @@ class HostConfig:
     shutdown_timeout: float = 30.0
     fetch_timeout: float = 10.0
     packs: bool = True  # promotion packs small objects (MountConfig.packs)
+    prefetch_budget: int = 512 << 20  # MountConfig.prefetch_budget
     allow_other: bool = False
     cache_max_bytes: int = 20 << 30
     namespace_max_bytes: int | None = None
@@ -220,7 +224,7 @@ class HostConfig:
             state_dir=self.state_dir, stable_after=self.stable_after,
             publish_interval=self.publish_interval, refresh_interval=self.refresh_interval,
             shutdown_timeout=self.shutdown_timeout, fetch_timeout=self.fetch_timeout,
-            packs=self.packs,
+            packs=self.packs, prefetch_budget=self.prefetch_budget,
             allow_other=self.allow_other, cache_max_bytes=self.cache_max_bytes,
             namespace_max_bytes=self.namespace_max_bytes,
             scratch_patterns=self.scratch_patterns, quota=self.quota,

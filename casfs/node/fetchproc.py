@@ -19,6 +19,13 @@ Protocol (a Unix socketpair, one message = 4-byte big-endian length + JSON):
                                                     fill_many: one of its objects is done
                      {"id": n, "one": digest, "ident": [...], "size": n}
                                                     fill_many: a pack member it added
+    mount -> worker  {"op": "fill_packs", "id": n, "objects": [[digest, size, pack], ...],
+                      "root", "ns"}                 a whole-namespace prefetch's wave: each
+                                                    pack read once (all at once), objects
+                                                    installed in this order
+    worker -> mount  {"id": n, "many": [[digest, ino, mtime_ns, size], ...],
+                      "failed": [[digest, kind, error], ...]}
+                                                    fill_packs: a batch of its objects done
                      {"id": n, "ok": true, "n": bytes, "ident": [ino, mtime_ns, size],
                       "counters": {...}}            (fill_many: "counters" only)
                      {"id": n, "ok": false, "kind": "corrupt"|"missing"|"error", "error": text}
@@ -274,14 +281,14 @@ class FetchWorker:
             if "ok" not in msg:
                 req.started = True
                 req.progressed = time.monotonic()
-                progress = "progress" in msg or "one" in msg
+                progress = "progress" in msg or "one" in msg or "many" in msg
             else:
                 del self._pending[rid]
                 progress = False
         if progress:
             req.progressed_cb()
         if "ok" not in msg:
-            if "one" in msg and req.on_part is not None:
+            if ("one" in msg or "many" in msg) and req.on_part is not None:
                 try:
                     req.on_part(msg)
                 except Exception:  # the reader must outlive any bug: every request waits on it

@@ -31,9 +31,10 @@ from typing import Any
 import blake3
 
 from casfs.errors import CasfsError, CorruptObjectError, ObjectMissingError
-from casfs.index.objcache import fill_file, object_path
+from casfs.index.objcache import fill_file, install_file, object_path
 from casfs.node import logfmt
 from casfs.node.fetchproc import recv_msg, send_msg
+from casfs.util import diskroom
 from casfs.util.crashpoint import crashpoint
 
 log = logging.getLogger(__name__)
@@ -47,6 +48,12 @@ MAX_PACK = 4 << 20  # fill_many's "packs": a pack is read whole only up to this 
 MAX_PACK_BYTES = 16 << 20  # ... filling at most this many bytes of its members ...
 MAX_PACK_MEMBER = 1 << 20  # ... none larger than this (packs hold objects up to 64 KiB)
 MAX_PACKS_DONE = 1 << 16  # packs read whole by this worker (each once; then no more)
+# fill_packs (a whole-namespace prefetch's wave): pack reads in flight at once (object
+# stores want tens of parallel GETs), threads installing the objects (decoding and
+# creating files: 2 cores' worth), objects answered per message.
+PACK_GETS = 32
+INSTALL_THREADS = 2
+INSTALL_BATCH = 64
 
 
 class _Roots:
@@ -155,11 +162,14 @@ class Worker(ChildServer):
         # wait behind itself)
         self.items = ThreadPoolExecutor(ITEM_THREADS, thread_name_prefix="fill-item")
         self._packs_done: set[str] = set()
+        self.gets = ThreadPoolExecutor(PACK_GETS, thread_name_prefix="pack-get")
+        self.installers = ThreadPoolExecutor(INSTALL_THREADS, thread_name_prefix="install")
         self._active_cond = threading.Condition()
         threading.Thread(target=self._announce, name="announce", daemon=True).start()
 
     def handler(self, op: Any) -> Callable[[dict[str, Any]], None] | None:
-        return self.fill if op == "fill" else self.fill_many if op == "fill_many" else None
+        return (self.fill if op == "fill" else self.fill_many if op == "fill_many"
+                else self.fill_packs if op == "fill_packs" else None)
 
     def _announce(self) -> None:
         while True:
@@ -179,6 +189,9 @@ class Worker(ChildServer):
 
     def fill_many(self, msg: dict[str, Any]) -> None:
         self._run(msg, self._fill_many)
+
+    def fill_packs(self, msg: dict[str, Any]) -> None:
+        self._run(msg, self._fill_packs)
 
     def _run(self, msg: dict[str, Any], fn: Callable[[Any, dict[str, Any], float], None]
              ) -> None:
@@ -243,6 +256,103 @@ class Worker(ChildServer):
             list(self.items.map(one, items))
             for pack in msg.get("packs") or []:
                 self._whole_pack(rid, root, str(pack), {d for d, _, _ in items})
+            self._reply(rid, {"id": rid, "ok": True,
+                              "counters": self.roots.counters_delta(key, root)})
+        except Exception as e:  # a bad request or root: every object not answered is a miss
+            kind, text = _failure(e, None)
+            self._reply(rid, {"id": rid, "ok": False, "kind": kind, "error": text,
+                              "counters": self.roots.counters_delta(key, root) if root else {}})
+
+    def _fill_packs(self, rid: Any, msg: dict[str, Any], t0: float) -> None:
+        """A whole-namespace prefetch's wave: every pack holding some of its objects is
+        read once, all at once (the span of the members asked, one GET each), while
+        INSTALL_THREADS threads decode, verify (blake3 against each object's digest)
+        and install the objects in the order asked, as their packs arrive; loose
+        objects and members whose pack read failed go the ordinary way (fill_file
+        through the object store: forwards of repacked packs, loose copies of damaged
+        ones). Answered in batches of INSTALL_BATCH: ``many`` (identities) and
+        ``failed``; then ``ok``."""
+        from casfs.store.objects import HEADER_SIZE
+        from casfs.store.packloc import MAX_MEMBER_BYTES, pack_key, parse_location
+
+        key, root = "", None
+        try:
+            key, root = self.roots.get(msg["root"], str(msg["ns"]))
+            items = [(str(d), int(n), parse_location(p)) for d, n, p in msg["objects"]]
+            spans: dict[str, list[int]] = {}
+            for _, size, loc in items:
+                if loc is None or size > MAX_PACK_MEMBER or loc[2] > MAX_MEMBER_BYTES:
+                    continue
+                span = spans.get(loc[0])
+                if span is None:
+                    spans[loc[0]] = [loc[1], loc[1] + loc[2]]
+                else:
+                    span[0] = min(span[0], loc[1])
+                    span[1] = max(span[1], loc[1] + loc[2])
+            diskroom.check_room(self.directory, sum(n for _, n, _ in items))
+            objects = root.objects
+
+            def get(pack: str, lo: int, hi: int) -> bytes:
+                raw = objects.backend.read_range(pack_key(pack), lo, hi - lo)
+                if len(raw) != hi - lo:
+                    raise CorruptObjectError(f"pack {pack} is truncated")
+                objects.counters.inc("pack_bulk_reads")
+                return bytes(raw)
+
+            got = {pack: self.gets.submit(get, pack, lo, hi)
+                   for pack, (lo, hi) in spans.items()}
+            directory = str(self.directory)
+
+            def install(chunk: list[tuple[str, int, Any]]) -> None:
+                ok: list[list[Any]] = []
+                bad: list[list[Any]] = []
+                for digest, size, loc in chunk:
+                    crashpoint("fetch-worker")
+                    try:
+                        fut = got.get(loc[0]) if loc is not None else None
+                        raw = None
+                        if fut is not None:
+                            try:
+                                raw = fut.result()
+                            except (CasfsError, OSError) as e:  # gone or damaged: one by one
+                                log.debug("pack %s: %s", loc[0], e)
+                        if raw is not None:
+                            lo = spans[loc[0]][0]
+                            stored = raw[loc[1] - lo:loc[1] - lo + loc[2]]
+                            if len(stored) < HEADER_SIZE:
+                                raise CorruptObjectError(f"object {digest}: truncated")
+                            try:
+                                data = objects.decode_member(digest, size, stored)
+                            except CorruptObjectError:
+                                data = None  # a damaged member: its loose copy, if any
+                            if data is not None:
+                                box: list[os.stat_result] = []
+
+                                def put(data: bytes = data, digest: str = digest,
+                                        box: list[os.stat_result] = box) -> int:
+                                    box.append(install_file(directory, digest, data))
+                                    return len(data)
+
+                                if not self._once(digest, put, wait=False):
+                                    raise CasfsError(f"object {digest} is being filled")
+                                st = box[0]
+                                ok.append([digest, st.st_ino, st.st_mtime_ns, st.st_size])
+                                continue
+                        if loc is not None:
+                            objects.locate(digest, list(loc))
+                        def stream(d: str = digest, n: int = size) -> int:
+                            return fill_file(self.directory, objects, d, n)
+
+                        self._once(digest, stream)
+                        st = os.lstat(object_path(directory, digest))
+                        ok.append([digest, st.st_ino, st.st_mtime_ns, st.st_size])
+                    except Exception as e:  # this object only: the others go on
+                        kind, text = _failure(e, digest)
+                        bad.append([digest, kind, text])
+                self.send({"id": rid, "many": ok, "failed": bad})
+
+            chunks = [items[i:i + INSTALL_BATCH] for i in range(0, len(items), INSTALL_BATCH)]
+            list(self.installers.map(install, chunks))
             self._reply(rid, {"id": rid, "ok": True,
                               "counters": self.roots.counters_delta(key, root)})
         except Exception as e:  # a bad request or root: every object not answered is a miss

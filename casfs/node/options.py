@@ -25,6 +25,9 @@ class MountOptions:
     fetch_timeout: float = 10.0  # the longest an open waits for the shared root (then a miss)
     packs: bool = True  # promotion packs small objects (casfs.store.packs; records need v2)
     wait_warm: float = 0.0  # overlay mode: seconds READY may wait for the hot set (0: no wait)
+    # A namespace whose files add up to at most this many bytes is fetched whole in the
+    # background from mount-ready (casfs.node.prefetch); a larger one stays lazy. 0: never.
+    prefetch_budget: int = 512 << 20
 
 
 DEFAULTS = MountOptions()

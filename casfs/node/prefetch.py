@@ -13,6 +13,18 @@ Counters: ``prefetched_files``/``prefetched_bytes``,
 ``prefetch_hits`` (an open of a prefetched object, once per object),
 ``prefetch_wasted_bytes`` (prefetched, never opened by the time of unmount).
 A failing object is skipped (the job's own open will miss or fetch it).
+
+**Whole namespace** (``budget``, the mount's ``prefetch_budget``): a namespace
+whose files add up to at most ``budget`` bytes is fetched whole from
+mount-ready, unpaced and not yielding to the job (the job waits on it): the hot
+set first, then every other file in path order (the order a walk opens them),
+in waves of at most ``WAVE_BYTES`` (``LocalObjectCache.fill_packs``: one
+request to the fetch worker per wave, which reads each pack holding the wave's
+files once, all packs at once, and installs the files in that order, each
+verified by its digest). A job's open of a file of a wave in flight waits for
+it instead of fetching it (at most ``objcache.BULK_WAIT``); read-ahead leaves
+those packs alone. A namespace over the budget keeps the lazy behaviour above
+(``prefetch_over_budget``). Counters: ``prefetch_waves``, and the ones above.
 """
 
 from __future__ import annotations
@@ -23,6 +35,7 @@ import time
 from collections.abc import Callable
 
 from casfs.errors import CasfsError
+from casfs.index import tree
 from casfs.index.objcache import LocalObjectCache
 from casfs.index.tree import LowerTree
 from casfs.store.entry import Entry
@@ -31,6 +44,10 @@ from casfs.util.counters import Counters
 log = logging.getLogger(__name__)
 
 _local = threading.local()
+# A whole-namespace prefetch sends its files in waves of at most this many bytes (the
+# fetch worker holds a wave's pack spans in memory while it installs them).
+WAVE_BYTES = 128 << 20
+DEFAULT_BUDGET = 512 << 20  # MountOptions.prefetch_budget's default
 
 
 def in_prefetch_thread() -> bool:
@@ -50,6 +67,7 @@ class Prefetcher:
         bytes_per_s: float = 200e6,
         origin: float | None = None,
         paced: bool = True,
+        budget: int = 0,
     ) -> None:
         self.cache = cache
         self.lower = lower
@@ -68,6 +86,8 @@ class Prefetcher:
         self._workers: list[threading.Thread] = []
         self._origin = origin
         self._paced = paced
+        self.budget = budget  # a namespace up to this many bytes is fetched whole (0: never)
+        self._waves: list[list[tuple[str, int]]] = []
         self._pace_t0 = 0.0  # the bandwidth bound counts from here ...
         self._pace_bytes = 0  # ... these bytes
         self._running = 0
@@ -96,12 +116,92 @@ class Prefetcher:
             if isinstance(node, Entry) and node.digest not in seen:
                 seen.add(node.digest)
                 self._todo.append(node)
-        self.counters.inc("prefetch_planned", len(self._todo))
+        try:
+            whole = self.budget > 0 and self._plan_whole()
+        except Exception as e:  # a hint: never an error for the mount (lazy as before)
+            log.warning("prefetch: cannot plan the whole namespace: %s", e)
+            whole = False
+        work = self._work_waves if whole else self._work
+        self.counters.inc("prefetch_planned", sum(map(len, self._waves)) if whole
+                          else len(self._todo))
         self._running = self.threads
         for i in range(self.threads):
-            t = threading.Thread(target=self._work, name=f"casfs-prefetch-{i}", daemon=True)
+            t = threading.Thread(target=work, name=f"casfs-prefetch-{i}", daemon=True)
             self._workers.append(t)
             t.start()
+
+    def _plan_whole(self) -> bool:
+        """Plan the whole namespace in waves if it fits the budget: the hot set (in
+        ``_todo``) first, then every other file in path order; a pack's files all go
+        in the wave of the first of them (each pack is read once)."""
+        rest: list[Entry] = []
+        total = 0
+        own_walk = getattr(self.lower, "walk", None)  # a staged tree walks its memory
+        for e in own_walk("") if own_walk is not None else tree.walk(self.lower, ""):
+            total += e.size
+            if total > self.budget:
+                self.counters.inc("prefetch_over_budget")
+                log.info("prefetch: the namespace is over the prefetch budget (%d bytes):"
+                         " lazy", self.budget)
+                return False
+            rest.append(e)
+        rest.sort(key=lambda e: e.path.split("/"))
+        order: list[Entry] = []
+        seen: set[str] = set()
+        for e in [*self._todo, *rest]:
+            if e.digest not in seen and not self.cache.trusted_digest(e.digest):
+                seen.add(e.digest)
+                order.append(e)
+        self._todo = []
+        pack_bytes: dict[str, int] = {}
+        locs = [self.cache.pack_of(e.digest) for e in order]
+        for e, loc in zip(order, locs, strict=True):
+            if loc is not None:
+                pack_bytes[loc[0]] = pack_bytes.get(loc[0], 0) + e.size
+        wave_of: dict[str, int] = {}  # pack (or a loose object's digest) -> its wave
+        n, size = 0, 0
+        for e, loc in zip(order, locs, strict=True):
+            key = e.digest if loc is None else loc[0]
+            if key in wave_of:
+                continue
+            cost = e.size if loc is None else pack_bytes[key]
+            if size and size + cost > WAVE_BYTES:
+                n, size = n + 1, 0
+            size += cost
+            wave_of[key] = n
+        self._waves = [[] for _ in range(n + 1)] if order else []
+        for e, loc in zip(order, locs, strict=True):
+            self._waves[wave_of[e.digest if loc is None else loc[0]]].append((e.digest, e.size))
+        with self._lock:
+            self._bytes = sum(e.size for e in order)
+        log.info("prefetch: the whole namespace, %d files, %d bytes, %d packs, in %d waves",
+                 len(order), self._bytes, len(pack_bytes), len(self._waves))
+        return True
+
+    def _work_waves(self) -> None:
+        _local.prefetch = True
+        try:
+            while not self._stop.is_set():
+                with self._lock:
+                    if self._next >= len(self._waves):
+                        break
+                    wave = self._waves[self._next]
+                    self._next += 1
+                self.counters.inc("prefetch_waves")
+                filled, failed = self.cache.fill_packs(wave)
+                got = 0
+                with self._lock:
+                    for digest, size in wave:  # filled (or trusted) by now: counted as ours
+                        if self.cache.trusted_digest(digest):
+                            self._prefetched[digest] = size
+                            got += size
+                if filled:
+                    self.counters.inc("prefetched_files", filled)
+                    self.counters.inc("prefetched_bytes", got)
+                if failed:
+                    self.counters.inc("prefetch_errors", failed)
+        finally:
+            self._ended()
 
     def _take(self) -> Entry | None:
         with self._lock:
@@ -117,17 +217,20 @@ class Prefetcher:
             while (e := self._take()) is not None:
                 self._one(e)
         finally:
-            with self._lock:
-                self._running -= 1
-                last = self._running == 0
-                done = last and not self._stop.is_set()
-            if done:
-                assert self._origin is not None
-                self.warm_ready_s = round(time.monotonic() - self._origin, 3)
-                log.info("prefetch: warm-ready %.2fs after the mount's start (%d files,"
-                         " %d bytes)", self.warm_ready_s, len(self._prefetched), self._bytes)
-            if last:
-                self.finished.set()
+            self._ended()
+
+    def _ended(self) -> None:
+        with self._lock:
+            self._running -= 1
+            last = self._running == 0
+            done = last and not self._stop.is_set()
+        if done:
+            assert self._origin is not None
+            self.warm_ready_s = round(time.monotonic() - self._origin, 3)
+            log.info("prefetch: warm-ready %.2fs after the mount's start (%d files,"
+                     " %d bytes)", self.warm_ready_s, len(self._prefetched), self._bytes)
+        if last:
+            self.finished.set()
 
     def _one(self, e: Entry) -> None:
         local = self.cache.cached(e)

@@ -23,7 +23,8 @@ are dropped: read-ahead is a hint), never files over ``max_file``, ``threads``
 directories at a time. Everything a fetch guarantees holds: each object
 verified (blake3) before anyone reads it, one fill per object (a job's open
 of a file being read ahead waits for it, and fetches it itself if the
-read-ahead fails), pins and eviction. A failure is only counted
+read-ahead fails), pins and eviction. Packs a whole-namespace prefetch is
+reading are left to it (casfs.node.prefetch). A failure is only counted
 (``readahead_errors``): the job's own open of that file fetches it again and
 misses if that fails too. Counters: ``readahead_dirs``, ``readahead_packs``,
 ``readahead_files``, ``readahead_errors``, ``readahead_dropped``; the worker's
@@ -111,8 +112,8 @@ class ReadAhead:
         out: list[str] = []
         for digest in digests:
             loc = self.pack_of(digest)
-            if loc is None:
-                continue
+            if loc is None or self.cache.covers_pack(loc[0]):
+                continue  # loose, or read whole by the prefetch now
             with self._lock:
                 if loc[0] in self._packs:
                     continue

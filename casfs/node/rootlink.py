@@ -211,6 +211,40 @@ class RootSource:
             counters.inc("fetch_worker_lost")
             raise
 
+    def fill_packs(self, items: list[tuple[str, int]], progressed: Callable[[], None],
+                   done: Callable[[list[tuple[str, tuple[int, int, int]]],
+                                   list[tuple[str, BaseException]]], None]) -> None:
+        """casfs.index.objcache: a whole-namespace prefetch's wave in one request (the
+        worker reads each pack once, all at once, and installs the objects in this
+        order); ``done`` gets each batch of answers (identities, errors)."""
+        counters, spec = self._counters, self._spec()
+        sizes = dict(items)
+
+        def batch(msg: dict[str, Any]) -> None:
+            ok: list[tuple[str, tuple[int, int, int]]] = []
+            for row in msg.get("many") or []:
+                if (isinstance(row, list) and len(row) == 4 and isinstance(row[0], str)
+                        and row[0] in sizes and (ident := _ident(row[1:])) is not None):
+                    ok.append((row[0], ident))
+            bad: list[tuple[str, BaseException]] = []
+            for row in msg.get("failed") or []:
+                if isinstance(row, list) and len(row) == 3 and isinstance(row[0], str):
+                    cls = (CorruptObjectError if row[1] == "corrupt" else
+                           ObjectMissingError if row[1] == "missing" else CasfsError)
+                    bad.append((row[0], cls(str(row[2]))))
+            if ok:
+                counters.inc("objects_fetched", len(ok))
+                counters.inc("bytes_fetched", sum(sizes[d] for d, _ in ok))
+            done(ok, bad)
+
+        try:
+            self.worker().call({"op": "fill_packs", "root": spec, "ns": self._link.cfg.namespace,
+                                "objects": [[d, n, self.pack_of(d)] for d, n in items]},
+                               progressed, counters, batch)
+        except fetchproc.FetchWorkerError:
+            counters.inc("fetch_worker_lost")
+            raise
+
     def fill_cache(self, digest: str, size: int, progressed: Callable[[], None]
                    ) -> tuple[int, int, int] | None:
         """casfs.index.objcache.CacheFiller: the fetch worker process fills the cache."""

@@ -39,9 +39,10 @@ class Node:
         # machine needs, so a slow stop publishes late instead of publishing less.
         # No read-ahead unless a test asks: most tests here count what one open fetches
         # (lazy restore, misses under faults); tests/node/test_readahead.py turns it on.
+        # Nor a whole-namespace prefetch, for the same reason (tests of it set a budget).
         opts: dict[str, Any] = {"stable_after": 0.2, "publish_interval": 3600.0,
                                 "refresh_interval": 3600.0, "shutdown_timeout": 120.0,
-                                "readahead": False}
+                                "readahead": False, "prefetch_budget": 0}
         opts.update(kw)
         return MountConfig(name=name, family=family, namespace=namespace, mountpoint=mountpoint,
                            root=self.root, state_dir=self.state, **opts)
