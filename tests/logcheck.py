@@ -11,8 +11,9 @@ A test that expects warnings (faults, attacks, fallbacks) says which:
 (``pytestmark``); a line matching any pattern is allowed. A background task that
 raises logs an ERROR with its traceback, so it fails the test the same way.
 
-``CASFS_LOG_CHECK=report:FILE`` writes what would fail to FILE (JSON lines) and
-fails nothing: for surveying a whole run. ``CASFS_LOG_CHECK=off`` turns it off.
+On by default (``CASFS_LOG_CHECK=fail``). ``CASFS_LOG_CHECK=report:FILE`` writes what
+would fail to FILE (JSON lines) and fails nothing: for surveying a whole run.
+``CASFS_LOG_CHECK=off`` turns it off.
 """
 
 from __future__ import annotations
@@ -77,7 +78,7 @@ def _patterns(item: pytest.Item) -> list[re.Pattern[str]]:
 
 @pytest.fixture(autouse=True)
 def _casfs_log_check(request: pytest.FixtureRequest) -> Iterator[None]:
-    mode = os.environ.get("CASFS_LOG_CHECK", "off")  # "fail" once the suite is surveyed
+    mode = os.environ.get("CASFS_LOG_CHECK", "fail")
     if mode == "off":
         yield
         return
