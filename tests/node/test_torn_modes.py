@@ -46,9 +46,9 @@ def test_a_killed_job_in_dir_mode_publishes_nothing_it_half_wrote(tmp_path: Path
     env = dict(os.environ, CASFS_ROOT=str(tmp_path / "root"),
                CASFS_STATE_DIR=str(tmp_path / "state"), CASFS_MOUNT_BASE=str(tmp_path / "mnt"))
     job = ('mkdir -p "$CASFS_CACHE_DIR/k" && echo good > "$CASFS_CACHE_DIR/k/done.json" &&'
-           ' sleep 3 && printf half > "$CASFS_CACHE_DIR/k/torn.so" && kill -9 $$')
+           ' sleep 4 && printf half > "$CASFS_CACHE_DIR/k/torn.so" && kill -9 $$')
     r = subprocess.run([sys.executable, "-m", "casfs.cli.main", "run", "--mode", "dir",
-                        "--family", "generic", "--namespace", "ns", "--stable-after", "2",
+                        "--family", "generic", "--namespace", "ns", "--stable-after", "1",
                         "--", "/bin/sh", "-c", job],
                        env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 128 + signal.SIGKILL, r.stderr
@@ -60,10 +60,16 @@ def test_a_killed_job_in_dir_mode_publishes_nothing_it_half_wrote(tmp_path: Path
 
 
 @pytest.mark.fuse
-def test_held_files_survive_a_crash_of_the_mount_process(node: dict[str, Any]) -> None:
+def test_held_files_survive_a_crash_of_the_mount_process(
+        node: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
     # stable_after: the file stays unpromoted until the hold, however slow this machine is.
     cfg = host_cfg(node, grace=3600.0, exit_when_idle=False, stable_after=30.0)
+    # The release that follows a killed job's hold stalls (it would remove the file and
+    # the record at once): the process dies between the hold and the release.
+    monkeypatch.setenv("CASFS_PAUSEPOINT", "host-release")
+    monkeypatch.setenv("CASFS_PAUSEPOINT_FILE", str(node["tmp"] / "never"))
     w = spawn_host(cfg, log_to_stderr=True)
+    monkeypatch.delenv("CASFS_PAUSEPOINT")
     job = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
     alpha = [{"family": "generic", "namespace": "alpha"}]
     try:
@@ -74,8 +80,9 @@ def test_held_files_survive_a_crash_of_the_mount_process(node: dict[str, Any]) -
         job.kill()
         job.wait()
         torn = node["state"] / "run"
-        wait_until(lambda: any(torn.glob("torn-*alpha.json")), "the hold written down",
-                   proc=w.proc)
+        wait_until(lambda: Path(f"{node['tmp'] / 'never'}.reached").exists(),
+                   "the release, stalled", proc=w.proc)
+        assert any(torn.glob("torn-*alpha.json"))  # the hold, written down
         w.proc.kill()  # the node's mount process dies before it released alpha
         w.proc.wait()
     finally:
