@@ -5,7 +5,7 @@ and gc compacts them away; the cluster report (``casfs report``) needs what
 happened each day, so mounts write these small records of their own:
 
     namespaces/<ns>/outcomes/<YYYYMMDD>-<node id>-<8 hex>
-    {"casfs_outcomes": 1, "namespace": ns, "family": "triton",
+    {"casfs_outcomes": 1, "namespace": ns, "family": <family>,
      "rows": [[day "YYYY-MM-DD", node, hits, misses, saved_ms, untimed_hits], ...],
      "missed": [[entry, lookups], ...]}
 
