@@ -131,6 +131,16 @@ class ObjectSource(Protocol):
         ...
 
 
+class _Reserved:
+    """A prefetch wave's objects registered as being filled (LocalObjectCache.reserve_packs)."""
+
+    def __init__(self, items: list[tuple[str, int]], mine: dict[str, tuple[int, _Fill]],
+                 packs: set[str]) -> None:
+        self.items = items
+        self.mine = mine
+        self.packs = packs
+
+
 class _Fill:
     """One in-flight fill; waiters block on ``done`` and then read ``error``."""
 
@@ -325,6 +335,9 @@ class LocalObjectCache:
         self._fills: dict[str, _Fill] = {}
         # Packs a whole-namespace prefetch is reading now (read-ahead leaves them to it).
         self._bulk_packs: set[str] = set()
+        # Set while a whole-namespace prefetch plans (until its first waves are reserved):
+        # a job's first opens wait for it instead of fetching what it will fetch.
+        self._bulk_gate: threading.Event | None = None
         self._touches: dict[str, tuple[int, int]] = {}
         self._last_flush = time.monotonic()
         # Shared fds of trusted objects (``open_cached``), see ``_shared`` below. One
@@ -505,6 +518,7 @@ class LocalObjectCache:
         if not _DIGEST.fullmatch(digest):
             raise CorruptObjectError(f"not a blake3-256 hex digest: {digest!r:.80}")
         path = self.path_of(digest)
+        self.wait_bulk_plan()
         with self._lock:
             self._pins[digest] += 1  # before looking, so eviction cannot race the check
             # Being filled (a read-ahead): its file may be in place, not yet trusted. Wait
@@ -770,6 +784,21 @@ class LocalObjectCache:
         fn = getattr(self._filler, "pack_of", None)
         return fn(digest) if fn is not None else None
 
+    def bulk_planning(self) -> None:
+        """A whole-namespace prefetch is planning: fetches wait (at most BULK_WAIT)."""
+        self._bulk_gate = threading.Event()
+
+    def bulk_planned(self) -> None:
+        """Its first waves are reserved (or it gave up): fetches go on."""
+        gate = self._bulk_gate
+        if gate is not None:
+            gate.set()
+
+    def wait_bulk_plan(self) -> None:
+        gate = self._bulk_gate
+        if gate is not None and not gate.is_set():
+            gate.wait(BULK_WAIT)
+
     def covers_pack(self, pack: str) -> bool:
         """Whether a whole-namespace prefetch is reading ``pack`` now."""
         return pack in self._bulk_packs
@@ -780,15 +809,11 @@ class LocalObjectCache:
         return digest in self._verified
 
     def fill_packs(self, items: list[tuple[str, int]]) -> tuple[int, int]:
-        """Fill many objects (a whole-namespace prefetch's wave) with one request to the
-        filler, which reads each pack holding some of them once (all at once) and
-        installs the objects in the order given, each verified by its digest. Objects
-        local and trusted, or being filled, are skipped. A job's open of one of them
-        meanwhile waits for it (at most BULK_WAIT, then fetches it itself). One index
-        write for the wave. Errors are not raised: returns (filled, failed)."""
-        batch = getattr(self._filler, "fill_packs", None)
-        if batch is None:  # no fetch worker (debugging): read-ahead's way, one by one
-            return self.fill_many(items)
+        return self.fill_reserved(self.reserve_packs(items))
+
+    def reserve_packs(self, items: list[tuple[str, int]]) -> _Reserved:
+        """Register ``items`` as being filled by a prefetch (a job's open of one waits
+        for it); ``fill_reserved`` fills them."""
         mine: dict[str, tuple[int, _Fill]] = {}
         with self._lock:
             for digest, size in items:
@@ -796,6 +821,37 @@ class LocalObjectCache:
                         and digest not in self._verified):
                     mine[digest] = (size, _Fill(bulk=True))
                     self._fills[digest] = mine[digest][1]
+        pack_of = getattr(self._filler, "pack_of", None)
+        packs = {loc[0] for d in mine
+                 if pack_of is not None and (loc := pack_of(d)) is not None}
+        with self._lock:
+            packs -= self._bulk_packs  # another wave's: that one removes them
+            self._bulk_packs |= packs
+        return _Reserved(items, mine, packs)
+
+    def release_reserved(self, reserved: _Reserved) -> None:
+        """Give up a reservation never filled (the prefetch stopped): waiters fill."""
+        with self._lock:
+            self._bulk_packs -= reserved.packs
+        for digest, (_, fill) in reserved.mine.items():
+            if not fill.done.is_set():
+                self._end_fill(digest, fill, CasfsError("prefetch: stopped"))
+
+    def fill_reserved(self, reserved: _Reserved) -> tuple[int, int]:
+        """Fill many objects (a whole-namespace prefetch's wave) with one request to the
+        filler, which reads each pack holding some of them once (all at once) and
+        installs the objects in the order given, each verified by its digest. Objects
+        local and trusted, or being filled, are skipped. A job's open of one of them
+        meanwhile waits for it (at most BULK_WAIT, then fetches it itself). One index
+        write for the wave. Errors are not raised: returns (filled, failed)."""
+        batch = getattr(self._filler, "fill_packs", None)
+        mine, packs = reserved.mine, reserved.packs
+        if batch is None:  # no fetch worker (debugging): read-ahead's way, one by one
+            with self._lock:
+                self._bulk_packs -= packs
+            for digest, (_, fill) in mine.items():
+                self._end_fill(digest, fill, CasfsError("prefetch: no fetch worker"))
+            return self.fill_many(reserved.items)
         todo = [(d, n) for d, (n, _) in mine.items()]
         filled: dict[str, tuple[int, int]] = {}
         failed = 0
@@ -831,12 +887,6 @@ class LocalObjectCache:
             for _, fill in mine.values():
                 fill.progressed = now
 
-        pack_of = getattr(self._filler, "pack_of", None)
-        packs = {loc[0] for d, _ in todo
-                 if pack_of is not None and (loc := pack_of(d)) is not None}
-        with self._lock:
-            packs -= self._bulk_packs  # another wave's: that one removes them
-            self._bulk_packs |= packs
         try:
             if todo:
                 batch(todo, progressed, done)

@@ -33,6 +33,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 from casfs.errors import CasfsError
 from casfs.index import tree
@@ -88,6 +89,7 @@ class Prefetcher:
         self._paced = paced
         self.budget = budget  # a namespace up to this many bytes is fetched whole (0: never)
         self._waves: list[list[tuple[str, int]]] = []
+        self._reserved: list[Any] = []  # the first waves' reservations (objcache)
         self._pace_t0 = 0.0  # the bandwidth bound counts from here ...
         self._pace_bytes = 0  # ... these bytes
         self._running = 0
@@ -99,12 +101,20 @@ class Prefetcher:
         self._pace_t0 = time.monotonic()
         if self._origin is None:
             self._origin = self._pace_t0
+        if self.budget > 0:  # a job's first opens wait for the plan (at most BULK_WAIT)
+            self.cache.bulk_planning()
         t = threading.Thread(target=self._plan, args=(load_paths,), name="casfs-prefetch",
                              daemon=True)
         self._workers.append(t)
         t.start()
 
     def _plan(self, load_paths: Callable[[], list[str]]) -> None:
+        try:
+            self._plan_and_start(load_paths)
+        finally:
+            self.cache.bulk_planned()
+
+    def _plan_and_start(self, load_paths: Callable[[], list[str]]) -> None:
         try:
             paths = load_paths()
         except Exception as e:  # a profile is a hint: never an error for the mount
@@ -121,6 +131,8 @@ class Prefetcher:
         except Exception as e:  # a hint: never an error for the mount (lazy as before)
             log.warning("prefetch: cannot plan the whole namespace: %s", e)
             whole = False
+        if whole:  # the first waves are the fetches' now: a job's open waits for them
+            self._reserved = [self.cache.reserve_packs(w) for w in self._waves[:self.threads]]
         work = self._work_waves if whole else self._work
         self.counters.inc("prefetch_planned", sum(map(len, self._waves)) if whole
                           else len(self._todo))
@@ -185,10 +197,12 @@ class Prefetcher:
                 with self._lock:
                     if self._next >= len(self._waves):
                         break
-                    wave = self._waves[self._next]
+                    i = self._next
+                    wave = self._waves[i]
                     self._next += 1
                 self.counters.inc("prefetch_waves")
-                filled, failed = self.cache.fill_packs(wave)
+                filled, failed = (self.cache.fill_reserved(self._reserved[i])
+                                  if i < len(self._reserved) else self.cache.fill_packs(wave))
                 got = 0
                 with self._lock:
                     for digest, size in wave:  # filled (or trusted) by now: counted as ours
@@ -297,6 +311,10 @@ class Prefetcher:
     def stop(self, timeout: float = 5.0) -> None:
         """Cancel (unmount): wait briefly for fetches in flight; count what went unused."""
         self._stop.set()
+        with self._lock:  # no wave is taken from now on
+            taken, self._next = self._next, max(self._next, len(self._waves))
+        for reserved in self._reserved[taken:]:  # reserved, never to be filled now
+            self.cache.release_reserved(reserved)
         deadline = time.monotonic() + timeout
         for t in self._workers:
             t.join(max(0.0, deadline - time.monotonic()))

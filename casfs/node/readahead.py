@@ -151,6 +151,7 @@ class ReadAhead:
     def _work(self) -> None:
         while (job := self._take()) is not None:
             parent, missed = job
+            self.cache.wait_bulk_plan()  # a whole-namespace prefetch planning may cover it
             try:
                 planned = self._plan(parent, missed)
                 packs = self._packs_of([missed] + [e.digest for e in planned])

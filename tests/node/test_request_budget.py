@@ -1,0 +1,160 @@
+"""The request budget (docs/format.md, "Request budget"; issue 23), counted at the wire.
+
+From an empty state dir, against a root whose namespace was written by
+promotion (packs), a fresh node's job costs at most one request per 50 files
+it reads, counting everything the node sends from the start of ``casfs run``
+(mount start) to its exit (the job's end, and the release after it: read
+records, the final publication check); a refresh costs O(1) LISTs per
+namespace. Every request goes through tests/netem.py's proxy (a few ms each
+way) in front of the session's SeaweedFS, which counts them by kind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from netem import NetProxy
+
+from casfs.store.root import SharedRoot
+from casfs.util.location import parse_location
+
+from .conftest import Node, require_fuse
+
+pytestmark = [pytest.mark.fuse, pytest.mark.slow]
+
+KERNELS = 250  # x 8 files, as Triton writes a kernel: 2,000 files
+FILES_PER_REQUEST = 50  # the budget
+
+WRITE_JOB = r"""
+import json, os, random, sys
+d = os.environ["TRITON_CACHE_DIR"]
+words = ["tt.load", "tt.store", "arith.addf", "%0", "%1", "=", "ld.global.f32", "mov.u32"]
+for i in range(int(sys.argv[1])):
+    key = f"{sys.argv[2]}{i:05d}" + "x" * 40
+    rng = random.Random(i)
+    kdir = os.path.join(d, key)
+    os.makedirs(kdir, exist_ok=True)
+    children = {}
+    for ext in ("source", "ttir", "ttgir", "llir", "ptx", "cubin", "json"):
+        n = rng.randint(800, 6000)
+        text = " ".join(rng.choice(words) for _ in range(n // 6))[:n]
+        name = f"k.{ext}"
+        tmp = os.path.join(kdir, f"tmp.{name}")
+        with open(tmp, "w") as f:
+            f.write(json.dumps({"key": key, "text": text}) if ext == "json"
+                    else f"// {key}/{name}\n{text}\n")
+        os.replace(tmp, os.path.join(kdir, name))
+        children[name] = os.path.join(kdir, name)
+    tmp = os.path.join(kdir, "tmp.grp")  # the group file last, naming its children
+    with open(tmp, "w") as f:
+        json.dump({"child_paths": children}, f)
+    os.replace(tmp, os.path.join(kdir, "__grp__k.json"))
+"""
+
+READ_JOB = r"""
+import json, os
+n = b = 0
+for top, dirs, names in os.walk(os.environ["TRITON_CACHE_DIR"]):
+    dirs.sort()
+    for name in sorted(names):
+        with open(os.path.join(top, name), "rb") as f:
+            b += len(f.read())
+        n += 1
+print(json.dumps({"files": n, "bytes": b}))
+"""
+
+
+@pytest.fixture
+def net(seaweed_server: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+        ) -> Iterator[NetProxy]:
+    for k, v in seaweed_server.env().items():  # this process's own reads of the root
+        monkeypatch.setenv(k, v)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-aws-config"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-credentials"))
+    with NetProxy(seaweed_server.port, delay=0.002) as proxy:  # 4 ms round trips
+        yield proxy
+
+
+def _env(tmp: Path, node: str, url: str, server: Any) -> dict[str, str]:
+    env = dict(os.environ, **server.env())
+    env.pop("TRITON_CACHE_DIR", None)
+    env.update(CASFS_ROOT=url, CASFS_STATE_DIR=str(tmp / node / "state"),
+               CASFS_SERVE_BASE=str(tmp / node / "serve"),
+               CASFS_MOUNT_BASE=str(tmp / node / "mnt"),
+               CASFS_SOCKET=str(tmp / "no-casfsd" / "casfsd.sock"),
+               AWS_CONFIG_FILE=str(tmp / "no-aws-config"),
+               AWS_SHARED_CREDENTIALS_FILE=str(tmp / "no-aws-credentials"))
+    return env
+
+
+def _run(tmp: Path, node: str, url: str, server: Any, ns: str, *job: str
+         ) -> subprocess.CompletedProcess[str]:
+    require_fuse()
+    r = subprocess.run([sys.executable, "-m", "casfs.cli.main", "run", "--family", "triton",
+                        "--namespace", ns, "--stable-after", "0.2", "--", *job],
+                       env=_env(tmp, node, url, server), capture_output=True, text=True,
+                       timeout=600, check=False)
+    assert r.returncode == 0, r.stderr[-4000:]
+    return r
+
+
+def _url(net: NetProxy, tmp: Path) -> str:
+    url = f"s3://casfs-test/budget-{os.getpid()}-{tmp.name[-40:]}?endpoint={net.endpoint}"
+    SharedRoot.open(url, create=True)  # `casfs init`, as docs say for an S3 root
+    return url
+
+
+def test_a_fresh_node_costs_one_request_per_50_files(
+        net: NetProxy, seaweed_server: Any, tmp_path: Path) -> None:
+    url = _url(net, tmp_path)
+    files = KERNELS * 8
+    _run(tmp_path, "writer", url, seaweed_server, "budget", sys.executable, "-c", WRITE_JOB,
+         str(KERNELS), "K")
+    root = SharedRoot.open(url)
+    snap = root.generations().entries("budget")
+    assert len(snap.entries) == files
+    packed = sum(1 for e in snap.entries.values() if e.digest in root.objects.locations)
+    assert packed == files  # written by promotion, in packs
+
+    net.reset_counts()
+    r = _run(tmp_path, "fresh", url, seaweed_server, "budget", sys.executable, "-c", READ_JOB)
+    counts = net.reset_counts()
+    read = json.loads(r.stdout.strip().splitlines()[-1])
+    assert read["files"] == files
+    kinds = {k: v for k, v in counts.items() if v and k in (
+        "get", "range_get", "head", "list", "put", "delete", "post", "other")}
+    print(f"fresh node: {files} files read, {counts['requests']} requests {kinds}"
+          f" ({files / counts['requests']:.0f} files per request)")
+    assert counts["requests"] <= files // FILES_PER_REQUEST, kinds
+
+
+def test_a_refresh_costs_o1_lists(net: NetProxy, seaweed_server: Any, tmp_path: Path) -> None:
+    url = _url(net, tmp_path)
+    _run(tmp_path, "writer", url, seaweed_server, "budget", sys.executable, "-c", WRITE_JOB,
+         "3", "K")
+    node = Node("reader", parse_location(url), tmp_path / "reader", tmp_path / "mnt")
+    try:
+        w = node.mount(family="triton", namespace="budget")
+        assert (w.cfg.mountpoint / f"K{0:05d}{'x' * 40}" / "k.json").exists()
+        for new_gens in (0, 1, 3):
+            for i in range(new_gens):  # other nodes publish meanwhile
+                _run(tmp_path, f"writer-{new_gens}-{i}", url, seaweed_server, "budget",
+                     sys.executable, "-c", WRITE_JOB, "2", f"N{new_gens}-{i}-")
+            net.reset_counts()
+            reply = node.ask(w, "refresh")
+            counts = net.reset_counts()
+            assert reply["ok"], reply
+            print(f"refresh after {new_gens} new generations: {counts['requests']} requests,"
+                  f" {counts['list']} LIST, {counts['head']} HEAD, {counts['get']} GET")
+            assert counts["list"] <= 1  # O(1) per namespace, whatever was published
+            if not new_gens:
+                assert counts["requests"] <= 3  # nothing new: a probe or two
+    finally:
+        node.stop_all()
