@@ -803,6 +803,17 @@ class LocalObjectCache:
         """Whether a whole-namespace prefetch is reading ``pack`` now."""
         return pack in self._bulk_packs
 
+    def on_node(self, digest: str, size: int) -> bool:
+        """Whether a cache file of ``digest`` with ``size`` bytes is here (one lstat, no
+        hash: the prefetch leaves it to the first open, which verifies it)."""
+        if digest in self._verified:
+            return True
+        try:
+            st = os.lstat(f"{self._dir}/{digest[:2]}/{digest[2:]}")
+        except OSError:
+            return False
+        return stat.S_ISREG(st.st_mode) and st.st_size == size
+
     def trusted_digest(self, digest: str) -> bool:
         """Whether this process verified a file of ``digest`` already (no I/O: the
         prefetch plans without the objects it has; an open still checks the file)."""

@@ -34,7 +34,7 @@ class MountConfig:
     wait_warm: float = 0.0
     # a namespace up to this many bytes is fetched whole from mount-ready (0: never;
     # casfs.node.prefetch, MountOptions.prefetch_budget)
-    prefetch_budget: int = 512 << 20
+    prefetch_budget: int = 128 << 20
     allow_other: bool = False
     cache_max_bytes: int = 20 << 30
     namespace_max_bytes: int | None = None
@@ -165,7 +165,7 @@ class HostConfig:
     shutdown_timeout: float = 30.0
     fetch_timeout: float = 10.0
     packs: bool = True  # promotion packs small objects (MountConfig.packs)
-    prefetch_budget: int = 512 << 20  # MountConfig.prefetch_budget
+    prefetch_budget: int = 128 << 20  # MountConfig.prefetch_budget
     allow_other: bool = False
     cache_max_bytes: int = 20 << 30
     namespace_max_bytes: int | None = None

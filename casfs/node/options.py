@@ -27,7 +27,7 @@ class MountOptions:
     wait_warm: float = 0.0  # overlay mode: seconds READY may wait for the hot set (0: no wait)
     # A namespace whose files add up to at most this many bytes is fetched whole in the
     # background from mount-ready (casfs.node.prefetch); a larger one stays lazy. 0: never.
-    prefetch_budget: int = 512 << 20
+    prefetch_budget: int = 128 << 20
 
 
 DEFAULTS = MountOptions()

@@ -48,7 +48,7 @@ _local = threading.local()
 # A whole-namespace prefetch sends its files in waves of at most this many bytes (the
 # fetch worker holds a wave's pack spans in memory while it installs them).
 WAVE_BYTES = 128 << 20
-DEFAULT_BUDGET = 512 << 20  # MountOptions.prefetch_budget's default
+DEFAULT_BUDGET = 128 << 20  # MountOptions.prefetch_budget's default
 
 
 def in_prefetch_thread() -> bool:
@@ -161,7 +161,8 @@ class Prefetcher:
         order: list[Entry] = []
         seen: set[str] = set()
         for e in [*self._todo, *rest]:
-            if e.digest not in seen and not self.cache.trusted_digest(e.digest):
+            # What the node has already (a remount) is verified by its first open, as before.
+            if e.digest not in seen and not self.cache.on_node(e.digest, e.size):
                 seen.add(e.digest)
                 order.append(e)
         self._todo = []
