@@ -152,7 +152,9 @@ class Savings:
                         new[entry] = s  # type: ignore[assignment]  # not None here
         except (CasfsError, OSError) as e:
             self.counters.inc("compile_saved_errors")
-            log.warning("compile time saved: cannot read the figures of generation %d: %s",
+            # Counted, not warned: an estimate the job does not need, and whatever kept the
+            # generation from being read (a down root, a gc race) is said where it matters.
+            log.info("compile time saved: cannot read the figures of generation %d: %s",
                         seq, e)
         with self._lock:
             room = SAVINGS_CAP - len(self._seconds)

@@ -233,7 +233,9 @@ def test_dashboard_structure() -> None:
             exprs += 1
     assert exprs >= 20
     saved = [p for p in panels(dash) if "Compile time saved" in p["title"]]
-    assert saved and all("NOT MEASURED YET" in p["description"] for p in saved)
+    # Measured since the per-entry figures (manifest extra cs): the panels say it is an
+    # estimate and where it comes from.
+    assert saved and all("estimate" in p["description"] for p in saved)
 
 
 @pytest.mark.fuse
