@@ -36,6 +36,10 @@ def casfs_run(tmp: Path, node: str, family: str, *cmd: str, mode: str = "fuse",
     return json.loads(line), r.stderr
 
 
+# On a loaded machine (torch.compile beside the parallel suite) the first open of a
+# fresh S3 root can outlast its 3 s bound: the mount serves local state, reopens the
+# root, and the test's hit assertions still hold (seen once in a CI run at -n 3).
+@pytest.mark.expect_log(r"shared root unavailable, serving local state only: root-open:s3://")
 @pytest.mark.parametrize("where", ["posix", "s3"])
 def test_torch_compile_warm_on_a_fresh_node(
     tmp_path: Path, where: str, request: pytest.FixtureRequest
