@@ -27,6 +27,7 @@ _NAMES = frozenset({
     "HOME", "USER", "LOGNAME",  # ~/.aws, platformdirs' defaults
     "LANG", "LANGUAGE", "TZ", "TMPDIR",
     "PYTHONPATH",  # a casfs installed outside the interpreter's site-packages (tests, users)
+    "LD_LIBRARY_PATH",  # a libfuse3 outside the system's (a conda env): the caller's own
     "JOURNAL_STREAM", "INVOCATION_ID",  # logging straight to the journal under systemd
     "SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE",  # an S3 endpoint's CA
     "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "no_proxy",
