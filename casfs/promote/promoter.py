@@ -370,6 +370,11 @@ class Promoter:
                 self.progress()
 
     def _failed(self, e: OSError, res: RoundResult) -> None:
+        if e.errno == errno.ENOENT:
+            # Removed by the job between two steps (a quota refusal's cleanup, a compiler
+            # replacing its output): no failure; the next round's check forgets it.
+            log.info("promotion step: %s vanished meanwhile", e.filename or e)
+            return
         res.errors += 1
         res.last_error = str(e)
         self.counters.inc("promote_errors")
