@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from casfs.store.entry import Entry
+from casfs.util import beneath
 from casfs.util.counters import Counters
 from casfs.view import whiteout as wh
 from casfs.view.lower import DIR, LowerNode, LowerTree
@@ -179,6 +180,28 @@ class Layers:
         return path or "."
 
     # --- upper operations, relative to the upper's fd ------------------------------
+    def moved_above(self, path: str) -> bool:
+        """Whether an upper entry on the way to ``path`` is no directory (a symlink).
+
+        The calls here resolve ``path`` relative to the upper's fd, following its
+        directories: sound for a path the kernel just looked up (it never looks up
+        inside a symlink), not for one a handler held across an await (a copy-up),
+        while the job renamed a directory of it away and made a symlink of that
+        name. A handler checks this after its await, before using the path again.
+        """
+        parent = split(path)[0]
+        while parent:
+            try:
+                os.close(beneath.open_dir(self.fd, parent))
+                return False
+            except FileNotFoundError:
+                parent = split(parent)[0]  # not in the upper (yet): the part above that is
+            except OSError as e:
+                if e.errno in beneath.REFUSED:
+                    return True
+                raise
+        return False
+
     def lstat(self, path: str) -> os.stat_result:
         return os.stat(self.rel(path), dir_fd=self.fd, follow_symlinks=False)
 

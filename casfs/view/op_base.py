@@ -383,6 +383,14 @@ class OpsBase(pyfuse3.Operations):
         sname = name.decode(_FS_ENCODING, "surrogateescape")
         return f"{parent}/{sname}" if parent else sname
 
+    def _not_moved(self, *paths: str) -> None:
+        """ENOENT if a directory above any of ``paths`` was replaced by a symlink while the
+        handler awaited (a copy-up): root never acts through it (casfs.view.layers)."""
+        for path in paths:
+            if self.layers.moved_above(path):
+                log.info("%r moved while it was copied up: ENOENT", path)
+                raise err(errno.ENOENT)
+
     def _resolve(self, path: str) -> Node:
         node = self.layers.resolve(path)
         if node is None:

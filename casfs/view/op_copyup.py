@@ -133,8 +133,11 @@ class CopyUpOps(OpsBase):
         finally:
             if src is not None:
                 self.fetcher.unpin(entry.digest)
-        # From here on no await: nothing can change the path under us.
-        current = self.layers.resolve(node.path)
+        # From here on no await: nothing can change the path under us. Before, the job
+        # may have moved a directory of it away and put a symlink in its place: then
+        # the path names nothing of the job's (and root never acts through the link).
+        moved = self.layers.moved_above(node.path)
+        current = None if moved else self.layers.resolve(node.path)
         if current is None or current.upper is not None:
             os.unlink(tmp)
             if current is None:
@@ -157,6 +160,7 @@ class CopyUpOps(OpsBase):
 
     async def _copy_up_tree(self, node: Node) -> None:
         """Copy a merged directory and everything visible below it into upper."""
+        self._not_moved(join(node.path, "x"))  # (after a sibling's copy-up awaited)
         self.layers.ensure_upper_dir(node.path, self.dir_mode)
         for name, _ in self.layers.children(node):
             child = self.layers.resolve(join(node.path, name))

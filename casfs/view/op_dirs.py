@@ -70,6 +70,7 @@ class DirOps(CopyUpOps):
         if node.lower_file is not None:
             await self._copy_up(node)
             self._invalidate_entry(path)  # its long lower timeouts no longer hold
+            self._not_moved(path, new)
             node = self._resolve(path)
             self._prepare_new(new)  # the copy-up awaited: check the name again
         self.layers.link(path, new)
@@ -157,11 +158,13 @@ class DirOps(CopyUpOps):
         if src.is_dir:
             if src.has_lower_dir:
                 await self._copy_up_tree(src)
+                self._not_moved(old, new)  # it awaited: a directory above may be a link now
                 self.layers.make_opaque(old)
             elif self.layers.lower_lookup(new) is not None:
                 self.layers.make_opaque(old)  # must not merge with lower entries at ``new``
         elif src.lower_file is not None:
             await self._copy_up(src)
+            self._not_moved(old, new)
         if dst is not None and dst.is_dir and dst.upper is not None:
             self.layers.clear_markers(new)
         self.layers.ensure_upper_dir(split(new)[0], self.dir_mode)
