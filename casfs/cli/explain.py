@@ -4,75 +4,26 @@
 has generations and, if not (or anyway), the nearest namespaces of the same
 family and which ingredients differ (generation records carry the
 fingerprint they were published with). ``casfs run`` uses ``related`` for its
-one-line hint when it restored nothing, and ``run_report`` for ``--report``.
+one-line hint when it restored nothing.
+
+Then, per entry: the entries this namespace's jobs missed lately (its outcome
+records of the last ``--days``, their most-missed entries: casfs.store.outcomes)
+and where each exists among the family's other namespaces, with the
+ingredients that differ, or that none holds it (casfs.cli.misscause).
 """
 
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass, field
+import time
 from typing import Any
 
 from casfs import families
+from casfs.cli.nearest import NEAREST, Related, related
 from casfs.cli.output import emit_json
-from casfs.errors import CasfsError
-from casfs.fingerprint import Fingerprint, differences
+from casfs.fingerprint import Fingerprint
 
-NEAREST = 3
-
-
-@dataclass
-class Related:
-    namespace: str
-    seq: int | None
-    entries: int
-    differs: list[tuple[str, Any, Any]] = field(default_factory=list)
-    known: bool = True  # False: its records carry no ingredients (explicit namespace)
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"namespace": self.namespace, "seq": self.seq, "entries": self.entries,
-                "ingredients_known": self.known,
-                "differs": [{"ingredient": k, "here": a, "there": b}
-                            for k, a, b in self.differs]}
-
-    def describe(self) -> str:
-        if not self.known:
-            return f"{self.namespace} (no ingredients recorded)"
-        what = ", ".join(f"{k} {a} here vs {b}" for k, a, b in self.differs) or "same ingredients"
-        return f"{self.namespace} ({self.entries} files): {what}"
-
-
-def related(gens: Any, fp: Fingerprint,
-            tenant: str | None = None) -> tuple[Related | None, list[Related]]:
-    """(this job's namespace if it has generations, the nearest others of its family).
-
-    ``tenant``: only that tenant's namespaces (and legacy ones without a tenant).
-    """
-    from casfs.tenants import split_store_namespace
-
-    mine: Related | None = None
-    others: list[Related] = []
-    for ns in gens.namespaces():
-        owner, bare = split_store_namespace(ns)
-        if bare.rsplit("-", 1)[0] != fp.family or (
-                tenant is not None and owner not in (None, tenant)):
-            continue
-        try:
-            rec = gens.latest(ns)
-        except CasfsError:
-            continue
-        if rec is None:
-            continue
-        ingredients = {k: v for k, v in (rec.fingerprint or {}).items()
-                       if k in families.get(fp.family).ingredients}
-        r = Related(ns, rec.seq, rec.entries, differences(fp.ingredients, ingredients),
-                    known=bool(ingredients))
-        if bare == fp.namespace:
-            mine = r
-        else:
-            others.append(r)
-    others.sort(key=lambda r: (not r.known, len(r.differs), -(r.seq or 0)))
-    return mine, others[:NEAREST]
+__all__ = ["NEAREST", "Related", "cmd_explain", "hint", "register", "related"]
 
 
 def hint(gens: Any, fp: Fingerprint, tenant: str | None = None) -> str | None:
@@ -85,19 +36,31 @@ def hint(gens: Any, fp: Fingerprint, tenant: str | None = None) -> str | None:
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
+    from casfs.cli.misscause import causes
     from casfs.cli.store_cmds import open_root
     from casfs.fingerprint import fingerprint, job_env
+    from casfs.node.tenant import load_tenants, own_tenant
+    from casfs.store import outcomes
+    from casfs.util.defaults import default_state_dir
 
     names = [families.check(f.strip()) for f in args.family.split(",") if f.strip()]
     job = job_env(python=args.python)
-    gens = open_root().generations()
+    root = open_root()
+    gens = root.generations()
+    tenant = own_tenant(load_tenants())
     out = []
     for name in names:
         fp = fingerprint(name, job)
         mine, others = related(gens, fp)
+        # The misses of this job's namespace lately, by entry (its outcome records).
+        recent = outcomes.read(root.backend, tenant.store_namespace(fp.namespace),
+                               since=time.time() - args.days * 86400).missed
+        mc = causes(gens, fp, [e for e, _ in recent.most_common()], tenant=tenant.id,
+                    state_dir=default_state_dir().absolute())
         out.append({"family": name, "namespace": fp.namespace,
                     "published": mine.as_dict() if mine else None,
-                    "nearest": [r.as_dict() for r in others]})
+                    "nearest": [r.as_dict() for r in others],
+                    "miss_causes": mc.as_dict() if mc.missed else None})
         if args.json:
             continue
         if mine is not None:
@@ -108,6 +71,13 @@ def cmd_explain(args: argparse.Namespace) -> int:
             print(f"  nearest: {r.describe()}")
         if mine is None and not others:
             print(f"  no namespace of family {name} in this root")
+        line = mc.line(whose="the", when=f" of the last {args.days:g} days")
+        if line is not None:
+            print(f"  misses: {line.partition(': ')[2]}")
+            for h in mc.held:
+                print(f"    {len(h.entries)} in {h.describe()}: e.g. {', '.join(h.entries[:3])}")
+            if mc.nowhere:
+                print(f"    {len(mc.nowhere)} in no namespace: e.g. {', '.join(mc.nowhere[:3])}")
     if args.json:
         emit_json({"interpreter": job.interpreter, "families": out})
     return 0
@@ -119,5 +89,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--family", default=",".join(families.default_run()),
                    help=f"comma list of {', '.join(families.names())}")
     p.add_argument("--python", metavar="PATH", help="the job's interpreter")
+    p.add_argument("--days", type=float, default=7.0, metavar="N",
+                   help="the misses of the namespace's last N days (outcome records) to"
+                        " look for in the family's other namespaces (default 7)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_explain)

@@ -179,11 +179,15 @@ def cmd_run(args: argparse.Namespace) -> int:
             print(f"casfs: not used by this job: {', '.join(idle)}", file=sys.stderr)
         for line in summary.miss_hints(jc.caches, stats):
             print(f"casfs: {line}", file=sys.stderr)
+        causes = summary.miss_causes(jc.caches, stats)
+        for mc in causes.values():
+            if (line := mc.line()) is not None:
+                print(f"casfs: {line}", file=sys.stderr)
         if args.report:
             summary.write_report(
                 Path(args.report), cmd, rc, jc.caches, stats,
                 {"setup_s": job_started - started, "job_s": job_ended - job_started,
-                 "publish_s": time.time() - job_ended}, jc.private is not None)
+                 "publish_s": time.time() - job_ended}, jc.private is not None, causes)
         jc.cleanup()
     return rc if rc >= 0 else 128 - rc
 

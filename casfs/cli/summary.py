@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from casfs.errors import CasfsError
-from casfs.util.defaults import default_root
+from casfs.util.defaults import default_root, default_state_dir
 
 
 def summary_line(family: str, st: dict[str, Any] | None) -> str:
@@ -107,9 +107,40 @@ def miss_hints(caches: list[dict[str, Any]],
     return [line for line in out if line]
 
 
+def miss_causes(caches: list[dict[str, Any]],
+                stats: list[tuple[str, dict[str, Any] | None]]) -> dict[str, Any]:
+    """Per family whose mount named missed entries: where they exist among the family's
+    other namespaces, or that none holds them (casfs.cli.misscause.MissCauses)."""
+    from casfs.cli.misscause import causes
+    from casfs.fingerprint import Fingerprint
+    from casfs.node.tenant import load_tenants, own_tenant
+    from casfs.store.root import SharedRoot
+
+    todo = [(c, st) for c, (_, st) in zip(caches, stats, strict=False)
+            if st is not None and st.get("missed_entries") and c.get("ingredients")]
+    if not todo:
+        return {}
+    out: dict[str, Any] = {}
+    try:
+        gens = SharedRoot.open(default_root()).generations()
+        tenant = own_tenant(load_tenants()).id
+    except (CasfsError, OSError):
+        return out  # a courtesy, like the hints: never a failure of the run
+    for c, st in todo:
+        try:
+            out[c["family"]] = causes(
+                gens, Fingerprint(c["family"], c["ingredients"]),
+                [str(n) for n in st["missed_entries"]], tenant=tenant,
+                state_dir=default_state_dir().absolute(),
+                total=st.get("counters", {}).get("entries_missed"))
+        except (CasfsError, OSError):
+            continue
+    return out
+
+
 def write_report(path: Path, cmd: list[str], rc: int, caches: list[dict[str, Any]],
                   stats: list[tuple[str, dict[str, Any] | None]], timings: dict[str, float],
-                  private: bool) -> None:
+                  private: bool, causes: dict[str, Any] | None = None) -> None:
     """``casfs run --report FILE``: the job's outcome per family, for a launcher to collect."""
     import json
     import socket
@@ -144,6 +175,9 @@ def write_report(path: Path, cmd: list[str], rc: int, caches: list[dict[str, Any
             "entries_missed": cnt.get("entries_missed", 0),
             "entries_hit_untimed": cnt.get("entries_hit_untimed", 0),
             "compile_s_saved": round(cnt.get("compile_ms_saved", 0) / 1000, 3),
+            # where the missed entries exist: other namespaces of the family, or none
+            "miss_causes": (causes[fam].as_dict()
+                            if causes is not None and fam in causes else None),
         })
     doc = {"casfs_run_report": 1, "host": socket.gethostname(), "command": cmd,
            "exit_status": rc, "time": time.time(),

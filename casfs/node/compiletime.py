@@ -16,6 +16,10 @@ and ``compile_ms_saved`` by the entry's ``cs`` if its rows carry one
 generation's manifests, read once per mount in a thread (later generations:
 only their new parts); hits before that are credited when it is done.
 
+*Names* (``MissClock.named``): the first ``NAMED_CAP`` entries the mount's jobs
+missed, in order, for the final stats: ``casfs run`` says which other namespace
+of the family holds them (casfs.cli.misscause).
+
 Both are estimates: docs/format.md ("cs") says what each view mode lacks.
 """
 
@@ -42,6 +46,7 @@ CAP = 65536  # entries missed and not yet published, kept per namespace
 SAVINGS_CAP = 400_000  # timed entries known per namespace (a manifest's bound)
 WAITING_CAP = 65536  # hits waiting for the figures to load
 MISSED_TOP = 50  # most-missed entries an outcome record names
+NAMED_CAP = 4096  # entries missed by the mount's jobs, by name, for the final stats
 
 
 class MissClock:
@@ -52,6 +57,8 @@ class MissClock:
         self._lock = threading.Lock()
         # Entries missed since the last outcome record, with how many lookups missed.
         self.missed_counts: Counter[str] = Counter()
+        # Every entry missed since the mount started, first misses first (bounded).
+        self._named: dict[str, None] = {}
 
     def missed(self, path: str) -> None:
         """A lookup of ``path`` found nothing (the view's thread: cheap)."""
@@ -61,12 +68,19 @@ class MissClock:
         with self._lock:
             if len(self.missed_counts) < CAP or entry in self.missed_counts:
                 self.missed_counts[entry] += 1
+            if len(self._named) < NAMED_CAP:
+                self._named[entry] = None
             if entry in self._first:
                 return
             self._first[entry] = time.time_ns()
             if len(self._first) > CAP:
                 self._first.popitem(last=False)
         self.counters.inc("entries_missed")
+
+    def named(self) -> list[str]:
+        """The entries missed since the mount started (the first NAMED_CAP), in order."""
+        with self._lock:
+            return list(self._named)
 
     def first_misses(self) -> dict[str, int]:
         with self._lock:

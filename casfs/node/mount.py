@@ -286,7 +286,9 @@ class MountService:
         }
 
     def final_stats(self) -> dict[str, Any]:
-        return self.status()
+        """``status`` and the entries the mount's jobs missed, by name (bounded:
+        casfs.node.compiletime.NAMED_CAP), for the summary's miss causes."""
+        return {**self.status(), "missed_entries": self.miss_clock.named()}
 
     async def handle(self, req: dict[str, Any]) -> dict[str, Any]:
         """A control-socket request (casfs status/stats/publish/refresh)."""
