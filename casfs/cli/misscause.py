@@ -29,6 +29,7 @@ from casfs.fingerprint import Fingerprint
 from casfs.index.entrynames import EntryNameIndex
 
 MAX_NAMESPACES = 16  # namespaces of the family looked in, nearest first
+BUDGET_S = 10.0  # no namespace is read past this (a cold node's first manifests)
 SHOWN = 3  # namespaces named in the summary line
 EXAMPLES = 5  # entry names given per namespace (and for "nowhere") in --report / --json
 
@@ -76,8 +77,8 @@ class MissCauses:
 
     def _nowhere_where(self) -> str:
         if self.checked < self.namespaces or self.unreadable:
-            return (f"in none of the {self.checked - self.unreadable} nearest namespaces of"
-                    f" {self.namespaces} read")
+            return (f"in none of the {self.checked - self.unreadable} namespaces read"
+                    f" (of {self.namespaces})")
         return "in no other namespace of this root"
 
     def line(self, whose: str = "this job's", when: str = "") -> str | None:
@@ -111,8 +112,10 @@ def entry_index(gens: Any, family: str, state_dir: Path | None) -> EntryNameInde
 
 
 def causes(gens: Any, fp: Fingerprint, missed: list[str], *, tenant: str | None,
-           state_dir: Path | None, total: int | None = None) -> MissCauses:
-    """Where each of ``missed`` (entry names) exists among the family's other namespaces."""
+           state_dir: Path | None, total: int | None = None,
+           budget_s: float = BUDGET_S) -> MissCauses:
+    """Where each of ``missed`` (entry names) exists among the family's other namespaces,
+    the nearest first; none is read once ``budget_s`` seconds have passed."""
     t0 = time.monotonic()
     names = list(dict.fromkeys(missed))
     out = MissCauses(fp.family, len(names), max(total or 0, len(names)))
@@ -123,6 +126,8 @@ def causes(gens: Any, fp: Fingerprint, missed: list[str], *, tenant: str | None,
     index = entry_index(gens, fp.family, state_dir)
     holding: list[tuple[Related, set[str]]] = []
     for r in others[:MAX_NAMESPACES]:
+        if time.monotonic() - t0 > budget_s:
+            break
         out.checked += 1
         try:
             held = set(index.names(r.record).holding(names))

@@ -100,14 +100,14 @@ class EntryNameIndex:
         return self._store(rec, digests, _sorted_unique(self._hashes(rec.parts)))
 
     def _hashes(self, parts: Iterable[Any]) -> list[int]:
-        out: set[int] = set()
+        names: set[str] = set()
         for part in parts:
             self.parts_read += 1
             for e in self.gens.part_entries(part):
                 entry = self.entry_of(e.path)
-                if entry is not None and len(out) < MAX_NAMES:
-                    out.add(name_hash(entry))
-        return list(out)
+                if entry is not None and len(names) < MAX_NAMES:
+                    names.add(entry)
+        return [name_hash(n) for n in names]
 
     # --- the cache file ----------------------------------------------------------------
     def _path(self, ns: str) -> Path | None:

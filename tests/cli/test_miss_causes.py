@@ -93,6 +93,24 @@ def test_misses_are_given_to_the_namespaces_holding_them(three: dict[str, Any],
         "triton: this job's 1 missed entry was compiled in no other namespace of this root")
 
 
+def test_bounded_namespaces_and_time(three: dict[str, Any],
+                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Only the nearest MAX_NAMESPACES are read, none past the time budget; the line
+    says a miss is in none of those read, not in none at all."""
+    from casfs.cli import misscause
+
+    gens = three["root"].generations()
+    monkeypatch.setattr(misscause, "MAX_NAMESPACES", 1)
+    mc = causes(gens, three["mine"], [K[4]], tenant=None, state_dir=None)
+    assert (mc.checked, mc.namespaces, mc.nowhere) == (1, 2, [K[4]])
+    assert mc.line() == ("triton: this job's 1 missed entry was compiled in none of the"
+                         " 1 namespaces read (of 2)")
+    monkeypatch.setattr(misscause, "MAX_NAMESPACES", 16)
+    mc = causes(gens, three["mine"], [K[4]], tenant=None, state_dir=None, budget_s=-1)
+    assert (mc.checked, mc.parts_read) == (0, 0) and "none of the 0 namespaces read" in str(
+        mc.line())
+
+
 def test_a_damaged_or_foreign_cache_file_is_read_over(three: dict[str, Any],
                                                       tmp_path: Path) -> None:
     gens = three["root"].generations()
