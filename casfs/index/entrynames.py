@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from casfs.store.generations import GenerationStore, Record
+from casfs.store.generations import NS_RE, GenerationStore, Record
 from casfs.util.atomic import write_atomic
 
 log = logging.getLogger(__name__)
@@ -111,7 +111,8 @@ class EntryNameIndex:
 
     # --- the cache file ----------------------------------------------------------------
     def _path(self, ns: str) -> Path | None:
-        return self.cache_dir / ns if self.cache_dir is not None else None
+        # A name from the root: a file name only if it is a namespace's (no "/", no ".").
+        return self.cache_dir / ns if self.cache_dir is not None and NS_RE.match(ns) else None
 
     def _load(self, ns: str) -> tuple[dict[str, Any], array[int]] | None:
         path = self._path(ns)
