@@ -113,6 +113,7 @@ def miss_causes(caches: list[dict[str, Any]],
     other namespaces, or that none holds them (casfs.cli.misscause.MissCauses)."""
     from casfs.cli.misscause import causes
     from casfs.fingerprint import Fingerprint
+    from casfs.node.compiletime import NAMED_CAP
     from casfs.node.tenant import load_tenants, own_tenant
     from casfs.store.root import SharedRoot
 
@@ -127,12 +128,14 @@ def miss_causes(caches: list[dict[str, Any]],
     except (CasfsError, OSError):
         return out  # a courtesy, like the hints: never a failure of the run
     for c, st in todo:
+        named = [str(n) for n in st["missed_entries"]]
         try:
             out[c["family"]] = causes(
-                gens, Fingerprint(c["family"], c["ingredients"]),
-                [str(n) for n in st["missed_entries"]], tenant=tenant,
+                gens, Fingerprint(c["family"], c["ingredients"]), named, tenant=tenant,
                 state_dir=default_state_dir().absolute(),
-                total=st.get("counters", {}).get("entries_missed"))
+                # past the cap, the count says how many went unnamed
+                total=(st.get("counters", {}).get("entries_missed")
+                       if len(named) >= NAMED_CAP else None))
         except (CasfsError, OSError):
             continue
     return out

@@ -111,6 +111,15 @@ def test_bounded_namespaces_and_time(three: dict[str, Any],
         mc.line())
 
 
+def test_past_the_name_cap_the_line_says_how_many_went_unnamed() -> None:
+    from casfs.cli.misscause import MissCauses
+
+    mc = MissCauses("triton", NAMED_CAP, NAMED_CAP + 904, nowhere=["x"] * NAMED_CAP,
+                    checked=2, namespaces=2)
+    assert mc.line() == (f"triton: the first {NAMED_CAP} of this job's {NAMED_CAP + 904}"
+                         " missed entries were compiled in no other namespace of this root")
+
+
 def test_a_damaged_or_foreign_cache_file_is_read_over(three: dict[str, Any],
                                                       tmp_path: Path) -> None:
     gens = three["root"].generations()
