@@ -9,6 +9,12 @@ dead workers, refresh ``STATUS=``, ping systemd's watchdog while the supervision
 loop turns); on SIGHUP (``systemctl reload``) reload the configuration file and
 apply what changed (``Daemon.reload``); on SIGTERM or SIGINT send ``STOPPING=1``,
 stop every worker (final publication, unmount) and exit 0.
+
+Restarts never reach jobs (casfs.node.lifeline): on SIGUSR2 casfsd re-executes
+itself (the release now installed), and on the SIGTERM of a ``systemctl
+restart`` it exits; either way its mount processes serve on, and the new casfsd
+adopts them at start, handing over those that run another build or
+configuration (``Supervisor.replace_outdated``).
 """
 
 from __future__ import annotations
@@ -38,6 +44,9 @@ from casfs.node import logfmt
 log = logging.getLogger(__name__)
 
 PROG = "casfsd"
+# How long a mount process serves on without casfsd, for the next one to adopt it:
+# longer than systemd's RestartSec (5 s) plus a start.
+ADOPT_GRACE = 60.0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -110,6 +119,7 @@ class Daemon:
         self.notifier = notifier or Notifier.from_environment()
         self.stop_requested = threading.Event()
         self.reload_requested = threading.Event()
+        self.reexec_requested = False  # SIGUSR2: run the release now installed, jobs untouched
         self._load = load or (lambda: dconfig.load(cfg.source))
         from casfs.node import standby
 
@@ -117,14 +127,28 @@ class Daemon:
         self.jobs = JobsSocket(cfg.tenants, cfg.jobs, self._forward)
         self.supervisor = Supervisor(cfg, _spawn, spawn_options={
             "log_to_stderr": True, "log_format": fmt,
-            "log_level": cfg.log_level, "die_with_parent": True,
-        }, standby=lambda: standby.start(log_format=fmt, log_level=self.cfg.log_level),
-            handover=True)  # planned restarts hand over (casfs.node.handover)
+            "log_level": cfg.log_level, "die_with_parent": True, "adopt_grace": ADOPT_GRACE,
+        }, standby=lambda: standby.start(log_format=fmt, log_level=self.cfg.log_level,
+                                         adopt_grace=ADOPT_GRACE),
+            handover=True,  # planned restarts hand over (casfs.node.handover)
+            adopt=True)  # a restarted casfsd adopts the running mount processes
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         if not self.stop_requested.is_set():
             log.info("%s: stopping", signal.Signals(signum).name)
         self.stop_requested.set()
+
+    def _on_usr2(self, signum: int, frame: FrameType | None) -> None:
+        if not self.stop_requested.is_set():
+            log.info("SIGUSR2: re-executing casfsd; the mounts serve on")
+            self.reexec_requested = True
+        self.stop_requested.set()
+
+    def _handing_on(self) -> bool:
+        """This exit is a restart (USR2, or systemd's restart job): leave the mounts."""
+        from casfs.daemon import sdjob
+
+        return self.reexec_requested or sdjob.restart_pending()
 
     def _on_hup(self, signum: int, frame: FrameType | None) -> None:
         self.reload_requested.set()  # the supervision loop reloads (Daemon.reload)
@@ -234,6 +258,7 @@ class Daemon:
         for s in (signal.SIGTERM, signal.SIGINT):
             signal.signal(s, self._on_signal)
         signal.signal(signal.SIGHUP, self._on_hup)
+        signal.signal(signal.SIGUSR2, self._on_usr2)
         # FUSE (/dev/fuse, the 'fuse' extra's pyfuse3) only where a mount needs it: a node
         # whose mounts are all dir mode, with no on-demand mount process, runs without.
         if _needs_fuse(self.cfg):
@@ -265,6 +290,9 @@ class Daemon:
             threading.Thread(target=self._retention_loop, name="retention",
                              daemon=True).start()
             sup.start()
+            if sup.replace_outdated():  # adopted from a casfsd of another build or config
+                log.info("adopted mount processes replaced: every mount runs casfs %s",
+                         __version__)
             sup.refill_standby()  # ready for the first restart
             if not self.stop_requested.is_set():
                 sup.refresh_status()
@@ -278,6 +306,12 @@ class Daemon:
                     threading.Thread(target=self._watchdog_loop, args=(wd,), name="watchdog",
                                      daemon=True).start()
                 sup.run(self.stop_requested, on_status=self.notifier.status, tick=self._tick)
+            if self._handing_on():
+                self.notifier.reloading("restarting: the mounts serve on")
+                n = sup.leave()
+                log.info("exiting for a restart: %d mount processes serve on for the next"
+                         " casfsd to adopt", n)
+                return 0
             self.notifier.stopping("stopping: final publication, then unmount")
             sup.stop()
             log.info("stopped")
@@ -354,10 +388,24 @@ def main(argv: Sequence[str] | None = None) -> int:
               f" state dir {cfg.state_dir}")
         return 0
     try:
-        return Daemon(cfg, load=lambda: dconfig.load(cfg.source, ov)).run()
+        daemon = Daemon(cfg, load=lambda: dconfig.load(cfg.source, ov))
+        rc = daemon.run()
     except CasfsError as e:
         _say_error(e.message, cfg.log_format)
         return e.exit_code
+    if daemon.reexec_requested:
+        reexec(daemon.notifier)
+    return rc
+
+
+def reexec(notifier: Notifier) -> None:
+    """Become the casfsd now installed: the same interpreter and command line, the same
+    pid (systemd's main process still; the systemd variables put back)."""
+    notifier.restore_environment()
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(sys.executable, sys.orig_argv)
 
 
 if __name__ == "__main__":

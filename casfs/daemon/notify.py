@@ -45,6 +45,7 @@ class Notifier:
     def __init__(self, address: str | None, watchdog: float | None = None) -> None:
         self._addr: str | bytes | None = None
         self._sock: socket.socket | None = None
+        self.taken: dict[str, str] = {}  # the variables from_environment took
         # seconds: systemd restarts the daemon if no WATCHDOG=1 comes for this long
         self.watchdog_interval = watchdog if address else None
         if not address:
@@ -63,7 +64,16 @@ class Notifier:
         """Take NOTIFY_SOCKET (and the watchdog's variables) out of the environment: the
         mount workers must not notify."""
         usec, pid = os.environ.pop(WATCHDOG_USEC, None), os.environ.pop(WATCHDOG_PID, None)
-        return cls(os.environ.pop(ENV, None), watchdog=_watchdog_seconds(usec, pid))
+        addr = os.environ.pop(ENV, None)
+        n = cls(addr, watchdog=_watchdog_seconds(usec, pid))
+        n.taken = {k: v for k, v in ((ENV, addr), (WATCHDOG_USEC, usec), (WATCHDOG_PID, pid))
+                   if v is not None}
+        return n
+
+    def restore_environment(self) -> None:
+        """Put back what ``from_environment`` took: casfsd re-executes itself (the same
+        pid, still systemd's main process)."""
+        os.environ.update(self.taken)
 
     @property
     def enabled(self) -> bool:

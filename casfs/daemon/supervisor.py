@@ -16,8 +16,14 @@ serves. The supervisor runs in the daemon's main thread:
   ``shutdown_timeout``), unmounts and exits; a worker that overruns is killed
   and its mount detached.
 
-Workers hold a lifeline pipe to the supervisor, so if the supervisor itself is
-killed they still publish and unmount instead of serving orphaned.
+Workers hold a lifeline pipe to the supervisor. casfsd's (``adopt``) serve on
+when it closes, for the next casfsd to adopt them (casfs.node.lifeline): at
+``start`` each configured mount's running process is adopted, not started
+again, and ``replace_outdated`` then hands over those whose configuration or
+casfs build differs; ``leave`` is the stop that leaves every process serving
+(casfsd re-executing itself, or restarted by systemd). A process nobody adopts
+in time publishes and unmounts by itself, as one whose supervisor was killed
+always did.
 
 ``reconfigure`` applies a reloaded configuration's mounts (SIGHUP, ``systemctl
 reload``): a mount no longer configured is stopped like at ``stop``, a new one
@@ -80,6 +86,7 @@ class Slot:
     last_exit: str | None = None
     last_status: dict[str, Any] | None = None
     last_final: dict[str, Any] | None = field(default=None, repr=False)
+    outdated: bool = False  # adopted, but to be replaced (another config or build)
 
     @property
     def pid(self) -> int | None:
@@ -89,9 +96,11 @@ class Slot:
 class Supervisor:
     def __init__(self, cfg: DaemonConfig, spawn: SpawnFn, *,
                  spawn_options: dict[str, Any] | None = None,
-                 standby: Callable[[], Any] | None = None, handover: bool = False) -> None:
+                 standby: Callable[[], Any] | None = None, handover: bool = False,
+                 adopt: bool = False) -> None:
         self.cfg = cfg
         self.handover = handover  # planned restarts stack the new process (casfs.node.handover)
+        self.adopt = adopt  # start adopts running mount processes (casfs.node.adopted)
         self.draining: list[Worker] = []  # replaced processes serving what jobs still hold
         self.slots = [Slot(mc) for mc in cfg.mount_configs()]
         host = cfg.host_config()
@@ -142,6 +151,17 @@ class Supervisor:
         from casfs.view.session import clear_stale_mount
 
         slot.state = "starting"
+        if self.adopt and not slot.restarts:
+            from casfs.node import adopted
+            from casfs.util.buildid import build_id
+
+            found = adopted.adopt(slot.cfg, slot.cfg.to_json(), build_id())
+            if found is not None:
+                with self._lock:
+                    slot.worker, slot.outdated = found
+                    slot.state = "up"
+                    slot.started = time.monotonic()
+                return
         clear_stale_mount(slot.cfg.mountpoint)
         w = self._from_standby(slot, ready_timeout) if slot.restarts else None
         if w is None:
@@ -152,6 +172,11 @@ class Supervisor:
             slot.started = time.monotonic()
         log.info("%s: mounted %s at %s (worker pid %d)", slot.cfg.name, slot.cfg.namespace,
                  slot.cfg.mountpoint, w.proc.pid)
+
+    def replace_outdated(self) -> list[str]:
+        """Hand over each adopted process that runs another configuration or casfs build
+        (casfs.node.handover): the release now installed serves every mount."""
+        return self.restart([s.cfg.name for s in self.slots if s.outdated])
 
     # --- the standby process --------------------------------------------------------
     def refill_standby(self) -> None:
@@ -260,7 +285,8 @@ class Supervisor:
 
         rc = w.proc.returncode
         w.release()
-        how = f"killed by signal {-rc}" if rc < 0 else f"exited with status {rc}"
+        how = (f"killed by signal {-rc}" if rc < 0 else f"exited with status {rc}"
+               if getattr(w.proc, "status_known", True) else "exited (adopted: status unknown)")
         with self._lock:
             slot.worker = None
             slot.state = "restarting"
@@ -294,6 +320,7 @@ class Supervisor:
                     log.error("%s: restart failed: %s", slot.cfg.name, e.message)
                     continue
             done.append(slot.cfg.name)
+            slot.outdated = False
         return done
 
     def _replace(self, slot: Slot, old: Worker, cfg: Any) -> None:
@@ -336,6 +363,14 @@ class Supervisor:
                 w.proc.pid, rc)
 
     # --- stop -------------------------------------------------------------------
+    def leave(self) -> int:
+        """Stop supervising, every mount process left serving for the next casfsd to
+        adopt (casfs.node.lifeline); the number left."""
+        self.stopping = True
+        self._drop_standby()
+        with self._lock:
+            return sum(1 for s in self.slots if s.worker is not None)
+
     def stop(self) -> None:
         """SIGTERM every worker at once; each publishes, unmounts and exits (bounded)."""
         self.stopping = True

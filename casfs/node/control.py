@@ -1,8 +1,8 @@
 """The local control socket of a running mount, and its client.
 
 Protocol: one JSON object per line each way. Request ``{"cmd": "status" |
-"stats" | "publish" | "refresh"}``; reply ``{"ok": true, ...}`` or
-``{"ok": false, "error": "..."}``. The socket lives in the node state dir's
+"stats" | "publish" | "refresh" | "adopt" (casfs.node.lifeline) | ...}``; reply
+``{"ok": true, ...}`` or ``{"ok": false, "error": "..."}``. The socket lives in the node state dir's
 ``run/`` (mode 0700 dir, 0600 socket: root's daemon, root's CLI), next to a
 ``<name>.json`` registry file naming the mount point, so ``casfs stats
 MOUNTPOINT`` can find it.
@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     import trio  # imported where used: the CLI asks mounts without loading trio
 
 from casfs.errors import DaemonStuckError, DaemonUnavailableError, UsageError
+from casfs.node import lifeline
 from casfs.util import atomic, unixpath
 
 log = logging.getLogger(__name__)
@@ -99,7 +100,10 @@ async def _serve_one(conn: trio.socket.SocketType, handler: Handler) -> None:
             if not isinstance(req, dict):
                 raise ValueError("request is not an object")
             req["_peer"] = peer_credentials(conn)  # set here only: a client cannot forge it
-            reply = await handler(req)
+            if req.get("cmd") == "adopt":  # the process's, whatever it serves
+                reply = lifeline.adopt(req)
+            else:
+                reply = await handler(req)
         except UsageError as e:  # refused: the client is told why and says so itself
             log.info("control request refused: %s", e)
             reply = {"ok": False, "error": str(e)}

@@ -51,7 +51,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from casfs.errors import CasfsError
-from casfs.node import control, guard
+from casfs.node import control, guard, lifeline
 from casfs.util import atomic
 from casfs.util.libc import libc
 
@@ -432,6 +432,7 @@ class Drain:
         except OSError as e:
             return {"ok": False, "handover_version": version, "error": str(e)}
         self.handing.stepped_aside = True
+        lifeline.detach()  # drains and exits by itself: casfsd's end no longer matters
         if self.nursery is not None:
             self.nursery.start_soon(self._keep_writers)
         writing = self.writing()

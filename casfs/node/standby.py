@@ -59,7 +59,7 @@ class Standby:
 
 
 def start(*, log_format: str | None = None, log_level: str | None = None,
-          die_with_parent: bool = True) -> Standby:
+          die_with_parent: bool = True, adopt_grace: float = 0.0) -> Standby:
     """Start a standby process that logs to this process's stderr."""
     go_r, go_w = os.pipe()
     ready_r, ready_w = os.pipe()
@@ -76,6 +76,8 @@ def start(*, log_format: str | None = None, log_level: str | None = None,
         log_opts += ["--log-format", log_format]
     if log_level:
         log_opts += ["--log-level", log_level]
+    if die_with_parent and adopt_grace > 0:
+        log_opts += ["--adopt-grace", f"{adopt_grace:g}"]
     try:
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, pass_fds=fds,
                                 start_new_session=True, cwd=CHILD_CWD, env=child_env())

@@ -16,10 +16,8 @@ import json
 import logging
 import os
 import resource
-import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -122,7 +120,7 @@ class Worker:
 def spawn(cfg: MountConfig, *, ready_timeout: float = 120.0, verbose: int = 0,
           log_to_stderr: bool = False, log_format: str | None = None,
           log_level: str | None = None, die_with_parent: bool = False,
-          replace: bool = False) -> Worker:
+          adopt_grace: float = 0.0, replace: bool = False) -> Worker:
     """Start a mount process and wait until it serves; CasfsError with its reason if not.
 
     ``replace``: the new process takes the mount point over from the one serving it
@@ -133,7 +131,9 @@ def spawn(cfg: MountConfig, *, ready_timeout: float = 120.0, verbose: int = 0,
     makes it inherit the caller's stderr instead (casfsd: the journal), in
     ``log_format`` at ``log_level``. ``die_with_parent``: the worker shuts down
     cleanly (final publication, unmount) when the caller's process ends, even
-    by SIGKILL, through an inherited pipe whose write end only the caller holds.
+    by SIGKILL, through an inherited pipe whose write end only the caller holds;
+    with ``adopt_grace`` it serves on that long first, for the next casfsd to adopt
+    it (casfs.node.lifeline).
     """
     if cfg.mode in ("fuse", "overlay"):
         check_fuse()
@@ -142,7 +142,7 @@ def spawn(cfg: MountConfig, *, ready_timeout: float = 120.0, verbose: int = 0,
         "casfs.node.worker", cfg, config_to_json(cfg), where=f"mount {cfg.name} at",
         ready_timeout=ready_timeout + cfg.wait_warm, verbose=verbose,
         log_to_stderr=log_to_stderr, log_format=log_format, log_level=log_level,
-        die_with_parent=die_with_parent, replace=replace)
+        die_with_parent=die_with_parent, adopt_grace=adopt_grace, replace=replace)
 
 
 def replace(old: Worker, spawn_fn: Callable[..., Worker] | None = None,
@@ -189,7 +189,8 @@ def check_paths(cfg: Any) -> None:
 def start_process(module: str, cfg: Any, cfg_json: str, *, where: str,
                   ready_timeout: float = 120.0, verbose: int = 0, log_to_stderr: bool = False,
                   log_format: str | None = None, log_level: str | None = None,
-                  die_with_parent: bool = False, replace: bool = False) -> Worker:
+                  die_with_parent: bool = False, adopt_grace: float = 0.0,
+                  replace: bool = False) -> Worker:
     """Run ``python -m module`` with ``cfg_json`` and wait for its READY line.
 
     The one way casfs starts a mount process (a single mount, or the node's
@@ -223,6 +224,8 @@ def start_process(module: str, cfg: Any, cfg_json: str, *, where: str,
         life_r, life_w = os.pipe()
         pass_fds.append(life_r)
         cmd += ["--lifeline-fd", str(life_r)]
+        if adopt_grace > 0:
+            cmd += ["--adopt-grace", f"{adopt_grace:g}"]
     try:
         with open(log_path, "ab") if log_path else contextlib.nullcontext() as logf:
             out: Any = logf if logf is not None else sys.stderr.fileno()
@@ -288,19 +291,6 @@ def _last_log_line(path: Path) -> str:
     except OSError:
         return ""
     return lines[-1] if lines else ""
-
-
-def _watch_lifeline(fd: int) -> None:
-    """SIGTERM ourselves (clean shutdown) once the parent's end of ``fd`` closes."""
-
-    def watch() -> None:
-        with contextlib.suppress(OSError):
-            while os.read(fd, 64):
-                pass
-        log.warning("the parent process is gone: shutting down")
-        os.kill(os.getpid(), signal.SIGTERM)
-
-    threading.Thread(target=watch, name="lifeline", daemon=True).start()
 
 
 def _failed(e: CasfsError | OSError, tell: Callable[[str], None]) -> int:
@@ -371,16 +361,26 @@ def run_child(prog: str, argv: list[str] | None, load: Callable[[str], Any],
     ap.add_argument("--log-level", choices=sorted(logfmt.LEVELS))
     ap.add_argument("--lifeline-fd", type=int,
                     help="shut down when this pipe's write end closes (the parent died)")
+    ap.add_argument("--adopt-grace", type=float, default=0.0,
+                    help="when the lifeline closes, serve on this many seconds for a new"
+                         " casfsd to adopt this process (casfs.node.lifeline)")
     ap.add_argument("--replace", action="store_true",
                     help="take the mount point over from the process serving it (handover)")
     args = ap.parse_args(argv)
-    cfg = load(read_config(args.config_fd, args.config_json))
+    cfg_text = read_config(args.config_fd, args.config_json)
+    cfg = load(cfg_text)
     level = (logfmt.LEVELS[args.log_level] if args.log_level
              else logging.DEBUG if args.verbose > 1 else logging.INFO)
     tag = f"[{cfg.name}] " if args.log_format == logfmt.JOURNAL else ""
     logfmt.setup(level, args.log_format, tag=tag)
     if args.lifeline_fd is not None:
-        _watch_lifeline(args.lifeline_fd)
+        from casfs import __version__
+        from casfs.node import lifeline
+        from casfs.util.buildid import build_id
+
+        lifeline.watch(args.lifeline_fd, args.adopt_grace, {
+            "config": cfg_text, "stats_out": args.stats_out, "version": __version__,
+            "build": build_id() if args.adopt_grace > 0 else None})
     lift_fd_limit()  # before anything sizes a bound from it (idle fds, memfds)
 
     def tell(msg: str) -> None:
@@ -415,7 +415,8 @@ def run_child(prog: str, argv: list[str] | None, load: Callable[[str], Any],
 
 def spawn_host(cfg: HostConfig, *, ready_timeout: float = 120.0, log_to_stderr: bool = False,
                log_format: str | None = None, log_level: str | None = None,
-               die_with_parent: bool = False, verbose: int = 0, replace: bool = False) -> Worker:
+               die_with_parent: bool = False, adopt_grace: float = 0.0, verbose: int = 0,
+               replace: bool = False) -> Worker:
     """Start the node's mount process (casfs.node.host); a Worker once it serves.
 
     ``replace``: not yet for the node's mount process (docs/reliability.md, "Planned
@@ -430,7 +431,8 @@ def spawn_host(cfg: HostConfig, *, ready_timeout: float = 120.0, log_to_stderr: 
     return start_process(
         "casfs.node.host", cfg, cfg.to_json(), where="the mount process at",
         ready_timeout=ready_timeout, verbose=verbose, log_to_stderr=log_to_stderr,
-        log_format=log_format, log_level=log_level, die_with_parent=die_with_parent)
+        log_format=log_format, log_level=log_level, die_with_parent=die_with_parent,
+        adopt_grace=adopt_grace)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -53,7 +53,7 @@ def test_unit_keeps_what_casfsd_needs() -> None:
     s = unit_settings()
     assert s["Type"] == "notify"
     assert s["ExecStart"] == "/usr/local/bin/casfsd --config /etc/casfs/casfs.toml"
-    assert s["KillMode"] == "mixed"
+    assert s["KillMode"] == "process"  # mount processes outlive a restart: adopted
     assert s["Restart"] == "on-failure"
     assert "ExecStop" not in s
     assert s["DeviceAllow"] == "/dev/fuse rw"

@@ -16,6 +16,9 @@ its own network (loopback only). The host needs no systemd: nspawn runs with
   publish_interval is an hour: ``systemctl stop`` publishes both;
 - ``systemctl reload`` applies an added mount and a log level, the unchanged mount
   keeps its worker; a bad file is refused in one ERROR line, casfsd serves on;
+- ``systemctl restart`` and ``kill -9`` of casfsd under a running job (held fds, an
+  mmap, its cwd in the mount): the new casfsd adopts the mount processes, the job sees
+  nothing (casfs.node.lifeline);
 - ``kill -9`` of casfsd: systemd restarts it (Restart=on-failure), and it serves;
 - ``journalctl -u casfsd -o json``: casfs's lines with PRIORITY of their levels;
 - the watchdog: pings arrive; a casfsd stopped with SIGSTOP is aborted and restarted.
@@ -377,6 +380,41 @@ def test_reload_applies_a_new_mount_and_log_level(box: Container) -> None:
     c.wait("casfsd active", lambda: c.show("ActiveState")["ActiveState"] == "active")
     assert main_pid(c) == pid and worker_pids(c) == after
     write_config(c, level="debug", extra=EXTRA_MOUNT)
+
+
+def test_restart_and_kill_of_casfsd_never_reach_a_job(box: Container) -> None:
+    from tests.node.test_handover import JOB
+
+    c = box
+    mp = "/run/casfs/kern"
+    (c.merged / "root" / "job.py").write_text(JOB)
+    c.sh(f"printf 'seed bytes\\n' > {mp}/seed.txt && mkdir -p {mp}/out && python3 -c"
+         f" \"open('{mp}/mapped.bin', 'wb').write(b'mapped' + bytes(8192))\"")
+    c.sh(f"rm -f /run/casfs/stop-job /root/job-report.json; setsid python3 /root/job.py {mp}"
+         " /root/job-report.json '' </dev/null >/root/job.out 2>&1 &")
+    time.sleep(1.0)
+    kern = worker_pids(c)["kern"]
+    pid = main_pid(c)
+    t0 = time.monotonic()
+    c.sh("systemctl restart casfsd")
+    TIMINGS["restart-under-job"] = time.monotonic() - t0
+    assert main_pid(c) != pid
+    assert worker_pids(c)["kern"] == kern  # adopted: the job's mount process serves on
+    pid = main_pid(c)
+    c.sh(f"kill -9 {pid}")
+    c.wait("systemd to restart casfsd", lambda: (
+        main_pid(c) not in (0, pid) and c.show("ActiveState")["ActiveState"] == "active"))
+    assert worker_pids(c)["kern"] == kern
+    time.sleep(1.0)
+    c.sh("touch /run/casfs/stop-job")
+    c.wait("the job's report", lambda: (c.merged / "root" / "job-report.json").exists()
+           and (c.merged / "root" / "job-report.json").stat().st_size > 0)
+    time.sleep(0.5)  # written in one go, closed at exit
+    report = json.loads((c.merged / "root" / "job-report.json").read_text())
+    assert report["errors"] == [] and report["slow"] == [], report
+    assert report["loops"] > 20, report
+    msgs = [e["MESSAGE"] for e in c.journal()]
+    assert any(f"adopted the running mount process pid {kern}" in m for m in msgs)
 
 
 def test_sigkill_restarts_casfsd_and_it_serves_again(box: Container) -> None:

@@ -1,0 +1,146 @@
+"""casfsd restarts that no job sees (casfs.node.lifeline, casfs.node.adopted).
+
+A job reads and writes through a casfsd mount in a loop, holding files open,
+a file mapped, a dlopened ``.so`` and its cwd in the mount (the job of
+tests/node/test_handover.py), while casfsd itself is killed with SIGKILL and
+started again, re-executed with SIGUSR2, and re-executed into a newer build of
+casfs. The mount processes serve on throughout: 0 errors, no operation over
+1 s, every file the job wrote published at the end. The same build is adopted
+as it is (the same mount process); a newer one is handed over to.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from waiting import wait_until
+
+from tests.daemon.conftest import Daemon
+from tests.node.test_handover import Job, _published
+
+pytestmark = [pytest.mark.fuse, pytest.mark.slow]
+
+REPO = Path(__file__).resolve().parents[2]
+OPTS = {"stable_after": 0.2, "publish_interval": 1.0, "refresh_interval": 3600.0}
+
+
+def _mount() -> list[dict[str, Any]]:
+    return [{"name": "m", "family": "generic", "namespace": "testns"}]
+
+
+def _worker(d: Daemon) -> int:
+    return int(next(m for m in d.status() if m["name"] == "m")["pid"])
+
+
+def _finish(d: Daemon, job: Job) -> None:
+    report = job.finish()
+    assert report["errors"] == [] and report["slow"] == [], report
+    assert report["loops"] > 10, report
+    assert d.terminate() == 0
+    pub = _published(d.root)
+    lost = [rel for rel, data in report["written"] if pub.get(rel) != data.encode()]
+    assert lost == [], f"{len(lost)} of {len(report['written'])}: {lost[:20]}"
+
+
+def _reexec(d: Daemon) -> None:
+    assert d.proc is not None and d.notify is not None
+    d.notify.messages.clear()
+    d.proc.send_signal(signal.SIGUSR2)
+    d.notify.wait_for("READY", "1", proc=d.proc)
+    assert d.notify.has("RELOADING", "1")  # systemd sees a reload, not a new main process
+
+
+def test_casfsd_killed_and_started_again_adopts_its_mount(
+        daemons: Callable[..., Daemon], tmp_path: Path) -> None:
+    d = daemons("a", _mount(), defaults=OPTS, node={"on_demand": False})
+    mp = d.mount_paths[0]
+    job = Job(mp, tmp_path)
+    try:
+        job.wait_loops()
+        pid = _worker(d)
+        assert d.proc is not None
+        d.proc.kill()  # casfsd only: its mount process serves on
+        d.proc.wait(30)
+        time.sleep(1.0)  # the job keeps going without any casfsd
+        assert os.path.exists(f"/proc/{pid}")
+        d.start()
+        assert _worker(d) == pid  # adopted, not started again
+        assert f"adopted the running mount process pid {pid}" in d.log()
+        time.sleep(0.5)
+    finally:
+        if job.proc.poll() is None:
+            _finish(d, job)
+    # stopped for real at the end: the mount is gone, its process too
+    wait_until(lambda: not os.path.exists(f"/proc/{pid}"), "the adopted process stopped")
+
+
+@pytest.mark.expect_log(r"worker pid \d+ killed by signal 9; restarting",
+                        r"clearing a dead mount at ", r"cleared the dead mount at ")
+def test_sigusr2_reexecutes_casfsd_and_the_mounts_serve_on(
+        daemons: Callable[..., Daemon], tmp_path: Path) -> None:
+    d = daemons("a", _mount(), defaults=OPTS, node={"on_demand": False})
+    job = Job(d.mount_paths[0], tmp_path)
+    try:
+        job.wait_loops()
+        pid = _worker(d)
+        assert d.proc is not None
+        for _ in range(3):
+            _reexec(d)
+            assert _worker(d) == pid
+        assert d.log().count("exiting for a restart: 1 mount processes serve on") == 3
+        report = job.finish()
+        assert report["errors"] == [] and report["slow"] == [], report
+    finally:
+        if job.proc.poll() is None:
+            job.stop_file.touch()
+            job.proc.wait(60)
+    # still supervised: a dead mount process is restarted by the re-executed casfsd
+    os.kill(pid, signal.SIGKILL)
+
+    def restarted() -> bool:
+        try:
+            return _worker(d) != pid
+        except AssertionError:  # between the two processes
+            return False
+
+    wait_until(restarted, "the mount process restarted", proc=d.proc)
+    assert d.terminate() == 0
+
+
+def test_sigusr2_into_a_newer_build_hands_every_mount_over(
+        daemons: Callable[..., Daemon], tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """casfsd and its mount processes run a copy of casfs; the copy is changed (an
+    upgrade installed in place); USR2: the new casfsd adopts the mount process, sees
+    another build, and hands the mount over to a process of the new build."""
+    site = tmp_path / "site"
+    shutil.copytree(REPO / "casfs", site / "casfs",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.setenv("PYTHONPATH", str(site))
+    d = daemons("a", _mount(), defaults=OPTS, node={"on_demand": False})
+    job = Job(d.mount_paths[0], tmp_path)
+    try:
+        job.wait_loops()
+        pid = _worker(d)
+        with open(site / "casfs" / "__init__.py", "a") as f:
+            f.write("\n# an upgrade\n")
+        _reexec(d)
+        new = _worker(d)
+        assert new != pid
+        log = d.log()
+        assert f"adopted the running mount process pid {pid}" in log
+        assert "replacing it: another casfs build" in log
+        assert f"took over {d.mount_paths[0]} from pid {pid}" in log
+        time.sleep(0.5)
+    finally:
+        if job.proc.poll() is None:
+            _finish(d, job)
+    # the replaced process drained (the job let go) and exited by itself
+    wait_until(lambda: not os.path.exists(f"/proc/{pid}"), "the replaced process exited")
