@@ -1,0 +1,638 @@
+"""A fleet start against a real SeaweedFS cluster (issue 23): N fresh nodes at once.
+
+Usage::
+
+    python -m bench.fleet [--nodes 1,4,16] [--kernels 600] [--rtt-ms 0] [--json FILE]
+    python -m bench.fleet --faults [--nodes 4] [--stall-s 30] [--kernels 150]
+
+The cluster is tests/seaweed_cluster.py: one ``weed master``
+(``-defaultReplication=001``: every volume on two servers), three ``weed
+volume`` servers, a ``weed filer`` and the ``weed s3`` gateway, each its own
+process. The shared root is ``s3://casfs-net/root`` on that gateway. Each node
+reaches it through its own tests/netem.py proxy (``--rtt-ms``: one-way delay
+rtt/2 both ways; 0 by default: loopback), which counts the node's requests by
+kind and can inject connection resets and 503 SlowDown.
+
+One publishing node writes bench/network.py's Triton-like tree (``--kernels``
+x 8 files: 600 kernels = 4,800 files, ~77 MB) under a real ``casfs run
+--family triton``, which promotes it into packs and publishes a fresh
+namespace. Then, for each N, N fresh nodes (each its own state dir, serve
+base and mount base, each a real ``casfs run`` with its own FUSE mount process
+and fetch workers) start at once and run one job each that opens and reads
+every file of the tree through the mount and checks every byte against what
+was written (group files: their child names; they hold absolute paths).
+Timed from launching ``casfs run`` to its exit. Beside it, copy-restore with
+the same N (bench/network.py's job: one GET of a tar.zst through the node's
+proxy, ``zstd -dc | tar -x``, the same read), N at once.
+
+CPU per node: ``casfs run`` and its job (``wait4``'s rusage of that process
+tree) plus the node's mount process and workers (sampled from /proc, with
+their reaped children), which ``casfs run`` does not reap. On 2 cores a large
+N measures CPU contention first: the JSON says how many cores there were.
+
+``--faults``: the same fleet under faults at fleet scale, one phase each, each
+phase with N fresh nodes started into the fault: ``volume-kill`` (one of the
+three volume servers SIGKILLed 1 s after the nodes start; it stays dead for
+the remaining phases: replication must keep every read correct), ``s3-stall``
+(the gateway SIGSTOPped for ``--stall-s`` seconds from 1 s after the start),
+``resets`` (5 % of responses cut mid-body, the connection reset) and
+``slowdown`` (5 % of requests answered 503 SlowDown). Each job reads the whole
+tree in passes until one pass reads every file correctly (the fault has
+cleared and the node serves again) or a deadline. The invariant, checked per
+read: correct bytes or ENOENT (a miss), never another error, never a wrong
+byte, never an open + read longer than ``--fetch-timeout`` + 3 s; and every
+node ends with a clean pass. Exits 1 if any of that fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import errno
+import hashlib
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+SCRIPT = str(Path(__file__).resolve())
+NETWORK = str(REPO / "bench" / "network.py")
+SLACK_S = 3.0  # an open may wait fetch_timeout, plus this, before it counts as a hang
+
+
+# --- the node's job (stdlib only: run as a script under casfs run) ------------
+
+def _one_pass(root: Path, expected: dict[str, list[Any]]) -> dict[str, Any]:
+    ok = miss = wrong = 0
+    errors: dict[str, int] = {}
+    lat: list[float] = []
+    slowest = ("", 0.0)
+    t0 = time.monotonic()
+    for rel in sorted(expected):
+        want = expected[rel]
+        s = time.monotonic()
+        try:
+            with open(root / rel, "rb") as f:
+                data = f.read()
+        except FileNotFoundError:
+            miss += 1
+            continue
+        except OSError as e:
+            name = errno.errorcode.get(e.errno or 0, str(e.errno))
+            errors[name] = errors.get(name, 0) + 1
+            continue
+        finally:
+            d = time.monotonic() - s
+            lat.append(d)
+            if d > slowest[1]:
+                slowest = (rel, d)
+        if want[0] == "grp":
+            try:
+                good = sorted(json.loads(data)["child_paths"]) == want[1]
+            except (ValueError, KeyError, TypeError):
+                good = False
+        else:
+            good = len(data) == want[1] and hashlib.sha256(data).hexdigest() == want[0]
+        if good:
+            ok += 1
+        else:
+            wrong += 1
+    lat.sort()
+    return {"ok": ok, "miss": miss, "wrong": wrong, "errors": errors,
+            "read_s": round(time.monotonic() - t0, 3), "mono": [t0, time.monotonic()],
+            "p50_open_s": round(lat[len(lat) // 2], 4) if lat else None,
+            "p99_open_s": round(lat[int(len(lat) * 0.99)], 4) if lat else None,
+            "max_open_s": round(slowest[1], 3), "slowest": slowest[0]}
+
+
+def check_job(expected_file: str, until_s: float) -> dict[str, Any]:
+    """Read every expected file; with ``until_s`` > 0, pass again until a pass reads
+    every file correctly or ``until_s`` seconds went by."""
+    root = Path(os.environ["TRITON_CACHE_DIR"])
+    expected = json.loads(Path(expected_file).read_text())
+    start = time.monotonic()
+    passes = []
+    while True:
+        p = _one_pass(root, expected)
+        passes.append(p)
+        if p["ok"] == len(expected) or until_s <= 0 or time.monotonic() - start > until_s:
+            break
+        time.sleep(1.0)
+    clean = passes[-1]["ok"] == len(expected)
+    return {"files": len(expected), "passes": len(passes), "clean_at_end": clean,
+            "clean_after_s": round(passes[-1]["mono"][1] - start, 2) if clean else None,
+            "first": passes[0], "ok": sum(p["ok"] for p in passes),
+            "miss": sum(p["miss"] for p in passes), "wrong": sum(p["wrong"] for p in passes),
+            "errors": _sum_errors(passes), "max_open_s": max(p["max_open_s"] for p in passes),
+            "slowest": max(passes, key=lambda p: p["max_open_s"])["slowest"]}
+
+
+def _sum_errors(passes: list[dict[str, Any]]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for p in passes:
+        for k, v in p["errors"].items():
+            out[k] = out.get(k, 0) + v
+    return out
+
+
+# --- the bed ------------------------------------------------------------------
+
+def _pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return round(xs[min(len(xs) - 1, round(q * (len(xs) - 1)))], 3)
+
+
+class _MountCpu:
+    """CPU (with reaped children) of processes whose command line names a node dir,
+    by node: the mount processes and fetch workers ``casfs run`` does not reap."""
+
+    def __init__(self, markers: dict[str, int]) -> None:
+        self.markers = {k.encode(): v for k, v in markers.items()}
+        self.seen: dict[int, tuple[int, float]] = {}
+        self.pids: set[int] = set()
+        self._stop = threading.Event()
+        self._t = threading.Thread(target=self._loop, daemon=True)
+        self._t.start()
+
+    def _sample(self) -> None:
+        tick = os.sysconf("SC_CLK_TCK")
+        for d in os.listdir("/proc"):
+            if not d.isdigit():
+                continue
+            try:
+                cmd = Path(f"/proc/{d}/cmdline").read_bytes()
+                node = next((v for k, v in self.markers.items() if k in cmd), None)
+                if node is None:
+                    continue
+                f = Path(f"/proc/{d}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            self.pids.add(int(d))
+            self.seen[int(d)] = (node, sum(int(x) for x in f[11:15]) / tick)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(0.25):
+            self._sample()
+
+    def stop(self) -> dict[int, float]:
+        self._stop.set()
+        self._t.join()
+        out: dict[int, float] = {}
+        for node, cpu in self.seen.values():
+            out[node] = out.get(node, 0.0) + cpu
+        return out
+
+
+class Fleet:
+    def __init__(self, work: Path, kernels: int, rtt_ms: float, volumes: int = 3) -> None:
+        sys.path.insert(0, str(REPO / "tests"))
+        sys.path.insert(0, str(REPO))
+        from seaweed_cluster import SeaweedCluster
+
+        from bench import network
+
+        self.work = work
+        self.kernels = kernels
+        self.delay = rtt_ms / 2000
+        self.cluster = SeaweedCluster(work / "weed", volumes=volumes)
+        self.cluster.start()
+        self.proxies: list[Any] = []
+        try:
+            self.cluster.create_bucket(network.BUCKET)
+            self.writer_net = self._proxy(0.0)
+            src = work / "plain" / "triton"
+            self.files, self.nbytes = network.write_tree(src, kernels)
+            self.expected_file = work / "expected.json"
+            self.expected_file.write_text(json.dumps(_expected(src)))
+            archive = work / "tree.tar.zst"
+            subprocess.run(f"tar -C '{src}' -cf - . | zstd -q -3 -T0 -o '{archive}'",
+                           shell=True, check=True)
+            self.archive_bytes = archive.stat().st_size
+            self.cluster._client().upload_file(str(archive), network.BUCKET,
+                                               "copy/tree.tar.zst")
+            archive.unlink()
+            subprocess.run([sys.executable, "-m", "casfs.cli.main", "init", self.root(0)],
+                           env=self.env(None, self.writer_net), cwd=REPO, check=True,
+                           capture_output=True, timeout=300)
+        except BaseException:
+            self.close()
+            raise
+        self.seq = 0
+
+    def _proxy(self, delay: float) -> Any:
+        from netem import NetProxy
+
+        p = NetProxy(self.cluster.s3_port, delay=delay, seed=len(self.proxies)).start()
+        self.proxies.append(p)
+        return p
+
+    def root(self, _i: int) -> str:
+        from bench import network
+
+        return f"s3://{network.BUCKET}/root"
+
+    def env(self, node: Path | None, net: Any) -> dict[str, str]:
+        env = dict(os.environ, **self.cluster.env())
+        env["AWS_ENDPOINT_URL"] = net.endpoint
+        env["AWS_CONFIG_FILE"] = str(self.work / "no-aws-config")
+        env["AWS_SHARED_CREDENTIALS_FILE"] = str(self.work / "no-aws-credentials")
+        env["CASFS_ROOT"] = f"{self.root(0)}?endpoint={net.endpoint}"
+        env["CASFS_SOCKET"] = str(self.work / "no-casfsd" / "casfsd.sock")
+        env["PYTHONPATH"] = str(REPO)
+        if node is not None:
+            env.update(CASFS_STATE_DIR=str(node / "state"), CASFS_SERVE_BASE=str(node / "serve"),
+                       CASFS_MOUNT_BASE=str(node / "mnt"))
+        return env
+
+    def close(self) -> None:
+        for p in self.proxies:
+            p.stop()
+        self.proxies.clear()
+        self.cluster.close()
+
+    def publish(self) -> dict[str, Any]:
+        """The publishing node writes the tree; casfs promotes and publishes it."""
+        from bench.network import _unmount_under
+
+        self.seq += 1
+        ns = f"triton-fleet-{self.seq}"
+        node = self.work / f"writer-{self.seq}"
+        report = node / "report.json"
+        t0 = time.monotonic()
+        try:
+            p = subprocess.run(
+                [sys.executable, "-m", "casfs.cli.main", "run", "--family", "triton",
+                 "--namespace", ns, "--report", str(report), "--", sys.executable, NETWORK,
+                 "--write-tree-job", str(self.kernels)],
+                env=self.env(node, self.writer_net), cwd=REPO, capture_output=True, text=True,
+                timeout=1800, check=False)
+        finally:
+            _unmount_under(node)
+        if p.returncode != 0:
+            raise RuntimeError(f"the writer's casfs run exited {p.returncode}: "
+                               f"{p.stderr[-3000:]}")
+        rep = json.loads(report.read_text())
+        published = sum(f.get("published", 0) for f in rep.get("families", []))
+        if published != self.files:
+            raise RuntimeError(f"the writer published {published} files, not {self.files}")
+        return {"namespace": ns, "wall_s": round(time.monotonic() - t0, 2)}
+
+    def _nets(self, n: int) -> list[Any]:
+        while len(self.proxies) < n + 1:
+            self._proxy(self.delay)
+        nets = self.proxies[1:n + 1]
+        for net in nets:
+            net.delay = self.delay
+            net.reset_counts()
+        return nets
+
+    def casfs_round(self, ns: str, n: int, tag: str, until_s: float = 0.0,
+                    fetch_timeout: float = 10.0, refresh_s: float | None = None,
+                    during: Any = None) -> list[dict[str, Any]]:
+        """N fresh nodes at once, each ``casfs run`` + the check job; ``during(t0)`` is
+        called in a thread right after they were launched (the fault schedule)."""
+        from bench.network import _unmount_under
+
+        nets = self._nets(n)
+        nodes = [self.work / f"{tag}-node{i}" for i in range(n)]
+        sampler = _MountCpu({str(nd) + "/": i for i, nd in enumerate(nodes)})
+        procs: list[subprocess.Popen[bytes]] = []
+        results: list[dict[str, Any]] = [{} for _ in range(n)]
+
+        def reap(i: int, pid: int, t0: float) -> None:
+            _, status, ru = os.wait4(pid, 0)
+            results[i].update(wall_s=round(time.monotonic() - t0, 3),
+                              exit=os.waitstatus_to_exitcode(status),
+                              cpu_run_and_job_s=round(ru.ru_utime + ru.ru_stime, 2))
+
+        extra = ["--fetch-timeout", str(fetch_timeout)]
+        if refresh_s is not None:
+            extra += ["--refresh-interval", str(refresh_s)]
+        threads = []
+        fault: threading.Thread | None = None
+        try:
+            t0 = time.monotonic()
+            for i, nd in enumerate(nodes):
+                nd.mkdir(parents=True)
+                cmd = [sys.executable, "-m", "casfs.cli.main", "run", "--family", "triton",
+                       "--namespace", ns, *extra, "--", sys.executable, SCRIPT, "--check-job",
+                       str(self.expected_file), str(until_s)]
+                with open(nd / "out", "wb") as out, open(nd / "err", "wb") as err:
+                    p = subprocess.Popen(cmd, env=self.env(nd, nets[i]), cwd=REPO, stdout=out,
+                                         stderr=err, stdin=subprocess.DEVNULL)
+                procs.append(p)
+                th = threading.Thread(target=reap, args=(i, p.pid, time.monotonic()))
+                th.start()
+                threads.append(th)
+            if during is not None:
+                fault = threading.Thread(target=during, args=(t0,))
+                fault.start()
+            for th in threads:
+                th.join()
+        finally:
+            for p in procs:  # only on a failure above: every one is reaped otherwise
+                if p.returncode is None and _alive(p.pid):
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(p.pid, signal.SIGKILL)
+            for th in threads:
+                th.join(60)
+            if fault is not None:
+                fault.join()
+            mount_cpu = sampler.stop()
+            for nd in nodes:
+                _unmount_under(nd)
+            for pid in sampler.pids:  # a node's mount process still finishing: ours
+                if _alive(pid):
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
+        from bench.network import _kinds
+
+        for i, nd in enumerate(nodes):
+            r = results[i]
+            lines = (nd / "out").read_text().strip().splitlines()
+            try:
+                r["job"] = json.loads(lines[-1])
+            except (IndexError, ValueError):
+                r["job"] = None
+                r["stderr"] = (nd / "err").read_text()[-2000:]
+            r["cpu_mount_s"] = round(mount_cpu.get(i, 0.0), 2)
+            r["cpu_s"] = round(r["cpu_run_and_job_s"] + r["cpu_mount_s"], 2)
+            c = nets[i].counts()
+            r["requests"] = _kinds(c)
+            r["bytes_down"] = c["bytes_down"]
+            r["bytes_up"] = c["bytes_up"]
+            r["connections"] = c["connections"]
+        return results
+
+    def copy_restore_round(self, n: int) -> list[dict[str, Any]]:
+        nets = self._nets(n)
+        dests = [self.work / f"restore-{n}-{i}" for i in range(n)]
+        out: list[dict[str, Any]] = [{} for _ in range(n)]
+
+        def one(i: int) -> None:
+            t0 = time.monotonic()
+            p = subprocess.run([sys.executable, NETWORK, "--copy-restore-job",
+                                nets[i].endpoint, str(dests[i])],
+                               env=self.env(None, nets[i]), cwd=REPO, capture_output=True,
+                               text=True, timeout=1800, check=False)
+            out[i]["wall_s"] = round(time.monotonic() - t0, 3)
+            out[i]["exit"] = p.returncode
+            if p.returncode == 0:
+                job = json.loads(p.stdout.strip().splitlines()[-1])
+                out[i]["job_files"] = job["files"]
+
+        ru0 = _children_cpu()
+        ths = [threading.Thread(target=one, args=(i,)) for i in range(n)]
+        for t in ths:
+            t.start()
+        for t in ths:
+            t.join()
+        cpu = _children_cpu() - ru0
+        for i, d in enumerate(dests):
+            subprocess.run(["rm", "-rf", str(d)], check=False)
+            out[i]["requests"] = nets[i].counts()["requests"]
+            out[i]["bytes_down"] = nets[i].counts()["bytes_down"]
+            out[i]["cpu_s_mean"] = round(cpu / n, 2)
+        return out
+
+
+def _children_cpu() -> float:
+    import resource
+
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+
+
+def _expected(src: Path) -> dict[str, list[Any]]:
+    out: dict[str, list[Any]] = {}
+    for dirpath, _dirs, names in os.walk(src):
+        for name in names:
+            p = Path(dirpath) / name
+            rel = str(p.relative_to(src))
+            data = p.read_bytes()
+            if name.startswith("__grp__"):
+                out[rel] = ["grp", sorted(json.loads(data)["child_paths"])]
+            else:
+                out[rel] = [hashlib.sha256(data).hexdigest(), len(data)]
+    return out
+
+
+def _sum_kinds(rs: list[dict[str, Any]]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for r in rs:
+        for k, v in r["requests"].items():
+            out[k] = out.get(k, 0) + v
+    return out
+
+
+def _check_invariants(rs: list[dict[str, Any]], files: int, fetch_timeout: float
+                      ) -> list[str]:
+    bad = []
+    for i, r in enumerate(rs):
+        j = r.get("job")
+        if r.get("exit") != 0 or j is None:
+            bad.append(f"node {i}: casfs run exited {r.get('exit')} {r.get('stderr', '')}")
+            continue
+        if j["wrong"]:
+            bad.append(f"node {i}: {j['wrong']} reads returned wrong bytes")
+        if j["errors"]:
+            bad.append(f"node {i}: errors other than ENOENT: {j['errors']}")
+        if j["max_open_s"] > fetch_timeout + SLACK_S:
+            bad.append(f"node {i}: an open waited {j['max_open_s']} s ({j['slowest']})")
+        if not j["clean_at_end"]:
+            bad.append(f"node {i}: no pass read all {files} files after the fault")
+    return bad
+
+
+# --- the measurements -------------------------------------------------------
+
+def measure(work: Path, ns_list: list[int], kernels: int, rtt_ms: float,
+            copy_restore: bool = True) -> dict[str, Any]:
+    t_start = time.perf_counter()
+    fleet = Fleet(work, kernels, rtt_ms)
+    rows: dict[str, Any] = {}
+    try:
+        for n in ns_list:
+            print(f"bench.fleet: N={n}: publish", file=sys.stderr, flush=True)
+            pub = fleet.publish()
+            print(f"bench.fleet: N={n}: {n} fresh nodes", file=sys.stderr, flush=True)
+            srv0 = fleet.cluster.cpu_seconds()
+            rs = fleet.casfs_round(pub["namespace"], n, f"n{n}")
+            srv_cpu = fleet.cluster.cpu_seconds() - srv0
+            bad = _check_invariants(rs, fleet.files, 10.0)
+            if bad:
+                raise RuntimeError("; ".join(bad))
+            walls = [r["wall_s"] for r in rs]
+            total = _sum_kinds(rs)
+            row: dict[str, Any] = {
+                "nodes": n,
+                "casfs_p50_s": _pct(walls, 0.5), "casfs_p99_s": _pct(walls, 0.99),
+                "casfs_max_s": max(walls),
+                "read_all_p50_s": _pct([r["job"]["first"]["read_s"] for r in rs], 0.5),
+                "cpu_per_node_s": round(statistics.mean(r["cpu_s"] for r in rs), 2),
+                "cpu_per_node_mount_s": round(statistics.mean(r["cpu_mount_s"] for r in rs), 2),
+                "cpu_seaweedfs_s": round(srv_cpu, 2),
+                "requests_total": total,
+                "requests_per_node": round(total["total"] / n, 1),
+                "files_per_request": round(fleet.files * n / max(1, total["total"]), 2),
+                "bytes_down_per_node": round(statistics.mean(r["bytes_down"] for r in rs)),
+                "publish_s": pub["wall_s"],
+            }
+            if copy_restore:
+                print(f"bench.fleet: N={n}: {n} copy-restores", file=sys.stderr, flush=True)
+                cr = fleet.copy_restore_round(n)
+                if any(c["exit"] != 0 or c.get("job_files") != fleet.files for c in cr):
+                    raise RuntimeError(f"copy-restore failed: {cr}")
+                cw = [c["wall_s"] for c in cr]
+                row.update(copy_restore_p50_s=_pct(cw, 0.5), copy_restore_p99_s=_pct(cw, 0.99),
+                           copy_restore_cpu_per_node_s=cr[0]["cpu_s_mean"],
+                           copy_restore_requests_total=sum(c["requests"] for c in cr),
+                           copy_restore_bytes_down_per_node=round(
+                               statistics.mean(c["bytes_down"] for c in cr)))
+                row["casfs_over_copy_restore_p50"] = round(row["casfs_p50_s"]
+                                                           / row["copy_restore_p50_s"], 2)
+                row["casfs_over_copy_restore_p99"] = round(row["casfs_p99_s"]
+                                                           / row["copy_restore_p99_s"], 2)
+            row["per_node"] = [{k: r[k] for k in ("wall_s", "cpu_s", "cpu_mount_s",
+                                                  "requests", "bytes_down")} for r in rs]
+            rows[str(n)] = row
+    finally:
+        fleet.close()
+    base = rows.get(str(ns_list[0]))
+    for row in rows.values():
+        if base:
+            row["p99_over_first_n"] = round(row["casfs_p99_s"] / base["casfs_p99_s"], 2)
+    return {"what": "bench.fleet: N fresh nodes reading a whole published cache at once",
+            "tree": {"kernels": kernels, "files": fleet.files, "bytes": fleet.nbytes,
+                     "tar_zst_bytes": fleet.archive_bytes},
+            "cluster": "1 weed master (-defaultReplication=001), 3 weed volume, 1 weed filer,"
+                       " 1 weed s3; one tests/netem.py proxy per node",
+            "read_path": "a real casfs run per node (FUSE mount, fetch workers): the job opens"
+                         " and reads every file through the mount and checks its bytes",
+            "rtt_ms": rtt_ms, "cpus": os.cpu_count(),
+            "n_64": "not run: needs a machine with more cores (each node's mount process"
+                    " and fetch workers cost ~1 CPU-s per 1,000 files here; 64 nodes on 2"
+                    " cores measure CPU contention, not the fleet); --nodes 64 runs it",
+            "seconds": round(time.perf_counter() - t_start), "rows": rows}
+
+
+def faults(work: Path, n: int, kernels: int, rtt_ms: float, stall_s: float,
+           fetch_timeout: float, refresh_s: float, phases: list[str]) -> dict[str, Any]:
+    t_start = time.perf_counter()
+    fleet = Fleet(work, kernels, rtt_ms)
+    out: dict[str, Any] = {}
+    problems: list[str] = []
+    try:
+        pub = fleet.publish()
+        for phase in phases:
+            print(f"bench.fleet: fault {phase}: {n} fresh nodes", file=sys.stderr, flush=True)
+            nets = fleet._nets(n)
+            events: list[tuple[str, float]] = []
+
+            def during(t0: float, phase: str = phase, events: list[Any] = events) -> None:
+                time.sleep(1.0)
+                if phase == "volume-kill":
+                    fleet.cluster.kill_volume(0)
+                    events.append(("volume0 SIGKILL", time.monotonic() - t0))
+                elif phase == "s3-stall":
+                    fleet.cluster.stop_s3()
+                    events.append(("s3 SIGSTOP", time.monotonic() - t0))
+                    try:
+                        time.sleep(stall_s)
+                    finally:
+                        fleet.cluster.cont_s3()
+                    events.append(("s3 SIGCONT", time.monotonic() - t0))
+
+            for net in nets:
+                net.reset_share = 0.05 if phase == "resets" else 0.0
+                net.slowdown_share = 0.05 if phase == "slowdown" else 0.0
+            try:
+                rs = fleet.casfs_round(pub["namespace"], n, f"fault-{phase}",
+                                       until_s=stall_s + 90, fetch_timeout=fetch_timeout,
+                                       refresh_s=refresh_s, during=during)
+            finally:
+                for net in nets:
+                    net.reset_share = net.slowdown_share = 0.0
+            bad = _check_invariants(rs, fleet.files, fetch_timeout)
+            problems += [f"{phase}: {b}" for b in bad]
+            jobs = [r["job"] or {} for r in rs]
+            out[phase] = {
+                "nodes": n, "events": [(e, round(t, 2)) for e, t in events],
+                "reads": sum(j.get("ok", 0) + j.get("miss", 0) + j.get("wrong", 0)
+                             + sum(j.get("errors", {}).values()) for j in jobs),
+                "correct": sum(j.get("ok", 0) for j in jobs),
+                "miss_enoent": sum(j.get("miss", 0) for j in jobs),
+                "wrong_bytes": sum(j.get("wrong", 0) for j in jobs),
+                "errors": _sum_errors([{"errors": j.get("errors", {})} for j in jobs]),
+                "max_open_s": max(j.get("max_open_s", 0.0) for j in jobs),
+                "first_pass_miss": [j["first"]["miss"] for j in jobs if j],
+                "clean_after_s": [j.get("clean_after_s") for j in jobs],
+                "wall_s": [r["wall_s"] for r in rs],
+                "requests_total": _sum_kinds(rs),
+                "invariant_ok": not bad,
+            }
+    finally:
+        fleet.close()
+    return {"what": "bench.fleet --faults", "tree": {"kernels": kernels, "files": fleet.files},
+            "nodes": n, "rtt_ms": rtt_ms, "stall_s": stall_s, "fetch_timeout": fetch_timeout,
+            "refresh_interval": refresh_s, "cpus": os.cpu_count(),
+            "seconds": round(time.perf_counter() - t_start), "phases": out,
+            "problems": problems}
+
+
+PHASES = ("volume-kill", "s3-stall", "resets", "slowdown")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="bench.fleet", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--nodes", default=None,
+                    help="comma-separated N values (default 1,4,16; --faults: 4)")
+    ap.add_argument("--kernels", type=int, default=None,
+                    help="x 8 files (default 600: 4,800 files; --faults: 150)")
+    ap.add_argument("--rtt-ms", type=float, default=0.0)
+    ap.add_argument("--no-copy-restore", action="store_true")
+    ap.add_argument("--faults", action="store_true")
+    ap.add_argument("--phases", default=",".join(PHASES))
+    ap.add_argument("--stall-s", type=float, default=30.0)
+    ap.add_argument("--fetch-timeout", type=float, default=10.0)
+    ap.add_argument("--refresh-interval", type=float, default=5.0)
+    ap.add_argument("--json", type=Path)
+    ap.add_argument("--workdir", type=Path)
+    ap.add_argument("--check-job", nargs=2, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.check_job:
+        print(json.dumps(check_job(args.check_job[0], float(args.check_job[1]))))
+        return 0
+    with tempfile.TemporaryDirectory(prefix="casfs-bench-fleet-", dir=args.workdir) as tmp:
+        if args.faults:
+            doc = faults(Path(tmp), int((args.nodes or "4").split(",")[0]),
+                         args.kernels or 150, args.rtt_ms, args.stall_s, args.fetch_timeout,
+                         args.refresh_interval, args.phases.split(","))
+        else:
+            doc = measure(Path(tmp), [int(x) for x in (args.nodes or "1,4,16").split(",")],
+                          args.kernels or 600, args.rtt_ms, not args.no_copy_restore)
+    text = json.dumps(doc, indent=1)
+    if args.json:
+        args.json.write_text(text + "\n")
+    print(text)
+    return 1 if doc.get("problems") else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
