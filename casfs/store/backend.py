@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Protocol
 
-from casfs.util import atomic
+from casfs.util import atomic, beneath
 
 log = logging.getLogger(__name__)
 
@@ -120,26 +120,47 @@ class LocalBackend:
             raise ValueError(f"storage key escapes the root: {key!r:.120}")
         return f"{self._root}/{key}"
 
+    @contextlib.contextmanager
+    def _beneath(self, key: str) -> Iterator[Path]:
+        """``key``'s path through an fd of its directory, made (``mkdir -p``) and reached
+        beneath the root with no symlink followed (ELOOP or ENOTDIR otherwise).
+
+        Others write the shared root (a tenant owns her namespace directories, and
+        object fan-out directories she made first): one who swaps a directory for a
+        symlink while root writes a key (gc merging her outcome records) must never
+        redirect the write outside the root. ``/proc/self/fd/<fd>/<name>`` names
+        the directory opened, not a path resolved again.
+        """
+        *dirs, name = self._spath(key)[len(self._root) + 1:].split("/")
+        base = os.open(self._root, beneath.DIR_FLAGS | os.O_CLOEXEC)
+        try:
+            fd = beneath.mkdirs(base, "/".join(dirs)) if dirs else os.dup(base)
+        finally:
+            os.close(base)
+        try:
+            yield Path(f"/proc/self/fd/{fd}/{name}")
+        finally:
+            os.close(fd)
+
     def put_if_absent(self, key: str, staged: Path) -> bool:
-        return atomic.link_exclusive(staged, self._path(key), sync=False)
+        with self._beneath(key) as target:
+            return atomic.link_exclusive(staged, target, sync=False)
 
     def sync(self) -> None:
         atomic.sync_filesystem(self.root)
 
     def replace(self, key: str, staged: Path) -> None:
-        target = self._path(key)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        with contextlib.suppress(FileNotFoundError):
-            if stat.S_ISDIR(os.lstat(target).st_mode):
-                # rename() cannot replace a directory: move it into staging,
-                # where gc removes it after the grace period.
-                os.rename(target, atomic.temp_name(self.staging_dir, "damaged-"))
-        atomic.replace_file(staged, target, sync=False)
+        with self._beneath(key) as target:
+            with contextlib.suppress(FileNotFoundError):
+                if stat.S_ISDIR(os.lstat(target).st_mode):
+                    # rename() cannot replace a directory: move it into staging,
+                    # where gc removes it after the grace period.
+                    os.rename(target, atomic.temp_name(self.staging_dir, "damaged-"))
+            atomic.replace_file(staged, target, sync=False)
 
     def create_exclusive(self, key: str, data: bytes) -> bool:
-        target = self._path(key)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        return atomic.create_exclusive(target, data, self.staging_dir)
+        with self._beneath(key) as target:
+            return atomic.create_exclusive(target, data, self.staging_dir)
 
     def open(self, key: str) -> BinaryIO:
         path = self._path(key)
