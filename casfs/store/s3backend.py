@@ -37,6 +37,7 @@ import errno
 import io
 import logging
 import os
+import random
 import tempfile
 from collections.abc import Iterator
 from datetime import timedelta
@@ -55,6 +56,22 @@ STREAM_CHUNK = 1 << 20
 MULTIPART_OVER = 16 << 20
 PART_SIZE = 8 << 20
 PART_CONCURRENCY = 2
+
+
+# The first retry of a failed request waits INIT_BACKOFF, drawn per backend (per node)
+# from this range: obstore's backoff (Rust object_store's BackoffConfig) jitters every
+# later wait (decorrelated jitter: random between init_backoff and base x the last
+# one) but waits exactly init_backoff the first time, so a fleet of nodes meeting one
+# 503 burst or one server restart would otherwise all retry at the same instant.
+INIT_BACKOFF_S = (0.05, 0.15)
+MAX_BACKOFF_S = 2.0
+
+
+def retry_backoff(rng: random.Random | None = None) -> dict[str, Any]:
+    """obstore's ``backoff`` config for one backend, its first wait jittered."""
+    lo, hi = INIT_BACKOFF_S
+    return {"init_backoff": timedelta(seconds=(rng or random).uniform(lo, hi)),
+            "max_backoff": timedelta(seconds=MAX_BACKOFF_S), "base": 2}
 
 
 class S3UnavailableError(OSError):
@@ -162,8 +179,8 @@ class S3Backend:
                   "timeout": timedelta(seconds=timeout),
                   "connect_timeout": timedelta(seconds=min(5.0, timeout))}
         retry: Any = {"max_retries": retries, "retry_timeout": timedelta(seconds=timeout),
-                 "backoff": {"init_backoff": timedelta(milliseconds=100),
-                             "max_backoff": timedelta(seconds=2), "base": 2}}
+                      "backoff": retry_backoff()}
+        self.retry_config = retry
         try:
             self.store = S3Store(loc.bucket, prefix=loc.prefix or None, config=cfg,
                                  client_options=client, retry_config=retry,
