@@ -90,7 +90,9 @@ def lease(state_dir: Path, caches: list[dict[str, Any]], pid: int, *,
         timeout = lease_timeout()
     deadline = time.monotonic() + timeout
     stuck: set[Path] = set()
-    for attempt in range(START_TRIES):
+    attempt = 0
+    while attempt < START_TRIES:
+        retry = False
         # casfsd's own socket (root's CLI), the jobs socket every user reaches, then
         # the mount process another casfs run of this user started.
         for sock in (daemon_socket(state_dir), jobs_socket(), host_socket(state_dir)):
@@ -109,8 +111,15 @@ def lease(state_dir: Path, caches: list[dict[str, Any]], pid: int, *,
             if reply.get("ok"):
                 return reply, sock
             last = str(reply.get("error"))
+            if reply.get("retry"):  # being replaced (casfs.node.host): in a moment
+                retry = True
+                break
             if "stopping" not in last:
                 raise CasfsError(f"the node's mount process refused: {last}")
+        if retry and time.monotonic() < deadline:
+            time.sleep(0.1)
+            continue
+        attempt += 1
         if start is None or stuck:
             raise DaemonUnavailableError(last or "no casfs mount process serves this node")
         try:
@@ -124,7 +133,7 @@ def lease(state_dir: Path, caches: list[dict[str, Any]], pid: int, *,
             if "already runs" not in e.message and "stopping" not in e.message:
                 raise
             last = e.message
-        time.sleep(0.2 * (attempt + 1))
+        time.sleep(0.2 * attempt)
     raise CasfsError(f"could not reach this node's mount process: {last}")
 
 
@@ -183,7 +192,12 @@ def release(sock: Path, lease_id: str, *, wait: bool, timeout: float = 300.0,
     ``killed``: the job was killed by a signal (what it wrote last is not published).
     ``reaped_ok``: the lease's holder has exited, so the mount process may have dropped
     the lease already (its lease check): "no such lease" is then no warning."""
+    deadline = time.monotonic() + timeout
     reply = _ask(sock, "release", timeout, lease=lease_id, wait=wait, killed=killed)
+    while reply is not None and reply.get("retry") and time.monotonic() < deadline:
+        time.sleep(0.1)  # being replaced (casfs.node.host): the successor answers soon
+        reply = _ask(sock, "release", max(1.0, deadline - time.monotonic()), lease=lease_id,
+                     wait=wait, killed=killed)
     if reply is None or not reply.get("ok"):
         why = (reply or {}).get("error", "the mount process is gone")
         say = log.debug if reaped_ok and why == "no such lease" else log.warning

@@ -319,11 +319,12 @@ class Drain:
     ``give_locks`` releases the namespace locks and returns the namespaces whose
     ``draining`` lock to hold; ``retake_locks`` takes them back (True if it could)
     when a prepared handover is abandoned; ``writing`` lists the paths open for
-    writing; ``aside`` stops new work once stepped aside."""
+    writing, by namespace; ``aside`` stops new work once stepped aside. One drain
+    serves a mount process's one namespace, or the node host's many."""
 
     def __init__(self, mountpoint: Path, run_dir: Path, handing: Handing, *,
                  give_locks: Callable[[], list[str]], retake_locks: Callable[[], bool],
-                 writing: Callable[[], list[str]],
+                 writing: Callable[[], dict[str, list[str]]],
                  aside: Callable[[], Awaitable[None]]) -> None:
         self.mountpoint = mountpoint
         self.run_dir = run_dir
@@ -354,11 +355,11 @@ class Drain:
 
     def _publish_writers(self) -> None:
         """What this draining process's jobs write, for the other processes' promotion."""
-        paths = self.writing()
+        by_ns = self.writing()
         for ns in self._namespaces:
             try:
                 atomic.write_atomic(writers_file(self.run_dir, ns, os.getpid()),
-                                    json.dumps(paths).encode())
+                                    json.dumps(by_ns.get(ns, [])).encode())
             except OSError as e:
                 log.warning("%s: cannot record the files open for writing here: %s",
                             self.mountpoint, e)
@@ -435,7 +436,7 @@ class Drain:
         lifeline.detach()  # drains and exits by itself: casfsd's end no longer matters
         if self.nursery is not None:
             self.nursery.start_soon(self._keep_writers)
-        writing = self.writing()
+        writing = sorted({p for paths in self.writing().values() for p in paths})
         log.info("%s: stepped aside for pid %d; serving what jobs hold open here until"
                  " they let go (%d files open for writing)", self.mountpoint, pid,
                  len(writing))

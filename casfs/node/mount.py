@@ -121,8 +121,9 @@ class MountService:
             self.handing.stage = handover.stage_dir(cfg.run_dir, cfg.name)
         self._periodic: list[Periodic] = []
         self.drain = handover.Drain(cfg.mountpoint, cfg.run_dir, self.handing,
-                                    give_locks=self._give_lock, retake_locks=self._retake_lock,
-                                    writing=self.tracker.writing, aside=self._stepped_aside)
+                                    give_locks=self.give_lock, retake_locks=self.retake_lock,
+                                    writing=lambda: {self.cfg.namespace: self.tracker.writing()},
+                                    aside=self.stepped_aside)
         self._lock_fd: int | None = nsregistry.take_lock(cfg, wait_for_reclaim)
         self.link = RootLink(cfg, self.policy, self.index, self.counters)
         self.link.connect()
@@ -370,13 +371,13 @@ class MountService:
         self.start_prefetch()
 
     # --- handing over (casfs.node.handover) ---------------------------------------------
-    def _give_lock(self) -> list[str]:
+    def give_lock(self) -> list[str]:
         if self._lock_fd is not None:
             os.close(self._lock_fd)
             self._lock_fd = None
         return [self.cfg.namespace]
 
-    def _retake_lock(self) -> bool:
+    def retake_lock(self) -> bool:
         if self._lock_fd is not None:
             return True
         fd = nsregistry.lock_file(self.cfg.run_dir, self.cfg.namespace, "lock")
@@ -386,7 +387,7 @@ class MountService:
         self._lock_fd = fd
         return True
 
-    async def _stepped_aside(self) -> None:
+    async def stepped_aside(self) -> None:
         """What a drained mount no longer does: refresh (the successor serves the newer
         generations), prefetch. Promotion and publication of what it tracks go on."""
         for t in self._periodic:

@@ -419,20 +419,15 @@ def spawn_host(cfg: HostConfig, *, ready_timeout: float = 120.0, log_to_stderr: 
                replace: bool = False) -> Worker:
     """Start the node's mount process (casfs.node.host); a Worker once it serves.
 
-    ``replace``: not yet for the node's mount process (docs/reliability.md, "Planned
-    restarts"): HandoverUnavailable, and the caller stops the old one first."""
-    if replace:
-        from casfs.node.handover import HandoverUnavailable
-
-        raise HandoverUnavailable("the node's mount process for on-demand namespaces does not"
-                                  " hand over yet")
+    ``replace``: it takes every namespace over from the one serving them (casfs.node.host,
+    casfs.node.handover); HandoverUnavailable if that one cannot."""
     check_fuse()
     cfg.check()
     return start_process(
         "casfs.node.host", cfg, cfg.to_json(), where="the mount process at",
         ready_timeout=ready_timeout, verbose=verbose, log_to_stderr=log_to_stderr,
         log_format=log_format, log_level=log_level, die_with_parent=die_with_parent,
-        adopt_grace=adopt_grace)
+        adopt_grace=adopt_grace, replace=replace)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -11,6 +11,7 @@ as it is (the same mount process); a newer one is handed over to.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -37,6 +38,11 @@ def _mount() -> list[dict[str, Any]]:
 
 def _worker(d: Daemon) -> int:
     return int(next(m for m in d.status() if m["name"] == "m")["pid"])
+
+
+def _host(d: Daemon, mp: Path) -> int:
+    """The node's mount process serving the on-demand namespace at ``mp``."""
+    return int(next(r for r in d.status() if r.get("path") == str(mp))["pid"])
 
 
 def _finish(d: Daemon, job: Job) -> None:
@@ -144,3 +150,74 @@ def test_sigusr2_into_a_newer_build_hands_every_mount_over(
             _finish(d, job)
     # the replaced process drained (the job let go) and exited by itself
     wait_until(lambda: not os.path.exists(f"/proc/{pid}"), "the replaced process exited")
+
+
+def test_an_upgrade_hands_the_on_demand_namespaces_over_under_a_casfs_env_job(
+        daemons: Callable[..., Daemon], tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The node's mount process for on-demand namespaces too (casfs.node.host): a job
+    leased its namespace with ``casfs env`` and works in it; USR2 into a newer build
+    replaces every mount process, this one included, seamlessly; its lease is the new
+    process's, and new leases are granted during and after the replacement."""
+    import subprocess
+    import sys
+    import threading
+
+    from casfs.store.root import SharedRoot
+
+    site = tmp_path / "site"
+    shutil.copytree(REPO / "casfs", site / "casfs",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.setenv("PYTHONPATH", str(site))
+    d = daemons("a", _mount(), defaults=OPTS, node={"lease_grace": 0.5})
+    env = dict(d.env(), PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
+    holder = subprocess.Popen(
+        ["sh", "-c", 'eval "$(casfs env --family generic --namespace hns)" &&'
+                     ' echo "$CASFS_CACHE_DIR" && exec sleep 600'],
+        env=env, stdout=subprocess.PIPE, text=True)
+    assert holder.stdout is not None
+    mp = Path(holder.stdout.readline().strip())
+    assert mp.is_dir(), mp
+    (mp / "w").mkdir()  # the job's stop file goes beside its dir: inside the namespace
+    job = Job(mp / "w", tmp_path)
+    leases: list[int] = []
+
+    def lease_meanwhile() -> None:
+        for i in range(6):
+            r = subprocess.run(["casfs", "env", "--family", "generic", "--namespace",
+                                f"meanwhile{i}"], env=env, capture_output=True, timeout=120)
+            leases.append(r.returncode)
+            time.sleep(0.1)
+
+    try:
+        job.wait_loops()
+        host = _host(d, mp)
+        with open(site / "casfs" / "__init__.py", "a") as f:
+            f.write("\n# an upgrade\n")
+        t = threading.Thread(target=lease_meanwhile)
+        t.start()
+        _reexec(d)
+        t.join(120)
+        new = _host(d, mp)
+        assert new != host
+        assert f"took over {mp.parent.parent} from pid {host}" in d.log()
+        assert leases == [0] * 6, leases
+        st = json.loads(d.cli("status", "--json").stdout)
+        row = next(r for r in st if r.get("path") == str(mp))
+        assert holder.pid in row["holders"]  # the lease came along
+        time.sleep(0.5)
+        report = job.finish()
+        assert report["errors"] == [] and report["slow"] == [], report
+    finally:
+        if job.proc.poll() is None:
+            job.stop_file.touch()
+            job.proc.wait(60)
+        holder.kill()
+        holder.wait()
+    assert d.terminate() == 0
+    gens = SharedRoot.open(d.root).generations()
+    (ns,) = [n for n in gens.namespaces() if n.endswith("hns")]
+    pub = _published(d.root, ns)
+    lost = [rel for rel, data in report["written"] if pub.get(f"w/{rel}") != data.encode()]
+    assert lost == [], f"{len(lost)} of {len(report['written'])}: {lost[:20]}"
+    wait_until(lambda: not os.path.exists(f"/proc/{host}"), "the replaced host exited")

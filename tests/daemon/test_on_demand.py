@@ -81,3 +81,32 @@ def test_jobs_get_their_own_namespaces_from_the_daemon(daemons: Callable[..., Da
                 j.kill()
                 j.wait()
     assert d.terminate() == 0
+
+
+def test_leases_of_one_namespace_at_once_all_get_it(daemons: Callable[..., Daemon]) -> None:
+    """Several jobs asking for the same new namespace at the same moment: the first
+    attaches it, the others wait for that attach (was: TypeError from treating the
+    pending attach's trio.Event as a bool, and those jobs got private caches)."""
+    d = daemons("a", [{"name": "kern", "family": "generic", "namespace": "kern-test"}],
+                defaults=FAST)
+    import threading
+
+    from casfs.node import control
+
+    sock = next(Path(m["socket"]) for m in control.registered(d.state / "run")
+                if m.get("host"))
+    go = threading.Barrier(6)
+    replies: list[dict[str, object]] = []
+
+    def ask() -> None:
+        go.wait()
+        replies.append(control.request(sock, "lease", timeout=120, pid=os.getpid(),
+                                       caches=[{"family": "generic", "namespace": "same"}]))
+
+    threads = [threading.Thread(target=ask) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert [r.get("ok") for r in replies] == [True] * 6, replies
+    assert len({c["path"] for r in replies for c in r["caches"]}) == 1  # type: ignore[attr-defined]
