@@ -31,17 +31,19 @@ their reaped children), which ``casfs run`` does not reap. On 2 cores a large
 N measures CPU contention first: the JSON says how many cores there were.
 
 ``--faults``: the same fleet under faults at fleet scale, one phase each, each
-phase with N fresh nodes started into the fault: ``volume-kill`` (one of the
-three volume servers SIGKILLed 1 s after the nodes start; it stays dead for
-the remaining phases: replication must keep every read correct), ``s3-stall``
-(the gateway SIGSTOPped for ``--stall-s`` seconds from 1 s after the start),
-``resets`` (5 % of responses cut mid-body, the connection reset) and
-``slowdown`` (5 % of requests answered 503 SlowDown). Each job reads the whole
-tree in passes until one pass reads every file correctly (the fault has
-cleared and the node serves again) or a deadline. The invariant, checked per
-read: correct bytes or ENOENT (a miss), never another error, never a wrong
-byte, never an open + read longer than ``--fetch-timeout`` + 3 s; and every
-node ends with a clean pass. Exits 1 if any of that fails.
+phase with N fresh nodes started into it: ``volume-kill`` (one of the three
+volume servers SIGKILLed as the first node's job begins to read; it stays dead
+for the remaining phases: replication must keep every read correct),
+``s3-stall`` (the gateway SIGSTOPped for ``--stall-s`` seconds from the moment
+the first job begins to read: reads in flight wait on it), ``s3-stall-at-start``
+(the same from the nodes' launch: mounts start against a hung root),
+``resets`` (``--share`` of responses, 5 %, cut mid-body and the connection
+reset) and ``slowdown`` (``--share`` of requests answered 503 SlowDown). Each
+job reads the whole tree in passes until one pass reads every file correctly
+(the fault has cleared and the node serves again) or a deadline. The
+invariant, checked per read: correct bytes or ENOENT (a miss), never another
+error, never a wrong byte, never an open + read longer than
+``--fetch-timeout`` + 3 s; and every node ends with a clean pass. Exits 1 if any of that fails.
 """
 
 from __future__ import annotations
@@ -113,11 +115,14 @@ def _one_pass(root: Path, expected: dict[str, list[Any]]) -> dict[str, Any]:
             "max_open_s": round(slowest[1], 3), "slowest": slowest[0]}
 
 
-def check_job(expected_file: str, until_s: float) -> dict[str, Any]:
+def check_job(expected_file: str, until_s: float, started: str = "") -> dict[str, Any]:
     """Read every expected file; with ``until_s`` > 0, pass again until a pass reads
-    every file correctly or ``until_s`` seconds went by."""
+    every file correctly or ``until_s`` seconds went by. ``started``: a directory in
+    which the job leaves a file as its first read begins (faults start on it)."""
     root = Path(os.environ["TRITON_CACHE_DIR"])
     expected = json.loads(Path(expected_file).read_text())
+    if started:
+        Path(started, str(os.getpid())).touch()
     start = time.monotonic()
     passes = []
     while True:
@@ -192,7 +197,8 @@ class _MountCpu:
 
 
 class Fleet:
-    def __init__(self, work: Path, kernels: int, rtt_ms: float, volumes: int = 3) -> None:
+    def __init__(self, work: Path, kernels: int, rtt_ms: float, volumes: int = 3,
+                 casfs_src: Path = REPO) -> None:
         sys.path.insert(0, str(REPO / "tests"))
         sys.path.insert(0, str(REPO))
         from seaweed_cluster import SeaweedCluster
@@ -200,6 +206,7 @@ class Fleet:
         from bench import network
 
         self.work = work
+        self.src = casfs_src  # the casfs the nodes run (PYTHONPATH and cwd)
         self.kernels = kernels
         self.delay = rtt_ms / 2000
         self.cluster = SeaweedCluster(work / "weed", volumes=volumes)
@@ -220,7 +227,7 @@ class Fleet:
                                                "copy/tree.tar.zst")
             archive.unlink()
             subprocess.run([sys.executable, "-m", "casfs.cli.main", "init", self.root(0)],
-                           env=self.env(None, self.writer_net), cwd=REPO, check=True,
+                           env=self.env(None, self.writer_net), cwd=self.src, check=True,
                            capture_output=True, timeout=300)
         except BaseException:
             self.close()
@@ -246,7 +253,7 @@ class Fleet:
         env["AWS_SHARED_CREDENTIALS_FILE"] = str(self.work / "no-aws-credentials")
         env["CASFS_ROOT"] = f"{self.root(0)}?endpoint={net.endpoint}"
         env["CASFS_SOCKET"] = str(self.work / "no-casfsd" / "casfsd.sock")
-        env["PYTHONPATH"] = str(REPO)
+        env["PYTHONPATH"] = str(self.src)
         if node is not None:
             env.update(CASFS_STATE_DIR=str(node / "state"), CASFS_SERVE_BASE=str(node / "serve"),
                        CASFS_MOUNT_BASE=str(node / "mnt"))
@@ -272,7 +279,7 @@ class Fleet:
                 [sys.executable, "-m", "casfs.cli.main", "run", "--family", "triton",
                  "--namespace", ns, "--report", str(report), "--", sys.executable, NETWORK,
                  "--write-tree-job", str(self.kernels)],
-                env=self.env(node, self.writer_net), cwd=REPO, capture_output=True, text=True,
+                env=self.env(node, self.writer_net), cwd=self.src, capture_output=True, text=True,
                 timeout=1800, check=False)
         finally:
             _unmount_under(node)
@@ -303,6 +310,8 @@ class Fleet:
 
         nets = self._nets(n)
         nodes = [self.work / f"{tag}-node{i}" for i in range(n)]
+        self.started = self.work / f"{tag}-started"
+        self.started.mkdir()
         sampler = _MountCpu({str(nd) + "/": i for i, nd in enumerate(nodes)})
         procs: list[subprocess.Popen[bytes]] = []
         results: list[dict[str, Any]] = [{} for _ in range(n)]
@@ -324,10 +333,11 @@ class Fleet:
                 nd.mkdir(parents=True)
                 cmd = [sys.executable, "-m", "casfs.cli.main", "run", "--family", "triton",
                        "--namespace", ns, *extra, "--", sys.executable, SCRIPT, "--check-job",
-                       str(self.expected_file), str(until_s)]
+                       str(self.expected_file), str(until_s), str(self.started)]
                 with open(nd / "out", "wb") as out, open(nd / "err", "wb") as err:
-                    p = subprocess.Popen(cmd, env=self.env(nd, nets[i]), cwd=REPO, stdout=out,
-                                         stderr=err, stdin=subprocess.DEVNULL)
+                    p = subprocess.Popen(cmd, env=self.env(nd, nets[i]), cwd=self.src, stdout=out,
+                                         stderr=err, stdin=subprocess.DEVNULL,
+                                         start_new_session=True)
                 procs.append(p)
                 th = threading.Thread(target=reap, args=(i, p.pid, time.monotonic()))
                 th.start()
@@ -340,8 +350,8 @@ class Fleet:
         finally:
             for p in procs:  # only on a failure above: every one is reaped otherwise
                 if p.returncode is None and _alive(p.pid):
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(p.pid, signal.SIGKILL)
+                    with contextlib.suppress(ProcessLookupError):  # casfs run and its job
+                        os.killpg(p.pid, signal.SIGKILL)
             for th in threads:
                 th.join(60)
             if fault is not None:
@@ -381,7 +391,7 @@ class Fleet:
             t0 = time.monotonic()
             p = subprocess.run([sys.executable, NETWORK, "--copy-restore-job",
                                 nets[i].endpoint, str(dests[i])],
-                               env=self.env(None, nets[i]), cwd=REPO, capture_output=True,
+                               env=self.env(None, nets[i]), cwd=self.src, capture_output=True,
                                text=True, timeout=1800, check=False)
             out[i]["wall_s"] = round(time.monotonic() - t0, 3)
             out[i]["exit"] = p.returncode
@@ -402,6 +412,12 @@ class Fleet:
             out[i]["bytes_down"] = nets[i].counts()["bytes_down"]
             out[i]["cpu_s_mean"] = round(cpu / n, 2)
         return out
+
+
+def _rev(src: Path) -> str:
+    from bench.network import _rev as rev
+
+    return rev(src)
 
 
 def _children_cpu() -> float:
@@ -463,9 +479,9 @@ def _check_invariants(rs: list[dict[str, Any]], files: int, fetch_timeout: float
 # --- the measurements -------------------------------------------------------
 
 def measure(work: Path, ns_list: list[int], kernels: int, rtt_ms: float,
-            copy_restore: bool = True) -> dict[str, Any]:
+            copy_restore: bool = True, casfs_src: Path = REPO) -> dict[str, Any]:
     t_start = time.perf_counter()
-    fleet = Fleet(work, kernels, rtt_ms)
+    fleet = Fleet(work, kernels, rtt_ms, casfs_src=casfs_src)
     rows: dict[str, Any] = {}
     try:
         for n in ns_list:
@@ -525,7 +541,8 @@ def measure(work: Path, ns_list: list[int], kernels: int, rtt_ms: float,
                        " 1 weed s3; one tests/netem.py proxy per node",
             "read_path": "a real casfs run per node (FUSE mount, fetch workers): the job opens"
                          " and reads every file through the mount and checks its bytes",
-            "rtt_ms": rtt_ms, "cpus": os.cpu_count(),
+            "rtt_ms": rtt_ms, "cpus": os.cpu_count(), "casfs_src": str(casfs_src),
+            "casfs_rev": _rev(casfs_src),
             "n_64": "not run: needs a machine with more cores (each node's mount process"
                     " and fetch workers cost ~1 CPU-s per 1,000 files here; 64 nodes on 2"
                     " cores measure CPU contention, not the fleet); --nodes 64 runs it",
@@ -533,9 +550,10 @@ def measure(work: Path, ns_list: list[int], kernels: int, rtt_ms: float,
 
 
 def faults(work: Path, n: int, kernels: int, rtt_ms: float, stall_s: float,
-           fetch_timeout: float, refresh_s: float, phases: list[str]) -> dict[str, Any]:
+           fetch_timeout: float, refresh_s: float, phases: list[str], share: float = 0.05,
+           casfs_src: Path = REPO) -> dict[str, Any]:
     t_start = time.perf_counter()
-    fleet = Fleet(work, kernels, rtt_ms)
+    fleet = Fleet(work, kernels, rtt_ms, casfs_src=casfs_src)
     out: dict[str, Any] = {}
     problems: list[str] = []
     try:
@@ -546,11 +564,13 @@ def faults(work: Path, n: int, kernels: int, rtt_ms: float, stall_s: float,
             events: list[tuple[str, float]] = []
 
             def during(t0: float, phase: str = phase, events: list[Any] = events) -> None:
-                time.sleep(1.0)
+                if not phase.endswith("-at-start"):  # as the first job's reads begin
+                    while not any(fleet.started.iterdir()) and time.monotonic() - t0 < 120:
+                        time.sleep(0.02)
                 if phase == "volume-kill":
                     fleet.cluster.kill_volume(0)
                     events.append(("volume0 SIGKILL", time.monotonic() - t0))
-                elif phase == "s3-stall":
+                elif phase.startswith("s3-stall"):
                     fleet.cluster.stop_s3()
                     events.append(("s3 SIGSTOP", time.monotonic() - t0))
                     try:
@@ -560,8 +580,8 @@ def faults(work: Path, n: int, kernels: int, rtt_ms: float, stall_s: float,
                     events.append(("s3 SIGCONT", time.monotonic() - t0))
 
             for net in nets:
-                net.reset_share = 0.05 if phase == "resets" else 0.0
-                net.slowdown_share = 0.05 if phase == "slowdown" else 0.0
+                net.reset_share = share if phase == "resets" else 0.0
+                net.slowdown_share = share if phase == "slowdown" else 0.0
             try:
                 rs = fleet.casfs_round(pub["namespace"], n, f"fault-{phase}",
                                        until_s=stall_s + 90, fetch_timeout=fetch_timeout,
@@ -591,12 +611,12 @@ def faults(work: Path, n: int, kernels: int, rtt_ms: float, stall_s: float,
         fleet.close()
     return {"what": "bench.fleet --faults", "tree": {"kernels": kernels, "files": fleet.files},
             "nodes": n, "rtt_ms": rtt_ms, "stall_s": stall_s, "fetch_timeout": fetch_timeout,
-            "refresh_interval": refresh_s, "cpus": os.cpu_count(),
+            "refresh_interval": refresh_s, "share": share, "cpus": os.cpu_count(),
             "seconds": round(time.perf_counter() - t_start), "phases": out,
             "problems": problems}
 
 
-PHASES = ("volume-kill", "s3-stall", "resets", "slowdown")
+PHASES = ("volume-kill", "s3-stall", "s3-stall-at-start", "resets", "slowdown")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -610,23 +630,30 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--faults", action="store_true")
     ap.add_argument("--phases", default=",".join(PHASES))
     ap.add_argument("--stall-s", type=float, default=30.0)
+    ap.add_argument("--share", type=float, default=0.05,
+                    help="--faults: share of responses reset / answered 503 (default 0.05)")
     ap.add_argument("--fetch-timeout", type=float, default=10.0)
     ap.add_argument("--refresh-interval", type=float, default=5.0)
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--casfs-src", type=Path, default=REPO,
+                    help="run casfs from this source tree (default: this checkout)")
     ap.add_argument("--workdir", type=Path)
-    ap.add_argument("--check-job", nargs=2, help=argparse.SUPPRESS)
+    ap.add_argument("--check-job", nargs="+", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.check_job:
-        print(json.dumps(check_job(args.check_job[0], float(args.check_job[1]))))
+        print(json.dumps(check_job(args.check_job[0], float(args.check_job[1]),
+                                   *args.check_job[2:3])))
         return 0
     with tempfile.TemporaryDirectory(prefix="casfs-bench-fleet-", dir=args.workdir) as tmp:
         if args.faults:
             doc = faults(Path(tmp), int((args.nodes or "4").split(",")[0]),
                          args.kernels or 150, args.rtt_ms, args.stall_s, args.fetch_timeout,
-                         args.refresh_interval, args.phases.split(","))
+                         args.refresh_interval, args.phases.split(","), args.share,
+                         args.casfs_src.resolve())
         else:
             doc = measure(Path(tmp), [int(x) for x in (args.nodes or "1,4,16").split(",")],
-                          args.kernels or 600, args.rtt_ms, not args.no_copy_restore)
+                          args.kernels or 600, args.rtt_ms, not args.no_copy_restore,
+                          args.casfs_src.resolve())
     text = json.dumps(doc, indent=1)
     if args.json:
         args.json.write_text(text + "\n")
