@@ -20,6 +20,15 @@ replies]}. The tenant comes from the peer's credentials (casfs.node.tenant).
 
 What is served is written to ``<state>/run/host-served.json`` so a restarted
 host (after a crash) serves the same namespaces at the same paths at once.
+
+Replaced under running jobs (``spawn_host(replace=True)``: casfsd's restart of
+it, an upgrade) like one mount (casfs.node.handover): at ``prepare`` the old
+host writes what it serves and its leases, gives up its lock and every
+namespace's, and answers lease requests with ``retry`` until it steps aside;
+the new one restores all of it, serves its session on a stage, moves it
+beneath the old mount, and has the old one step aside. The old host then
+serves only what jobs hold open on its detached mount, checks no lease, and
+publishes and exits once the kernel ends its connection.
 """
 
 from __future__ import annotations
@@ -40,7 +49,7 @@ from typing import Any
 import trio
 
 from casfs.errors import CasfsError, UsageError
-from casfs.node import bounds, control, guard, leases, nsregistry, reclaim
+from casfs.node import bounds, control, guard, handover, leases, nsregistry, procexit, reclaim
 from casfs.node.config import HostConfig  # lives below trio: the CLI builds one without it
 from casfs.node.tenant import requester, tenant_of, tenant_owner
 from casfs.node.worker import spawn_host
@@ -86,10 +95,11 @@ class Served:
     scope: trio.CancelScope | None = None
     idle_since: float | None = None
     users: set[int] = field(default_factory=set)
+    tasks: list[Any] = field(default_factory=list)  # its Periodic work, once started
 
 
 class NodeHost:
-    def __init__(self, cfg: HostConfig) -> None:
+    def __init__(self, cfg: HostConfig, replace: bool = False) -> None:
         from casfs.view.mux import MuxOperations
 
         cfg.check()
@@ -103,10 +113,24 @@ class NodeHost:
         self._detaching: dict[Key, trio.Event] = {}
         self._last_check = 0.0  # monotonic start of the last lease check
         self._check_lock: trio.Lock | None = None
+        self._exits = procexit.ExitWatch()  # how casfs env leases' holders ended
         self._nursery: trio.Nursery | None = None
         self.stopping = False
         self.started = time.time()
-        self._lock_fd = self._take_lock()
+        # Replacements (casfs.node.handover): ours of a predecessor (it gives up its
+        # locks first), and our answers to a successor (``handing_over`` from its
+        # prepare on: what is served and leased is the successor's to record).
+        self.handing = handover.Handing()
+        self.handing_over = False
+        self.predecessor = (handover.prepare(cfg.run_dir, cfg.name, cfg.base) if replace
+                            else None)
+        if self.predecessor is not None:
+            self.handing.stage = handover.stage_dir(cfg.run_dir, cfg.name)
+        self.drain = handover.Drain(cfg.base, cfg.run_dir, self.handing,
+                                    give_locks=self._give_locks,
+                                    retake_locks=self._retake_locks,
+                                    writing=self._writing, aside=self._stepped_aside)
+        self._lock_fd: int | None = self._take_lock()
 
     def _take_lock(self) -> int:
         self.cfg.run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -130,7 +154,9 @@ class NodeHost:
         key = (tenant, namespace)
         # Attached by another lease just now, or being released: its final publication
         # holds the namespace's lock (a new MountService would be refused): wait for it.
-        while (ev := self._attaching.get(key) or self._detaching.get(key)) is not None:
+        # (Not ``a.get(key) or d.get(key)``: a trio.Event refuses to be a bool, and the
+        # second lease of a namespace being attached failed with TypeError.)
+        while (ev := self._attaching.get(key, self._detaching.get(key))) is not None:
             await ev.wait()
         s = self.served.get(key)
         if s is not None:
@@ -168,7 +194,8 @@ class NodeHost:
             s.scope = scope
             task_status.started()
             async with trio.open_nursery() as n:
-                for t in svc.tasks():
+                s.tasks = svc.tasks()
+                for t in s.tasks:
                     n.start_soon(t.run)
                 svc.start_prefetch()  # the namespace's hot set, in the background
 
@@ -227,6 +254,7 @@ class NodeHost:
         # Registered before attaching: the lease check must not release the first
         # namespace while the next one is being attached.
         self.leases[lid] = lease
+        self._watch_holders()
         out = []
         try:
             for c in caches:
@@ -298,8 +326,11 @@ class NodeHost:
                 log.info("lease %s: process %d is gone", lid, lease.pid)
                 del self.leases[lid]
                 self._persist()
-                if self._gone_killed(lid, lease):
-                    self._torn(lease.keys, late=max(late, self.cfg.lease_poll))
+                killed, died = await self._gone_killed(lid, lease)
+                if killed:  # since it died, when the kernel said (casfs env), or the check
+                    self._torn(lease.keys, late=max(late, self.cfg.lease_poll) if died is None
+                               else max(0.0, time.monotonic() - died))
+        self._watch_holders()
         held = {k for lease in self.leases.values() for k in lease.keys}
         idle = {str(s.path): k for k, s in self.served.items() if k not in held}
         for k, s in self.served.items():
@@ -332,6 +363,8 @@ class NodeHost:
     async def _lease_loop(self) -> None:
         while True:
             await trio.sleep(self.cfg.lease_poll)
+            if self.handing_over:  # the leases are the successor's now (or soon)
+                continue
             try:
                 await self.check_leases()
             except Exception:
@@ -342,6 +375,8 @@ class NodeHost:
         every = max(1.0, min(600.0, self.cfg.reclaim_after / 4))
         while True:
             await trio.sleep(every)
+            if self.handing_over:
+                continue
             skip = {s.svc.cfg.namespace for s in self.served.values()}
             try:
                 await trio.to_thread.run_sync(reclaim.reclaim_idle, self.cfg.state_dir,
@@ -373,15 +408,32 @@ class NodeHost:
 
         self._nursery.start_soon(run)
 
-    def _gone_killed(self, lid: str, lease: Lease) -> bool:
-        """Whether a lease whose process died unreleased stands for a killed job."""
+    async def _gone_killed(self, lid: str, lease: Lease) -> tuple[bool, float | None]:
+        """Whether a lease whose process died unreleased stands for a killed job, and
+        when it died (time.monotonic()) if the kernel said."""
         if lease.follows is not None:
             # A job's own lease: casfs run releases it and says whether the job was
             # killed, unless casfs run died first (then nobody can tell: assume so).
-            return lease.follows not in self.leases
-        # casfs run killed before it released: its job likely too, unless the job's
-        # own lease still stands (dead or alive: a dead one is judged on its turn).
-        return lease.run and not any(f.follows == lid for f in self.leases.values())
+            return lease.follows not in self.leases, None
+        if lease.run:
+            # casfs run killed before it released: its job likely too, unless the job's
+            # own lease still stands (dead or alive: a dead one is judged on its turn).
+            return not any(f.follows == lid for f in self.leases.values()), None
+        # casfs env's: its holder (the job's shell) is no child of ours; the kernel's
+        # process connector said how it ended. Unknown (not said, lost, no connector,
+        # died while no host ran) counts as killed: a good file is only compiled again.
+        ex = self._exits.exit_of(lease.pid)
+        if ex is None:  # read just after the check found it gone, or never to come
+            killed, ex = await trio.to_thread.run_sync(self._exits.verdict, lease.pid)
+        else:
+            killed = ex.killed
+        log.info("lease %s: process %d %s", lid, lease.pid,
+                 ex.describe() if ex is not None else "ended, how is unknown")
+        return killed, ex.at if ex is not None else None
+
+    def _watch_holders(self) -> None:
+        self._exits.watch(lease.pid for lease in self.leases.values()
+                          if not lease.run and lease.follows is None)
 
     def _torn(self, keys: set[Key], late: float) -> None:
         """A job holding ``keys`` was killed at most ``late`` seconds ago: what its
@@ -396,6 +448,8 @@ class NodeHost:
 
     # --- persistence across a restart ----------------------------------------------------
     def _persist(self) -> None:
+        if self.handing_over:  # the successor's record from prepare on
+            return
         data = {
             "served": [{"tenant": k[0], "namespace": k[1], "family": s.family}
                        for k, s in sorted(self.served.items())],
@@ -411,10 +465,12 @@ class NodeHost:
 
     async def _restore(self) -> None:
         """Serve again what a previous (crashed) host served, with its live leases."""
+        since = time.monotonic()  # what the attaches find unpromoted is marked from here
         try:
             data = json.loads(self.cfg.served_file.read_bytes())
         except (OSError, ValueError):
             return
+        gone: list[Lease] = []
         for item in data.get("served", []):
             try:
                 await self.attach(item["tenant"], item["family"], item["namespace"])
@@ -429,11 +485,25 @@ class NodeHost:
                 continue
             if leases.alive(lease.pid, lease.started):
                 self.leases[lease.id] = lease
+            else:
+                gone.append(lease)
+        self._watch_holders()
         self._persist()
+        for lease in gone:  # died unreleased while no host ran: judged as at a check
+            log.info("lease %s: process %d ended while no mount process ran", lease.id,
+                     lease.pid)
+            if (await self._gone_killed(lease.id, lease))[0]:
+                self._torn(lease.keys, late=time.monotonic() - since)
 
     # --- control ------------------------------------------------------------------------------
     async def _handle(self, req: dict[str, Any]) -> dict[str, Any]:
         cmd = req.get("cmd")
+        if cmd == "handover":  # a successor takes the node's namespaces over
+            return await self.drain.handle(req)
+        if cmd in ("lease", "release") and self.handing_over:
+            # The successor restores leases from what prepare wrote: ask it (a moment)
+            return {"ok": False, "retry": True,
+                    "error": "this node's mount process is being replaced: try again"}
         if cmd == "lease":
             return await self.lease(req)
         if cmd == "release":
@@ -455,27 +525,41 @@ class NodeHost:
 
     async def _background(self, nursery: trio.Nursery) -> None:
         self._nursery = nursery
-        await nursery.start(control.serve_control, self.cfg.socket_path, self._handle)
-        await self._restore()
+        self.drain.nursery = nursery
+        await nursery.start(self._exits.run)  # before any lease: its holder's end is seen
+        if self.predecessor is not None:
+            # Every namespace routable here before this mount is the visible one, then
+            # the control socket (the predecessor's path) and the leases are ours.
+            await self._restore()
+            await handover.take_over(self.cfg.base, self.handing, self.predecessor)
+            await nursery.start(control.serve_control, self.cfg.socket_path, self._handle)
+        else:
+            await nursery.start(control.serve_control, self.cfg.socket_path, self._handle)
+            await self._restore()
         nursery.start_soon(self._lease_loop)
         if self.cfg.reclaim_after > 0:
             nursery.start_soon(self._reclaim_loop)
 
     async def _shutdown(self) -> None:
         self.stopping = True
+        if self.handing.ended:  # handed over and let go of: the RELEASEs may never come
+            for s in self.served.values():
+                s.svc.handing.ended = True
         async with trio.open_nursery() as n:
             for key in list(self.served):
                 n.start_soon(self.detach, key)
             for ev in list(self._detaching.values()):  # releases already under way
                 n.start_soon(ev.wait)
-        self.cfg.served_file.unlink(missing_ok=True)  # a clean stop: nothing to restore
+        if not self.handing_over:  # else the successor's record
+            self.cfg.served_file.unlink(missing_ok=True)  # a clean stop: nothing to restore
 
     def serve(self, on_ready: Callable[[], None] | None = None) -> None:
         from casfs.view import session
 
         cfg = self.cfg
-        guard.refuse_stacking(cfg.base, "this node's namespaces")
-        session.clear_stale_mount(cfg.base)
+        if self.predecessor is None:  # a successor stacks beneath its predecessor's mount
+            guard.refuse_stacking(cfg.base, "this node's namespaces")
+            session.clear_stale_mount(cfg.base)
         cfg.base.mkdir(parents=True, exist_ok=True)
         guarded = cfg.guard and guard.install(cfg.base, cfg.state_dir)
 
@@ -492,12 +576,49 @@ class NodeHost:
         try:
             session.serve(self.mux, cfg.base, fsname="casfs-ns", allow_other=cfg.allow_other,
                           debug=cfg.debug, on_ready=ready, background=self._background,
-                          on_shutdown=self._shutdown)
+                          on_shutdown=self._shutdown, handing=self.handing)
         finally:
-            control.remove_registry(cfg.run_dir, cfg.name)
-            if guarded:
+            control.remove_registry(cfg.run_dir, cfg.name, os.getpid())
+            if guarded and not self.handing.stepped_aside:  # else: the successor's
                 guard.remove(cfg.base)  # a clean stop; a crash leaves it, which is the point
+            if self._lock_fd is not None:
+                os.close(self._lock_fd)
+            self.drain.close()
+
+    # --- handing over (casfs.node.handover) ---------------------------------------------
+    def _give_locks(self) -> list[str]:
+        """prepare: what is served and leased written for the successor, then the host's
+        lock and every namespace's given up; the namespaces to hold draining."""
+        self._persist()
+        self.handing_over = True
+        if self._lock_fd is not None:
             os.close(self._lock_fd)
+            self._lock_fd = None
+        return [ns for s in self.served.values() for ns in s.svc.give_lock()]
+
+    def _retake_locks(self) -> bool:
+        """The successor never took over: serve on (False while someone holds a lock)."""
+        try:
+            self._lock_fd = self._lock_fd if self._lock_fd is not None else self._take_lock()
+        except (UsageError, OSError):
+            return False
+        if not all(s.svc.retake_lock() for s in self.served.values()):
+            return False
+        self.handing_over = False
+        self._persist()
+        return True
+
+    def _writing(self) -> dict[str, list[str]]:
+        return {s.svc.cfg.namespace: s.svc.tracker.writing() for s in self.served.values()}
+
+    async def _stepped_aside(self) -> None:
+        """Serve only what jobs hold open here: no lease checks (the successor's), no
+        refresh or prefetch; promotion and publication of what is tracked go on."""
+        for s in list(self.served.values()):
+            for t in s.tasks:
+                if t.name == "refresh_once":
+                    t.stop()
+            await s.svc.stepped_aside()
 
     def final_stats(self) -> dict[str, Any]:
         return {"host": True, "namespaces": list(self.final.values())}

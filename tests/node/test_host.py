@@ -58,7 +58,17 @@ def casfs(node: dict[str, Any], *args: str, **kw: Any) -> subprocess.Popen[bytes
 
 
 def sleeper() -> subprocess.Popen[bytes]:
-    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    """A job's process, to hold a lease: ``end`` ends it as a job ends (exit 0). Killed,
+    it is a killed job: what its namespaces changed just before is not published."""
+    return subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"],
+                            stdin=subprocess.PIPE)
+
+
+def end(job: subprocess.Popen[bytes]) -> None:
+    """The job ends cleanly (its input closed, it exits 0)."""
+    assert job.stdin is not None
+    job.stdin.close()
+    assert job.wait(timeout=60) == 0
 
 
 def test_two_casfs_run_at_once_share_one_mount(node: dict[str, Any]) -> None:
@@ -123,8 +133,7 @@ def test_namespaces_share_one_session_and_come_and_go(node: dict[str, Any]) -> N
         r2 = control.request(sock, "lease", pid=job2.pid,
                              caches=[{"family": "generic", "namespace": "gamma"}])
         (Path(r2["caches"][0]["path"]) / "x").write_text("gamma")
-        job2.kill()
-        job2.wait()
+        end(job2)
         wait_until(lambda: published(node["root"], "gamma"), "gamma's final publication")
         assert published(node["root"], "gamma") == {"x": b"gamma"}
         assert "gamma" not in os.listdir(node["base"] / UID)  # released
@@ -132,8 +141,7 @@ def test_namespaces_share_one_session_and_come_and_go(node: dict[str, Any]) -> N
         held.close()
         assert [m for m in mounts_at(node["base"]) if m.fstype.startswith("fuse")] == mnt_before
 
-        job.kill()
-        job.wait()
+        end(job)
         wait_until(lambda: w.proc.poll() is not None, "the host to exit once idle")
         assert published(node["root"], "alpha") == {"g": b"in alpha"}
         assert published(node["root"], "beta") == {"f": b"in beta"}
@@ -158,8 +166,7 @@ def test_a_lease_during_its_namespaces_release_waits_for_it(node: dict[str, Any]
         files = {f"f{i}": os.urandom(1500) for i in range(300)}  # a release that takes a while
         for name, data in files.items():
             (path / name).write_bytes(data)
-        job.kill()
-        job.wait()
+        end(job)
         wait_until(lambda: "alpha" not in os.listdir(node["base"] / UID), "alpha's release",
                    interval=0.005)
         job2 = sleeper()
@@ -168,10 +175,8 @@ def test_a_lease_during_its_namespaces_release_waits_for_it(node: dict[str, Any]
         assert r2["ok"], r2
         assert r2["caches"][0]["served_seq"] == 1  # the release's publication
         assert (path / "f7").read_bytes() == files["f7"]
-        job2.kill()
-        job2.wait()
-        keeper.kill()
-        keeper.wait()
+        end(job2)
+        end(keeper)
         wait_until(lambda: w.proc.poll() is not None, "the host to exit once idle")
         assert published(node["root"], "alpha") == files
     finally:
@@ -195,8 +200,7 @@ def test_a_mapped_library_keeps_the_namespace(node: dict[str, Any]) -> None:
              "f.close(); print('mapped', flush=True); time.sleep(600)"],
             stdout=subprocess.PIPE)
         assert mapper.stdout is not None and mapper.stdout.readline() == b"mapped\n"
-        job.kill()
-        job.wait()
+        end(job)
 
         def holders() -> list[int]:
             st = control.request(w.cfg.socket_path, "status")

@@ -19,6 +19,8 @@ from casfs.node import control
 from casfs.node.host import HostConfig, spawn_host
 from casfs.store.root import SharedRoot
 
+from .test_host import end, sleeper
+
 pytestmark = [pytest.mark.fuse]
 
 FILES = 12
@@ -40,13 +42,14 @@ def _cfg(node: dict[str, Any], name: str) -> HostConfig:
 
 
 def _cycle(sock: Path, body: Any) -> None:
-    """One job: lease alpha, run ``body`` on its directory, die; wait for the release."""
-    job = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    """One job: lease alpha, run ``body`` on its directory, end; wait for the release."""
+    job = sleeper()
     try:
         r = control.request(sock, "lease", pid=job.pid,
                             caches=[{"family": "generic", "namespace": "alpha"}])
         assert r["ok"], r
         body(Path(r["caches"][0]["path"]))
+        end(job)
     finally:
         job.kill()
         job.wait()

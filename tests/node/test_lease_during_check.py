@@ -4,8 +4,6 @@ namespace: the check must not release it from what it saw before."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +13,7 @@ from waiting import wait_until
 from casfs.node import control
 from casfs.node.host import spawn_host
 
-from .test_host import host_cfg
+from .test_host import end, host_cfg, sleeper
 
 pytestmark = [pytest.mark.fuse]
 
@@ -29,8 +27,7 @@ def test_a_lease_granted_during_the_users_scan_keeps_its_namespace(
     w = spawn_host(host_cfg(node, grace=0.0, exit_when_idle=False), log_to_stderr=True)
     sock = w.cfg.socket_path
     alpha = [{"family": "generic", "namespace": "alpha"}]
-    jobs = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
-            for _ in range(2)]
+    jobs = [sleeper() for _ in range(2)]
     try:
         assert control.request(sock, "lease", pid=jobs[0].pid, caches=alpha)["ok"]
         jobs[0].kill()  # the first job ends: alpha is idle, the check scans for its users
@@ -48,6 +45,7 @@ def test_a_lease_granted_during_the_users_scan_keeps_its_namespace(
         assert served == ["alpha"]  # the second job's namespace is still served
         (path / "f").write_text("the second job writes")
         assert (path / "f").read_text() == "the second job writes"
+        end(jobs[1])  # exits 0: a kill would hold f (casfs.node.procexit)
     finally:
         for j in jobs:
             j.kill()

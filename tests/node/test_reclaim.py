@@ -18,7 +18,7 @@ from casfs.index.node_index import NodeIndex
 from casfs.node import control
 from casfs.node.host import spawn_host
 
-from .test_host import UID, casfs, host_cfg, published, sleeper
+from .test_host import UID, casfs, end, host_cfg, published, sleeper
 
 pytestmark = [pytest.mark.fuse]
 
@@ -195,8 +195,7 @@ def test_lease_during_the_hosts_own_reclaim(node: dict[str, Any],
                             caches=[{"family": "generic", "namespace": "gamma"}])
         path = Path(r["caches"][0]["path"])
         (path / "a").write_bytes(b"A")
-        jobs[-1].kill()
-        jobs[-1].wait()
+        end(jobs[-1])
         wait_until(lambda: "gamma" not in os.listdir(node["base"] / UID), "gamma's release")
         upper = namespaces_upper(node)[0]
         (upper / "b").write_bytes(b"B")  # left unpublished (a mount that died, say)
@@ -219,8 +218,7 @@ def test_lease_during_the_hosts_own_reclaim(node: dict[str, Any],
         t.join(timeout=90)
         assert not t.is_alive() and reply.get("ok"), reply
         assert (path / "a").read_bytes() == b"A" and (path / "b").read_bytes() == b"B"
-        jobs[-1].kill()
-        jobs[-1].wait()
+        end(jobs[-1])
         # The release publishes b (the mount promoted it at start: the reclaim let it in
         # before publishing anything).
         wait_until(lambda: published(node["root"], upper.name) == {"a": b"A", "b": b"B"},
