@@ -189,9 +189,10 @@ def open_connector(pids: Iterable[int] | None = ()) -> socket.socket:
                 continue
         sock.bind((0, CN_IDX_PROC))
         sock.send(_subscribe_msg(PROC_CN_MCAST_LISTEN))
-        # The acknowledgement says whether the kernel took it (EPERM without
-        # CAP_NET_ADMIN); older kernels send none: the subscription then stands.
-        sock.settimeout(1.0)
+        # The acknowledgement says whether the kernel took it (EPERM: not allowed).
+        # None comes to a process outside the first pid or user namespace (a
+        # container's): the kernel ignores it, its events would name other pids.
+        sock.settimeout(2.0)
         try:
             while True:
                 got = decode(sock.recv(65536))
@@ -200,7 +201,8 @@ def open_connector(pids: Iterable[int] | None = ()) -> socket.socket:
                         raise OSError(got[1], os.strerror(got[1]))
                     break
         except TimeoutError:
-            pass
+            raise OSError(errno.ETIMEDOUT, "no answer: a pid or user namespace of its own?"
+                          ) from None
         sock.setblocking(False)
     except BaseException:
         sock.close()
@@ -263,7 +265,7 @@ class ExitWatch:
                   ) -> None:
         """As a trio task: started, then stopped when cancelled. Runs without the
         connector too (every verdict is then unknown)."""
-        if not self.start():
+        if not await trio.to_thread.run_sync(self.start):  # up to 2 s in a container
             why = self.unavailable or ""
             self._tell(why, f"{why}: every casfs env job that ends counts as killed (what"
                             f" it wrote last is not published)")
