@@ -504,6 +504,9 @@ def measure(work: Path, ns_list: list[int], kernels: int, rtt_ms: float,
                 "cpu_per_node_s": round(statistics.mean(r["cpu_s"] for r in rs), 2),
                 "cpu_per_node_mount_s": round(statistics.mean(r["cpu_mount_s"] for r in rs), 2),
                 "cpu_seaweedfs_s": round(srv_cpu, 2),
+                # the time N nodes' CPU alone takes on this machine's cores
+                "cpu_bound_s": round(max(1.0, n / (os.cpu_count() or 1))
+                                     * statistics.mean(r["cpu_s"] for r in rs), 2),
                 "requests_total": total,
                 "requests_per_node": round(total["total"] / n, 1),
                 "files_per_request": round(fleet.files * n / max(1, total["total"]), 2),
@@ -525,6 +528,7 @@ def measure(work: Path, ns_list: list[int], kernels: int, rtt_ms: float,
                                                            / row["copy_restore_p50_s"], 2)
                 row["casfs_over_copy_restore_p99"] = round(row["casfs_p99_s"]
                                                            / row["copy_restore_p99_s"], 2)
+            row["p99_over_cpu_bound"] = round(row["casfs_p99_s"] / row["cpu_bound_s"], 2)
             row["per_node"] = [{k: r[k] for k in ("wall_s", "cpu_s", "cpu_mount_s",
                                                   "requests", "bytes_down")} for r in rs]
             rows[str(n)] = row
