@@ -64,6 +64,7 @@ EXIT = struct.Struct("=iiII")
 ACK = struct.Struct("=I")
 
 MAX_FILTERED = 240  # pids compared in the filter (its jumps are 8-bit); past that, all exits
+RCVBUF = 4 << 20  # the socket's queue: a burst of exits the reader has not read yet
 KEEP = 8192  # exits remembered
 KEEP_FOR = 3600.0  # seconds an exit is remembered
 WAIT_FOR_EVENT = 2.0  # the holder is a zombie before its event is sent: how long to wait
@@ -105,18 +106,19 @@ class Exit:
 
 
 def decode(msg: bytes) -> tuple[str, Any] | None:
-    """One netlink message from the connector: ("exit", Exit), ("ack", errno), or None."""
+    """One netlink message from the connector: ("exit", Exit), ("ack", (errno, ack)) (the
+    ack field of the subscription it answers, plus one), or None."""
     if len(msg) < OFF_DATA:
         return None
     length, kind = NLMSG.unpack_from(msg)[:2]
     if kind != NLMSG_DONE or length > len(msg):
         return None
-    idx, val = CN_MSG.unpack_from(msg, NLMSG.size)[:2]
+    idx, val, _seq, ack = CN_MSG.unpack_from(msg, NLMSG.size)[:4]
     if (idx, val) != (CN_IDX_PROC, CN_VAL_PROC):
         return None
     what = ACK.unpack_from(msg, OFF_WHAT)[0]
     if what == PROC_EVENT_NONE and len(msg) >= OFF_DATA + ACK.size:
-        return ("ack", ACK.unpack_from(msg, OFF_DATA)[0])
+        return ("ack", (ACK.unpack_from(msg, OFF_DATA)[0], ack))
     if what == PROC_EVENT_EXIT and len(msg) >= OFF_DATA + EXIT.size:
         pid, tgid, status, _to_parent = EXIT.unpack_from(msg, OFF_DATA)
         if pid != tgid:
@@ -126,8 +128,9 @@ def decode(msg: bytes) -> tuple[str, Any] | None:
     return None
 
 
-def _subscribe_msg(op: int) -> bytes:
-    body = CN_MSG.pack(CN_IDX_PROC, CN_VAL_PROC, 0, 0, 4, 0) + struct.pack("=I", op)
+def _subscribe_msg(op: int, token: int = 0) -> bytes:
+    """The kernel answers with ``token`` + 1 in its ack field (cn_proc_ack)."""
+    body = CN_MSG.pack(CN_IDX_PROC, CN_VAL_PROC, 0, token, 4, 0) + struct.pack("=I", op)
     return NLMSG.pack(NLMSG.size + len(body), NLMSG_DONE, 0, 0, os.getpid()) + body
 
 
@@ -175,7 +178,7 @@ def attach_filter(sock: socket.socket, prog: list[tuple[int, int, int, int]]) ->
     sock.setsockopt(socket.SOL_SOCKET, SO_ATTACH_FILTER, fprog)
 
 
-def open_connector(pids: Iterable[int] | None = ()) -> socket.socket:
+def open_connector(pids: Iterable[int] | None = (), rcvbuf: int = RCVBUF) -> socket.socket:
     """A socket subscribed to the process connector, filtered to ``pids``' exits.
     OSError if the kernel refuses (not root: EPERM, no connector)."""
     sock = socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, NETLINK_CONNECTOR)
@@ -183,22 +186,24 @@ def open_connector(pids: Iterable[int] | None = ()) -> socket.socket:
         attach_filter(sock, program(pids))
         for opt in (SO_RCVBUFFORCE, socket.SO_RCVBUF):  # FORCE: root, past rmem_max
             try:
-                sock.setsockopt(socket.SOL_SOCKET, opt, 4 << 20)
+                sock.setsockopt(socket.SOL_SOCKET, opt, rcvbuf)
                 break
             except OSError:
                 continue
         sock.bind((0, CN_IDX_PROC))
-        sock.send(_subscribe_msg(PROC_CN_MCAST_LISTEN))
+        seq = int.from_bytes(os.urandom(4), "little") & 0x7FFFFFFF
+        sock.send(_subscribe_msg(PROC_CN_MCAST_LISTEN, seq))
         # The acknowledgement says whether the kernel took it (EPERM: not allowed).
         # None comes to a process outside the first pid or user namespace (a
         # container's): the kernel ignores it, its events would name other pids.
+        # Acknowledgements go to every listener: ours carries our token, plus one.
         sock.settimeout(2.0)
         try:
             while True:
                 got = decode(sock.recv(65536))
-                if got is not None and got[0] == "ack":
-                    if got[1]:
-                        raise OSError(got[1], os.strerror(got[1]))
+                if got is not None and got[0] == "ack" and got[1][1] == seq + 1:
+                    if got[1][0]:
+                        raise OSError(got[1][0], os.strerror(got[1][0]))
                     break
         except TimeoutError:
             raise OSError(errno.ETIMEDOUT, "no answer: a pid or user namespace of its own?"
@@ -213,8 +218,9 @@ def open_connector(pids: Iterable[int] | None = ()) -> socket.socket:
 class ExitWatch:
     """The exits of the watched pids, read in a thread: ``start``, ``watch``, ``exit_of``."""
 
-    def __init__(self, keep: int = KEEP, keep_for: float = KEEP_FOR) -> None:
-        self.keep, self.keep_for = keep, keep_for
+    def __init__(self, keep: int = KEEP, keep_for: float = KEEP_FOR,
+                 rcvbuf: int = RCVBUF) -> None:
+        self.keep, self.keep_for, self.rcvbuf = keep, keep_for, rcvbuf
         self._cond = threading.Condition()
         self._exits: OrderedDict[int, Exit] = OrderedDict()
         self._watched: dict[int, float] = {}  # pid -> when it was first watched
@@ -233,7 +239,7 @@ class ExitWatch:
         kernel refuses."""
         try:
             with self._cond:
-                self._sock = open_connector(self._watched)
+                self._sock = open_connector(self._watched, self.rcvbuf)
         except OSError as e:
             self.unavailable = (f"the kernel's process connector is unavailable"
                                 f" ({e.strerror or e})")

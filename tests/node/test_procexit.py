@@ -18,6 +18,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
+from waiting import wait_until
 
 from casfs.node import procexit
 
@@ -157,3 +158,32 @@ def test_a_pid_not_watched_when_it_died_is_unknown(watch: procexit.ExitWatch) ->
     start = time.monotonic()
     assert watch.verdict(os.getpid() + 100000, wait=2.0) == (True, None)
     assert time.monotonic() - start < 1.0  # nothing to wait for
+
+
+def test_exits_lost_to_an_overflow_are_unknown_and_not_waited_for() -> None:
+    # A small queue, and the reader held up (it records under the watch's lock): the
+    # kernel drops what does not fit and says ENOBUFS.
+    w = procexit.ExitWatch(rcvbuf=4096)
+    assert w.start(), w.unavailable
+    procs = [subprocess.Popen(["sleep", "0.3"]) for _ in range(60)]
+    try:
+        w.watch(p.pid for p in procs)
+        with w._cond:
+            for p in procs:
+                p.wait()
+            time.sleep(0.2)
+        wait_until(lambda: w.lost, "the overflow to be seen")
+        unknown = [p.pid for p in procs if w.exit_of(p.pid) is None]
+        assert unknown  # lost: no record, and nothing to wait for
+        start = time.monotonic()
+        assert w.verdict(unknown[0], wait=5.0) == (True, None)
+        assert time.monotonic() - start < 1.0
+        assert "overflowed" in w.why_unknown(unknown[0])
+        # A holder watched after the overflow is heard of again.
+        later = subprocess.Popen(["sleep", "0.3"])
+        w.watch([later.pid])
+        later.wait()
+        ex = w.exit_of(later.pid, wait=5.0)
+        assert ex is not None and not ex.killed
+    finally:
+        w.stop()
