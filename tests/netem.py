@@ -289,6 +289,7 @@ class NetProxy:
         self._requests: list[Request] = []
         self.reset_counts()
         self._reset_armed = 0
+        self._slowdown_armed = 0
         self._stall_until = 0.0
         self._link_free = [0.0, 0.0]  # up, down: when the shared link is free again
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -329,6 +330,10 @@ class NetProxy:
         if after is not None:
             self.reset_after = after
         self._reset_armed += n
+
+    def slowdown_next(self, n: int = 1) -> None:
+        """Answer the next ``n`` requests with 503 SlowDown."""
+        self._slowdown_armed += n
 
     # --- lifecycle -------------------------------------------------------------
     def start(self) -> NetProxy:
@@ -487,7 +492,10 @@ class NetProxy:
             self._counts["requests"] += 1
             if self.record:
                 self._requests.append(req)
-        if self.slowdown_share and self.rng.random() < self.slowdown_share:
+        if self._slowdown_armed > 0 or (
+                self.slowdown_share and self.rng.random() < self.slowdown_share):
+            if self._slowdown_armed > 0:
+                self._slowdown_armed -= 1
             req.injected = True
             conn.dropping = req
             # with Expect: 100-continue the client waits for us before sending the body

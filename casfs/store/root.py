@@ -126,9 +126,11 @@ class SharedRoot:
                  open_timeout: float | None = None) -> SharedRoot:
         backend = S3Backend(loc, timeout=timeout)
         # The marker is one small GET: a server that cannot answer it within
-        # open_timeout is treated as down now (the caller retries later).
+        # open_timeout is treated as down now (the caller retries later). A 503 or a
+        # reset is retried within that bound (retry_timeout = open_timeout): one
+        # SlowDown must not make a fresh node serve nothing until its next retry.
         probe = backend if open_timeout is None or open_timeout >= timeout \
-            else S3Backend(loc, timeout=open_timeout, retries=0)
+            else S3Backend(loc, timeout=open_timeout, retries=2)
         try:
             with probe.open(MARKER) as f:
                 raw = f.read(1 << 16)

@@ -63,3 +63,22 @@ def test_retries_of_two_backends_do_not_line_up(monkeypatch: pytest.MonkeyPatch,
     finally:
         sink.close()
     assert max(gaps) - min(gaps) > 0.01, gaps  # six backends, six different instants
+
+
+def test_a_503_on_the_root_marker_is_retried_within_the_open_bound(
+        s3_url: str, tmp_path: Path) -> None:
+    """A mount's first request (the root marker, under ``open_timeout``) answered 503:
+    retried, the root opens (was: no retry, the node served local state only and a
+    fresh node's whole job missed; found by ``bench.fleet --faults``)."""
+    from casfs.store.root import SharedRoot
+
+    SharedRoot.open(s3_url, create=True)
+    loc = parse_location(s3_url)
+    assert isinstance(loc, S3Location) and loc.endpoint
+    with NetProxy(loc.endpoint, delay=0.0) as net:
+        url = s3_url.replace(loc.endpoint, net.endpoint)
+        net.slowdown_next(1)
+        t0 = time.monotonic()
+        SharedRoot.open(url, open_timeout=3.0)
+        assert time.monotonic() - t0 < 3.0
+        assert net.counts()["slowdown_503"] == 1
