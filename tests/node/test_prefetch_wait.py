@@ -26,6 +26,12 @@ class _Cache:
     def unpin(self, digest: str) -> None:
         pass
 
+    def bulk_planning(self) -> None:  # a whole-namespace plan's gate (LocalObjectCache)
+        pass
+
+    def bulk_planned(self) -> None:
+        pass
+
 
 class _Lower:
     def __init__(self, entries: list[Entry]) -> None:

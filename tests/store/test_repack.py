@@ -179,6 +179,10 @@ def test_repacking_gc_racing_publishers_keeps_every_kept_row_readable(
     assert not errors, errors
     assert published == list(range(1, 25))
     reports.append(maintenance.gc(root, keep=2, grace=grace, now=time.time() + 2 * grace))
+    # On a loaded machine the collector may have turned only a few times in the race, and
+    # a pack this last pass condemned is swept after its grace: one more pass past it
+    # (seen in a fresh-clone CI run: repacked, none removed yet).
+    reports.append(maintenance.gc(root, keep=2, grace=grace, now=time.time() + 4 * grace))
     # The race did what it is about: packs were repacked and old ones swept.
     assert sum(r.repacked_packs for r in reports) >= 1
     assert sum(r.removed_packs for r in reports) >= 1
