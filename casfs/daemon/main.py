@@ -290,6 +290,7 @@ class Daemon:
             threading.Thread(target=self._retention_loop, name="retention",
                              daemon=True).start()
             sup.start()
+            sup.stop_orphans()  # left serving by a casfsd for a mount removed since
             if sup.replace_outdated():  # adopted from a casfsd of another build or config
                 log.info("adopted mount processes replaced: every mount runs casfs %s",
                          __version__)

@@ -52,6 +52,8 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from casfs.daemon.config import DaemonConfig
@@ -68,6 +70,7 @@ HEALTHY_AFTER = 10.0  # a worker up this long resets the backoff (its next death
 STATUS_INTERVAL = 10.0
 RESTART_READY_TIMEOUT = 60.0
 QUERY_TIMEOUT = 5.0
+ORPHAN_STOP_TIMEOUT = 90.0  # a left-behind mount's final publication, then it is killed
 
 SpawnFn = Callable[..., Worker]
 
@@ -172,6 +175,28 @@ class Supervisor:
             slot.started = time.monotonic()
         log.info("%s: mounted %s at %s (worker pid %d)", slot.cfg.name, slot.cfg.namespace,
                  slot.cfg.mountpoint, w.proc.pid)
+
+    def stop_orphans(self) -> list[str]:
+        """Stop the mount processes a casfsd left serving for a mount no longer configured
+        (final publication, unmount), as a reload that removed it would: the names."""
+        from casfs.node import adopted
+
+        found = adopted.orphans(self.cfg.run_dir, {s.cfg.name for s in self.slots})
+        threads = []
+        for entry, proc in found:
+            log.info("%s: no longer configured: stopping the mount process it left serving"
+                     " at %s (pid %d)", entry.get("name"), entry.get("mountpoint"), proc.pid)
+            gone = SimpleNamespace(name=str(entry.get("name")),
+                                   mountpoint=Path(str(entry.get("mountpoint"))))
+            w = Worker(gone, proc,  # type: ignore[arg-type]  # what stop() reads of them
+                       self.cfg.run_dir / f"{gone.name}.final-stats", None, None)
+            threads.append(threading.Thread(target=w.stop, args=(ORPHAN_STOP_TIMEOUT,),
+                                            name=f"stop-{proc.pid}"))
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return [str(e.get("name")) for e, _ in found]
 
     def replace_outdated(self) -> list[str]:
         """Hand over each adopted process that runs another configuration or casfs build

@@ -83,6 +83,24 @@ class AdoptedProc:
         self.send_signal(signal.SIGKILL)
 
 
+def orphans(run_dir: Path, names: set[str]) -> list[tuple[dict[str, Any], AdoptedProc]]:
+    """Mount processes a casfsd left serving whose mount is not in ``names`` (removed
+    from the configuration meanwhile), now adopted: (registry entry, process). Processes
+    not started by a casfsd (``casfs mount``) refuse adoption and are left alone."""
+    out = []
+    for e in control.registered(run_dir):
+        if e.get("name") in names:
+            continue
+        try:
+            proc = AdoptedProc(int(e["pid"]))
+            reply = control.request(str(e.get("socket")), "adopt", timeout=ADOPT_TIMEOUT)
+        except (OSError, CasfsError, KeyError, ValueError):
+            continue
+        if reply.get("ok") and reply.get("pid") == proc.pid:
+            out.append((e, proc))
+    return out
+
+
 def adopt(cfg: Any, cfg_text: str, build: str) -> tuple[Worker, bool] | None:
     """The running mount process of ``cfg`` (same name, same mount point), now ours, and
     whether it must be replaced (another configuration or another build of casfs).

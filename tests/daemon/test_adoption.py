@@ -221,3 +221,36 @@ def test_an_upgrade_hands_the_on_demand_namespaces_over_under_a_casfs_env_job(
     lost = [rel for rel, data in report["written"] if pub.get(f"w/{rel}") != data.encode()]
     assert lost == [], f"{len(lost)} of {len(report['written'])}: {lost[:20]}"
     wait_until(lambda: not os.path.exists(f"/proc/{host}"), "the replaced host exited")
+
+
+def test_a_mount_removed_while_casfsd_was_down_is_stopped_at_its_start(
+        daemons: Callable[..., Daemon]) -> None:
+    """casfsd killed, its configuration edited to drop a mount, casfsd started: the
+    kept mount is adopted; the dropped one's process, left serving, is stopped at once
+    (final publication, unmount) instead of lingering for the adoption grace."""
+    from fusehelpers import mounted
+
+    from tests.daemon.conftest import write_config
+
+    mounts = [*_mount(), {"name": "gone", "family": "generic", "namespace": "gonens"}]
+    d = daemons("a", mounts, defaults=OPTS, node={"on_demand": False})
+    keep, drop = d.mount_paths
+    (drop / "left.txt").write_text("written before the edit")
+    pids = {m["name"]: int(m["pid"]) for m in d.status()}
+    assert d.proc is not None
+    d.proc.kill()
+    d.proc.wait(30)
+    write_config(d.config, root=d.root, state=d.state,
+                 mounts=[{**_mount()[0], "path": str(keep)}], defaults=OPTS,
+                 node={"on_demand": False})
+    d.start()
+    assert _worker(d) == pids["m"]
+    assert not mounted(drop)
+    from casfs.node.control import running
+
+    assert not running(pids["gone"])  # exited (a zombie until init reaps it)
+    assert "gone: no longer configured: stopping the mount process it left serving" in d.log()
+    from tests.node.test_handover import _published as published
+
+    assert published(d.root, "gonens") == {"left.txt": b"written before the edit"}
+    assert d.terminate() == 0
