@@ -75,7 +75,7 @@ class MissCauses:
                 "namespaces_unreadable": self.unreadable,
                 "manifest_parts_read": self.parts_read, "seconds": round(self.seconds, 3)}
 
-    def _nowhere_where(self) -> str:
+    def nowhere_where(self) -> str:
         if self.checked < self.namespaces or self.unreadable:
             return (f"in none of the {self.checked - self.unreadable} namespaces read"
                     f" (of {self.namespaces})")
@@ -92,7 +92,7 @@ class MissCauses:
               else f"{whose} {self.missed} missed {noun}{when}")
         if not self.held:
             return (f"{self.family}: {of} {'was' if noun == 'entry' else 'were'}"
-                    f" compiled {self._nowhere_where()}")
+                    f" compiled {self.nowhere_where()}")
         first, *more = self.held
         out = f"{self.family}: {len(first.entries)} of {of} exist in {first.describe()}"
         for h in more[:SHOWN - 1]:
@@ -102,7 +102,7 @@ class MissCauses:
             out += f"; {rest} more in {len(more) - SHOWN + 1} other namespaces"
         if self.nowhere:
             out += (f"; {len(self.nowhere)} {'was' if len(self.nowhere) == 1 else 'were'}"
-                    f" compiled {self._nowhere_where()}")
+                    f" compiled {self.nowhere_where()}")
         return out
 
 
@@ -113,17 +113,25 @@ def entry_index(gens: Any, family: str, state_dir: Path | None) -> EntryNameInde
 
 def causes(gens: Any, fp: Fingerprint, missed: list[str], *, tenant: str | None,
            state_dir: Path | None, total: int | None = None,
-           budget_s: float = BUDGET_S) -> MissCauses:
+           budget_s: float = BUDGET_S, index: EntryNameIndex | None = None,
+           latest: dict[str, Any] | None = None, exclude: str | None = None) -> MissCauses:
     """Where each of ``missed`` (entry names) exists among the family's other namespaces,
-    the nearest first; none is read once ``budget_s`` seconds have passed."""
+    the nearest first; none is read once ``budget_s`` seconds have passed.
+
+    ``casfs report`` asks for many namespaces at once: it passes one ``index`` per
+    family (each generation's names read once), the newest records it read
+    (``latest``) and the namespace whose misses these are (``exclude``: its own
+    generations are not "another namespace", whatever its ingredients)."""
     t0 = time.monotonic()
     names = list(dict.fromkeys(missed))
     out = MissCauses(fp.family, len(names), max(total or 0, len(names)))
     if not names:
         return out
-    _, others = related(gens, fp, tenant, limit=1 << 30)
+    _, others = related(gens, fp, tenant, limit=1 << 30, latest=latest, exclude=exclude)
     out.namespaces = len(others)
-    index = entry_index(gens, fp.family, state_dir)
+    if index is None:
+        index = entry_index(gens, fp.family, state_dir)
+    parts_before = index.parts_read
     holding: list[tuple[Related, set[str]]] = []
     for r in others[:MAX_NAMESPACES]:
         if time.monotonic() - t0 > budget_s:
@@ -131,7 +139,7 @@ def causes(gens: Any, fp: Fingerprint, missed: list[str], *, tenant: str | None,
         out.checked += 1
         try:
             held = set(index.names(r.record).holding(names))
-        except CasfsError:
+        except (CasfsError, OSError):  # OSError: another tenant's (0700), or gone
             out.unreadable += 1  # damaged or collected meanwhile: said as "of N read"
             continue
         if held:
@@ -146,6 +154,6 @@ def causes(gens: Any, fp: Fingerprint, missed: list[str], *, tenant: str | None,
         out.held.append(Held(r, got))
         left.difference_update(got)
     out.nowhere = [n for n in names if n in left]
-    out.parts_read = index.parts_read
+    out.parts_read = index.parts_read - parts_before
     out.seconds = time.monotonic() - t0
     return out

@@ -41,23 +41,26 @@ class Related:
 
 
 def related(gens: Any, fp: Fingerprint, tenant: str | None = None,
-            limit: int = NEAREST) -> tuple[Related | None, list[Related]]:
+            limit: int = NEAREST, *, latest: dict[str, Any] | None = None,
+            exclude: str | None = None) -> tuple[Related | None, list[Related]]:
     """(this job's namespace if it has generations, the nearest ``limit`` others of its
     family, nearest first).
 
     ``tenant``: only that tenant's namespaces (and legacy ones without a tenant).
+    ``latest``: each namespace's newest record, already read (``casfs report``: no
+    request per namespace again); ``exclude``: a store namespace taken as this one.
     """
     from casfs.tenants import split_store_namespace
 
     mine: Related | None = None
     others: list[Related] = []
-    for ns in gens.namespaces():
+    for ns in gens.namespaces() if latest is None else sorted(latest):
         owner, bare = split_store_namespace(ns)
         if bare.rsplit("-", 1)[0] != fp.family or (
                 tenant is not None and owner not in (None, tenant)):
             continue
         try:
-            rec = gens.latest(ns)
+            rec = gens.latest(ns) if latest is None else latest[ns]
         except CasfsError:
             continue
         if rec is None:
@@ -66,7 +69,7 @@ def related(gens: Any, fp: Fingerprint, tenant: str | None = None,
                        if k in families.get(fp.family).ingredients}
         r = Related(ns, rec.seq, rec.entries, differences(fp.ingredients, ingredients),
                     known=bool(ingredients), record=rec)
-        if bare == fp.namespace:
+        if ns == exclude or (exclude is None and bare == fp.namespace):
             mine = r
         else:
             others.append(r)

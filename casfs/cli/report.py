@@ -9,6 +9,14 @@ casfs.store.reads). A terminal table by default, ``--json`` for scripts,
 ``--html FILE`` for one self-contained page whose figures are rendered from
 the same JSON, embedded in it (``<script type="application/json"
 id="casfs-report">``): no network at view time.
+
+Each most-missed entry names its cause (casfs.cli.misscause, as ``casfs run``'s
+summary does for a job): the nearest other namespace of its family (and tenant)
+whose newest generation holds it, with the ingredients that differ, or that
+none of those read holds it. Bounded: at most ``misscause.MAX_NAMESPACES``
+namespaces per missed namespace, each generation's entry names read once (the
+node's cache of them, casfs.index.entrynames) and none read past
+``CAUSES_BUDGET_S``; ``miss_causes.complete`` says whether all were read.
 """
 
 from __future__ import annotations
@@ -31,6 +39,7 @@ from casfs.tenants import split_store_namespace
 
 FORMAT = 1
 MOST_MISSED = 20
+CAUSES_BUDGET_S = 1.5  # the most-missed entries' causes: no namespace read past this
 GROWTH_RECORDS = 64  # generation records read per namespace for its growth, newest first
 
 
@@ -128,8 +137,71 @@ def _growth(gens: Any, ns: str, since: float) -> tuple[int, int, dict[str, int],
     return (recs[0].logical_bytes - base_b, recs[0].entries - base_e, dict(per_day), exact)
 
 
-def build(root: SharedRoot, since: float, now: float) -> dict[str, Any]:
+def _causes(gens: Any, top: list[tuple[int, str, str, str]], latest: dict[str, Any],
+            state_dir: Path | None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The cause of each of ``top`` (lookups, namespace, family, entry), in its order, and
+    what finding them cost."""
+    from casfs.cli import misscause
+    from casfs.fingerprint import Fingerprint
+
+    t0 = time.monotonic()
+    by_ns: dict[str, list[str]] = defaultdict(list)
+    for _, ns, fam, entry in top:
+        if fam != "unknown":
+            by_ns[ns].append(entry)
+    found: dict[tuple[str, str], dict[str, Any]] = {}
+    indexes: dict[str, Any] = {}
+    read = parts = 0
+    complete = True
+    for ns, entries in by_ns.items():
+        fam = next(f for _, n, f, _ in top if n == ns)
+        left = CAUSES_BUDGET_S - (time.monotonic() - t0)
+        if left <= 0:
+            complete = False
+            continue
+        rec = latest.get(ns)
+        mine = {k: v for k, v in ((rec.fingerprint if rec else None) or {}).items()
+                if k in families.get(fam).ingredients}
+        if fam not in indexes:
+            indexes[fam] = misscause.entry_index(gens, fam, state_dir)
+        try:
+            mc = misscause.causes(gens, Fingerprint(fam, mine), entries,
+                                  tenant=split_store_namespace(ns)[0], state_dir=state_dir,
+                                  budget_s=left, index=indexes[fam], latest=latest, exclude=ns)
+        except (CasfsError, OSError) as e:
+            print(f"casfs: warning: {ns}: miss causes: {e}", file=sys.stderr)
+            complete = False
+            continue
+        read += mc.checked
+        parts += mc.parts_read
+        complete = complete and mc.checked == mc.namespaces and not mc.unreadable
+        for h in mc.held:
+            for entry in h.entries:
+                found[ns, entry] = {
+                    "cause": f"exists in {h.describe()}" if mine
+                    else f"exists in {h.where.namespace} (no ingredients recorded here)",
+                    "exists_in": h.where.namespace,
+                    "differs": h.where.as_dict()["differs"] if mine else None,
+                    "namespaces_read": mc.checked, "namespaces_of_family": mc.namespaces}
+        for entry in mc.nowhere:
+            found[ns, entry] = {"cause": f"compiled {mc.nowhere_where()}", "exists_in": None,
+                                "differs": None, "namespaces_read": mc.checked,
+                                "namespaces_of_family": mc.namespaces}
+    unknown = {"cause": "not looked up (the report's time budget, or no known family)",
+               "exists_in": None, "differs": None, "namespaces_read": 0,
+               "namespaces_of_family": None}
+    out = [found.get((ns, entry), unknown) for _, ns, _, entry in top]
+    return out, {"namespaces_read": read, "manifest_parts_read": parts,
+                 "seconds": round(time.monotonic() - t0, 3), "complete": complete,
+                 "budget_s": CAUSES_BUDGET_S}
+
+
+def build(root: SharedRoot, since: float, now: float,
+          state_dir: Path | None = None) -> dict[str, Any]:
+    """The report's document; ``state_dir``: where the node caches entry names (None: not
+    cached; casfs.index.entrynames)."""
     gens = root.generations()
+    latest: dict[str, Any] = {}
     days = _days(since, now)
     by_day: dict[str, _Sum] = {d: _Sum() for d in days}
     by_day_fam: dict[str, dict[str, _Sum]] = {d: defaultdict(_Sum) for d in days}
@@ -152,6 +224,7 @@ def build(root: SharedRoot, since: float, now: float) -> dict[str, Any]:
             print(f"casfs: warning: {ns}: {e}", file=sys.stderr)
             continue
         fam = _family_of(ns, got.family)
+        latest[ns] = rec
         s = _Sum()
         for r in got.rows:
             s.add(r)
@@ -176,6 +249,8 @@ def build(root: SharedRoot, since: float, now: float) -> dict[str, Any]:
                         "bytes_added": g_b})
     usage = maintenance.usage(root).to_json()
     missed.sort(key=lambda m: (-m[0], m[1], m[3]))
+    top = missed[:MOST_MISSED]
+    why, cost = _causes(gens, top, latest, state_dir)
     return {
         "casfs_report": FORMAT, "root": str(root.location), "generated": round(now, 3),
         "since": round(since, 3),
@@ -191,8 +266,9 @@ def build(root: SharedRoot, since: float, now: float) -> dict[str, Any]:
         "store": usage,
         "growth": {"bytes": grown_b, "entries": grown_e, "exact": exact,
                    "days": [{"day": d, "bytes": growth_days.get(d, 0)} for d in days]},
-        "most_missed": [{"namespace": ns, "family": fam, "entry": e, "lookups": n}
-                        for n, ns, fam, e in missed[:MOST_MISSED]],
+        "most_missed": [{"namespace": ns, "family": fam, "entry": e, "lookups": n, **c}
+                        for (n, ns, fam, e), c in zip(top, why, strict=True)],
+        "miss_causes": cost,
         "unread_namespaces": sorted(r["namespace"] for r in ns_rows if not r["read"]),
     }
 
@@ -231,8 +307,12 @@ def print_text(doc: dict[str, Any]) -> None:
            for n in doc["nodes"]], ["NODE", "HITS", "MISSES", "HIT RATIO", "SAVED S"])
     if doc["most_missed"]:
         print()
-        table([[m["lookups"], m["namespace"], m["entry"]] for m in doc["most_missed"]],
-              ["LOOKUPS", "NAMESPACE", "MOST-MISSED ENTRY"])
+        table([[m["lookups"], m["namespace"], m["entry"], m["cause"]]
+               for m in doc["most_missed"]],
+              ["LOOKUPS", "NAMESPACE", "MOST-MISSED ENTRY", "CAUSE"])
+        if not doc["miss_causes"]["complete"]:
+            print(f"(causes: not every namespace was read within"
+                  f" {doc['miss_causes']['budget_s']:g} s)")
     if doc["unread_namespaces"]:
         print()
         print("nobody read: " + ", ".join(doc["unread_namespaces"]))
@@ -253,7 +333,9 @@ def cmd_report(args: argparse.Namespace) -> int:
 
     now = time.time()
     since = now - parse_since(args.since)
-    doc = build(open_root(), since, now)
+    from casfs.util.defaults import default_state_dir
+
+    doc = build(open_root(), since, now, state_dir=default_state_dir().absolute())
     if args.html:
         from casfs.util.atomic import write_atomic
 

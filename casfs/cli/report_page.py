@@ -200,7 +200,11 @@ function render() {
          ["entries", "Files", "int"], ["bytes", "Size", "bytes"], ["bytes_added", "Added", "bytes"]]);
   table("nodes", R.nodes, "nodes", [["node", "Node", "text"], ...fig3]);
   table("missed", R.most_missed, "most_missed",
-        [["entry", "Entry", "text"], ["namespace", "Namespace", "text"], ["lookups", "Lookups", "int"]]);
+        [["entry", "Entry", "text"], ["namespace", "Namespace", "text"], ["lookups", "Lookups", "int"],
+         ["cause", "Cause", "text"]]);
+  if (!R.miss_causes.complete)
+    document.getElementById("missed").appendChild(el("p", {class: "muted"},
+      "Causes: not every namespace was read within " + R.miss_causes.budget_s + " s."));
   const st = document.getElementById("store"), t = el("table");
   for (const [k, title, f] of [["files", "Files", "int"], ["logical_bytes", "Logical", "bytes"],
       ["unique_bytes", "Unique", "bytes"], ["stored_bytes", "Stored", "bytes"],

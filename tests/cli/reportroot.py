@@ -14,6 +14,8 @@ from casfs.store.entry import Entry
 from casfs.store.root import SharedRoot
 
 DAY = 86400.0
+ELSEWHERE = "a" * 64  # a Triton kernel triton-aa11's jobs missed that triton-dd44 holds
+NOWHERE = "b" * 64  # one no namespace holds
 
 
 def build(path: Path) -> SharedRoot:
@@ -25,16 +27,23 @@ def build(path: Path) -> SharedRoot:
         b = root.objects.put_bytes(b"shared bytes" * 50)  # in every namespace: dedup
         rows = [Entry(f"K{i}/f", a.digest, a.size, 0o644, 1, {"cs": 10.5 + i})
                 for i in range(n)] + [Entry("common", b.digest, b.size, 0o644, 1)]
-        gens.publish(ns, rows, node="seed")
+        gens.publish(ns, rows, node="seed",
+                     fingerprint={"torch": "2.13.0", "triton": "3.4.0"}
+                     if ns == "triton-aa11" else None)
+    # Another Triton namespace (torch differs) that holds ELSEWHERE.
+    c = root.objects.put_bytes(b"kernel" * 100)
+    gens.publish("triton-dd44", [Entry(f"{ELSEWHERE}/k.cubin", c.digest, c.size, 0o644, 1)],
+                 node="seed", fingerprint={"torch": "2.12.1", "triton": "3.4.0"})
     for d in range(10):
         t = now - d * DAY
         for node, k in (("node-a", 1), ("node-b", 2)):
             outcomes.record(root.backend, "triton-aa11", family="triton", node=node, now=t,
                             hits=3 * k + d, misses=k, saved_ms=12_345 * k + d,
-                            missed=[(f"K{d % 3}", 2 + d)])
+                            missed=[(f"K{d % 3}", 2 + d), (ELSEWHERE, 20), (NOWHERE, 15)])
         outcomes.record(root.backend, "inductor-bb22", family="inductor", node="node-a",
                         now=t, hits=d, misses=5, saved_ms=1_000 * d, untimed=1)
     reads.record(root.backend, "triton-aa11", "node-a", ["K0/f"], now - 3600)
+    reads.record(root.backend, "triton-dd44", "node-a", [f"{ELSEWHERE}/k.cubin"], now - 3600)
     return root
 
 

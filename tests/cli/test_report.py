@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
+import pytest
+
+from casfs.cli import report
 from casfs.cli.report import parse_since
 from casfs.store import outcomes
+from casfs.store.root import SharedRoot
 
-from .reportroot import build, cli, report_json
+from .reportroot import ELSEWHERE, NOWHERE, build, cli, report_json
 
 
 def test_report_json_figures(tmp_path: Path) -> None:
@@ -34,11 +39,45 @@ def test_report_json_figures(tmp_path: Path) -> None:
     assert doc["unread_namespaces"] == ["vllm-cc33"]  # no read record, no hit
     # Store: the shared file is stored once; growth: every namespace began in the window.
     st = doc["store"]
-    assert st["files"] == 15 and st["unique_bytes"] < st["logical_bytes"]
+    assert st["files"] == 16 and st["unique_bytes"] < st["logical_bytes"]
     assert doc["growth"]["bytes"] == sum(n["bytes"] for n in doc["namespaces"])
     assert doc["growth"]["exact"] is True
     top = doc["most_missed"][0]
-    assert top["namespace"] == "triton-aa11" and top["entry"] in {"K0", "K1", "K2"}
+    assert top["namespace"] == "triton-aa11" and top["entry"] == ELSEWHERE
+
+
+def test_report_most_missed_causes(tmp_path: Path) -> None:
+    """Each most-missed entry says where it exists (another namespace of the family, with
+    the ingredients that differ) or that no namespace holds it."""
+    build(tmp_path / "root")
+    doc = report_json(tmp_path / "root", "--since", "7d")
+    missed = {(m["namespace"], m["entry"]): m for m in doc["most_missed"]}
+    there = missed["triton-aa11", ELSEWHERE]
+    assert there["exists_in"] == "triton-dd44"
+    assert there["differs"] == [{"ingredient": "torch", "here": "2.13.0", "there": "2.12.1"}]
+    assert there["cause"] == "exists in triton-dd44 (torch 2.13.0 here vs 2.12.1)"
+    assert there["namespaces_read"] == there["namespaces_of_family"] == 1
+    nowhere = missed["triton-aa11", NOWHERE]
+    assert nowhere["exists_in"] is None and nowhere["differs"] is None
+    assert nowhere["cause"] == "compiled in no other namespace of this root"
+    # Its own namespace is not "another": K0 (which triton-aa11 holds) is nowhere else.
+    assert missed["triton-aa11", "K0"]["exists_in"] is None
+    assert doc["miss_causes"]["complete"] is True
+    assert doc["miss_causes"]["namespaces_read"] == 1  # one missed namespace, one other
+    r = cli(tmp_path / "root", "report")
+    assert "CAUSE" in r.stdout
+    assert "exists in triton-dd44 (torch 2.13.0 here vs 2.12.1)" in r.stdout
+
+
+def test_report_causes_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past the causes' time budget nothing more is read, and the document says so."""
+    build(tmp_path / "root")
+    monkeypatch.setattr(report, "CAUSES_BUDGET_S", 0.0)
+    now = time.time()
+    doc = report.build(SharedRoot.open(tmp_path / "root"), now - 7 * 86400, now)
+    assert doc["miss_causes"]["complete"] is False and doc["miss_causes"]["namespaces_read"] == 0
+    assert all(m["exists_in"] is None and m["cause"].startswith("not looked up")
+               for m in doc["most_missed"])
 
 
 def test_report_window_and_text(tmp_path: Path) -> None:

@@ -108,6 +108,9 @@ def test_report_page_in_chromium(tmp_path: Path) -> None:
                        ("most_missed", len(want["most_missed"]))):
         rows = {k.split(".")[1] for k in keys if k.startswith(section + ".")}
         assert rows == {str(i) for i in range(n)}, section
+    # Each most-missed entry's cause is on the page (and equal to --json's, below).
+    assert {f"most_missed.{i}.cause" for i in range(len(want["most_missed"]))} <= keys
+    assert any(m["exists_in"] for m in want["most_missed"])
     for k, f, raw, text in figures:
         value = _at(want, k)
         if k == "window_days":
