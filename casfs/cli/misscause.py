@@ -119,7 +119,7 @@ def causes(gens: Any, fp: Fingerprint, missed: list[str], *, tenant: str | None,
     the nearest first; none is read once ``budget_s`` seconds have passed.
 
     ``casfs report`` asks for many namespaces at once: it passes one ``index`` per
-    family (each generation's names read once), the newest records it read
+    family (from the node's cache: a namespace read once), the newest records it read
     (``latest``) and the namespace whose misses these are (``exclude``: its own
     generations are not "another namespace", whatever its ingredients)."""
     t0 = time.monotonic()

@@ -14,7 +14,7 @@ Each most-missed entry names its cause (casfs.cli.misscause, as ``casfs run``'s
 summary does for a job): the nearest other namespace of its family (and tenant)
 whose newest generation holds it, with the ingredients that differ, or that
 none of those read holds it. Bounded: at most ``misscause.MAX_NAMESPACES``
-namespaces per missed namespace, each generation's entry names read once (the
+namespaces per missed namespace, each other namespace's manifests read once (the
 node's cache of them, casfs.index.entrynames) and none read past
 ``CAUSES_BUDGET_S``; ``miss_causes.complete`` says whether all were read.
 """

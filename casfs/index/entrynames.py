@@ -84,16 +84,9 @@ class EntryNameIndex:
         self.rules_id = rules_id
         self.entry_of = entry_of
         self.parts_read = 0  # manifest parts read (the cost: none when the cache is current)
-        self._held: dict[tuple[str, int], EntryNames] = {}  # read by this instance
 
     def names(self, rec: Record) -> EntryNames:
         """The entry names of generation ``rec`` (raises CasfsError if unreadable)."""
-        got = self._held.get((rec.namespace, rec.seq))
-        if got is None:
-            got = self._held[rec.namespace, rec.seq] = self._names(rec)
-        return got
-
-    def _names(self, rec: Record) -> EntryNames:
         digests = [p.digest for p in rec.parts]
         cached = self._load(rec.namespace)
         if cached is not None:
