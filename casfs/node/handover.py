@@ -53,6 +53,7 @@ from typing import TYPE_CHECKING, Any
 from casfs.errors import CasfsError
 from casfs.node import control, guard, lifeline
 from casfs.util import atomic
+from casfs.util.crashpoint import crashpoint
 from casfs.util.libc import libc
 
 if TYPE_CHECKING:
@@ -262,6 +263,14 @@ async def take_over(mountpoint: Path, handing: Handing, pred: Predecessor) -> li
     except CasfsError as e:
         reply = {"ok": False, "error": e.message}
     if not reply.get("ok"):
+        now = await trio.to_thread.run_sync(top, mountpoint)
+        if now is not None and now.id == handing.mount_id:
+            # It stepped aside, and its answer was lost: with no job on its detached
+            # mount the kernel ends that connection at once, and its process may exit
+            # before it answers (seen under load). The mount table is the truth.
+            log.info("%s: took over from pid %d (its answer was lost: %s)", mountpoint,
+                     pred.pid, reply.get("error"))
+            return []
         # Still beneath it: a dead predecessor's mount is cleared, a live one keeps serving
         # and this process fails its start (its mount goes when it exits).
         if await trio.to_thread.run_sync(clear_stale_mount, mountpoint):
@@ -434,6 +443,7 @@ class Drain:
             return {"ok": False, "handover_version": version, "error": str(e)}
         self.handing.stepped_aside = True
         lifeline.detach()  # drains and exits by itself: casfsd's end no longer matters
+        crashpoint("handover-stepped-aside")  # tests: the answer lost (take_over checks)
         if self.nursery is not None:
             self.nursery.start_soon(self._keep_writers)
         writing = sorted({p for paths in self.writing().values() for p in paths})

@@ -8,7 +8,8 @@ production) it costs one environment lookup per step. With
 Besides STEPS (promotion and publication), ``fetch-worker`` kills a mount's
 fetch worker before each fill (tests/faults/test_fetch_worker.py), and
 ``s3-part-sent`` kills a multipart upload to an S3 root after each part it
-hands over (tests/cli/test_s3_large.py). With
+hands over (tests/cli/test_s3_large.py), and ``handover-stepped-aside`` a mount
+process that stepped aside before it answers (tests/node/test_handover.py). With
 ``CASFS_CRASHPOINT_ONCE=<file>`` only the first process to get there dies
 (it creates the file): a mount's promotion worker dies at the step once and
 its replacement goes through (tests/faults/test_crashpoints.py).
