@@ -32,6 +32,13 @@ version this one does not read; no CAP_SYS_ADMIN; a kernel before 6.5) makes
 ``prepare`` raise ``HandoverUnavailable``; the parent then stops the old
 process and mounts again (casfs.node.worker.replace), saying so in one line.
 
+dir mode has no connection to keep: its jobs use a plain directory (the
+tenant's filesystem's bind, with loopfs quotas). Its successor asks the
+predecessor to ``leave`` (``leave``): the predecessor stops watching, publishes
+what it tracks and exits leaving the directory and its bind in place; the
+successor, which waited for that exit, binds nothing new and scans the
+directory at its start for what was written meanwhile. Jobs see nothing.
+
 The request and its replies carry ``handover_version`` (docs/format.md,
 "Handover").
 """
@@ -236,6 +243,34 @@ def prepare(run_dir: Path, name: str, mountpoint: Path) -> Predecessor | None:
     return Predecessor(pid, sock, min(v, HANDOVER_VERSION))
 
 
+def leave(run_dir: Path, name: str, mountpoint: Path, wait: float) -> int | None:
+    """dir mode: ask the mount process serving ``mountpoint`` to leave its directory in
+    place and exit, and wait at most ``wait`` seconds for that (it publishes first);
+    its pid, or None if none serves it. HandoverUnavailable when it cannot (a release
+    before this one answers ``unknown phase``) or does not exit in time."""
+    entry = find_predecessor(run_dir, name, mountpoint)
+    if entry is None:
+        return None
+    pid = int(entry["pid"])
+    sock = Path(str(entry.get("socket") or ""))
+    try:
+        reply = _ask(sock, "leave")
+    except CasfsError as e:
+        raise HandoverUnavailable(f"the mount process at {mountpoint} (pid {pid}) did not"
+                                  f" answer the handover: {e.message}") from None
+    if not reply.get("ok"):
+        raise HandoverUnavailable(f"the mount process at {mountpoint} (pid {pid}) cannot hand"
+                                  f" over: {reply.get('error') or 'refused'}")
+    deadline = time.monotonic() + wait
+    while control.running(pid):
+        if time.monotonic() > deadline:
+            raise HandoverUnavailable(f"the mount process at {mountpoint} (pid {pid}) did not"
+                                      f" exit within {wait:.0f}s of leaving")
+        time.sleep(0.02)
+    log.info("%s: pid %d left the directory to this process", mountpoint, pid)
+    return pid
+
+
 async def take_over(mountpoint: Path, handing: Handing, pred: Predecessor) -> list[str]:
     """Move the session served at ``handing.stage`` beneath the predecessor's mount and
     have the predecessor step aside; the paths it still holds open for writing."""
@@ -334,7 +369,8 @@ class Drain:
     def __init__(self, mountpoint: Path, run_dir: Path, handing: Handing, *,
                  give_locks: Callable[[], list[str]], retake_locks: Callable[[], bool],
                  writing: Callable[[], dict[str, list[str]]],
-                 aside: Callable[[], Awaitable[None]]) -> None:
+                 aside: Callable[[], Awaitable[None]],
+                 leave: Callable[[int], None] | None = None) -> None:
         self.mountpoint = mountpoint
         self.run_dir = run_dir
         self.handing = handing
@@ -342,6 +378,7 @@ class Drain:
         self.retake_locks = retake_locks
         self.writing = writing
         self.aside = aside
+        self.leave = leave  # dir mode: stop, leaving the directory to the successor
         self.nursery: trio.Nursery | None = None
         self._draining: list[int] = []
         self._namespaces: list[str] = []
@@ -397,6 +434,12 @@ class Drain:
             return self._prepare(pid, version)
         if phase == "step_aside":
             return await self._step_aside(pid, version, req.get("beneath"))
+        if phase == "leave":
+            if self.leave is None:
+                return {"ok": False, "handover_version": version,
+                        "error": "only a dir mode mount leaves its directory"}
+            self.leave(pid)
+            return {"ok": True, "handover_version": version, "pid": os.getpid()}
         return {"ok": False, "handover_version": version, "error": f"unknown phase {phase!r}"}
 
     def _prepare(self, pid: int, version: int) -> dict[str, Any]:

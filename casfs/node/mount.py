@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import time
 from collections.abc import Callable
 from typing import Any
@@ -43,6 +44,7 @@ from casfs.node import (
     control,
     fetchproc,
     handover,
+    lifeline,
     nsregistry,
     promoteproc,
     quota,
@@ -71,6 +73,8 @@ from casfs.view import session
 
 log = logging.getLogger(__name__)
 
+# dir mode handover: how long past its shutdown_timeout a predecessor may take to exit.
+LEAVE_MARGIN = 15.0
 USE_TICK_S = 15.0  # how often a mount checks whether its read record is due (casfs.node.usage)
 
 
@@ -111,10 +115,13 @@ class MountService:
         self.handing = handover.Handing()
         self.predecessor = None
         if replace and not hosted:
-            if cfg.mode != "fuse":  # overlay: overlayfs on top; dir: a bind mount
+            if cfg.mode == "dir":  # a plain directory: the predecessor leaves it in place
+                handover.leave(cfg.run_dir, cfg.name, cfg.mountpoint,
+                               cfg.shutdown_timeout + LEAVE_MARGIN)
+            elif cfg.mode != "fuse":  # overlay: overlayfs on top, its upper in use
                 if handover.find_predecessor(cfg.run_dir, cfg.name, cfg.mountpoint):
                     raise handover.HandoverUnavailable(
-                        f"{cfg.mode} mode mounts are not handed over (fuse mode only)")
+                        f"{cfg.mode} mode mounts are not handed over (fuse and dir mode only)")
             else:
                 self.predecessor = handover.prepare(cfg.run_dir, cfg.name, cfg.mountpoint)
         if self.predecessor is not None:
@@ -123,7 +130,8 @@ class MountService:
         self.drain = handover.Drain(cfg.mountpoint, cfg.run_dir, self.handing,
                                     give_locks=self.give_lock, retake_locks=self.retake_lock,
                                     writing=lambda: {self.cfg.namespace: self.tracker.writing()},
-                                    aside=self.stepped_aside)
+                                    aside=self.stepped_aside,
+                                    leave=self.leave_dir if cfg.mode == "dir" else None)
         self._lock_fd: int | None = nsregistry.take_lock(cfg, wait_for_reclaim)
         self.link = RootLink(cfg, self.policy, self.index, self.counters)
         self.link.connect()
@@ -376,6 +384,15 @@ class MountService:
             os.close(self._lock_fd)
             self._lock_fd = None
         return [self.cfg.namespace]
+
+    def leave_dir(self, successor: int) -> None:
+        """dir mode: a successor takes the directory over. Stop as on SIGTERM (the final
+        publication), but leave the directory and its bind in place; the successor
+        waits for our exit."""
+        log.info("%s: leaving the directory to pid %d: stopping", self.cfg.name, successor)
+        self.server.keep_dir = True  # type: ignore[attr-defined]  # DirServer's
+        lifeline.detach()  # our end is the successor's doing, not casfsd's
+        os.kill(os.getpid(), signal.SIGTERM)  # DirServer's loop: the final publication
 
     def retake_lock(self) -> bool:
         if self._lock_fd is not None:

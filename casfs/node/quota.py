@@ -240,7 +240,7 @@ def tenant_fs(cfg: Any) -> TenantFs | None:
 def prepare(cfg: Any) -> None:
     """Before a mount makes its writable directory: the tenant's filesystem mounted
     (mechanism "loopfs"), and in dir mode its directory there bind-mounted at the
-    mount point (a bind left by a crash replaced)."""
+    mount point (a bind of it already there is kept: a predecessor's, or a crash's)."""
     fs = tenant_fs(cfg)
     if fs is None:
         return
@@ -252,9 +252,12 @@ def prepare(cfg: Any) -> None:
     mp = Path(cfg.mountpoint)
     mp.mkdir(parents=True, exist_ok=True)
     if os.path.ismount(mp):
-        if os.stat(mp).st_dev != os.stat(top).st_dev:
+        st, want = os.stat(mp), os.stat(src)
+        if st.st_dev != want.st_dev:
             raise CasfsError(f"{mp}: another filesystem is mounted there (not the tenant's)")
-        unbind(mp)  # our bind, left by a crash
+        if st.st_ino == want.st_ino:
+            return  # our bind, left to us by a predecessor (a handover) or by a crash
+        unbind(mp)  # a bind of another directory of the tenant's filesystem
     from casfs.util.libc import libc
 
     if libc().mount(os.fsencode(src), os.fsencode(mp), None, MS_BIND, None) != 0:

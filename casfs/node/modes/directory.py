@@ -44,6 +44,9 @@ class DirServer:
         self._offered: set[str] = set()
         self._replaced: set[str] = set()  # newer versions of replaced paths to put in place
         self._refused: set[str] = set()  # paths through a symlink: skipped, warned once
+        # A successor takes the directory over (casfs.node.handover, ``leave``): the bind
+        # of the tenant's directory stays at close.
+        self.keep_dir = False
 
     # --- promotion hooks ---------------------------------------------------------------
     def _open_for_writing(self, rels: list[str]) -> set[str]:
@@ -170,4 +173,5 @@ class DirServer:
     def close(self) -> None:
         from casfs.node import quota
 
-        quota.release_dir(self.parts.cfg)  # the bind of the tenant's directory ("loopfs")
+        if not self.keep_dir:
+            quota.release_dir(self.parts.cfg)  # the bind of the tenant's directory ("loopfs")
