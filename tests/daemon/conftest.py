@@ -111,6 +111,7 @@ class Daemon:
         self.notify = notify
         self.proc: subprocess.Popen[bytes] | None = None
         self.worker_pids: set[int] = set()
+        self.casfsd = VENV_BIN / "casfsd"  # another release's, to test upgrades
 
     def env(self) -> dict[str, str]:
         env = dict(os.environ, CASFS_ROOT=str(self.root), CASFS_STATE_DIR=str(self.state),
@@ -126,7 +127,7 @@ class Daemon:
             self.notify.messages.clear()  # a restart must send its own READY
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
-                [str(VENV_BIN / "casfsd"), "--config", str(self.config)],
+                [str(self.casfsd), "--config", str(self.config)],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=self.env(),
                 start_new_session=True,
             )
