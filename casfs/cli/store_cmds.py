@@ -18,8 +18,10 @@ from casfs.store.root import SharedRoot
 from casfs.util.defaults import default_root, default_state_dir
 
 
-def open_root(create: bool = False) -> SharedRoot:
-    return SharedRoot.open(default_root(), create=create)
+def open_root(create: bool = False, read_cache: bool = True) -> SharedRoot:
+    """The default root; ``read_cache`` False reads an S3 root's objects and packs from
+    its endpoint even where the root names a site cache (verify and gc check the root)."""
+    return SharedRoot.open(default_root(), create=create, read_cache=read_cache)
 
 
 def node_id() -> str:
@@ -307,7 +309,7 @@ def cmd_du(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    root = open_root()
+    root = open_root(read_cache=False)
     with progress("verify", enabled=not args.json) as bar:
         rep = maintenance.verify(root, progress=bar.advance)
     if args.json:
@@ -332,7 +334,7 @@ def cmd_gc(args: argparse.Namespace) -> int:
         raise UsageError("--keep must be at least 1 (the newest generation is always kept)")
     if not args.keep_outcomes >= 1:
         raise UsageError("--keep-outcomes must be at least 1 day")
-    root = open_root()
+    root = open_root(read_cache=False)
     if args.unused_for is not None:
         import time
 

@@ -192,6 +192,16 @@ class _Progress:
         self._progressed()
         return self._f.write(data)
 
+    # a rejected object read again (casfs.store.objects, a site cache's bytes) starts over
+    def tell(self) -> int:
+        return self._f.tell()
+
+    def seek(self, pos: int) -> int:
+        return self._f.seek(pos)
+
+    def truncate(self, size: int | None = None) -> int:
+        return self._f.truncate(size)
+
 
 def hash_file(path: Path | str) -> tuple[str, os.stat_result]:
     """blake3 hex digest of a local regular file, and the stat of what was hashed.

@@ -77,6 +77,26 @@ RECENT_BYTES = 8 << 20  # ObjectStore.remember's bound
 PACKED_BUFFER = 1 << 20  # a pack member up to this size is verified before it is served
 
 
+def _tell(out: BinaryIO) -> int | None:
+    """Where ``out`` stands, if it can go back there (None: it cannot)."""
+    try:
+        return int(out.tell())
+    except (AttributeError, OSError, ValueError):
+        return None
+
+
+def _rewind(out: BinaryIO, start: int | None) -> bool:
+    """Drop what was written to ``out`` since ``start``; False if it cannot be."""
+    if start is None:
+        return False
+    try:
+        out.seek(start)
+        out.truncate()
+    except (AttributeError, OSError, ValueError):
+        return False
+    return True
+
+
 def max_object_bytes() -> int:
     env = os.environ.get("CASFS_MAX_OBJECT_BYTES", "")
     return int(env) if env.isdigit() else DEFAULT_MAX_OBJECT_BYTES
@@ -483,11 +503,21 @@ class ObjectStore:
         if known is not None and (expected_size is None or expected_size == len(known)):
             out.write(known)
             return len(known)
+        start = _tell(out)
         try:
             return self._get_into(digest, expected_size, out)
         except CorruptObjectError as e:
-            self.counters.inc("rejections")
-            log.warning("rejected object: %s", e)
+            if not (self._rejected(e) and _rewind(out, start)):
+                raise
+        return self._again(digest, expected_size, out)
+
+    def _again(self, digest: str, expected_size: int | None, out: BinaryIO) -> int:
+        """Read ``digest`` once more: the rejected bytes may have been a site cache's, and
+        the backend now reads from the endpoint (casfs.store.sitecache)."""
+        try:
+            return self._get_into(digest, expected_size, out)
+        except CorruptObjectError as e:
+            self._rejected(e)
             raise
 
     def read_members(self, wanted: dict[str, tuple[str, int, int]], max_span: int
@@ -524,12 +554,13 @@ class ObjectStore:
     def get_stored_into(self, digest: str, expected_size: int | None, stored: bytes,
                         out: BinaryIO) -> int:
         """``get_into`` for an object's stored bytes read already (``read_members``)."""
+        start = _tell(out)
         try:
             n = self._packed_into(digest, expected_size, out, io.BytesIO(stored))
         except CorruptObjectError as e:
-            self.counters.inc("rejections")
-            log.warning("rejected object: %s", e)
-            raise
+            if not (self._rejected(e) and _rewind(out, start)):
+                raise
+            return self._again(digest, expected_size, out)
         self.counters.inc("packed_reads")
         return n
 
@@ -570,10 +601,18 @@ class ObjectStore:
             if blake3.blake3(data).hexdigest() != digest:
                 raise CorruptObjectError(f"object {digest}: content does not match its name")
         except CorruptObjectError as e:
-            self.counters.inc("rejections")
-            log.warning("rejected object: %s", e)
+            self._rejected(e)
             raise
         return data
+
+    def _rejected(self, e: CorruptObjectError) -> bool:
+        """Count and log a rejection. A backend reading through a site cache
+        (casfs.store.sitecache) then stops using it for a while: True if the rejected
+        bytes may have come from it (worth one more read, from the endpoint)."""
+        self.counters.inc("rejections")
+        log.warning("rejected object: %s", e)
+        distrust = getattr(self.backend, "distrust", None)
+        return bool(distrust()) if distrust is not None else False
 
     def verify_stored(self, digest: str, stored: bytes) -> int:
         """Verify ``stored`` (a loose object's or pack member's bytes) as object ``digest``."""

@@ -26,7 +26,8 @@ A root whose casfs.json has an unknown major version is refused: an older
 casfs must not misread, or gc away, what a newer one wrote.
 
 Layering: SharedRoot builds the handles onto a root's parts, so this module
-is above them all: the backend (casfs.store.backend, casfs.store.s3backend),
+is above them all: the backend (casfs.store.backend, casfs.store.s3backend, and
+casfs.store.sitecache where the root names a site cache),
 the object store, the record trust (casfs.store.tenancy) and GenerationStore
 (casfs.store.generations, which sees a root only as the protocol
 casfs.store.rootlike.RootLike). Only the tools that work on a whole root
@@ -37,6 +38,7 @@ import it.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import socket
@@ -51,6 +53,7 @@ from casfs.store.backend import Backend, LocalBackend
 from casfs.store.generations import GenerationStore
 from casfs.store.objects import ObjectStore, read_regular
 from casfs.store.s3backend import S3Backend
+from casfs.store.sitecache import SiteCachedBackend
 from casfs.store.tenancy import OpenTrust, RecordTrust, TenantTrust
 from casfs.tenants import TenantPolicy
 from casfs.util import atomic
@@ -97,15 +100,20 @@ class SharedRoot:
     @classmethod
     def open(cls, path: str | os.PathLike[str] | RootLocation, *, create: bool = False,
              counters: Counters | None = None, tenants: TenantPolicy | None = None,
-             timeout: float = 20.0, open_timeout: float | None = None) -> SharedRoot:
+             timeout: float = 20.0, open_timeout: float | None = None,
+             read_cache: bool = True) -> SharedRoot:
         """Open the root at ``path``; with ``create``, initialise it if it does not exist yet.
 
         ``timeout`` bounds each request to an object store (a fetch slower than
         that is a miss); ``open_timeout``, if shorter, bounds the opening read of the
         marker (a mount's start must not wait a whole fetch timeout on a hung server).
+        ``read_cache`` False ignores an S3 root's ``read_cache`` (tools that check the
+        root itself: verify, gc).
         """
         loc = path if isinstance(path, S3Location) else parse_location(path)
         if isinstance(loc, S3Location):
+            if not read_cache:
+                loc = dataclasses.replace(loc, read_cache="")
             return cls._open_s3(loc, create=create, counters=counters, tenants=tenants,
                                 timeout=timeout, open_timeout=open_timeout)
         p = loc
@@ -147,7 +155,13 @@ class SharedRoot:
                 from None
         doc = parse_marker(raw, str(loc))
         root_id = str(doc.get("id") or str(loc))
-        return cls(loc, counters, root_id, tenants, backend)
+        if not loc.read_cache:
+            return cls(loc, counters, root_id, tenants, backend)
+        # Objects' and packs' GETs through a site cache, unsigned; the marker above and
+        # everything else signed to the endpoint (casfs.store.sitecache).
+        counters = counters or Counters()
+        cached = SiteCachedBackend(backend, loc.read_cache, timeout=timeout, counters=counters)
+        return cls(loc, counters, root_id, tenants, cached)
 
     def generations(self) -> GenerationStore:
         return GenerationStore(self)

@@ -8,6 +8,9 @@ query parameters, so one string works for ``casfs init``, ``--root``,
 
 Credentials never go in it: they come from the standard AWS chain
 (environment, ``~/.aws`` profiles, instance/container roles).
+
+``read_cache=URL`` (off unless given) sends the unsigned GETs of objects and packs
+to a site HTTP cache in front of the endpoint (casfs.store.sitecache).
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit
 from casfs.errors import ConfigError
 
 BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]\Z")
-OPTIONS = ("endpoint", "region")
+OPTIONS = ("endpoint", "region", "read_cache")
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,6 +33,7 @@ class S3Location:
     prefix: str = ""  # no leading or trailing "/"
     endpoint: str = ""  # empty: AWS_ENDPOINT_URL(_S3) or AWS's own
     region: str = ""  # empty: AWS_REGION / the profile's
+    read_cache: str = ""  # empty: none; else a site cache's URL (casfs.store.sitecache)
 
     def __str__(self) -> str:
         q = {k: getattr(self, k) for k in OPTIONS if getattr(self, k)}
@@ -71,7 +75,10 @@ def parse_location(text: str | os.PathLike[str]) -> RootLocation:
     ep = opts.get("endpoint", "")
     if ep:
         check_endpoint(ep, "root URL: endpoint")
-    return S3Location(bucket, prefix, ep, opts.get("region", ""))
+    cache = opts.get("read_cache", "")
+    if cache:
+        check_endpoint(cache, "root URL: read_cache")
+    return S3Location(bucket, prefix, ep, opts.get("region", ""), cache)
 
 
 def check_endpoint(ep: str, what: str) -> str:
