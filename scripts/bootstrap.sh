@@ -17,6 +17,9 @@ command -v debootstrap >/dev/null || need_apt+=(debootstrap)
 command -v systemd-nspawn >/dev/null || need_apt+=(systemd-container)
 # tests/system/test_report_page.py: casfs report's HTML page in a real headless Chromium
 command -v chromium >/dev/null || need_apt+=(chromium)
+# tests/*/test_site_cache*.py, bench.fleet --site-cache: a real nginx proxy_cache as a site
+# cache (its own config and port; the package's system-wide server is stopped below)
+[ -x /usr/sbin/nginx ] || need_apt+=(nginx)
 if [ ${#need_apt[@]} -gt 0 ]; then
     if [ "$(id -u)" -ne 0 ]; then
         echo "bootstrap: need root to install: ${need_apt[*]} (sudo apt-get install ${need_apt[*]})" >&2
@@ -26,6 +29,9 @@ if [ ${#need_apt[@]} -gt 0 ]; then
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq
     apt-get install -y -qq "${need_apt[@]}" >/dev/null
+    if [[ " ${need_apt[*]} " == *" nginx "* ]] && [ -d /run/systemd/system ]; then
+        systemctl disable --now nginx >/dev/null 2>&1 || true
+    fi
 fi
 # tests/system/test_prometheus.py: Debian's Prometheus scrapes a real casfsd. Without its
 # node exporter (a recommends); the test runs its own server, so the package's
