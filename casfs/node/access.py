@@ -142,7 +142,7 @@ class Access:
         root = self.link.root
         if root is None or not served_seq:
             return []
-        rec = self.link.gens().record(self.cfg.namespace, served_seq)
+        rec = self.link.gens().record(self.cfg.namespace, served_seq, cached=True)
         digest = rec.options.get("profile")
         if not isinstance(digest, str):
             return []

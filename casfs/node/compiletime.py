@@ -202,7 +202,7 @@ def parts_loader(gens_of: Callable[[], Any], ns: str,
         if not seq:
             return [], set()
         gens = gens_of()
-        rec = gens.record(ns, seq)
+        rec = gens.record(ns, seq, cached=True)
         todo = [p for p in rec.parts if p.digest not in known]
         return [gens.part_entries(p) for p in todo], {p.digest for p in todo}
 

@@ -35,6 +35,7 @@ here under their old names.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import random
@@ -96,6 +97,10 @@ MISSING_GRACE = 600.0
 PROBE_STEPS = 64
 # Parsed manifest parts kept in memory (LRU), in entries: bounds a daemon's RSS.
 PART_CACHE_ENTRIES = 400_000
+# Records read, kept for ``record(..., cached=True)``: a node's mount reads its served
+# generation's record to serve it, then again for the access profile and for the
+# compile times (three GETs of one key from every node of a fleet start, docs/fleet.md).
+RECORDS_KEPT = 64
 
 
 @dataclass
@@ -155,6 +160,9 @@ class GenerationStore:
         # Signed statements of each namespace's newest generation (signature trust).
         self.heads = Heads(self.backend, self.trust, self.objects.counters)
         self._rolled: set[tuple[str, int]] = set()  # rollbacks reported (once each)
+        # (ns, seq) -> (the record's digest, the record): records are never rewritten
+        # (publication creates a new seq); only callers that ask take a kept one.
+        self._records: OrderedDict[tuple[str, int], tuple[str, Record]] = OrderedDict()
 
     # --- enumeration ------------------------------------------------------
     def namespaces(self) -> list[str]:
@@ -226,9 +234,17 @@ class GenerationStore:
         return f"namespaces/{ns}/generations/{seq_name(seq)}"
 
     # --- reading ----------------------------------------------------------
-    def record(self, ns: str, seq: int, *, digest: str | None = None) -> Record:
-        """Record ``ns@seq``, checked; with ``digest`` its bytes must hash to it (a statement)."""
+    def record(self, ns: str, seq: int, *, digest: str | None = None,
+               cached: bool = False) -> Record:
+        """Record ``ns@seq``, checked; with ``digest`` its bytes must hash to it (a statement).
+
+        ``cached``: the one this store read last for ``ns@seq``, if any (no request),
+        for readers of a generation being served; others read the root each time (gc,
+        retention and listings must see a record removed)."""
         check_name(ns)
+        kept = self._records.get((ns, seq)) if cached else None
+        if kept is not None and (digest is None or kept[0] == digest):
+            return kept[1]
         try:
             with self.backend.open(self._key(ns, seq)) as f:
                 data = f.read(MAX_RECORD_BYTES + 1)
@@ -242,7 +258,13 @@ class GenerationStore:
             raise HostileManifestError(f"generation {ns}@{seq}: not the record its statement"
                                        " names (another one was put in its place)")
         self.trust.check_record(ns, data)
-        return parse_record(data, ns, seq)
+        rec = parse_record(data, ns, seq)
+        kept_now = self._records  # threads share the store: a race only drops an entry
+        kept_now[(ns, seq)] = (record_digest(data), rec)
+        while len(kept_now) > RECORDS_KEPT:
+            with contextlib.suppress(KeyError):
+                kept_now.popitem(last=False)
+        return rec
 
     def latest(self, ns: str, hint: int | None = None) -> Record | None:
         seq = self.latest_seq(ns, hint)

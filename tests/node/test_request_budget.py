@@ -78,7 +78,7 @@ def net(seaweed_server: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
         monkeypatch.setenv(k, v)
     monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-aws-config"))
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-credentials"))
-    with NetProxy(seaweed_server.port, delay=0.002) as proxy:  # 4 ms round trips
+    with NetProxy(seaweed_server.port, delay=0.002, record=True) as proxy:  # 4 ms RTT
         yield proxy
 
 
@@ -125,7 +125,16 @@ def test_a_fresh_node_costs_one_request_per_50_files(
 
     net.reset_counts()
     r = _run(tmp_path, "fresh", url, seaweed_server, "budget", sys.executable, "-c", READ_JOB)
+    reqs = net.requests()
     counts = net.reset_counts()
+    # Every key a fleet's nodes all read is read once per node: the served generation's
+    # record too (it was read three times: serving, the profile, the compile times).
+    gets: dict[str, int] = {}
+    for q in reqs:
+        if q.method == "GET" and "/generations/" in q.target:
+            key = q.target.split("?")[0]
+            gets[key] = gets.get(key, 0) + 1
+    assert gets and max(gets.values()) == 1, gets
     read = json.loads(r.stdout.strip().splitlines()[-1])
     assert read["files"] == files
     kinds = {k: v for k, v in counts.items() if v and k in (
