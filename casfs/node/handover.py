@@ -34,7 +34,7 @@ process and mounts again (casfs.node.worker.replace), saying so in one line.
 
 dir mode has no connection to keep: its jobs use a plain directory (the
 tenant's filesystem's bind, with loopfs quotas). Its successor asks the
-predecessor to ``leave`` (``leave``): the predecessor stops watching, publishes
+predecessor to ``leave``: it stops watching, publishes
 what it tracks and exits leaving the directory and its bind in place; the
 successor, which waited for that exit, binds nothing new and scans the
 directory at its start for what was written meanwhile. Jobs see nothing.
