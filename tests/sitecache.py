@@ -133,8 +133,10 @@ class NginxCache:
         return out
 
     def purge(self) -> None:
-        """Empty its cache (the next reads are misses); nginx keeps running."""
+        """Empty its cache and access log (stopped: nginx keeps its index in memory)."""
+        assert self.proc is None, "stop it first"
         shutil.rmtree(self.dir / "cache", ignore_errors=True)
+        (self.dir / "access.log").unlink(missing_ok=True)
 
     def cached_files(self) -> list[Path]:
         return [p for p in (self.dir / "cache").rglob("*") if p.is_file()]
