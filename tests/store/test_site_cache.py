@@ -43,6 +43,22 @@ def test_the_option_is_parsed_checked_and_kept() -> None:
             parse_location(f"s3://casfs-b/root?{bad}")
 
 
+def test_casfsd_takes_it_in_its_store_root(tmp_path: Path) -> None:
+    from casfs.daemon import config as dconfig
+    from casfs.node.worker import config_from_json, config_to_json
+
+    conf = tmp_path / "casfs.toml"
+    conf.write_text('[store]\nroot = "s3://casfs-b/team?read_cache=http://cache:3128"\n'
+                    'endpoint = "http://127.0.0.1:8333"\n'
+                    f'[node]\nstate_dir = "{tmp_path}/state"\n'
+                    '[[mounts]]\nname = "kern"\nnamespace = "kern-ns"\n')
+    cfg = dconfig.load(conf)
+    assert cfg.root == S3Location("casfs-b", "team", "http://127.0.0.1:8333", "",
+                                  "http://cache:3128")
+    (m,) = cfg.mount_configs()
+    assert config_from_json(config_to_json(m)).root == cfg.root  # reaches the mount process
+
+
 def test_only_object_and_pack_keys_are_cacheable() -> None:
     d = "ab" + "c" * 62
     assert sitecache.cacheable(f"objects/ab/{d[2:]}")
