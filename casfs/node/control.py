@@ -17,7 +17,7 @@ import logging
 import os
 import socket
 import struct
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -127,23 +127,41 @@ def peer_credentials(conn: Any) -> dict[str, int] | None:
     return {"pid": pid, "uid": uid, "gid": gid}
 
 
+@contextlib.contextmanager
+def _registry_lock(run_dir: Path, name: str) -> Iterator[None]:
+    """Writers and removers of ``name``'s entry, one at a time: a predecessor removing
+    its own entry at exit must not read it, then unlink the successor's written since."""
+    import fcntl
+
+    fd = os.open(run_dir / f"{name}.json.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
 def write_registry(run_dir: Path, name: str, info: dict[str, Any]) -> None:
     run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-    atomic.write_atomic(run_dir / f"{name}.json", json.dumps(info, indent=1).encode())
+    with _registry_lock(run_dir, name):
+        atomic.write_atomic(run_dir / f"{name}.json", json.dumps(info, indent=1).encode())
 
 
 def remove_registry(run_dir: Path, name: str, pid: int | None = None) -> None:
     """Remove ``name``'s registry entry; with ``pid``, only if it is that process's (a
     mount process that handed over leaves its successor's entry)."""
     path = run_dir / f"{name}.json"
-    if pid is not None:
-        try:
-            if json.loads(path.read_bytes()).get("pid") != pid:
-                return
-        except (OSError, ValueError, AttributeError):
-            pass
-    with contextlib.suppress(FileNotFoundError):
-        path.unlink()
+    if not run_dir.is_dir():
+        return
+    with _registry_lock(run_dir, name):
+        if pid is not None:
+            try:
+                if json.loads(path.read_bytes()).get("pid") != pid:
+                    return
+            except (OSError, ValueError, AttributeError):
+                pass
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
 
 
 def running(pid: int) -> bool:
