@@ -36,7 +36,9 @@ pytestmark = [
     # obstore's retries absorb them)
     pytest.mark.expect_log(r"lower object for .* unavailable, serving a miss",
                            r"refresh failed: .*object store",
-                           r"shared root unavailable, serving local state only"),
+                           r"shared root unavailable, serving local state only",
+                           # a reset or 503 on the access profile's GET: nothing prefetched
+                           r"prefetch: no usable profile: .*object store"),
 ]
 
 
