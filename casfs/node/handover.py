@@ -215,6 +215,19 @@ def _ask(sock: Path, phase: str, timeout: float = CONTROL_TIMEOUT,
                            handover_version=HANDOVER_VERSION, pid=os.getpid(), **kw)
 
 
+def _ask_predecessor(sock: Path, pid: int, mountpoint: Path, phase: str) -> dict[str, Any]:
+    """The predecessor's ``ok`` answer to ``phase``; HandoverUnavailable otherwise."""
+    try:
+        reply = _ask(sock, phase)
+    except CasfsError as e:
+        raise HandoverUnavailable(f"the mount process at {mountpoint} (pid {pid}) did not"
+                                  f" answer the handover: {e.message}") from None
+    if not reply.get("ok"):
+        raise HandoverUnavailable(f"the mount process at {mountpoint} (pid {pid}) cannot hand"
+                                  f" over: {reply.get('error') or 'refused'}")
+    return reply
+
+
 def prepare(run_dir: Path, name: str, mountpoint: Path) -> Predecessor | None:
     """Ask the mount process now serving ``mountpoint`` to prepare its handover (it
     gives up its namespace locks); None if none serves it (a plain start).
@@ -227,14 +240,7 @@ def prepare(run_dir: Path, name: str, mountpoint: Path) -> Predecessor | None:
     if why is not None:
         raise HandoverUnavailable(f"cannot take {mountpoint} over from pid {pid}: {why}")
     sock = Path(str(entry.get("socket") or ""))
-    try:
-        reply = _ask(sock, "prepare")
-    except CasfsError as e:
-        raise HandoverUnavailable(f"the mount process at {mountpoint} (pid {pid}) did not"
-                                  f" answer the handover: {e.message}") from None
-    if not reply.get("ok"):
-        raise HandoverUnavailable(f"the mount process at {mountpoint} (pid {pid}) cannot hand"
-                                  f" over: {reply.get('error') or 'refused'}")
+    reply = _ask_predecessor(sock, pid, mountpoint, "prepare")
     v = reply.get("handover_version")
     if not isinstance(v, int) or v < HANDOVER_MIN_VERSION:
         raise HandoverUnavailable(f"the mount process at {mountpoint} (pid {pid}) speaks"
@@ -252,15 +258,7 @@ def leave(run_dir: Path, name: str, mountpoint: Path, wait: float) -> int | None
     if entry is None:
         return None
     pid = int(entry["pid"])
-    sock = Path(str(entry.get("socket") or ""))
-    try:
-        reply = _ask(sock, "leave")
-    except CasfsError as e:
-        raise HandoverUnavailable(f"the mount process at {mountpoint} (pid {pid}) did not"
-                                  f" answer the handover: {e.message}") from None
-    if not reply.get("ok"):
-        raise HandoverUnavailable(f"the mount process at {mountpoint} (pid {pid}) cannot hand"
-                                  f" over: {reply.get('error') or 'refused'}")
+    _ask_predecessor(Path(str(entry.get("socket") or "")), pid, mountpoint, "leave")
     deadline = time.monotonic() + wait
     while control.running(pid):
         if time.monotonic() > deadline:
