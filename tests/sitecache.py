@@ -132,6 +132,16 @@ class NginxCache:
                 out.append((method, uri, int(status), cache))
         return out
 
+    def statuses_when(self, done: Any, timeout: float = 10.0) -> list[tuple[str, str, int, str]]:
+        """statuses() once ``done(statuses)`` holds or ``timeout`` passed: nginx writes a
+        request's log line after its last byte left, so a client can be ahead of the log."""
+        deadline = time.monotonic() + timeout
+        while True:
+            out = self.statuses()
+            if done(out) or time.monotonic() > deadline:
+                return out
+            time.sleep(0.05)
+
     def purge(self) -> None:
         """Empty its cache and access log (stopped: nginx keeps its index in memory)."""
         assert self.proc is None, "stop it first"

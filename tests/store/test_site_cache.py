@@ -128,8 +128,12 @@ def test_fresh_nodes_read_objects_and_packs_from_the_cache(site: Site, env: None
     assert set(reads) == {f"packs/{p[:2]}/{p[2:]}" for p in packs} | {
         f"objects/{d[:2]}/{d[2:]}" for d in data if d not in locs}
     assert set(reads.values()) == {1}, reads
-    hits = [s for s in site.cache.statuses() if prefix in s[1] and s[3] == "HIT"]
-    assert len(hits) >= 2 * len(reads)  # nodes 2 and 3 were served from the cache
+    def hits(st: list[tuple[str, str, int, str]]) -> list[tuple[str, str, int, str]]:
+        return [s for s in st if prefix in s[1] and s[3] == "HIT"]
+
+    statuses = site.cache.statuses_when(lambda st: len(hits(st)) >= 2 * len(reads))
+    # nodes 2 and 3 were served from the cache
+    assert len(hits(statuses)) >= 2 * len(reads), [s for s in statuses if s[3] != "HIT"]
     # the nodes' own requests: the marker, signed, never through the cache
     assert not [s for s in site.cache.statuses() if "casfs.json" in s[1]]
 
