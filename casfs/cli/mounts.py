@@ -150,8 +150,9 @@ def prewarm(workers: list[Any]) -> None:
         cfg = w.cfg
         top = mounts_at(cfg.mountpoint)[-1:]
         if top and top[0].fstype == "overlay":  # not a mount that fell back to fuse
-            overlay.prewarm(overlay.OverlayPaths(cfg.upper, cfg.overlay_base).links,
-                            cfg.mountpoint)
+            links = overlay.links_of(top[0].options)  # a successor's are its own
+            if links is not None:
+                overlay.prewarm(links, cfg.mountpoint)
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -38,6 +38,7 @@ class MountEntry:
     source: str
     id: int = 0  # the mount's id (mountinfo's first field; kept by a move)
     parent: int = 0  # the id of the mount it is mounted on
+    options: str = ""  # the filesystem's (super block) options
 
 
 def _unescape(s: str) -> str:
@@ -60,7 +61,8 @@ def mounts_at(path: Path) -> list[MountEntry]:
                 b = right.split()
                 if len(a) >= 5 and len(b) >= 2 and _unescape(a[4]) == target:
                     found.append(MountEntry(_unescape(a[4]), _unescape(a[3]), b[0],
-                                            _unescape(b[1]), int(a[0]), int(a[1])))
+                                            _unescape(b[1]), int(a[0]), int(a[1]),
+                                            _unescape(b[2]) if len(b) > 2 else ""))
     except (OSError, ValueError):
         pass
     by_parent = {m.parent: m for m in found}

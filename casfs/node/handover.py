@@ -32,6 +32,14 @@ version this one does not read; no CAP_SYS_ADMIN; a kernel before 6.5) makes
 ``prepare`` raise ``HandoverUnavailable``; the parent then stops the old
 process and mounts again (casfs.node.worker.replace), saying so in one line.
 
+overlay mode hands over the same way, its overlayfs mount in place of the FUSE
+mount (``Handing.kind``): the successor mounts its own FUSE layer and links
+layer (casfs.view.overlay, "per-process layers"), its overlay over the same
+upper on the stage, and moves it beneath; the predecessor detaches its overlay
+and its FUSE layer, and its connection ends when the last job lets go of the
+old overlay (whose layers it holds). The predecessor's writers are found by
+fdinfo's ``mnt_id`` (casfs.view.dirmode.writers_on_mount).
+
 dir mode has no connection to keep: its jobs use a plain directory (the
 tenant's filesystem's bind, with loopfs quotas). Its successor asks the
 predecessor to ``leave``: it stops watching, publishes
@@ -156,6 +164,7 @@ def drop_stage(path: Path) -> None:
 class Handing:
     """A FUSE session's part in handovers (casfs.view.session.serve reads it)."""
 
+    kind: str = "fuse"  # the mount handed over: "fuse", or "overlay" (overlay mode)
     stage: Path | None = None  # a successor's: the session mounts here first
     mount_id: int | None = None  # its mount, once mounted (a move keeps the id)
     moved: bool = False  # moved to the mount point: libfuse's own path is the stage's
@@ -163,9 +172,31 @@ class Handing:
     ended: bool = False  # stepped aside, and the kernel ended the connection: all closed
     drained: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
 
+    def ours(self, m: guard.MountEntry | None) -> bool:
+        """``m`` is a mount of the kind handed over here (a guard is not)."""
+        return m is not None and m.fstype.startswith(self.kind) and not guard.is_guard(m)
+
     def mounted(self, path: Path) -> None:
         t = top(path)
-        self.mount_id = t.id if t is not None and t.fstype.startswith("fuse") else None
+        self.mount_id = t.id if t is not None and self.ours(t) else None
+
+    def detach_own(self, mountpoint: Path) -> None:
+        """Detach this session's mount, found by its id at the mount point or the
+        stage (never a successor's), unless it stepped aside; then drop the stage."""
+        if not self.stepped_aside and self.mount_id is not None:
+            for path in (mountpoint, self.stage):
+                found = guard.mounts_at(path) if path is not None else []
+                if found and found[-1].id == self.mount_id:
+                    try:
+                        detach(path)  # type: ignore[arg-type]
+                    except OSError as e:
+                        log.error("could not unmount %s: %s", path, e)
+        if self.stage is not None:
+            drop_stage(self.stage)
+
+    def lower(self) -> LowerHanding:
+        """The part of overlay mode's FUSE layer, whose mount is not the one handed over."""
+        return LowerHanding(self)
 
     def prepare_stage(self) -> None:
         """Make the stage a mount of its own, to mount on first (casfs.view.session)."""
@@ -177,19 +208,42 @@ class Handing:
         it mounted (the stage's, or the mount point that is a successor's now): never
         that. A session moved to the mount point that did not step aside detaches its
         own mount, found by its id, then closes its connection."""
-        from casfs.node import guard
-
-        if not self.stepped_aside and self.mount_id is not None:
-            for path in (mountpoint, self.stage):
-                found = guard.mounts_at(path) if path is not None else []
-                if found and found[-1].id == self.mount_id:
-                    try:
-                        detach(path)  # type: ignore[arg-type]
-                    except OSError as e:
-                        log.error("could not unmount %s: %s", path, e)
+        self.detach_own(mountpoint)
         pyfuse3.close(unmount=False)
-        if self.stage is not None:
-            drop_stage(self.stage)
+
+
+class LowerHanding:
+    """Overlay mode's FUSE layer in a handover (casfs.view.session.serve reads it): it
+    mounts at its own path (no stage), and once the overlay stepped aside (which
+    detaches this layer too) the end of its connection is the overlay's end."""
+
+    stage = None
+
+    def __init__(self, top: Handing) -> None:
+        self.top = top
+        self.mount_id: int | None = None
+
+    @property
+    def stepped_aside(self) -> bool:
+        return self.top.stepped_aside
+
+    @property
+    def ended(self) -> bool:
+        return self.top.ended
+
+    @ended.setter
+    def ended(self, value: bool) -> None:
+        self.top.ended = value
+
+    def prepare_stage(self) -> None:
+        pass
+
+    def mounted(self, path: Path) -> None:
+        t = top(path)
+        self.mount_id = t.id if t is not None and t.fstype.startswith("fuse") else None
+
+    def close_session(self, pyfuse3: Any, mountpoint: Path) -> None:
+        pyfuse3.close(unmount=False)  # detached when the overlay stepped aside
 
 
 # --- the successor's side ---------------------------------------------------------------
@@ -215,10 +269,11 @@ def _ask(sock: Path, phase: str, timeout: float = CONTROL_TIMEOUT,
                            handover_version=HANDOVER_VERSION, pid=os.getpid(), **kw)
 
 
-def _ask_predecessor(sock: Path, pid: int, mountpoint: Path, phase: str) -> dict[str, Any]:
+def _ask_predecessor(sock: Path, pid: int, mountpoint: Path, phase: str,
+                     **kw: Any) -> dict[str, Any]:
     """The predecessor's ``ok`` answer to ``phase``; HandoverUnavailable otherwise."""
     try:
-        reply = _ask(sock, phase)
+        reply = _ask(sock, phase, **kw)
     except CasfsError as e:
         raise HandoverUnavailable(f"the mount process at {mountpoint} (pid {pid}) did not"
                                   f" answer the handover: {e.message}") from None
@@ -228,10 +283,11 @@ def _ask_predecessor(sock: Path, pid: int, mountpoint: Path, phase: str) -> dict
     return reply
 
 
-def prepare(run_dir: Path, name: str, mountpoint: Path) -> Predecessor | None:
-    """Ask the mount process now serving ``mountpoint`` to prepare its handover (it
-    gives up its namespace locks); None if none serves it (a plain start).
-    HandoverUnavailable when it cannot."""
+def prepare(run_dir: Path, name: str, mountpoint: Path,
+            kind: str = "fuse") -> Predecessor | None:
+    """Ask the mount process now serving ``mountpoint`` to prepare its handover of a
+    ``kind`` mount (it gives up its namespace locks); None if none serves it (a
+    plain start). HandoverUnavailable when it cannot."""
     entry = find_predecessor(run_dir, name, mountpoint)
     if entry is None:
         return None
@@ -240,7 +296,11 @@ def prepare(run_dir: Path, name: str, mountpoint: Path) -> Predecessor | None:
     if why is not None:
         raise HandoverUnavailable(f"cannot take {mountpoint} over from pid {pid}: {why}")
     sock = Path(str(entry.get("socket") or ""))
-    reply = _ask_predecessor(sock, pid, mountpoint, "prepare")
+    # "layer": absent from requests and replies before overlay mode handed over (fuse)
+    reply = _ask_predecessor(sock, pid, mountpoint, "prepare", layer=kind)
+    if reply.get("layer", "fuse") != kind:  # a release before overlay handovers
+        raise HandoverUnavailable(f"the mount process at {mountpoint} (pid {pid}) cannot"
+                                  f" hand over its {kind} mount (an older release)")
     v = reply.get("handover_version")
     if not isinstance(v, int) or v < HANDOVER_MIN_VERSION:
         raise HandoverUnavailable(f"the mount process at {mountpoint} (pid {pid}) speaks"
@@ -282,8 +342,7 @@ async def take_over(mountpoint: Path, handing: Handing, pred: Predecessor) -> li
     await trio.to_thread.run_sync(os.stat, handing.stage)
     alive = await trio.to_thread.run_sync(lambda: not clear_stale_mount(mountpoint))
     over = top(mountpoint)
-    beneath = alive and over is not None and over.fstype.startswith("fuse") and (
-        not guard.is_guard(over))
+    beneath = alive and handing.ours(over)
     move_mount(handing.stage, mountpoint, beneath=beneath)
     handing.moved = True
     drop_stage(handing.stage)
@@ -342,14 +401,16 @@ def drained_writers(run_dir: Path, ns: str) -> set[str]:
 
 
 def busy_hook(run_dir: Path, ns: str,
-              own: Callable[[str], bool]) -> Callable[[list[str]], set[str]]:
-    """A FUSE mount's promotion ``busy`` hook: its own writers (``own``, as without the
+              own: Callable[[list[str]], set[str]]) -> Callable[[list[str]], set[str]]:
+    """A mount's promotion ``busy`` hook: its own writers (``own``, as without the
     hook) and the paths draining predecessors hold open for writing: a file another
     process writes is never promoted half-written (first writer kept would keep that)."""
 
     def busy(paths: list[str]) -> set[str]:
-        held = drained_writers(run_dir, ns) if paths else set()
-        return {p for p in paths if p in held or own(p)}
+        if not paths:
+            return set()
+        held = drained_writers(run_dir, ns)
+        return {p for p in paths if p in held} | own(paths)
 
     return busy
 
@@ -429,6 +490,10 @@ class Drain:
         if self.handing.stepped_aside:
             return {"ok": False, "handover_version": version, "error": "already stepped aside"}
         if phase == "prepare":
+            layer = req.get("layer", "fuse")
+            if layer != self.handing.kind:
+                return {"ok": False, "handover_version": version,
+                        "error": f"this is a {self.handing.kind} mount, not {layer!r}"}
             return self._prepare(pid, version)
         if phase == "step_aside":
             return await self._step_aside(pid, version, req.get("beneath"))
@@ -459,7 +524,8 @@ class Drain:
         if first and self.nursery is not None:
             self.nursery.start_soon(self._watch)
         log.info("%s: handing over to pid %d (format %d)", self.mountpoint, pid, version)
-        return {"ok": True, "handover_version": version, "pid": os.getpid()}
+        return {"ok": True, "handover_version": version, "pid": os.getpid(),
+                "layer": self.handing.kind}
 
     async def _step_aside(self, pid: int, version: int, beneath: object) -> dict[str, Any]:
         import trio
@@ -472,7 +538,7 @@ class Drain:
             return {"ok": False, "handover_version": version,
                     "error": "this process's mount is not the visible one"}
         below = stack[-2] if len(stack) > 1 else None
-        if (below is None or not below.fstype.startswith("fuse")
+        if (below is None or not self.handing.ours(below)
                 or (isinstance(beneath, int) and below.id != beneath)):
             return {"ok": False, "handover_version": version,
                     "error": "the successor's mount is not beneath this one: not uncovering"

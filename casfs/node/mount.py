@@ -112,24 +112,21 @@ class MountService:
             discard_cache_dir(cfg.state_dir / "objects")
         # Replacements (casfs.node.handover): this session's part, the mount process we
         # take over from (it gives up the namespace's lock first), and our answers to one.
-        self.handing = handover.Handing()
+        self.handing = handover.Handing(kind="overlay" if cfg.mode == "overlay" else "fuse")
         self.predecessor = None
         if replace and not hosted:
             if cfg.mode == "dir":  # a plain directory: the predecessor leaves it in place
                 handover.leave(cfg.run_dir, cfg.name, cfg.mountpoint,
                                cfg.shutdown_timeout + LEAVE_MARGIN)
-            elif cfg.mode != "fuse":  # overlay: overlayfs on top, its upper in use
-                if handover.find_predecessor(cfg.run_dir, cfg.name, cfg.mountpoint):
-                    raise handover.HandoverUnavailable(
-                        f"{cfg.mode} mode mounts are not handed over (fuse and dir mode only)")
-            else:
-                self.predecessor = handover.prepare(cfg.run_dir, cfg.name, cfg.mountpoint)
+            else:  # a FUSE mount or an overlay: ours goes beneath, the old one steps aside
+                self.predecessor = handover.prepare(cfg.run_dir, cfg.name, cfg.mountpoint,
+                                                    self.handing.kind)
         if self.predecessor is not None:
             self.handing.stage = handover.stage_dir(cfg.run_dir, cfg.name)
         self._periodic: list[Periodic] = []
         self.drain = handover.Drain(cfg.mountpoint, cfg.run_dir, self.handing,
                                     give_locks=self.give_lock, retake_locks=self.retake_lock,
-                                    writing=lambda: {self.cfg.namespace: self.tracker.writing()},
+                                    writing=self.writing,
                                     aside=self.stepped_aside,
                                     leave=self.leave_dir if cfg.mode == "dir" else None)
         self._lock_fd: int | None = nsregistry.take_lock(cfg, wait_for_reclaim)
@@ -160,9 +157,9 @@ class MountService:
             counters=self.counters, lower=self.lower, cache=self.cache, access=self.access,
             served_seq=lambda: self.feed.served_seq, tenant=self.tenant, root_mode=root_mode,
             relocator=relocator))
-        if self.server.busy is None:  # FUSE: never promote what a draining predecessor writes
-            self.server.busy = handover.busy_hook(cfg.run_dir, cfg.namespace,
-                                                  self.tracker.has_writers)
+        # Never promote what a draining predecessor's jobs write (casfs.node.handover).
+        self.server.busy = handover.busy_hook(cfg.run_dir, cfg.namespace,
+                                              self.server.busy or self._tracked_writers)
         if self.server.has_fuse and fetchproc.enabled():
             source.worker()  # started now, so a first fetch does not wait
         # A miss fetches the rest of its directory (objects fetched on open only).
@@ -379,6 +376,14 @@ class MountService:
         self.start_prefetch()
 
     # --- handing over (casfs.node.handover) ---------------------------------------------
+    def _tracked_writers(self, paths: list[str]) -> set[str]:
+        return {p for p in paths if self.tracker.has_writers(p)}
+
+    def writing(self) -> dict[str, list[str]]:
+        """Paths open for writing, by namespace: a successor's promotion waits for them."""
+        held = self.server.writing()
+        return {self.cfg.namespace: self.tracker.writing() if held is None else held}
+
     def give_lock(self) -> list[str]:
         if self._lock_fd is not None:
             os.close(self._lock_fd)
@@ -410,6 +415,7 @@ class MountService:
         for t in self._periodic:
             if t.name == "refresh_once":
                 t.stop()
+        await trio.to_thread.run_sync(self.server.stepped_aside)
         await trio.to_thread.run_sync(self.stop_prefetch)
 
     async def release(self, timeout: float | None = None) -> None:
@@ -469,7 +475,9 @@ class MountService:
             self.server.serve(Serving(ready=ready, background=self._background,
                                       shutdown=self.release, wait_warm=self.wait_warm,
                                       stopping=lambda: self._stopping,
-                                      entry=lambda: self._entry, handing=self.handing))
+                                      entry=lambda: self._entry, handing=self.handing,
+                                      private_layers=self.predecessor is not None
+                                      or nsregistry.draining(cfg.run_dir, cfg.namespace)))
         finally:
             if guarded and not self.handing.stepped_aside:  # else: a successor's mount point
                 guard.remove(cfg.mountpoint)  # a clean stop; a crash leaves it (the point)

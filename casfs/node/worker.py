@@ -153,7 +153,7 @@ def replace(old: Worker, spawn_fn: Callable[..., Worker] | None = None,
     The new process takes the mount point over while ``old`` serves (casfs.node.handover);
     ``old`` then drains what jobs hold open and exits by itself (the caller reaps it).
     If ``old`` cannot hand over (an older release, no CAP_SYS_ADMIN, a kernel before
-    6.5, overlay mode) it is stopped first and the new one mounts after it, as
+    6.5, another mode) it is stopped first and the new one mounts after it, as
     every restart did before: jobs see the gap. One WARNING line says so.
     """
     from casfs.node.handover import HandoverUnavailable

@@ -392,3 +392,40 @@ def open_for_writing(directory: Path, rels: list[str]) -> set[str]:
             if flags & os.O_ACCMODE != os.O_RDONLY:
                 busy.add(rel)
     return busy
+
+
+
+def writers_on_mount(mount_id: int, mountpoint: Path, tops: set[str]) -> set[str]:
+    """The paths (relative to its root) open for writing through mount ``mount_id``,
+    attached at ``mountpoint`` or detached (a handed-over overlay: its files show as
+    ``/<rel>``), told apart by fdinfo's ``mnt_id``. ``tops``: the names at the
+    mount's top (a path's first name elsewhere skips its fdinfo: most fds are not
+    ours)."""
+    prefix = str(mountpoint).rstrip("/") + "/"
+    out: set[str] = set()
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        fd_dir = f"/proc/{pid}/fd"
+        try:
+            fds = os.listdir(fd_dir)
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                target = os.readlink(f"{fd_dir}/{fd}")
+            except OSError:
+                continue
+            rel = target[len(prefix):] if target.startswith(prefix) else target[1:]
+            if not target.startswith("/") or rel.split("/", 1)[0] not in tops:
+                continue
+            try:
+                with open(f"/proc/{pid}/fdinfo/{fd}") as f:
+                    info = dict(ln.split(":", 1) for ln in f.read().splitlines()
+                                if ":" in ln)
+                if (int(info["mnt_id"]) == mount_id
+                        and int(info["flags"], 8) & os.O_ACCMODE != os.O_RDONLY):
+                    out.add(rel)
+            except (OSError, ValueError, KeyError):
+                continue
+    return out

@@ -11,6 +11,14 @@ Layers, top to bottom (all on node-local disk except where said)::
                                             fetched lazily on first open
     work    <state>/overlay/<ns>/work       overlayfs workdir (same fs as upper)
 
+A mount process that replaces another under running jobs (casfs.node.handover)
+has layers of its own, ``links@<pid>``, ``fuse@<pid>`` and ``work@<pid>`` ("@" is
+never in a namespace's name: the loopfs work directories of all namespaces share a parent): the
+old overlay keeps its layers for as long as jobs hold files on it, over the
+same upper (mounted ``index=off``: overlayfs allows two overlays on one upper
+then, with a warning; the old one only serves what jobs already hold). A
+dead process's layers are removed by the next start (``clean_stale``).
+
 A file whose object is local is served by the kernel from ``links`` without a
 FUSE round trip; overlayfs copies it up before any write, so a job (the linker
 rewriting a ``.so`` in place) can never modify a shared cache object. Files a
@@ -41,6 +49,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import dataclasses
 import errno
 import logging
 import os
@@ -80,14 +89,15 @@ class OverlayPaths:
     # overlayfs's workdir, on the upper's filesystem: <base>/work unless the upper lives
     # on the tenant's own filesystem (casfs.node.quota, mechanism "loopfs")
     work_dir: Path | None = None
+    suffix: str = ""  # "@<pid>": a successor's own layers (the module's docstring)
 
     @property
     def links(self) -> Path:
-        return self.base / "links"
+        return self.base / f"links{self.suffix}"
 
     @property
     def fuse(self) -> Path:
-        return self.base / "fuse"
+        return self.base / f"fuse{self.suffix}"
 
     @property
     def fuse_upper(self) -> Path:
@@ -96,7 +106,51 @@ class OverlayPaths:
 
     @property
     def work(self) -> Path:
-        return self.work_dir if self.work_dir is not None else self.base / "work"
+        if self.work_dir is None:
+            return self.base / f"work{self.suffix}"
+        return self.work_dir.with_name(self.work_dir.name + self.suffix)
+
+    def own(self, pid: int) -> OverlayPaths:
+        """The layers of a successor with process id ``pid``."""
+        return dataclasses.replace(self, suffix=f"@{pid}")
+
+
+LAYERS = ("links", "fuse", "work")
+
+
+def clean_stale(paths: OverlayPaths, alive: Callable[[int], bool]) -> int:
+    """Remove the per-process layers (``<layer>@<pid>``) of processes no longer alive:
+    left by a successor that was stopped or died. A dead FUSE layer's mount goes
+    first (lazily). The number of directories removed."""
+    import shutil
+
+    n = 0
+    places = [(paths.base, layer) for layer in LAYERS]
+    if paths.work_dir is not None:
+        places.append((paths.work_dir.parent, paths.work_dir.name))
+    for parent, layer in places:
+        try:
+            names = os.listdir(parent)
+        except OSError:
+            continue
+        for name in names:
+            head, _, pid = name.rpartition("@")
+            if head != layer or not pid.isdigit() or alive(int(pid)):
+                continue
+            path = parent / name
+            if layer == "fuse":  # a dead process's FUSE mount, if any (EINVAL: none)
+                libc().umount2(os.fsencode(path), MNT_DETACH)
+            shutil.rmtree(path, ignore_errors=True)
+            n += 1
+    return n
+
+
+def links_of(options: str) -> Path | None:
+    """The links layer of an overlay mounted by ``mount``, from its mount options."""
+    for opt in options.split(","):
+        if opt.startswith("lowerdir="):
+            return Path(opt[len("lowerdir="):].split(":", 1)[0])
+    return None
 
 
 @dataclass
@@ -236,8 +290,10 @@ def mount(mountpoint: Path, paths: OverlayPaths) -> None:
     """Mount the overlay at ``mountpoint``. Call from a thread other than the one
     serving the FUSE layer: the kernel looks up the FUSE root while mounting."""
     paths.work.mkdir(parents=True, exist_ok=True)
+    # index=off: a successor's overlay shares the upper (the module's docstring)
     opts = (f"lowerdir={_check_path(paths.links)}:{_check_path(paths.fuse)},"
-            f"upperdir={_check_path(paths.upper)},workdir={_check_path(paths.work)}")
+            f"upperdir={_check_path(paths.upper)},workdir={_check_path(paths.work)},"
+            "index=off")
     rc = libc().mount(b"casfs-overlay", os.fsencode(mountpoint), b"overlay", 0, opts.encode())
     if rc != 0:
         e = ctypes.get_errno()

@@ -32,8 +32,8 @@ REPO = Path(__file__).resolve().parents[2]
 OPTS = {"stable_after": 0.2, "publish_interval": 1.0, "refresh_interval": 3600.0}
 
 
-def _mount() -> list[dict[str, Any]]:
-    return [{"name": "m", "family": "generic", "namespace": "testns"}]
+def _mount(mode: str = "fuse") -> list[dict[str, Any]]:
+    return [{"name": "m", "family": "generic", "namespace": "testns", "mode": mode}]
 
 
 def _worker(d: Daemon) -> int:
@@ -120,17 +120,19 @@ def test_sigusr2_reexecutes_casfsd_and_the_mounts_serve_on(
     assert d.terminate() == 0
 
 
+@pytest.mark.parametrize("mode", ["fuse", "overlay"])
 def test_sigusr2_into_a_newer_build_hands_every_mount_over(
         daemons: Callable[..., Daemon], tmp_path: Path,
-        monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch: pytest.MonkeyPatch, mode: str) -> None:
     """casfsd and its mount processes run a copy of casfs; the copy is changed (an
     upgrade installed in place); USR2: the new casfsd adopts the mount process, sees
-    another build, and hands the mount over to a process of the new build."""
+    another build, and hands the mount over to a process of the new build (a FUSE
+    mount, or overlay mode's overlay)."""
     site = tmp_path / "site"
     shutil.copytree(REPO / "casfs", site / "casfs",
                     ignore=shutil.ignore_patterns("__pycache__"))
     monkeypatch.setenv("PYTHONPATH", str(site))
-    d = daemons("a", _mount(), defaults=OPTS, node={"on_demand": False})
+    d = daemons("a", _mount(mode), defaults=OPTS, node={"on_demand": False})
     job = Job(d.mount_paths[0], tmp_path)
     try:
         job.wait_loops()
@@ -144,6 +146,10 @@ def test_sigusr2_into_a_newer_build_hands_every_mount_over(
         assert f"adopted the running mount process pid {pid}" in log
         assert "replacing it: another casfs build" in log
         assert f"took over {d.mount_paths[0]} from pid {pid}" in log
+        from casfs.node import guard
+
+        assert guard.mounts_at(d.mount_paths[0])[-1].fstype == (
+            "overlay" if mode == "overlay" else "fuse.casfs")
         time.sleep(0.5)
     finally:
         if job.proc.poll() is None:

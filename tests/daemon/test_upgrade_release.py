@@ -11,7 +11,8 @@ the old release's mount process, sees another build and hands the mount over
 to a process of this release: 0 errors, no operation over 1 s, every file
 published. A dir mode mount of the old release, which does not know the
 ``leave`` phase, falls back to stop-then-mount in one WARNING line, and what it
-held is still there and published.
+held is still there and published; so does an overlay mode mount of the old
+release, which does not hand an overlay over.
 """
 
 from __future__ import annotations
@@ -66,20 +67,25 @@ def _pid(d: Daemon, name: str) -> int:
 
 
 @pytest.mark.expect_log(r"no seamless handover .*unknown phase 'leave'",
-                        r"cannot hand over: unknown phase 'leave'")
+                        r"cannot hand over: unknown phase 'leave'",
+                        # its overlay mode's FUSE layer was not stackable (no handover)
+                        r"no seamless handover .*/mnt/o \(pid \d+\) cannot hand over",
+                        r"/mnt/o \(pid \d+\) cannot hand over")
 def test_an_upgrade_from_the_previous_release_never_reaches_the_job(
         daemons: Callable[..., Daemon], previous_release: Path, tmp_path: Path) -> None:
     mounts = [{"name": "m", "family": "generic", "namespace": "testns"},
-              {"name": "d", "family": "generic", "namespace": "dirns", "mode": "dir"}]
+              {"name": "d", "family": "generic", "namespace": "dirns", "mode": "dir"},
+              {"name": "o", "family": "generic", "namespace": "ovns", "mode": "overlay"}]
     d = daemons("a", mounts, defaults=OPTS, node={"on_demand": False}, start=False)
     d.casfsd = previous_release / "casfsd"
     d.start()
-    mp, dmp = d.mount_paths
+    mp, dmp, omp = d.mount_paths
     (dmp / "kept.txt").write_bytes(b"written under the old release")
+    (omp / "kept.txt").write_bytes(b"written under the old release")
     job = Job(mp, tmp_path)
     try:
         job.wait_loops()
-        old_m, old_d = _pid(d, "m"), _pid(d, "d")
+        old_m, old_d, old_o = _pid(d, "m"), _pid(d, "d"), _pid(d, "o")
         assert b"prev-venv" in Path(f"/proc/{old_m}/cmdline").read_bytes()
         assert d.proc is not None
         d.proc.kill()  # the old casfsd goes; its mount processes serve on
@@ -95,6 +101,8 @@ def test_an_upgrade_from_the_previous_release_never_reaches_the_job(
         assert b"prev-venv" not in Path(f"/proc/{new_m}/cmdline").read_bytes()
         assert _pid(d, "d") != old_d  # stopped, then mounted again (the fallback)
         assert (dmp / "kept.txt").read_bytes() == b"written under the old release"
+        assert _pid(d, "o") != old_o  # the old release has no overlay handover
+        assert (omp / "kept.txt").read_bytes() == b"written under the old release"
         report = job.finish()
     finally:
         if job.proc.poll() is None:
@@ -108,3 +116,4 @@ def test_an_upgrade_from_the_previous_release_never_reaches_the_job(
     lost = [rel for rel, data in report["written"] if pub.get(rel) != data.encode()]
     assert lost == [], f"{len(lost)} of {len(report['written'])}: {lost[:20]}"
     assert _published(d.root, "dirns")["kept.txt"] == b"written under the old release"
+    assert _published(d.root, "ovns")["kept.txt"] == b"written under the old release"

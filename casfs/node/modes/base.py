@@ -90,7 +90,9 @@ class Serving:
     wait_warm: Callable[[float], None]  # hold mount-ready until the hot set is local
     stopping: Callable[[], bool]
     entry: Callable[[], dict[str, Any]] = field(default=dict)  # our registry entry
-    handing: Any = None  # casfs.node.handover.Handing: FUSE mode's part in replacements
+    handing: Any = None  # casfs.node.handover.Handing: the mount's part in replacements
+    # overlay: layers of its own (a successor, or another process of the namespace drains)
+    private_layers: bool = False
 
 
 class ModeServer(Protocol):
@@ -115,6 +117,11 @@ class ModeServer(Protocol):
     def generation_served(self, seq: int) -> None: ...
     def release_published_replaced(self) -> int: ...
     def serve(self, how: Serving) -> None: ...
+    def stepped_aside(self) -> None:
+        """Handed over: the mount point is the successor's (casfs.node.handover)."""
+
+    def writing(self) -> list[str] | None:
+        """Paths open for writing through this view; None: the write tracker knows."""
     def status(self) -> dict[str, Any] | None: ...
     def close(self) -> None: ...
 

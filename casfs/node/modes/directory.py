@@ -167,6 +167,12 @@ class DirServer:
             await how.shutdown()
             nursery.cancel_scope.cancel()
 
+    def stepped_aside(self) -> None:
+        pass
+
+    def writing(self) -> list[str] | None:
+        return None
+
     def status(self) -> dict[str, Any] | None:
         return None
 

@@ -126,6 +126,12 @@ class FuseServer:
                       background=how.background, on_shutdown=how.shutdown,
                       handing=how.handing)
 
+    def stepped_aside(self) -> None:
+        pass
+
+    def writing(self) -> list[str] | None:
+        return None
+
     def status(self) -> dict[str, Any] | None:
         return None
 

@@ -7,6 +7,11 @@ writes the upper directly: writers are found by /proc (``busy``), creates
 and renames by inotify, and the upper is rescanned every few seconds because
 overlayfs writes with notifications off. Opens of linked files reach casfs
 through fanotify (casfs.view.opens), in a child process.
+
+Replaced under running jobs (casfs.node.handover, kind "overlay"), a successor
+has its own FUSE and links layers and mounts its overlay on the stage, moved
+beneath this one; stepping aside detaches the overlay and the FUSE layer, whose
+connection ends when the last job lets go of the old overlay.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from typing import Any
 
 import trio
 
+from casfs.node import control, guard
 from casfs.node.modes.base import Busy, Serving, Unchanged, ViewParts, remove_beneath
 from casfs.store.entry import Entry
 from casfs.view import dirmode, overlay, session
@@ -54,10 +60,36 @@ class OverlayServer:
         self._watcher: Any = None
         self._open_watch: Any = None  # casfs.view.opens.OpenWatchProcess
         self._last_scan = 0.0
+        self._handing: Any = None  # casfs.node.handover.Handing, while serving
+        self._aside_id: int | None = None  # our overlay's mount id, once stepped aside
 
     # --- promotion hooks ---------------------------------------------------------------
     def _open_for_writing(self, rels: list[str]) -> set[str]:
-        return dirmode.open_for_writing(self.parts.cfg.mountpoint, rels)
+        held = dirmode.open_for_writing(self.parts.cfg.mountpoint, rels)
+        if self._aside_id is not None and rels:  # our jobs hold the detached overlay
+            held |= set(rels) & set(self.writing() or ())
+        return held
+
+    def writing(self) -> list[str] | None:
+        """Paths open for writing through our overlay, attached or stepped aside."""
+        h = self._handing
+        mount_id = self._aside_id or (h.mount_id if h is not None else None)
+        if mount_id is None:
+            return []
+        try:
+            tops = set(os.listdir(self.paths.upper))  # what a job writes is in the upper
+        except OSError:
+            return []
+        return sorted(dirmode.writers_on_mount(mount_id, self.parts.cfg.mountpoint, tops))
+
+    def stepped_aside(self) -> None:
+        """Our overlay left the mount point: detach our FUSE layer too (the old overlay
+        keeps its own reference), so its connection ends when the last job lets go."""
+        h = self._handing
+        self._aside_id = h.mount_id if h is not None else None
+        lower = guard.mounts_at(self.paths.fuse)
+        if lower and lower[-1].fstype.startswith("fuse"):
+            overlay.unmount(self.paths.fuse)
 
     def wire(self, on_open: Callable[[str, str], None],
              on_miss: Callable[[str, Entry], None] | None) -> None:
@@ -93,11 +125,18 @@ class OverlayServer:
 
     # --- serving -----------------------------------------------------------------------
     def serve(self, how: Serving) -> None:
-        paths = self.paths
         cfg = self.parts.cfg
         from casfs.view import whiteout
 
-        whiteout.sweep(paths.upper)  # whiteouts last as long as the view that made them
+        self._handing = how.handing  # kind "overlay" (casfs.node.mount)
+        n = overlay.clean_stale(self.paths, alive=control.running)
+        if n:
+            log.info("%s: removed %d overlay layers of processes gone", cfg.name, n)
+        if how.private_layers:  # another overlay of ours may still use the plain layers
+            self.paths = self.paths.own(os.getpid())
+        paths = self.paths
+        if not how.private_layers:  # nobody drains: a sweep changes no overlay's view
+            whiteout.sweep(paths.upper)  # whiteouts last as long as the view that made them
         # The merged root shows the upper's owner and mode: the tenant's, never wider.
         os.chmod(paths.upper, self.parts.root_mode)
         paths.fuse.mkdir(parents=True, exist_ok=True)
@@ -117,10 +156,12 @@ class OverlayServer:
             await how.shutdown()
             await trio.to_thread.run_sync(self._unmount)
 
+        lower = how.handing.lower() if how.handing is not None else None
         try:
             session.serve(self.ops, paths.fuse, fsname=f"casfs-{cfg.name}-lower",
                           allow_other=True, debug=cfg.debug, read_only=True,
-                          on_ready=how.ready, background=background, on_shutdown=shutdown)
+                          on_ready=how.ready, background=background, on_shutdown=shutdown,
+                          handing=lower)
         finally:
             self._unmount()
 
@@ -146,7 +187,14 @@ class OverlayServer:
         p.counters.inc("overlay_linked", rep.linked)
         p.counters.inc("overlay_generated", rep.generated)
         p.counters.inc("overlay_sealed_dirs", rep.sealed_dirs)
-        overlay.mount(p.cfg.mountpoint, paths)
+        h = self._handing
+        at = p.cfg.mountpoint
+        if h is not None and h.stage is not None:  # a successor: moved beneath later
+            h.prepare_stage()
+            at = h.stage
+        overlay.mount(at, paths)
+        if h is not None:
+            h.mounted(at)
         self._mounted = True
         self._watcher = dirmode.watch(paths.upper, p.tracker)
         self._watch_opens()
@@ -203,7 +251,11 @@ class OverlayServer:
             self._watcher.join(timeout=10)
             self._watcher = None
         if self._mounted:
-            overlay.unmount(self.parts.cfg.mountpoint)
+            h = self._handing
+            if h is not None and (h.stage is not None or h.stepped_aside):
+                h.detach_own(self.parts.cfg.mountpoint)  # never a successor's mount
+            else:
+                overlay.unmount(self.parts.cfg.mountpoint)
             self._mounted = False
 
     def _local_digests(self) -> set[str]:
