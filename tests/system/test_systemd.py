@@ -18,7 +18,8 @@ its own network (loopback only). The host needs no systemd: nspawn runs with
   keeps its worker; a bad file is refused in one ERROR line, casfsd serves on;
 - ``systemctl restart`` and ``kill -9`` of casfsd under a running job (held fds, an
   mmap, its cwd in the mount): the new casfsd adopts the mount processes, the job sees
-  nothing (casfs.node.lifeline);
+  nothing (casfs.node.lifeline); between them a ``systemctl reload`` that changes the
+  job's mount hands it over to a new mount process (casfs.node.handover), unseen too;
 - ``kill -9`` of casfsd: systemd restarts it (Restart=on-failure), and it serves;
 - ``journalctl -u casfsd -o json``: casfs's lines with PRIORITY of their levels;
 - the watchdog: pings arrive; a casfsd stopped with SIGSTOP is aborted and restarted.
@@ -400,6 +401,16 @@ def test_restart_and_kill_of_casfsd_never_reach_a_job(box: Container) -> None:
     TIMINGS["restart-under-job"] = time.monotonic() - t0
     assert main_pid(c) != pid
     assert worker_pids(c)["kern"] == kern  # adopted: the job's mount process serves on
+    # A reload that changes the job's mount: a new mount process takes it over (the
+    # old one drains what the job holds: its cwd, open and mapped files).
+    cursor = c.journal()[-1]["__CURSOR"]
+    write_config(c, level="debug", raw=CONFIG.format(level="debug", extra=EXTRA_MOUNT).replace(
+        'namespace = "kern-ns"\n', 'namespace = "kern-ns"\nstable_after = 0.4\n'))
+    c.sh("systemctl reload casfsd")
+    c.wait("the handover's journal line", lambda: [
+        e for e in c.journal(cursor) if f"took over {mp} from pid {kern}" in e["MESSAGE"]])
+    c.wait("the new mount process", lambda: worker_pids(c).get("kern") not in (None, kern))
+    kern = worker_pids(c)["kern"]
     pid = main_pid(c)
     c.sh(f"kill -9 {pid}")
     c.wait("systemd to restart casfsd", lambda: (
