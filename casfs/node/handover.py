@@ -191,7 +191,10 @@ class Handing:
                         detach(path)  # type: ignore[arg-type]
                     except OSError as e:
                         log.error("could not unmount %s: %s", path, e)
-        if self.stage is not None:
+        if self.stage is not None and not self.moved:
+            # Once moved, the stage is no longer ours: a later successor may be staging
+            # its mount there right now (found by a CI run: a predecessor's exit detached
+            # it, and that successor's connection ended 0.5 s after its start).
             drop_stage(self.stage)
 
     def lower(self) -> LowerHanding:

@@ -311,3 +311,22 @@ def test_a_predecessor_whose_answer_is_lost_is_still_taken_over(
     assert final is not None and final["last_publish"]["ok"]
     pub = _published(a.root)
     assert pub["after.txt"] == b"through the successor"
+
+
+def test_a_moved_session_leaves_the_stage_to_the_next_successor(tmp_path: Path) -> None:
+    """A process that once staged its mount and moved it leaves the staging dir alone
+    at its end: the next successor may be staging there right then (a CI run: a
+    predecessor's exit detached it, and that successor's connection ended)."""
+    from casfs.node import handover
+
+    stage = tmp_path / "staging-m"
+    mine = handover.Handing(stage=stage, moved=True, stepped_aside=True)
+    handover.prepare_stage(stage)  # the next successor's, staged now
+    try:
+        mine.detach_own(tmp_path / "mp")
+        assert guard.mounts_at(stage), "a moved session took the next one's stage"
+        unmoved = handover.Handing(stage=stage)  # a failed start: its stage is its own
+        unmoved.detach_own(tmp_path / "mp")
+        assert guard.mounts_at(stage) == []
+    finally:
+        handover.drop_stage(stage)
