@@ -92,7 +92,7 @@ def _open_root(spec: dict[str, Any], namespace: str) -> Any:
 
     policy = TenantPolicy.from_dict(spec["tenants"]) if spec.get("tenant") else None
     root = SharedRoot.open(parse_location(spec["root"]), tenants=policy,
-                           timeout=float(spec.get("timeout", 10.0)))
+                           timeout=float(spec.get("timeout", 10.0)), marker=spec.get("marker"))
 
     def locate() -> None:  # a packed object with no location yet: read the newest generation
         try:

@@ -126,7 +126,8 @@ class _Namespace:
         self._sent: dict[str, int] = {}
         policy = TenantPolicy.from_dict(spec["tenants"]) if spec.get("tenant") else None
         root = SharedRoot.open(parse_location(spec["root"]), tenants=policy,
-                               counters=self.counters, timeout=float(spec.get("timeout", 10.0)))
+                               counters=self.counters, timeout=float(spec.get("timeout", 10.0)),
+                               marker=spec.get("marker"))
         root.backend = root.objects.backend = cast(Backend, _Progressed(root.backend, activity))
         self.root = root
         self.gens = root.generations()

@@ -77,6 +77,8 @@ class RootLink:
                                         open_timeout=bound),
                 bound + 1.0)
             self.error = None
+            if not self.root.is_local:  # the workers' opens need not GET it again
+                self.spec["marker"] = self.root.marker
             # A packed object fetched before any manifest was read this run (a
             # restarted mount serving its indexed generation): learn where packs
             # hold it from the namespace's newest generation, once.

@@ -76,6 +76,7 @@ class SharedRoot:
         # Identifies this root (not its path): a node index remembers which root
         # its lower entries came from, and starts over if pointed at another.
         self.root_id = root_id or str(path)
+        self.marker: dict[str, object] = {}  # casfs.json as read at open
         self.backend: Backend = backend or LocalBackend(self.path)
         self.counters = counters or Counters()
         self.objects = ObjectStore(self.backend, self.counters)
@@ -101,38 +102,46 @@ class SharedRoot:
     def open(cls, path: str | os.PathLike[str] | RootLocation, *, create: bool = False,
              counters: Counters | None = None, tenants: TenantPolicy | None = None,
              timeout: float = 20.0, open_timeout: float | None = None,
-             read_cache: bool = True) -> SharedRoot:
+             read_cache: bool = True, marker: dict[str, object] | None = None) -> SharedRoot:
         """Open the root at ``path``; with ``create``, initialise it if it does not exist yet.
 
         ``timeout`` bounds each request to an object store (a fetch slower than
         that is a miss); ``open_timeout``, if shorter, bounds the opening read of the
         marker (a mount's start must not wait a whole fetch timeout on a hung server).
         ``read_cache`` False ignores an S3 root's ``read_cache`` (tools that check the
-        root itself: verify, gc).
+        root itself: verify, gc). ``marker``: an object store root's marker as another
+        process of this node read it (``SharedRoot.marker``), checked again, not fetched
+        again (a node's mount, fetch and promotion processes read it once, not thrice).
         """
         loc = path if isinstance(path, S3Location) else parse_location(path)
         if isinstance(loc, S3Location):
             if not read_cache:
                 loc = dataclasses.replace(loc, read_cache="")
             return cls._open_s3(loc, create=create, counters=counters, tenants=tenants,
-                                timeout=timeout, open_timeout=open_timeout)
+                                timeout=timeout, open_timeout=open_timeout, marker=marker)
         p = loc
-        marker = p / MARKER
-        if not marker.exists():
+        marker_path = p / MARKER  # a local read: read again (cheap), not trusted from others
+        if not marker_path.exists():
             if not create:
                 if p.exists() and any(p.iterdir()):
                     raise StoreFormatError(f"{p} is not a casfs shared root (no {MARKER})")
                 raise StoreFormatError(f"no casfs shared root at {p} (run `casfs init`)")
             init_root(p)
-        doc = check_marker(marker)
+        doc = check_marker(marker_path)
         root_id = str(doc.get("id") or f"{doc.get('host', '')}@{doc.get('created', '')}")
-        return cls(p, counters, root_id, tenants)
+        root = cls(p, counters, root_id, tenants)
+        root.marker = doc
+        return root
 
     @classmethod
     def _open_s3(cls, loc: S3Location, *, create: bool, counters: Counters | None,
                  tenants: TenantPolicy | None, timeout: float,
-                 open_timeout: float | None = None) -> SharedRoot:
+                 open_timeout: float | None = None,
+                 marker: dict[str, object] | None = None) -> SharedRoot:
         backend = S3Backend(loc, timeout=timeout)
+        if marker is not None:  # read by another process of this node: checked again
+            doc = parse_marker(json.dumps(marker).encode(), str(loc))
+            return cls._with_cache(loc, doc, counters, tenants, backend, timeout)
         # The marker is one small GET: a server that cannot answer it within
         # open_timeout is treated as down now (the caller retries later). A 503 or a
         # reset is retried within that bound (retry_timeout = open_timeout): one
@@ -153,15 +162,25 @@ class SharedRoot:
         except OSError as e:
             raise StoreFormatError(f"cannot reach the shared root {loc}: {e.strerror or e}") \
                 from None
-        doc = parse_marker(raw, str(loc))
+        return cls._with_cache(loc, parse_marker(raw, str(loc)), counters, tenants, backend,
+                               timeout)
+
+    @classmethod
+    def _with_cache(cls, loc: S3Location, doc: dict[str, object], counters: Counters | None,
+                    tenants: TenantPolicy | None, backend: S3Backend,
+                    timeout: float) -> SharedRoot:
         root_id = str(doc.get("id") or str(loc))
         if not loc.read_cache:
-            return cls(loc, counters, root_id, tenants, backend)
-        # Objects' and packs' GETs through a site cache, unsigned; the marker above and
-        # everything else signed to the endpoint (casfs.store.sitecache).
-        counters = counters or Counters()
-        cached = SiteCachedBackend(backend, loc.read_cache, timeout=timeout, counters=counters)
-        return cls(loc, counters, root_id, tenants, cached)
+            root = cls(loc, counters, root_id, tenants, backend)
+        else:
+            # Objects' and packs' GETs through a site cache, unsigned; the marker and
+            # everything else signed to the endpoint (casfs.store.sitecache).
+            counters = counters or Counters()
+            cached = SiteCachedBackend(backend, loc.read_cache, timeout=timeout,
+                                       counters=counters)
+            root = cls(loc, counters, root_id, tenants, cached)
+        root.marker = doc
+        return root
 
     def generations(self) -> GenerationStore:
         return GenerationStore(self)

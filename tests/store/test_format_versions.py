@@ -113,3 +113,15 @@ def test_cli_refuses_import_onto_a_newer_record(
     line = cli("import", src, "-n", "ns").assert_clean_error()
     assert "newer than this casfs reads" in line, line
     assert root.generations().seqs("ns") == [1, 2]
+
+
+def test_a_marker_handed_over_by_another_process_is_checked_again() -> None:
+    """A node's workers open an object store root with the marker their mount process
+    read (one GET a node, not three): a newer format in it is refused as if fetched."""
+    from casfs.errors import StoreFormatError
+
+    url = "s3://casfs-test/p?endpoint=http://127.0.0.1:9"  # nothing listens there
+    with pytest.raises(StoreFormatError, match=r"format version 2\.0"):
+        SharedRoot.open(url, marker={"format": "casfs", "version": "2.0"})
+    root = SharedRoot.open(url, marker={"format": "casfs", "version": "1.0", "id": "r1"})
+    assert root.root_id == "r1" and root.marker["id"] == "r1"
