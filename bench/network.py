@@ -41,6 +41,7 @@ import json
 import os
 import random
 import resource
+import shlex
 import shutil
 import statistics
 import subprocess
@@ -286,7 +287,8 @@ def _spans(spans: list[tuple[float, float]], rtt: float) -> dict[str, Any]:
 class Bed:
     """SeaweedFS, the proxy, the generated tree and the tar.zst, in ``work``."""
 
-    def __init__(self, work: Path, kernels: int, casfs_src: Path = REPO) -> None:
+    def __init__(self, work: Path, kernels: int, casfs_src: Path = REPO,
+                 reader_args: tuple[str, ...] = ()) -> None:
         sys.path.insert(0, str(REPO / "tests"))
         from netem import NetProxy
         from seaweed import SeaweedServer
@@ -294,6 +296,7 @@ class Bed:
         self.work = work
         self.kernels = kernels
         self.casfs_src = casfs_src
+        self.reader_args = reader_args  # the fresh node's casfs run options (--mode ...)
         self.srv = SeaweedServer(work / "weed")
         self.srv.start()
         self.srv.create_bucket(BUCKET)
@@ -354,10 +357,11 @@ class Bed:
         return {k: round(b - a, 2) for k, a, b in zip(("node", "proxy", "server"), before, now,
                                                      strict=True)}
 
-    def _casfs_run(self, node: Path, ns: str, job: list[str], report: Path
+    def _casfs_run(self, node: Path, ns: str, job: list[str], report: Path,
+                   extra: tuple[str, ...] = ()
                    ) -> tuple[subprocess.CompletedProcess[str], float, float, float]:
         cmd = [sys.executable, "-m", "casfs.cli.main", "run", "--family", "triton",
-               "--namespace", ns,
+               "--namespace", ns, *extra,
                "--report", str(report), "--", *job]
         try:
             t0 = time.monotonic()
@@ -397,7 +401,8 @@ class Bed:
         job = [sys.executable, SCRIPT, "--read-tree-job"]
         cpu0 = self._cpu()
         tree = _TreeCpu(str(node))
-        p, t0, t1, wall = self._casfs_run(node, ns, job, node / "report.json")
+        p, t0, t1, wall = self._casfs_run(node, ns, job, node / "report.json",
+                                          self.reader_args)
         cpu = self._cpu_since(cpu0)
         cpu["casfs_run_and_job"] = cpu["node"]
         cpu["mount"] = round(tree.stop(), 2)
@@ -487,10 +492,10 @@ def _med(xs: list[float]) -> float:
 
 
 def measure(work: Path, runs: int, rtt_ms: float, kernels: int = KERNELS,
-            casfs_src: Path = REPO) -> dict[str, Any]:
+            casfs_src: Path = REPO, reader_args: tuple[str, ...] = ()) -> dict[str, Any]:
     delays = {f"{rtt_ms:g}ms": rtt_ms / 2000, "0.1ms": 0.0}
     t_start = time.perf_counter()
-    bed = Bed(work, kernels, casfs_src)
+    bed = Bed(work, kernels, casfs_src, reader_args)
     raw: dict[str, dict[str, list[Any]]] = {
         name: {"casfs": [], "copy_restore": [], "plain": [], "publish": []} for name in delays}
     try:
@@ -538,6 +543,7 @@ def measure(work: Path, runs: int, rtt_ms: float, kernels: int = KERNELS,
             "tree": {"kernels": kernels, "files": bed.files, "bytes": bed.nbytes,
                      "tar_zst_bytes": bed.archive_bytes},
             "runs": runs, "rtt_ms": rtt_ms, "cpus": os.cpu_count(),
+            "reader_args": list(reader_args),
             "loadavg_end": os.getloadavg()[0], "seconds": round(time.perf_counter() - t_start),
             "summary": summary, "raw": raw}
 
@@ -569,6 +575,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, help="also write the document here")
     ap.add_argument("--workdir", type=Path)
     ap.add_argument("--raw", action="store_true", help="print every run's figures too")
+    ap.add_argument("--reader-args", default="", metavar="ARGS",
+                    help="the fresh node's casfs run options, e.g. '--mode overlay"
+                         " --wait-warm 60'")
     ap.add_argument("--casfs-src", type=Path, default=REPO,
                     help="run casfs from this source tree (default: this checkout)")
     # the jobs this benchmark runs (in child processes)
@@ -589,7 +598,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     with tempfile.TemporaryDirectory(prefix="casfs-bench-net-", dir=args.workdir) as tmp:
         doc = measure(Path(tmp), 1 if args.quick else args.runs, args.rtt_ms, args.kernels,
-                      args.casfs_src.resolve())
+                      args.casfs_src.resolve(), tuple(shlex.split(args.reader_args)))
     if args.json:
         args.json.write_text(json.dumps(doc, indent=1) + "\n")  # with every run's figures
     if not args.raw:
