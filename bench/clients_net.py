@@ -1,0 +1,176 @@
+"""A real client on a fresh node across a network: torch.compile at 20 ms RTT (issue 23).
+
+Usage: ``python -m bench.clients_net [--runs 3] [--rtt-ms 20] [--json FILE]``
+
+The shared root is an S3 root on SeaweedFS behind tests/netem.py's proxy (a
+one-way delay both ways, every request counted), as in bench/network.py. The
+client is the torch.compile CPU workload (casfs.demo.inductor_workload: three
+graphs, FX graph and AOTAutograd caches). Its cold cache, compiled once in a
+local directory, is published with ``casfs import`` (no delay: publication is
+not what is measured). Then, per run, interleaved so a change of machine load
+hits both alike:
+
+* **local warm**: the workload on that local directory (a warm local cache);
+* **casfs, fresh node**: ``casfs run --family inductor -- <workload>`` with an
+  empty state dir across the delayed network, timed from launching ``casfs
+  run`` to its exit (mount, the job, the final publication, unmount), its
+  requests counted through the proxy over exactly that span.
+
+Prints one JSON document: medians, every run's figures, requests by kind, the
+casfs/local-warm ratios (the target: within 1.1x) and whether every run hit
+the cache and computed the same output. A ratio, never an assertion.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+BUCKET = "casfs-bench"
+NS = "bench-inductor-net"
+WORKLOAD = [sys.executable, "-m", "casfs.demo.inductor_workload", "--json"]
+
+
+def _parse(out: str) -> dict[str, Any]:
+    doc = json.loads([ln for ln in out.splitlines() if ln.startswith("{")][-1])
+    c = doc["counters"]
+    return {"compile_s": doc["compile_seconds"], "checksum": doc["checksum"],
+            "hits": c["fxgraph_cache_hit"] + c["autograd_cache_hit"],
+            "misses": c["fxgraph_cache_miss"] + c["autograd_cache_miss"]}
+
+
+class Bed:
+    def __init__(self, work: Path) -> None:
+        sys.path.insert(0, str(REPO / "tests"))
+        from netem import NetProxy
+        from seaweed import SeaweedServer
+
+        self.work = work
+        self.srv = SeaweedServer(work / "weed")
+        self.srv.start()
+        self.srv.create_bucket(BUCKET)
+        self.net = NetProxy(self.srv.port, delay=0.0, record=True).start()
+        self.cli(["init", self.env()["CASFS_ROOT"]])
+
+    def close(self) -> None:
+        self.net.stop()
+        self.srv.kill()
+
+    def env(self, node: Path | None = None, cache: Path | None = None) -> dict[str, str]:
+        env = dict(os.environ, **self.srv.env())
+        env["AWS_CONFIG_FILE"] = str(self.work / "no-aws-config")
+        env["AWS_SHARED_CREDENTIALS_FILE"] = str(self.work / "no-aws-credentials")
+        env["CASFS_ROOT"] = f"s3://{BUCKET}/root?endpoint={self.net.endpoint}"
+        env["CASFS_SOCKET"] = str(self.work / "no-casfsd" / "casfsd.sock")
+        env.pop("TRITON_CACHE_DIR", None)
+        env.pop("TORCHINDUCTOR_CACHE_DIR", None)
+        if node is not None:
+            env.update(CASFS_STATE_DIR=str(node / "state"), CASFS_SERVE_BASE=str(node / "serve"),
+                       CASFS_MOUNT_BASE=str(node / "mnt"))
+        if cache is not None:
+            env["TORCHINDUCTOR_CACHE_DIR"] = str(cache)
+        return env
+
+    def cli(self, args: list[str], node: Path | None = None) -> subprocess.CompletedProcess[str]:
+        p = subprocess.run([sys.executable, "-m", "casfs.cli.main", *args],
+                           env=self.env(node), cwd=REPO, capture_output=True, text=True,
+                           timeout=1800, check=False)
+        if p.returncode != 0:
+            raise RuntimeError(f"casfs {args[0]} exited {p.returncode}: {p.stderr[-2000:]}")
+        return p
+
+    def local(self, cache: Path) -> dict[str, Any]:
+        t0 = time.monotonic()
+        p = subprocess.run(WORKLOAD, env=self.env(cache=cache), cwd=REPO, capture_output=True,
+                           text=True, timeout=1800, check=True)
+        r = _parse(p.stdout)
+        r["process_s"] = round(time.monotonic() - t0, 3)
+        return r
+
+    def casfs(self, node: Path, delay: float) -> dict[str, Any]:
+        self.net.delay = delay
+        self.net.reset_counts()
+        t0 = time.monotonic()
+        node.mkdir(parents=True)
+        p = self.cli(["run", "--family", "inductor", "--namespace", NS,
+                      "--report", str(node / "report.json"), "--", *WORKLOAD], node)
+        wall = time.monotonic() - t0
+        counts = self.net.reset_counts()
+        self.net.delay = 0.0
+        r = _parse(p.stdout)
+        r["process_s"] = round(wall, 3)
+        r["report"] = json.loads((node / "report.json").read_text())
+        r["requests"] = {k: v for k, v in counts.items()
+                         if v and k in ("get", "range_get", "head", "list", "put", "requests")}
+        return r
+
+
+def measure(work: Path, runs: int, rtt_ms: float) -> dict[str, Any]:
+    bed = Bed(work)
+    try:
+        local = work / "local"
+        local.mkdir()
+        print("bench.clients_net: local cold", file=sys.stderr, flush=True)
+        cold = bed.local(local)
+        bed.cli(["import", str(local), "--namespace", NS, "--family", "inductor"])
+        rows: dict[str, list[dict[str, Any]]] = {"local_warm": [], "casfs": []}
+        for i in range(runs):
+            print(f"bench.clients_net: run {i + 1}/{runs}", file=sys.stderr, flush=True)
+            rows["local_warm"].append(bed.local(local))
+            node = work / f"node-{i}"
+            rows["casfs"].append(bed.casfs(node, rtt_ms / 2000))
+            shutil.rmtree(node, ignore_errors=True)
+    finally:
+        bed.close()
+
+    def med(kind: str, key: str) -> float:
+        return round(statistics.median(r[key] for r in rows[kind]), 3)
+
+    every = rows["local_warm"] + rows["casfs"]
+    return {
+        "rtt_ms": rtt_ms, "runs": runs, "cpus": os.cpu_count(),
+        "local_cold_process_s": cold["process_s"],
+        "local_warm_process_s": med("local_warm", "process_s"),
+        "casfs_process_s": med("casfs", "process_s"),
+        "local_warm_compile_s": med("local_warm", "compile_s"),
+        "casfs_compile_s": med("casfs", "compile_s"),
+        "casfs_over_local_warm_process": round(
+            med("casfs", "process_s") / med("local_warm", "process_s"), 2),
+        "casfs_over_local_warm_compile": round(
+            med("casfs", "compile_s") / med("local_warm", "compile_s"), 2),
+        "target": 1.1,
+        "all_hit": all(r["misses"] == 0 and r["hits"] > 0 for r in every),
+        "same_output": len({r["checksum"] for r in every} | {cold["checksum"]}) == 1,
+        "casfs_requests": [r["requests"] for r in rows["casfs"]],
+        "loadavg_end": os.getloadavg()[0],
+        "raw": rows,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="bench.clients_net", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--rtt-ms", type=float, default=20.0)
+    ap.add_argument("--json", type=Path, help="also write the document here")
+    ap.add_argument("--workdir", type=Path)
+    args = ap.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="casfs-bench-clients-", dir=args.workdir) as tmp:
+        doc = measure(Path(tmp), args.runs, args.rtt_ms)
+    if args.json:
+        args.json.write_text(json.dumps(doc, indent=1) + "\n")
+    print(json.dumps({k: v for k, v in doc.items() if k != "raw"}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
