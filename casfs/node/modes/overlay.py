@@ -132,7 +132,7 @@ class OverlayServer:
         n = overlay.clean_stale(self.paths, alive=control.running)
         if n:
             log.info("%s: removed %d overlay layers of processes gone", cfg.name, n)
-        if how.private_layers:  # another overlay of ours may still use the plain layers
+        if how.private_layers:  # a draining process's overlay may still use the plain layers
             self.paths = self.paths.own(os.getpid())
         paths = self.paths
         if not how.private_layers:  # nobody drains: a sweep changes no overlay's view
