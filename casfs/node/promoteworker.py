@@ -125,9 +125,10 @@ class _Namespace:
         self.counters = Counters()
         self._sent: dict[str, int] = {}
         policy = TenantPolicy.from_dict(spec["tenants"]) if spec.get("tenant") else None
+        # Reads the marker itself (not spec["marker"]): a root that cannot answer it
+        # fails the round at once, in one line ("cannot reach the shared root").
         root = SharedRoot.open(parse_location(spec["root"]), tenants=policy,
-                               counters=self.counters, timeout=float(spec.get("timeout", 10.0)),
-                               marker=spec.get("marker"))
+                               counters=self.counters, timeout=float(spec.get("timeout", 10.0)))
         root.backend = root.objects.backend = cast(Backend, _Progressed(root.backend, activity))
         self.root = root
         self.gens = root.generations()

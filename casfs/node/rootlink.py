@@ -77,7 +77,7 @@ class RootLink:
                                         open_timeout=bound),
                 bound + 1.0)
             self.error = None
-            if not self.root.is_local:  # the workers' opens need not GET it again
+            if not self.root.is_local:  # the fetch worker's open need not GET it again
                 self.spec["marker"] = self.root.marker
             # A packed object fetched before any manifest was read this run (a
             # restarted mount serving its indexed generation): learn where packs

@@ -135,10 +135,11 @@ def test_a_fresh_node_costs_one_request_per_50_files(
             key = q.target.split("?")[0]
             gets[key] = gets.get(key, 0) + 1
     assert gets and max(gets.values()) == 1, gets
-    # The root's marker too: the mount process reads it, its fetch and promotion
-    # workers are handed what it read (it was read three times).
+    # The root's marker: the mount process reads it and hands it to its fetch worker;
+    # the promotion worker reads its own (it fails a round at once, in one line, on a
+    # root that is down). It was read three times.
     markers = [q for q in reqs if q.target.split("?")[0].endswith("/casfs.json")]
-    assert len(markers) == 1, [(q.method, q.target) for q in markers]
+    assert len(markers) <= 2, [(q.method, q.target) for q in markers]
     read = json.loads(r.stdout.strip().splitlines()[-1])
     assert read["files"] == files
     kinds = {k: v for k, v in counts.items() if v and k in (
