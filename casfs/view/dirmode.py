@@ -356,6 +356,38 @@ def watch(directory: Path, tracker: WriteTracker,
     return observer
 
 
+def _open_fds() -> Iterator[tuple[str, str]]:
+    """(target, fdinfo path) of every open fd of every process on the node (root sees
+    all); a process or fd gone meanwhile is skipped."""
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        fd_dir = f"/proc/{pid}/fd"
+        try:
+            fds = os.listdir(fd_dir)
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                yield os.readlink(f"{fd_dir}/{fd}"), f"/proc/{pid}/fdinfo/{fd}"
+            except OSError:
+                continue
+
+
+def _fdinfo(path: str) -> dict[str, int] | None:
+    """An fd's ``flags`` (octal in the file) and ``mnt_id``; None if gone or unreadable."""
+    try:
+        with open(path) as f:
+            info = dict(ln.split(":", 1) for ln in f.read().splitlines() if ":" in ln)
+        return {"flags": int(info["flags"], 8), "mnt_id": int(info["mnt_id"])}
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def _writable(info: dict[str, int] | None) -> bool:
+    return info is not None and info["flags"] & os.O_ACCMODE != os.O_RDONLY
+
+
 def open_for_writing(directory: Path, rels: list[str]) -> set[str]:
     """Which of ``rels`` some process on this node holds open for writing (like fuser).
 
@@ -367,32 +399,11 @@ def open_for_writing(directory: Path, rels: list[str]) -> set[str]:
         return set()
     wanted = {str(directory / r): r for r in rels}
     busy: set[str] = set()
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        fd_dir = f"/proc/{pid}/fd"
-        try:
-            fds = os.listdir(fd_dir)
-        except OSError:
-            continue
-        for fd in fds:
-            try:
-                target = os.readlink(f"{fd_dir}/{fd}")
-            except OSError:
-                continue
-            rel = wanted.get(target)
-            if rel is None or rel in busy:
-                continue
-            try:
-                with open(f"/proc/{pid}/fdinfo/{fd}") as f:
-                    info = f.read()
-                flags = int(info.split("flags:", 1)[1].split()[0], 8)
-            except (OSError, ValueError, IndexError):
-                continue
-            if flags & os.O_ACCMODE != os.O_RDONLY:
-                busy.add(rel)
+    for target, info in _open_fds():
+        rel = wanted.get(target)
+        if rel is not None and rel not in busy and _writable(_fdinfo(info)):
+            busy.add(rel)
     return busy
-
 
 
 def writers_on_mount(mount_id: int, mountpoint: Path, tops: set[str]) -> set[str]:
@@ -403,29 +414,11 @@ def writers_on_mount(mount_id: int, mountpoint: Path, tops: set[str]) -> set[str
     ours)."""
     prefix = str(mountpoint).rstrip("/") + "/"
     out: set[str] = set()
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
+    for target, info in _open_fds():
+        rel = target[len(prefix):] if target.startswith(prefix) else target[1:]
+        if not target.startswith("/") or rel.split("/", 1)[0] not in tops:
             continue
-        fd_dir = f"/proc/{pid}/fd"
-        try:
-            fds = os.listdir(fd_dir)
-        except OSError:
-            continue
-        for fd in fds:
-            try:
-                target = os.readlink(f"{fd_dir}/{fd}")
-            except OSError:
-                continue
-            rel = target[len(prefix):] if target.startswith(prefix) else target[1:]
-            if not target.startswith("/") or rel.split("/", 1)[0] not in tops:
-                continue
-            try:
-                with open(f"/proc/{pid}/fdinfo/{fd}") as f:
-                    info = dict(ln.split(":", 1) for ln in f.read().splitlines()
-                                if ":" in ln)
-                if (int(info["mnt_id"]) == mount_id
-                        and int(info["flags"], 8) & os.O_ACCMODE != os.O_RDONLY):
-                    out.add(rel)
-            except (OSError, ValueError, KeyError):
-                continue
+        fdinfo = _fdinfo(info)
+        if _writable(fdinfo) and fdinfo is not None and fdinfo["mnt_id"] == mount_id:
+            out.add(rel)
     return out

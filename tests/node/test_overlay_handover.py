@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -32,32 +33,26 @@ def _layers(base: Path) -> set[str]:
     return {p.name for p in base.iterdir()} if base.exists() else set()
 
 
-def test_overlay_replacements_never_reach_the_job(cluster: dict[str, Any],
-                                                  tmp_path: Path) -> None:
-    a = cluster["a"]
-    w = a.mount("generic", mode="overlay")
-    mp = w.cfg.mountpoint
-    base = w.cfg.overlay_base
-    assert guard.mounts_at(mp)[-1].fstype == "overlay"
-    job = Job(mp, tmp_path)
+def _replace_under_job(node: Any, w: Worker, times: int, tmp: Path,
+                       check: Callable[[Worker], None]
+                       ) -> tuple[Worker, list[Worker], dict[str, Any]]:
+    """Replace ``w`` ``times`` times under the job of test_handover, ``check``ing each
+    successor: (the last one, the replaced ones, the job's report: no error, no
+    operation over 1 s)."""
+    job = Job(w.cfg.mountpoint, tmp)
     olds: list[Worker] = []
-    stacks = []
     try:
         job.wait_loops()
-        for _ in range(20):
+        for _ in range(times):
             t0 = time.monotonic()
             new, seamless = replace(w)
             assert seamless
             assert time.monotonic() - t0 < 30
             olds.append(w)
-            a.workers.remove(w)
-            a.workers.append(new)
+            node.workers.remove(w)
+            node.workers.append(new)
             w = new
-            stacks.append([m.fstype for m in guard.mounts_at(mp)])
-            assert control.registered(w.cfg.run_dir)[0]["pid"] == w.proc.pid
-            # The successor's own layers, in its overlay's options.
-            top = guard.mounts_at(mp)[-1]
-            assert f"links@{w.proc.pid}:" in top.options and f"fuse@{w.proc.pid}" in top.options
+            check(w)
             time.sleep(0.2)
         report = job.finish()
     finally:
@@ -66,6 +61,26 @@ def test_overlay_replacements_never_reach_the_job(cluster: dict[str, Any],
             job.proc.wait(60)
     assert report["errors"] == [], report["errors"][:10]
     assert report["slow"] == [], report["slow"]
+    return w, olds, report
+
+
+def test_overlay_replacements_never_reach_the_job(cluster: dict[str, Any],
+                                                  tmp_path: Path) -> None:
+    a = cluster["a"]
+    w = a.mount("generic", mode="overlay")
+    mp = w.cfg.mountpoint
+    base = w.cfg.overlay_base
+    assert guard.mounts_at(mp)[-1].fstype == "overlay"
+    stacks = []
+
+    def check(new: Worker) -> None:
+        stacks.append([m.fstype for m in guard.mounts_at(mp)])
+        assert control.registered(new.cfg.run_dir)[0]["pid"] == new.proc.pid
+        # The successor's own layers, in its overlay's options.
+        top = guard.mounts_at(mp)[-1]
+        assert f"links@{new.proc.pid}:" in top.options and f"fuse@{new.proc.pid}" in top.options
+
+    w, olds, report = _replace_under_job(a, w, 20, tmp_path, check)
     assert report["loops"] > 100, report["loops"]
     print(f"overlay handover: {report['loops']} loops, slowest operation"
           f" {report['worst'] * 1000:.1f} ms")
@@ -146,28 +161,13 @@ def test_a_tenant_overlay_on_loopfs_is_handed_over(cluster: dict[str, Any],
         w = a.mount(name="o", mountpoint=mp, namespace=ns, tenant=user.tenant,
                     tenants=TenantPolicy().to_dict(), mode="overlay",
                     quota={"bytes": 64 << 20, "inodes": 4096, "mechanism": "loopfs"})
-        olds = []
         try:
             work = w.cfg.overlay_work
-            job = Job(mp, tmp_path)
-            try:
-                job.wait_loops()
-                for _ in range(3):
-                    new, seamless = replace(w)
-                    assert seamless
-                    assert (work.parent / f"{work.name}@{new.proc.pid}").is_dir()
-                    olds.append(w)
-                    a.workers.remove(w)
-                    a.workers.append(new)
-                    w = new
-                    time.sleep(0.3)
-                report = job.finish()
-            finally:
-                if job.proc.poll() is None:
-                    job.stop_file.touch()
-                    job.proc.wait(60)
-            assert report["errors"] == [], report["errors"][:10]
-            assert report["slow"] == [], report["slow"]
+
+            def check(new: Worker) -> None:
+                assert (work.parent / f"{work.name}@{new.proc.pid}").is_dir()
+
+            w, olds, report = _replace_under_job(a, w, 3, tmp_path, check)
             _drained(olds)
             a.stop(w)
             pub = _published(a.root, ns)
