@@ -17,9 +17,15 @@ file's device and inode number), so every name reports one inode number.
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 import pyfuse3
 
+from casfs.view.inodejournal import InodeJournal, key_of, read
+
 ROOT_INODE: int = pyfuse3.ROOT_INODE
+HELD = 1 << 40  # a restored inode's lookup count: the kernel's is unknown, keep it
 
 
 class InodeTable:
@@ -29,8 +35,9 @@ class InodeTable:
     numbers stay unique across the namespaces of one FUSE session.
     """
 
-    def __init__(self, root: int = ROOT_INODE) -> None:
+    def __init__(self, root: int = ROOT_INODE, journal: InodeJournal | None = None) -> None:
         self.root = root
+        self.journal = journal
         self._path: dict[int, str] = {root: ""}
         self._ino: dict[str, int] = {"": root}
         self._count: dict[int, int] = {}
@@ -74,6 +81,10 @@ class InodeTable:
         self._path[ino] = path
         if key is not None:
             self._set_key(ino, key)
+        if self.journal is not None:
+            self.journal.named(ino, path, key)
+            if self.journal.due(len(self._path)):
+                self.journal.rewrite(self.snapshot())
         return ino
 
     def _set_key(self, ino: int, key: tuple[int, int]) -> None:
@@ -87,8 +98,10 @@ class InodeTable:
         """``path`` is a new hard link to ``ino`` (replacing whatever the table had there)."""
         if self._ino.get(path) == ino:
             return
+        if self.journal is not None:
+            self.journal.aliased(ino, path, key)
         if path in self._ino:
-            self.detach(path)
+            self._detach(path)
         self._name(path, ino)
         self._aliases.setdefault(ino, set()).add(path)
         if key is not None:
@@ -152,6 +165,8 @@ class InodeTable:
             self._remove(ino)
 
     def _remove(self, ino: int) -> None:
+        if self.journal is not None:
+            self.journal.retired(ino)
         self._count.pop(ino, None)
         path = self._path.pop(ino, None)
         for alias in self._aliases.pop(ino, ()):
@@ -192,6 +207,11 @@ class InodeTable:
 
     def detach(self, path: str) -> None:
         """``path`` (and anything below it) is gone; its inodes stay valid as numbers."""
+        if self.journal is not None:
+            self.journal.detached(path)
+        self._detach(path)
+
+    def _detach(self, path: str) -> None:
         for p in self._subtree(path):
             if self._drop_name(self._ino[p], p):
                 continue
@@ -207,7 +227,9 @@ class InodeTable:
         """``old`` now lives at ``new`` (replacing whatever was there)."""
         if old == new:
             return
-        self.detach(new)
+        if self.journal is not None:
+            self.journal.renamed(old, new)
+        self._detach(new)
         moved = [(p, self._unname(p)) for p in self._subtree(old)]
         for p, ino in moved:
             np = new + p[len(old):]
@@ -218,6 +240,59 @@ class InodeTable:
                 aliases.add(np)
             else:
                 self._path[ino] = np
+
+    def snapshot(self) -> list[list[Any]]:
+        """Journal records that rebuild this table's numbers (casfs.view.inodejournal)."""
+        out: list[list[Any]] = [["m", self._next]]
+        for ino, path in self._path.items():
+            if ino == self.root:
+                continue
+            if ino in self._detached:
+                out.append(["x", ino, path])
+                continue
+            out.append(["n", ino, path, self._key_of.get(ino)])
+            out.extend(["a", ino, alias, None] for alias in sorted(self._aliases.get(ino, ())))
+        return out
+
+    @classmethod
+    def restore(cls, path: Path, root: int = ROOT_INODE) -> InodeTable:
+        """The table a crashed process's journal at ``path`` describes, journaling on.
+
+        Every inode it names is held (count HELD) until the mount ends: the
+        kernel's lookup counts were not journaled.
+        """
+        t = cls(root)
+        for rec in read(path):
+            op = rec[0]
+            if op == "n":
+                t._assign(int(rec[1]), rec[2], key_of(rec[3]))
+            elif op == "a":
+                t.add_name(int(rec[1]), rec[2], key_of(rec[3]))
+            elif op == "d":
+                t._detach(rec[1])
+            elif op == "r":
+                t.rename(rec[1], rec[2])
+            elif op == "f":
+                t._remove(int(rec[1]))
+            elif op == "x":
+                t._path[int(rec[1])] = rec[2]
+                t._count[int(rec[1])] = HELD
+                t._detached.add(int(rec[1]))
+            elif op == "m":
+                t._next = max(t._next, int(rec[1]))
+        t.journal = InodeJournal(path)
+        t.journal.rewrite(t.snapshot())
+        return t
+
+    def _assign(self, ino: int, path: str, key: tuple[int, int] | None) -> None:
+        if path in self._ino:
+            self._detach(path)
+        self._name(path, ino)
+        self._path[ino] = path
+        self._count[ino] = HELD
+        if key is not None:
+            self._set_key(ino, key)
+        self._next = max(self._next, ino + 1)
 
 
 def _parent(path: str) -> str:

@@ -1,0 +1,93 @@
+"""The inode table's changes, appended to a file a crashed process's adopter replays.
+
+A process that adopts a crashed mount's FUSE connection (casfs.view.adopt)
+must read the kernel's node ids as the dead process did. The table appends
+every change of meaning (a number given to a path, a hard link, a detach, a
+rename, a number retired) as one line, one ``write`` each, to a file on tmpfs:
+a crash loses nothing that reached ``write``. Lookup counts are not kept (one
+write per lookup would cost every request): a restored inode is held until
+the mount ends, a bounded leak.
+
+Format: JSON lines, ``[op, ...]``: ``["n", ino, path, key]`` a new number,
+``["a", ino, path, key]`` another name, ``["d", path]`` detached (and below),
+``["r", old, new]`` renamed, ``["f", ino]`` retired, ``["x", ino, path]``
+(snapshots) detached while held. ``key``: [st_dev, st_ino] or null.
+The journal is rewritten as a snapshot of the live table when it has grown
+to several times its size, so it stays proportional to what the kernel holds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+Key = tuple[int, int] | None
+
+_COMPACT_AFTER = 20_000  # records, and at least 4x the live entries
+
+
+class InodeJournal:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC
+                           | os.O_NOFOLLOW, 0o600)
+        self.records = 0
+
+    def close(self) -> None:
+        os.close(self._fd)
+
+    def _put(self, rec: list[Any]) -> None:
+        os.write(self._fd, (json.dumps(rec, separators=(",", ":")) + "\n").encode(
+            "utf-8", "surrogateescape"))
+        self.records += 1
+
+    def named(self, ino: int, path: str, key: Key) -> None:
+        self._put(["n", ino, path, key])
+
+    def aliased(self, ino: int, path: str, key: Key) -> None:
+        self._put(["a", ino, path, key])
+
+    def detached(self, path: str) -> None:
+        self._put(["d", path])
+
+    def renamed(self, old: str, new: str) -> None:
+        self._put(["r", old, new])
+
+    def retired(self, ino: int) -> None:
+        self._put(["f", ino])
+
+    def due(self, live: int) -> bool:
+        return self.records > max(_COMPACT_AFTER, 4 * live)
+
+    def rewrite(self, records: list[list[Any]]) -> None:
+        """Replace the journal by ``records`` (a snapshot), atomically."""
+        tmp = self.path.with_name(self.path.name + ".new")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
+                     | os.O_NOFOLLOW, 0o600)
+        try:
+            data = "".join(json.dumps(r, separators=(",", ":")) + "\n" for r in records)
+            os.write(fd, data.encode("utf-8", "surrogateescape"))
+        finally:
+            os.close(fd)
+        os.replace(tmp, self.path)
+        os.close(self._fd)
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC
+                           | os.O_NOFOLLOW)
+        self.records = len(records)
+
+
+def read(path: Path) -> list[list[Any]]:
+    """The records of a journal; a torn last line (a crash mid-write) is dropped."""
+    out: list[list[Any]] = []
+    with open(path, "rb") as f:
+        for line in f:
+            if not line.endswith(b"\n"):
+                break
+            out.append(json.loads(line.decode("utf-8", "surrogateescape")))
+    return out
+
+
+def key_of(raw: Any) -> Key:
+    return None if raw is None else (int(raw[0]), int(raw[1]))
