@@ -40,7 +40,8 @@ import time
 
 FUSE_INIT = 26
 log = logging.getLogger(__name__)
-_NO_REPLY = {2, 36, 42}  # FORGET, INTERRUPT, BATCH_FORGET
+FUSE_INTERRUPT = 36
+_NO_REPLY = {2, 42}  # FORGET, BATCH_FORGET: nothing waits on their answer
 _IN_HEADER = struct.Struct("<IIQQIIIHH")  # len opcode unique nodeid uid gid pid extlen pad
 _OUT_HEADER = struct.Struct("<IiQ")  # len error unique
 _INIT_IN = struct.Struct("<IIIII44x")  # major minor max_readahead flags flags2, unused
@@ -117,19 +118,25 @@ class Adoption:
         process serves: everything it reads has a higher id.
         """
         fd = self.real_fd
-        ready, _, _ = select.select([fd], [], [], timeout)
-        if not ready:
-            return None
-        try:
-            msg = os.read(fd, _READ_SIZE)
-        except BlockingIOError:
-            return None
-        if len(msg) < _IN_HEADER.size:
-            return None
-        _, opcode, unique, *_ = _IN_HEADER.unpack_from(msg)
-        unique &= ~1  # an INTERRUPT's id is its request's with bit 0 set
-        if opcode in _NO_REPLY:  # nothing waits on it; below it may be lost requests
-            unique -= 2
+        interrupted: list[int] = []
+        deadline = time.monotonic() + timeout
+        while True:  # the first request that is answered: FORGETs and INTERRUPTs are not
+            ready, _, _ = select.select([fd], [], [], max(deadline - time.monotonic(), 0))
+            if not ready:
+                _answer_each(fd, interrupted)
+                return None
+            try:
+                msg = os.read(fd, _READ_SIZE)
+            except BlockingIOError:
+                continue
+            if len(msg) < _IN_HEADER.size:
+                continue
+            _, opcode, unique, *_ = _IN_HEADER.unpack_from(msg)
+            if opcode == FUSE_INTERRUPT:  # its request (id with bit 0 cleared) was read
+                interrupted.append(unique & ~1)  # by the dead process: answer it
+            elif opcode not in _NO_REPLY:
+                break
+        _answer_each(fd, interrupted)
         self.sweep = threading.Thread(target=self._sweep, args=(fd, unique, window),
                                       name="adopt-sweep", daemon=True)
         self.sweep.start()
@@ -162,6 +169,12 @@ class Adoption:
         t = threading.Thread(target=lookup, name="adopt-probe", daemon=True)
         t.start()
         return t
+
+
+def _answer_each(fd: int, ids: list[int]) -> None:
+    for unique in ids:
+        with contextlib.suppress(FileNotFoundError):
+            os.write(fd, _OUT_HEADER.pack(_OUT_HEADER.size, -errno.EINTR, unique))
 
 
 def _answer(fd: int, first: int, window: int) -> int:
