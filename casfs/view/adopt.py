@@ -171,21 +171,20 @@ class Adoption:
         return t
 
 
+def _interrupted(fd: int, unique: int) -> bool:
+    """Answer request ``unique`` EINTR; False if the kernel waits on no such request."""
+    try:
+        os.write(fd, _OUT_HEADER.pack(_OUT_HEADER.size, -errno.EINTR, unique))
+    except FileNotFoundError:
+        return False
+    return True
+
+
 def _answer_each(fd: int, ids: list[int]) -> None:
     for unique in ids:
-        with contextlib.suppress(FileNotFoundError):
-            os.write(fd, _OUT_HEADER.pack(_OUT_HEADER.size, -errno.EINTR, unique))
+        _interrupted(fd, unique)
 
 
 def _answer(fd: int, first: int, window: int) -> int:
     """EINTR to ``first`` and every even id below it, down to ``first - 2*window``."""
-    answered = 0
-    reply = _OUT_HEADER
-    for unique in range(first, max(first - 2 * window, 0), -2):
-        try:
-            os.write(fd, reply.pack(reply.size, -errno.EINTR, unique))
-            answered += 1
-        except OSError as e:
-            if e.errno != errno.ENOENT:  # not waited on: the common case
-                raise
-    return answered
+    return sum(_interrupted(fd, u) for u in range(first, max(first - 2 * window, 0), -2))

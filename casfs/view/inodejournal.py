@@ -26,21 +26,25 @@ from typing import Any
 Key = tuple[int, int] | None
 
 _COMPACT_AFTER = 20_000  # records, and at least 4x the live entries
+_FLAGS = os.O_WRONLY | os.O_CLOEXEC | os.O_NOFOLLOW
+
+
+def _lines(records: list[list[Any]]) -> bytes:
+    return "".join(json.dumps(r, separators=(",", ":")) + "\n" for r in records).encode(
+        "utf-8", "surrogateescape")
 
 
 class InodeJournal:
     def __init__(self, path: Path) -> None:
         self.path = path
-        self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC
-                           | os.O_NOFOLLOW, 0o600)
+        self._fd = os.open(path, _FLAGS | os.O_APPEND | os.O_CREAT, 0o600)
         self.records = 0
 
     def close(self) -> None:
         os.close(self._fd)
 
     def _put(self, rec: list[Any]) -> None:
-        os.write(self._fd, (json.dumps(rec, separators=(",", ":")) + "\n").encode(
-            "utf-8", "surrogateescape"))
+        os.write(self._fd, _lines([rec]))
         self.records += 1
 
     def named(self, ino: int, path: str, key: Key) -> None:
@@ -64,17 +68,14 @@ class InodeJournal:
     def rewrite(self, records: list[list[Any]]) -> None:
         """Replace the journal by ``records`` (a snapshot), atomically."""
         tmp = self.path.with_name(self.path.name + ".new")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
-                     | os.O_NOFOLLOW, 0o600)
+        fd = os.open(tmp, _FLAGS | os.O_CREAT | os.O_TRUNC, 0o600)
         try:
-            data = "".join(json.dumps(r, separators=(",", ":")) + "\n" for r in records)
-            os.write(fd, data.encode("utf-8", "surrogateescape"))
+            os.write(fd, _lines(records))
         finally:
             os.close(fd)
         os.replace(tmp, self.path)
         os.close(self._fd)
-        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC
-                           | os.O_NOFOLLOW)
+        self._fd = os.open(self.path, _FLAGS | os.O_APPEND)
         self.records = len(records)
 
 
