@@ -131,7 +131,8 @@ class Daemon:
         }, standby=lambda: standby.start(log_format=fmt, log_level=self.cfg.log_level,
                                          adopt_grace=ADOPT_GRACE),
             handover=True,  # planned restarts hand over (casfs.node.handover)
-            adopt=True)  # a restarted casfsd adopts the running mount processes
+            adopt=True,  # a restarted casfsd adopts the running mount processes
+            hold=True)  # a crashed fuse mode worker's connection is served on
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         if not self.stop_requested.is_set():

@@ -90,6 +90,8 @@ class Slot:
     last_status: dict[str, Any] | None = None
     last_final: dict[str, Any] | None = field(default=None, repr=False)
     outdated: bool = False  # adopted, but to be replaced (another config or build)
+    conn: int | None = None  # our dup of the worker's FUSE connection (casfs.node.fuseconn)
+    adopted_at: float = 0.0  # monotonic time a new process last adopted that connection
 
     @property
     def pid(self) -> int | None:
@@ -100,8 +102,11 @@ class Supervisor:
     def __init__(self, cfg: DaemonConfig, spawn: SpawnFn, *,
                  spawn_options: dict[str, Any] | None = None,
                  standby: Callable[[], Any] | None = None, handover: bool = False,
-                 adopt: bool = False) -> None:
+                 adopt: bool = False, hold: bool = False) -> None:
         self.cfg = cfg
+        # Hold each fuse mode worker's connection: a crashed worker's is served by a new
+        # process (casfs.view.adopt), its jobs see no error (docs/reliability.md).
+        self.hold = hold
         self.handover = handover  # planned restarts stack the new process (casfs.node.handover)
         self.adopt = adopt  # start adopts running mount processes (casfs.node.adopted)
         self.draining: list[Worker] = []  # replaced processes serving what jobs still hold
@@ -164,6 +169,7 @@ class Supervisor:
                     slot.worker, slot.outdated = found
                     slot.state = "up"
                     slot.started = time.monotonic()
+                self._hold(slot)
                 return
         clear_stale_mount(slot.cfg.mountpoint)
         w = self._from_standby(slot, ready_timeout) if slot.restarts else None
@@ -173,6 +179,7 @@ class Supervisor:
             slot.worker = w
             slot.state = "up"
             slot.started = time.monotonic()
+        self._hold(slot)
         log.info("%s: mounted %s at %s (worker pid %d)", slot.cfg.name, slot.cfg.namespace,
                  slot.cfg.mountpoint, w.proc.pid)
 
@@ -312,6 +319,8 @@ class Supervisor:
         w.release()
         how = (f"killed by signal {-rc}" if rc < 0 else f"exited with status {rc}"
                if getattr(w.proc, "status_known", True) else "exited (adopted: status unknown)")
+        if self._adopt_connection(slot, w, how):
+            return
         with self._lock:
             slot.worker = None
             slot.state = "restarting"
@@ -323,6 +332,63 @@ class Supervisor:
                   slot.next_start - now)
         if clear_stale_mount(slot.cfg.mountpoint):
             log.warning("%s: cleared the dead mount at %s", slot.cfg.name, slot.cfg.mountpoint)
+
+    # --- held connections (casfs.node.fuseconn, casfs.view.adopt) -------------------
+    def _hold(self, slot: Slot) -> None:
+        """Hold a dup of the FUSE connection of ``slot``'s (new) worker."""
+        from casfs.node import fuseconn
+
+        self._let_go(slot)
+        w = slot.worker
+        if self.hold and w is not None and getattr(slot.cfg, "mode", None) == "fuse":
+            slot.conn = fuseconn.grab(w.proc.pid)
+
+    def _let_go(self, slot: Slot) -> None:
+        if slot.conn is not None:
+            os.close(slot.conn)
+            slot.conn = None
+
+    def _adopt_connection(self, slot: Slot, dead: Worker, how: str) -> bool:
+        """A new worker serves the held connection of ``dead`` (its mount still there);
+        False (the connection let go: it ends, ENOTCONN, as without a hold) if none can,
+        or the last adopter died within HEALTHY_AFTER (a request that kills every
+        process serving it must not hold the jobs' requests in a loop)."""
+        from casfs.node import guard, handover
+
+        conn, slot.conn = slot.conn, None
+        if conn is None:
+            return False
+        t0 = time.monotonic()
+        top = handover.top(slot.cfg.mountpoint)  # the mount table: the mount is not touched
+        if (self.stopping or top is None or guard.is_guard(top) or not top.fstype.startswith("fuse")
+                or (slot.adopted_at and t0 - slot.adopted_at < HEALTHY_AFTER)):
+            os.close(conn)
+            return False
+        log.error("%s: worker pid %d %s; restarting: a new process serves its connection"
+                  " (requests wait meanwhile, none fails)", slot.cfg.name, dead.proc.pid, how)
+        with self._lock:
+            slot.worker = None
+            slot.state = "restarting"
+            slot.last_exit = how
+        try:
+            with self.busy(RESTART_READY_TIMEOUT + 10):
+                new = self._spawn(slot.cfg, ready_timeout=RESTART_READY_TIMEOUT,
+                                  adopt=(conn, dead.proc.pid), **self._spawn_options)
+        except CasfsError as e:
+            log.error("%s: no process could serve the connection of pid %d (%s): mounting"
+                      " again", slot.cfg.name, dead.proc.pid, e.message)
+            os.close(conn)
+            return False
+        with self._lock:
+            slot.worker = new
+            slot.state = "up"
+            slot.restarts += 1
+            slot.started = slot.adopted_at = time.monotonic()
+            slot.conn = conn  # the same connection: held on
+        log.info("%s: worker pid %d serves the connection of pid %d (%.2f s after its exit"
+                 " was seen)", slot.cfg.name, new.proc.pid, dead.proc.pid,
+                 time.monotonic() - t0)
+        return True
 
     def _schedule(self, slot: Slot, now: float) -> None:
         slot.next_start = now + slot.backoff
@@ -370,6 +436,7 @@ class Supervisor:
             slot.started = time.monotonic()
             if seamless:
                 self.draining.append(old)
+        self._hold(slot)
         if seamless:
             log.info("%s: worker pid %d took over %s from pid %d, which serves what jobs"
                      " hold open there until they let go", cfg.name, new.proc.pid,
@@ -422,6 +489,7 @@ class Supervisor:
                 slot.worker = None
                 slot.state = "stopped"
                 slot.last_final = final
+            self._let_go(slot)
             pub = (final or {}).get("last_publish") or {}
             log.info("%s: unmounted %s; last publication: %s", slot.cfg.name,
                      slot.cfg.mountpoint, pub.get("message", "none"))

@@ -94,9 +94,15 @@ def refuse_stacking(path: Path, what: str) -> None:
                      " on top of it: unmount it first or use another path")
 
 
+def guarded(path: Path) -> bool:
+    """A guard is among the mounts at ``path`` (the mount table only: the path is not
+    looked at)."""
+    return any(is_guard(m) for m in mounts_at(path))
+
+
 def install(path: Path, state_dir: Path) -> bool:
     """Put the read-only empty guard on ``path`` unless one is there; True if it is there."""
-    if any(is_guard(m) for m in mounts_at(path)):
+    if guarded(path):
         return True
     if os.geteuid() != 0:
         return False

@@ -36,6 +36,7 @@ from typing import Any
 import trio
 
 from casfs import families
+from casfs.errors import CasfsError
 from casfs.index.memtree import StagedLowerTree
 from casfs.index.node_index import NodeIndex
 from casfs.index.objcache import LocalObjectCache, discard_cache_dir
@@ -88,9 +89,13 @@ class MountService:
     """
 
     def __init__(self, cfg: MountConfig, *, hosted: bool = False,
-                 wait_for_reclaim: bool = True, replace: bool = False) -> None:
+                 wait_for_reclaim: bool = True, replace: bool = False,
+                 adopt: tuple[int, int] | None = None) -> None:
         """``replace``: take the mount point over from the mount process serving it
-        (casfs.node.handover; HandoverUnavailable if it cannot hand over)."""
+        (casfs.node.handover; HandoverUnavailable if it cannot hand over).
+        ``adopt``: (fd, pid): the FUSE connection of crashed process ``pid`` of this
+        mount (fuse mode), held by the supervisor: serve it (casfs.view.adopt), and
+        read its inode numbers and handles as the dead process left them."""
         if not hosted:
             cfg.check()
         self.cfg = cfg
@@ -133,7 +138,8 @@ class MountService:
         self.link = RootLink(cfg, self.policy, self.index, self.counters)
         self.link.connect()
         self.feed = LowerFeed(cfg, self.rules, self.index, self.link, self.counters)
-        if not hosted:
+        self.adopt = adopt
+        if not hosted and adopt is None:  # an adopted mount point waits for us: untouched
             session.clear_stale_mount(cfg.mountpoint)  # a dead mount (ENOTCONN) fails mkdir
         quota.prepare(cfg)  # the tenant's own filesystem ([quota] mechanism "loopfs")
         cfg.writable_dir.mkdir(parents=True, exist_ok=True)
@@ -186,6 +192,7 @@ class MountService:
         self.publication.savings = self.access.savings
         if cfg.ingredients:  # a configured mount or a dir/overlay casfs run
             self.set_ingredients(cfg.ingredients)
+        self._keep_view_state(hosted)
         self.server.release_published_replaced()
         self.publication.discard_recorded_torn()  # a killed job's, before a stop: never published
         recovered = self.publication.promoter()
@@ -195,6 +202,18 @@ class MountService:
                 log.info("%s: %d upper files from before are awaiting promotion", cfg.name, n)
         self.feed.listener = self.server
         self.feed.start()
+
+    def _keep_view_state(self, hosted: bool) -> None:
+        """A fuse mode mount of its own journals its inodes and handles, for a process
+        that adopts its connection after a crash (docs/reliability.md, "Crashes")."""
+        cfg = self.cfg
+        if hosted or self.server.name != "fuse":
+            if self.adopt is not None:
+                raise CasfsError(f"{cfg.name}: only a fuse mode mount can adopt a connection")
+            return
+        cfg.run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.server.ops.keep_state(cfg.run_dir, cfg.name,
+                                   self.adopt[1] if self.adopt is not None else None)
 
     # --- the parts' state, as callers knew it ------------------------------------------
     @property
@@ -441,7 +460,12 @@ class MountService:
         from casfs.node import guard
 
         cfg = self.cfg
-        if self.predecessor is None:  # a successor stacks beneath its predecessor's mount
+        adoption = None
+        if self.adopt is not None:
+            from casfs.view.adopt import Adoption
+
+            adoption = Adoption(self.adopt[0])
+        elif self.predecessor is None:  # a successor stacks beneath its predecessor's mount
             guard.refuse_stacking(cfg.mountpoint, f"namespace {cfg.namespace}")
         for other in control.registered(cfg.run_dir):
             # (Same mount point: a supervisor's replacement for a worker it gave up on.)
@@ -452,7 +476,8 @@ class MountService:
                 raise UsageError(f"a casfs mount named {cfg.name} already runs at"
                                  f" {other.get('mountpoint')} (pid {other.get('pid')}):"
                                  " give this one another --name")
-        cfg.mountpoint.mkdir(parents=True, exist_ok=True)
+        if adoption is None:
+            cfg.mountpoint.mkdir(parents=True, exist_ok=True)
 
         def ready() -> None:
             self.mark_ready()
@@ -469,15 +494,17 @@ class MountService:
 
         nsregistry.record_served(cfg)  # idle namespaces' node state is reclaimed
         # Under a supervisor the mount point stays read-only and empty between workers.
-        guarded = self.server.has_fuse and cfg.guard and guard.install(cfg.mountpoint,
-                                                                      cfg.state_dir)
+        guarded = self.server.has_fuse and cfg.guard and (
+            guard.guarded(cfg.mountpoint) if adoption is not None
+            else guard.install(cfg.mountpoint, cfg.state_dir))
         try:
             self.server.serve(Serving(ready=ready, background=self._background,
                                       shutdown=self.release, wait_warm=self.wait_warm,
                                       stopping=lambda: self._stopping,
                                       entry=lambda: self._entry, handing=self.handing,
                                       private_layers=self.predecessor is not None
-                                      or nsregistry.draining(cfg.run_dir, cfg.namespace)))
+                                      or nsregistry.draining(cfg.run_dir, cfg.namespace),
+                                      adoption=adoption))
         finally:
             if guarded and not self.handing.stepped_aside:  # else: a successor's mount point
                 guard.remove(cfg.mountpoint)  # a clean stop; a crash leaves it (the point)

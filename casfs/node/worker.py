@@ -120,8 +120,12 @@ class Worker:
 def spawn(cfg: MountConfig, *, ready_timeout: float = 120.0, verbose: int = 0,
           log_to_stderr: bool = False, log_format: str | None = None,
           log_level: str | None = None, die_with_parent: bool = False,
-          adopt_grace: float = 0.0, replace: bool = False) -> Worker:
+          adopt_grace: float = 0.0, replace: bool = False,
+          adopt: tuple[int, int] | None = None) -> Worker:
     """Start a mount process and wait until it serves; CasfsError with its reason if not.
+
+    ``adopt``: (fd, pid): serve the FUSE connection ``fd`` (held by the caller) of
+    this mount's crashed process ``pid`` instead of mounting (casfs.view.adopt).
 
     ``replace``: the new process takes the mount point over from the one serving it
     (casfs.node.handover): no job sees the change. HandoverUnavailable if that one
@@ -142,7 +146,8 @@ def spawn(cfg: MountConfig, *, ready_timeout: float = 120.0, verbose: int = 0,
         "casfs.node.worker", cfg, config_to_json(cfg), where=f"mount {cfg.name} at",
         ready_timeout=ready_timeout + cfg.wait_warm, verbose=verbose,
         log_to_stderr=log_to_stderr, log_format=log_format, log_level=log_level,
-        die_with_parent=die_with_parent, adopt_grace=adopt_grace, replace=replace)
+        die_with_parent=die_with_parent, adopt_grace=adopt_grace, replace=replace,
+        adopt=adopt)
 
 
 def replace(old: Worker, spawn_fn: Callable[..., Worker] | None = None,
@@ -190,7 +195,7 @@ def start_process(module: str, cfg: Any, cfg_json: str, *, where: str,
                   ready_timeout: float = 120.0, verbose: int = 0, log_to_stderr: bool = False,
                   log_format: str | None = None, log_level: str | None = None,
                   die_with_parent: bool = False, adopt_grace: float = 0.0,
-                  replace: bool = False) -> Worker:
+                  replace: bool = False, adopt: tuple[int, int] | None = None) -> Worker:
     """Run ``python -m module`` with ``cfg_json`` and wait for its READY line.
 
     The one way casfs starts a mount process (a single mount, or the node's
@@ -219,6 +224,9 @@ def start_process(module: str, cfg: Any, cfg_json: str, *, where: str,
     if replace:
         cmd.append("--replace")
     pass_fds = [w, cfg_r]
+    if adopt is not None:
+        cmd += ["--adopt", f"{adopt[0]}:{adopt[1]}"]
+        pass_fds.append(adopt[0])
     life_r = life_w = None
     if die_with_parent:
         life_r, life_w = os.pipe()
@@ -366,6 +374,8 @@ def run_child(prog: str, argv: list[str] | None, load: Callable[[str], Any],
                          " casfsd to adopt this process (casfs.node.lifeline)")
     ap.add_argument("--replace", action="store_true",
                     help="take the mount point over from the process serving it (handover)")
+    ap.add_argument("--adopt", metavar="FD:PID",
+                    help="serve the FUSE connection FD of this mount's crashed process PID")
     args = ap.parse_args(argv)
     cfg_text = read_config(args.config_fd, args.config_json)
     cfg = load(cfg_text)
@@ -391,7 +401,11 @@ def run_child(prog: str, argv: list[str] | None, load: Callable[[str], Any],
             args.ready_fd = None
 
     try:
-        svc = build(cfg, replace=True) if args.replace else build(cfg)
+        if args.adopt:
+            fd, pid = (int(x) for x in args.adopt.split(":"))
+            svc = build(cfg, adopt=(fd, pid))
+        else:
+            svc = build(cfg, replace=True) if args.replace else build(cfg)
     except (CasfsError, OSError) as e:
         return _failed(e, tell)
     except ImportError as e:
@@ -431,10 +445,11 @@ def spawn_host(cfg: HostConfig, *, ready_timeout: float = 120.0, log_to_stderr: 
 
 
 def main(argv: list[str] | None = None) -> int:
-    def build(cfg: MountConfig, replace: bool = False) -> _Service:
+    def build(cfg: MountConfig, replace: bool = False,
+              adopt: tuple[int, int] | None = None) -> _Service:
         from casfs.node.mount import MountService
 
-        return MountService(cfg, replace=replace)
+        return MountService(cfg, replace=replace, adopt=adopt)
 
     return run_child("casfs-worker", argv, config_from_json, build)
 

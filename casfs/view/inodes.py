@@ -255,8 +255,9 @@ class InodeTable:
         return out
 
     @classmethod
-    def restore(cls, path: Path, root: int = ROOT_INODE) -> InodeTable:
-        """The table a crashed process's journal at ``path`` describes, journaling on.
+    def restore(cls, path: Path, root: int = ROOT_INODE, to: Path | None = None) -> InodeTable:
+        """The table a crashed process's journal at ``path`` describes, journaling on
+        (to ``to``: a new journal, the old one left as it was; default: ``path``).
 
         Every inode it names is held (count HELD) until the mount ends: the
         kernel's lookup counts were not journaled.
@@ -280,7 +281,7 @@ class InodeTable:
                 t._detached.add(int(rec[1]))
             elif op == "m":
                 t._next = max(t._next, int(rec[1]))
-        t.journal = InodeJournal(path)
+        t.journal = InodeJournal(to or path)
         t.journal.rewrite(t.snapshot())
         return t
 

@@ -31,6 +31,7 @@ from casfs.store.entry import Entry
 from casfs.util.counters import Counters
 from casfs.util.shares import EvenShares
 from casfs.view.attrs import lower_attrs, upper_attrs
+from casfs.view.handleslots import HandleSlots
 from casfs.view.inodes import InodeTable
 from casfs.view.layers import Layers, Node, join, split
 from casfs.view.lower import LowerNode, LowerTree, ObjectFetcher
@@ -71,7 +72,11 @@ def fuse_errors(
     @functools.wraps(fn)
     async def wrapper(self: S, *args: P.args, **kwargs: P.kwargs) -> R:
         try:
-            return await fn(self, *args, **kwargs)
+            try:
+                return await fn(self, *args, **kwargs)
+            except Unopened as u:  # a crashed process's handle: opened again, once
+                await self._reopen(u.fh)  # type: ignore[attr-defined]
+                return await fn(self, *args, **kwargs)
         except pyfuse3.FUSEError:
             raise
         except Exception as e:
@@ -90,13 +95,25 @@ def sync_handler(
     @functools.wraps(fn)
     async def wrapper(self: S, *args: P.args, **kwargs: P.kwargs) -> R:
         try:
-            return fn(self, *args, **kwargs)
+            try:
+                return fn(self, *args, **kwargs)
+            except Unopened as u:  # a crashed process's handle: opened again, once
+                await self._reopen(u.fh)  # type: ignore[attr-defined]
+                return fn(self, *args, **kwargs)
         except pyfuse3.FUSEError:
             raise
         except Exception as e:
             raise _fuse_error(self, fn.__name__, e) from None
 
     return wrapper
+
+
+class Unopened(Exception):
+    """A handle a crashed process gave out (casfs.view.handleslots): not open here yet."""
+
+    def __init__(self, fh: int) -> None:
+        super().__init__(fh)
+        self.fh = fh
 
 
 class Miss(Exception):
@@ -243,10 +260,9 @@ class OpsBase(pyfuse3.Operations):
         self._fetch_limiter = trio.CapacityLimiter(fetch_threads)
         self.dir_mode = lower_dir_mode
         self.inodes = InodeTable()
-        self._handles: dict[int, Handle] = {}  # by fh: the fd, or above 2**40 a shared fd's
-        self._next_shared_fh = 1 << 40
+        self._handles: dict[int, Handle] = {}  # by fh (casfs.view.handleslots)
+        self.slots = HandleSlots()
         self._dirs: dict[int, tuple[str, list[str]]] = {}
-        self._next_dir_fh = 1
         self._owner = (os.geteuid(), os.getegid())
         self._is_root = os.geteuid() == 0
         self._umask = os.umask(0o022)  # read it (and put it back)
@@ -594,6 +610,8 @@ class OpsBase(pyfuse3.Operations):
     def _handle(self, fh: int) -> Handle:
         h = self._handles.get(fh)
         if h is None:
+            if fh in self.slots.held:
+                raise Unopened(fh)
             raise err(errno.EBADF)
         return h
 

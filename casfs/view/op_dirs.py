@@ -7,8 +7,9 @@ import stat
 
 import pyfuse3
 
+from casfs.view.handleslots import DIR
 from casfs.view.layers import split
-from casfs.view.op_base import err, fuse_errors, link_key, sync_handler
+from casfs.view.op_base import Unopened, err, fuse_errors, link_key, sync_handler
 from casfs.view.op_copyup import CopyUpOps
 from casfs.view.whiteout import WHITEOUT_DEV
 
@@ -183,15 +184,19 @@ class DirOps(CopyUpOps):
         node = self._resolve(self._path(inode))
         if not node.is_dir:
             raise err(errno.ENOTDIR)
-        fh = self._next_dir_fh
-        self._next_dir_fh += 1
+        fh = self.slots.alloc(inode, DIR)
         # Snapshot at opendir: offsets stay meaningful while the directory changes.
         self._dirs[fh] = (node.path, [name for name, _ in self.layers.children(node)])
         return fh
 
     @sync_handler
     def readdir(self, fh: int, start_id: int, token: pyfuse3.ReaddirToken) -> None:
-        path, names = self._dirs[fh]
+        listing = self._dirs.get(fh)
+        if listing is None:
+            if fh in self.slots.held:
+                raise Unopened(fh)
+            raise err(errno.EBADF)
+        path, names = listing
         prefix = f"{path}/" if path else ""
         resolve, inodes = self.layers.resolve, self.inodes  # per entry: no attribute lookups
         for i in range(start_id, len(names)):
@@ -211,7 +216,8 @@ class DirOps(CopyUpOps):
             inodes.lookup(cpath, key)  # readdirplus counts as a lookup
 
     async def releasedir(self, fh: int) -> None:
-        self._dirs.pop(fh, None)
+        if self._dirs.pop(fh, None) is not None or fh in self.slots.held:
+            self.slots.free(fh)
 
     async def fsyncdir(self, fh: int, datasync: bool) -> None:
         return None

@@ -12,6 +12,7 @@ import pyfuse3
 import trio
 
 from casfs.store.entry import Entry
+from casfs.view.handleslots import FILE_RO, FILE_RW
 from casfs.view.layers import Node, split
 from casfs.view.op_base import (
     MEMFD_IDLE_MAX,
@@ -98,8 +99,7 @@ class FileOps(CopyUpOps):
                 self.counters.inc("open_lower")
                 if self.on_lower_open is not None:
                     self.on_lower_open(node.path, entry.digest)
-                fh = self._next_shared_fh
-                self._next_shared_fh = fh + 1
+                fh = self.slots.alloc(ino, FILE_RO)
                 self._handles[fh] = Handle(slot[0], ino, node.path, False, None, False, key)
                 return pyfuse3.FileInfo(fh=fh, keep_cache=True)
             # Warm: the object is local, open it inline. Cold: fetch in a thread.
@@ -124,13 +124,14 @@ class FileOps(CopyUpOps):
         )
         if was is not None:
             self._settle(fd, was, 0)
-        self._handles[fd] = Handle(fd, ino, node.path, writable, None)
+        fh = self.slots.alloc(ino, FILE_RW if writable else FILE_RO)
+        self._handles[fh] = Handle(fd, ino, node.path, writable, None)
         self._open_upper[ino] += 1
         if writable:
             self.tracker.opened_for_write(node.path)
         if flags & os.O_TRUNC:
             self.tracker.modified(node.path)
-        return pyfuse3.FileInfo(fh=fd)
+        return pyfuse3.FileInfo(fh=fh)
 
     def _opened_lower(self, fd: int, ino: int, path: str, entry: Entry,
                       keep_cache: bool, shared: bool) -> pyfuse3.FileInfo:
@@ -139,11 +140,7 @@ class FileOps(CopyUpOps):
         self.counters.inc("open_lower")
         if self.on_lower_open is not None:
             self.on_lower_open(path, entry.digest)
-        if shared:
-            fh = self._next_shared_fh
-            self._next_shared_fh = fh + 1
-        else:
-            fh = fd
+        fh = self.slots.alloc(ino, FILE_RO)
         self._handles[fh] = Handle(fd, ino, path, False, entry.digest, shared)
         return pyfuse3.FileInfo(fh=fh, keep_cache=keep_cache)
 
@@ -251,14 +248,15 @@ class FileOps(CopyUpOps):
             raise
         ino = self.inodes.lookup(path)
         writable = flags & os.O_ACCMODE != os.O_RDONLY
-        self._handles[fd] = Handle(fd, ino, path, writable, None)
+        fh = self.slots.alloc(ino, FILE_RW if writable else FILE_RO)
+        self._handles[fh] = Handle(fd, ino, path, writable, None)
         self._open_upper[ino] += 1
         if writable:
             self.tracker.opened_for_write(path)  # marks it changed too
         else:
             self.tracker.modified(path)
         self._forget_negative(parent_inode, name)
-        return pyfuse3.FileInfo(fh=fd), self._upper_attrs(os.fstat(fd), ino)
+        return pyfuse3.FileInfo(fh=fh), self._upper_attrs(os.fstat(fd), ino)
 
     @sync_handler
     def read(self, fh: int, off: int, size: int) -> bytes:
@@ -299,7 +297,10 @@ class FileOps(CopyUpOps):
         # fuse_errors's rule inline (no coroutine per request): only FUSEError leaves.
         h = self._handles.pop(fh, None)
         if h is None:
+            if fh in self.slots.held:  # a crashed process's, never used here
+                self.slots.free(fh)
             return
+        self.slots.free(fh)
         try:
             if h.shared:
                 assert h.digest is not None

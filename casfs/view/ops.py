@@ -33,7 +33,8 @@ handle holds that object).
 The handlers are split by concern, one mixin each (the way S3QL keeps its
 operations readable): op_base (shared state and helpers), op_attrs (lookup and
 attributes), op_files (file I/O), op_dirs (directory changes), op_copyup
-(copy-up, fetches and whiteout decisions). ``OverlayOperations`` is the one
+(copy-up, fetches and whiteout decisions), op_restore (what a process adopting a
+crashed one's connection needs). ``OverlayOperations`` is the one
 class the rest of casfs imports; one instance serves one namespace.
 """
 
@@ -41,10 +42,10 @@ from __future__ import annotations
 
 from casfs.view.op_attrs import AttrOps
 from casfs.view.op_dirs import DirOps
-from casfs.view.op_files import FileOps
+from casfs.view.op_restore import RestoreOps
 
 __all__ = ["OverlayOperations"]
 
 
-class OverlayOperations(AttrOps, FileOps, DirOps):
+class OverlayOperations(AttrOps, RestoreOps, DirOps):
     """The writable overlay of one namespace (constructor: casfs.view.op_base.OpsBase)."""

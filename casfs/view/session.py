@@ -26,6 +26,8 @@ from casfs.errors import FuseUnavailableError
 if TYPE_CHECKING:
     import pyfuse3
 
+    from casfs.view.adopt import Adoption
+
 
 class Handing(Protocol):
     """A session's part in a handover (implemented by casfs.node.handover.Handing)."""
@@ -99,6 +101,7 @@ def serve(
     background: Callable[[trio.Nursery], Awaitable[None]] | None = None,
     on_shutdown: Callable[[], Awaitable[None]] | None = None,
     handing: Handing | None = None,
+    adoption: Adoption | None = None,
 ) -> None:
     """Mount ``ops`` at ``mountpoint`` and serve until told to stop.
 
@@ -113,24 +116,34 @@ def serve(
     point); once it has stepped aside, the end of its connection (the kernel's:
     the last job let go) runs ``on_shutdown`` too, and nothing is unmounted at
     the end (the mount point is the successor's).
+
+    ``adoption`` (casfs.view.adopt): serve the connection of a crashed process
+    already mounted at ``mountpoint`` instead of mounting. Nothing may look at
+    the mount point until this process serves it (a stat would wait on it).
     """
     if not os.path.exists("/dev/fuse"):
         raise FuseUnavailableError("/dev/fuse is missing: FUSE is not available here")
     import pyfuse3  # here, not at the top: dir mode imports this module on hosts without it
 
     mountpoint = Path(mountpoint)
-    clear_stale_mount(mountpoint)
-    at = mountpoint
-    if handing is not None and handing.stage is not None:
-        at = handing.stage
-        handing.prepare_stage()
+    at = str(mountpoint)
+    if adoption is not None:
+        at = adoption.mountpoint()
+        _adopt_at_init(ops, adoption)
+    else:
+        clear_stale_mount(mountpoint)
+        if handing is not None and handing.stage is not None:
+            at = str(handing.stage)
+            handing.prepare_stage()
     try:
-        pyfuse3.init(ops, str(at), mount_options(fsname, allow_other=allow_other,
-                                                 debug=debug, read_only=read_only))
+        pyfuse3.init(ops, at, mount_options(fsname, allow_other=allow_other,
+                                            debug=debug, read_only=read_only))
     except RuntimeError as e:
         raise FuseUnavailableError(f"cannot mount {at}: {e}") from e
+    if adoption is not None:
+        adoption.probe(str(mountpoint))
     if handing is not None:
-        handing.mounted(at)
+        handing.mounted(mountpoint if adoption is not None else Path(at))
     unmounted = False
     wake = _install_read_wake()
     try:
@@ -144,6 +157,9 @@ def serve(
         try:
             if handing is not None and (handing.stepped_aside or handing.stage is not None):
                 handing.close_session(pyfuse3, mountpoint)
+            elif adoption is not None:  # libfuse mounted nothing: the mount is ours to end
+                pyfuse3.close(unmount=False)
+                lazy_unmount(mountpoint)
             else:
                 pyfuse3.close(unmount=True)
             unmounted = True
@@ -154,6 +170,22 @@ def serve(
         log.info("the last job let go of the mount handed over at %s", mountpoint)
     else:
         log.info("unmounted %s", mountpoint)
+
+
+ADOPT_FIRST_REQUEST_S = 5.0  # the probe's lookup arrives at once; a bound all the same
+
+
+def _adopt_at_init(ops: pyfuse3.Operations, adoption: Adoption) -> None:
+    """Take the held connection over when libfuse has processed the synthetic INIT,
+    and answer what the dead process had read, before the loop reads on."""
+    init = ops.init
+
+    def adopted_init() -> None:
+        adoption.take_over()
+        adoption.answer_lost(ADOPT_FIRST_REQUEST_S)
+        init()
+
+    ops.init = adopted_init  # type: ignore[method-assign]
 
 
 async def _main(

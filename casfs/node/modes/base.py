@@ -93,6 +93,7 @@ class Serving:
     handing: Any = None  # casfs.node.handover.Handing: the mount's part in replacements
     # overlay: layers of its own (a successor, or another process of the namespace drains)
     private_layers: bool = False
+    adoption: Any = None  # casfs.view.adopt.Adoption: serve a crashed process's connection
 
 
 class ModeServer(Protocol):

@@ -124,7 +124,7 @@ class FuseServer:
         session.serve(self.ops, cfg.mountpoint, fsname=f"casfs-{cfg.name}",
                       allow_other=cfg.allow_other, debug=cfg.debug, on_ready=how.ready,
                       background=how.background, on_shutdown=how.shutdown,
-                      handing=how.handing)
+                      handing=how.handing, adoption=how.adoption)
 
     def stepped_aside(self) -> None:
         pass
@@ -139,5 +139,6 @@ class FuseServer:
         # The idle fds this namespace kept (a host releases namespaces all its life:
         # nothing else ever closes them).
         self.ops.close_idle()
+        self.ops.close_state()
         if self.quota is not None:  # its upper now counts as scanned, not live
             self.quota.close()

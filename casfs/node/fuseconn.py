@@ -1,0 +1,72 @@
+"""A supervisor's hold on a mount process's FUSE connection (its ``/dev/fuse`` fd).
+
+The kernel keeps a FUSE connection while any process holds its ``/dev/fuse``
+file. casfsd takes a dup of each fuse mode mount process's connection with
+``pidfd_getfd(2)`` (Linux 5.6, root: ptrace access to its own children); when
+that process dies the connection, and with it every job's open files, mapped
+files and cwds in the mount, survives for a new process to serve
+(casfs.view.adopt). Whoever holds it must hand it to that process or close it:
+a held connection nobody serves makes every job's request wait.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import logging
+import os
+
+from casfs.util.libc import libc
+
+log = logging.getLogger(__name__)
+
+SYS_PIDFD_GETFD = {"x86_64": 438, "aarch64": 438}
+
+
+def find(pid: int) -> int | None:
+    """The number of process ``pid``'s ``/dev/fuse`` fd (one: a mount process serves one
+    session), or None."""
+    base = f"/proc/{pid}/fd"
+    try:
+        names = os.listdir(base)
+    except OSError:
+        return None
+    found = []
+    for n in names:
+        with contextlib.suppress(OSError):
+            if os.readlink(f"{base}/{n}") == "/dev/fuse":
+                found.append(int(n))
+    return found[0] if len(found) == 1 else None
+
+
+def grab(pid: int) -> int | None:
+    """A dup (close-on-exec) of process ``pid``'s FUSE connection, or None (said why at
+    DEBUG: no connection, another kernel, no privilege)."""
+    nr = SYS_PIDFD_GETFD.get(os.uname().machine)
+    target = find(pid)
+    if nr is None or target is None:
+        log.debug("pid %d: no FUSE connection to hold", pid)
+        return None
+    try:
+        pidfd = os.pidfd_open(pid)
+    except OSError as e:
+        log.debug("pid %d: pidfd_open: %s", pid, e)
+        return None
+    try:
+        call = libc().syscall
+        call.restype = ctypes.c_long
+        fd = int(call(ctypes.c_long(nr), ctypes.c_int(pidfd), ctypes.c_int(target),
+                      ctypes.c_uint(0)))
+        if fd < 0:
+            log.debug("pid %d: pidfd_getfd: %s", pid, os.strerror(ctypes.get_errno()))
+            return None
+    finally:
+        os.close(pidfd)
+    try:
+        if os.readlink(f"/proc/self/fd/{fd}") != "/dev/fuse":  # the fd was reused meanwhile
+            os.close(fd)
+            return None
+    except OSError:
+        os.close(fd)
+        return None
+    return fd  # pidfd_getfd sets O_CLOEXEC itself

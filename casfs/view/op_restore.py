@@ -1,0 +1,117 @@
+"""What a view keeps so that a process adopting its crashed connection reads it the same way.
+
+The kernel holds node ids and file handles of the dead process
+(casfs.view.adopt). ``keep_state`` journals both beside each other
+(``<run>/<name>.<pid>.inodes``: casfs.view.inodejournal;
+``<run>/<name>.<pid>.handles``: casfs.view.handleslots), named by pid so a
+process handing over and its successor never share one; with ``dead`` it
+starts from what that crashed process left. A handle the dead process gave
+out is opened again on its first use (``_reopen``, from the handlers' wrappers on ``Unopened``): the
+inode's current path, opened read-only or read-write as before; a directory
+handle lists its directory again (a listing the kernel is in the middle of
+may then skip or repeat a name that changed meanwhile). A handle whose file
+is gone since (unlinked, or its lower object unreadable) answers ESTALE: its
+bytes are not there to serve.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import glob
+import logging
+import os
+from pathlib import Path
+
+from casfs.view.handleslots import DIR, FILE_RW, HandleSlots
+from casfs.view.inodejournal import InodeJournal
+from casfs.view.inodes import InodeTable
+from casfs.view.op_base import Miss, err
+from casfs.view.op_files import FileOps
+
+log = logging.getLogger(__name__)
+
+
+def state_paths(run_dir: Path, name: str, pid: int) -> tuple[Path, Path]:
+    """The inode journal and the handle table of mount ``name``'s process ``pid``."""
+    base = f"{name}.{pid}"
+    return run_dir / f"{base}.inodes", run_dir / f"{base}.handles"
+
+
+def sweep_dead(run_dir: Path, name: str) -> None:
+    """Remove the journals of mount ``name``'s processes that are gone (no one adopts them)."""
+    for suffix in (".inodes", ".handles"):
+        for p in run_dir.glob(f"{glob.escape(name)}.*{suffix}"):
+            pid = p.name[len(name) + 1:-len(suffix)]
+            if pid.isdigit() and int(pid) != os.getpid() and not _running(int(pid)):
+                with contextlib.suppress(OSError):
+                    p.unlink()
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class RestoreOps(FileOps):
+    def keep_state(self, run_dir: Path, name: str, dead: int | None = None) -> None:
+        """Journal this view's inodes and handles in ``run_dir`` (root-only), under this
+        process's pid; ``dead``: start from what that crashed process of ``name`` left
+        (its files are removed once read)."""
+        inodes, handles = state_paths(run_dir, name, os.getpid())
+        root = self.inodes.root
+        self.slots.close()
+        if dead is not None:
+            old = state_paths(run_dir, name, dead)
+            self.inodes = InodeTable.restore(old[0], root, to=inodes)
+            self.slots = HandleSlots(handles, restore_from=old[1])
+            for p in old:
+                p.unlink(missing_ok=True)
+            log.info("restored %d inode numbers and %d open handles of pid %d", len(self.inodes),
+                     len(self.slots.held), dead)
+            return
+        sweep_dead(run_dir, name)
+        inodes.unlink(missing_ok=True)  # a reused pid's
+        self.inodes = InodeTable(root, journal=InodeJournal(inodes))
+        self.slots = HandleSlots(handles)
+
+    def close_state(self) -> None:
+        self.slots.close()
+        if self.inodes.journal is not None:
+            self.inodes.journal.close()
+
+    async def _reopen(self, fh: int) -> None:
+        """Open handle ``fh`` of the crashed process again (it is in ``slots.held``)."""
+        if fh in self._handles or fh in self._dirs:
+            return  # a concurrent request opened it meanwhile
+        ino, kind = self.slots.held[fh]
+        path = self.inodes.path(ino)
+        if path is None:
+            raise err(errno.ESTALE)
+        node = self.layers.resolve(path)
+        if node is None:
+            raise err(errno.ESTALE)
+        if kind == DIR:
+            if not node.is_dir:
+                raise err(errno.ESTALE)
+            self._dirs[fh] = (node.path, [name for name, _ in self.layers.children(node)])
+            del self.slots.held[fh]
+            return
+        if node.is_dir:
+            raise err(errno.ESTALE)
+        try:
+            fi = await self._open_node(node, ino, os.O_RDWR if kind == FILE_RW else os.O_RDONLY)
+        except Miss:
+            raise err(errno.ESTALE) from None
+        new = int(fi.fh)
+        if fh in self._handles or fh in self._dirs:  # opened meanwhile: ours goes
+            await self.release(new)
+            return
+        self._handles[fh] = self._handles.pop(new)
+        self.slots.free(new)
+        del self.slots.held[fh]
