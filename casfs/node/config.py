@@ -107,7 +107,10 @@ class MountConfig:
 
     def check(self) -> None:
         """Refuse layouts that would make the daemon touch its own mount."""
-        mp = self.mountpoint.resolve()
+        # The mount point itself is never looked at (its parent is resolved): it may be a
+        # mount waiting for its server (a crashed process's, casfs.view.adopt), where a
+        # stat would wait too.
+        mp = self.mountpoint.parent.resolve() / self.mountpoint.name
         dirs = [("state dir", self.state_dir)]
         if isinstance(self.root, Path):
             dirs.append(("shared root", self.root))

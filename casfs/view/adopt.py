@@ -14,7 +14,11 @@ process can serve it if two things are dealt with:
   connection under a request id the kernel does not know (ENOENT, which libfuse
   ignores), and every later read is the kernel's.
 - **Requests the dead process had read.** The kernel waits for their answers
-  forever. Request ids ("unique") are handed out in steps of 2 per connection,
+  forever. Since Linux 6.9 the server can ask the kernel to queue them again
+  (``FUSE_NOTIFY_RESEND``): ``recover_lost`` does, and the adopter serves
+  them as if they were new (their ids carry bit 63); the job sees nothing.
+  On an older kernel (the notification is refused, EINVAL): request ids
+  ("unique") are handed out in steps of 2 per connection,
   so everything lost lies below the first id the adopter reads: it answers that
   request and every id below it (``window``) with EINTR. A reply for an id the
   kernel is not waiting on fails ENOENT and costs nothing; a job whose request
@@ -41,6 +45,7 @@ import time
 FUSE_INIT = 26
 log = logging.getLogger(__name__)
 FUSE_INTERRUPT = 36
+FUSE_NOTIFY_RESEND = 7  # fuse_kernel.h 7.40 (Linux 6.9): requeue what was read, unanswered
 _NO_REPLY = {2, 42}  # FORGET, BATCH_FORGET: nothing waits on their answer
 _IN_HEADER = struct.Struct("<IIQQIIIHH")  # len opcode unique nodeid uid gid pid extlen pad
 _OUT_HEADER = struct.Struct("<IiQ")  # len error unique
@@ -108,6 +113,16 @@ class Adoption:
         os.close(self.real_fd)
         self.real_fd = self._pipe
 
+    def recover_lost(self, timeout: float) -> str:
+        """What the dead process had read is served again (``resent``), or, on a kernel
+        without FUSE_NOTIFY_RESEND, answered EINTR (``answer_lost``); how, in a word."""
+        if resend(self.real_fd):
+            log.info("adopted connection: the requests the dead process had read are"
+                     " queued again (FUSE_NOTIFY_RESEND)")
+            return "resent"
+        self.answer_lost(timeout)
+        return "interrupted"
+
     def answer_lost(self, timeout: float, window: int = DEFAULT_WINDOW) -> int | None:
         """Answer EINTR to what the dead process had read; the first id read, or None.
 
@@ -169,6 +184,18 @@ class Adoption:
         t = threading.Thread(target=lookup, name="adopt-probe", daemon=True)
         t.start()
         return t
+
+
+def resend(fd: int) -> bool:
+    """Ask the kernel to queue again every request read on connection ``fd`` and not
+    answered; False if this kernel cannot (before 6.9)."""
+    try:
+        os.write(fd, _OUT_HEADER.pack(_OUT_HEADER.size, FUSE_NOTIFY_RESEND, 0))
+    except OSError as e:
+        if e.errno in (errno.EINVAL, errno.ENOSYS):
+            return False
+        raise
+    return True
 
 
 def _interrupted(fd: int, unique: int) -> bool:

@@ -182,7 +182,7 @@ def _adopt_at_init(ops: pyfuse3.Operations, adoption: Adoption) -> None:
 
     def adopted_init() -> None:
         adoption.take_over()
-        adoption.answer_lost(ADOPT_FIRST_REQUEST_S)
+        adoption.recover_lost(ADOPT_FIRST_REQUEST_S)
         init()
 
     ops.init = adopted_init  # type: ignore[method-assign]

@@ -1,8 +1,9 @@
 """A tiny real pyfuse3 filesystem for tests/view/test_adopt.py (run as a process).
 
 ``serve MNT SOCK``: mounts MNT and sends a dup of its /dev/fuse fd over the
-inherited socket SOCK (the supervisor's hold). ``adopt FD MNT``: serves the
-connection FD that a killed ``serve`` initialised. Every file reads as its
+inherited socket SOCK (the supervisor's hold). ``adopt FD MNT HOW``: serves the
+connection FD that a killed ``serve`` initialised; what the dead process had
+read is ``resend`` (queued again) or ``interrupt`` (answered EINTR). Every file reads as its
 generation's tag ("A" or "B") six times; ``slow`` never answers in generation
 A, so a read of it is in flight when that process is killed.
 """
@@ -25,16 +26,21 @@ NAMES = {b"hello": 2, b"slow": 3}
 
 
 class Ops(pyfuse3.Operations):
-    def __init__(self, tag: bytes, adoption: Adoption | None = None) -> None:
+    def __init__(self, tag: bytes, adoption: Adoption | None = None,
+                 how: str = "resend") -> None:
         super().__init__()
         self.tag = tag
         self.adoption = adoption
+        self.how = how
 
     def init(self) -> None:
         if self.adoption is not None:
             self.adoption.take_over()
-            first = self.adoption.answer_lost(timeout=5.0)
-            print(json.dumps({"first": first}), flush=True)
+            if self.how == "resend":
+                print(json.dumps({"how": self.adoption.recover_lost(5.0)}), flush=True)
+            else:
+                first = self.adoption.answer_lost(timeout=5.0)
+                print(json.dumps({"how": "interrupted", "first": first}), flush=True)
 
     async def getattr(self, inode: int, ctx: object = None) -> pyfuse3.EntryAttributes:
         e = pyfuse3.EntryAttributes()
@@ -70,9 +76,9 @@ def main() -> None:
                   if os.readlink(f"/proc/self/fd/{n}") == "/dev/fuse")
         socket.send_fds(socket.socket(fileno=sock), [b"fd"], [fd])
     else:
-        held, mnt = int(sys.argv[2]), sys.argv[3]
+        held, mnt, how = int(sys.argv[2]), sys.argv[3], sys.argv[4]
         adoption = Adoption(held)
-        pyfuse3.init(Ops(b"B", adoption), adoption.mountpoint(), {"fsname=adopttest"})
+        pyfuse3.init(Ops(b"B", adoption, how), adoption.mountpoint(), {"fsname=adopttest"})
         adoption.probe(mnt)
     trio.run(pyfuse3.main)
     pyfuse3.close(unmount=False)
