@@ -340,7 +340,10 @@ class Supervisor:
 
         self._let_go(slot)
         w = slot.worker
-        if self.hold and w is not None and getattr(slot.cfg, "mode", None) == "fuse":
+        # A configured mount of its own (the node's host serves many namespaces in one
+        # connection, with handle numbers of its own: not journaled yet).
+        if (self.hold and w is not None and isinstance(slot.cfg, MountConfig)
+                and slot.cfg.mode == "fuse"):
             slot.conn = fuseconn.grab(w.proc.pid)
 
     def _let_go(self, slot: Slot) -> None:
@@ -374,9 +377,10 @@ class Supervisor:
             with self.busy(RESTART_READY_TIMEOUT + 10):
                 new = self._spawn(slot.cfg, ready_timeout=RESTART_READY_TIMEOUT,
                                   adopt=(conn, dead.proc.pid), **self._spawn_options)
-        except CasfsError as e:
+        except Exception as e:  # a bug too: the connection must not stay held unserved
             log.error("%s: no process could serve the connection of pid %d (%s): mounting"
-                      " again", slot.cfg.name, dead.proc.pid, e.message)
+                      " again", slot.cfg.name, dead.proc.pid,
+                      e.message if isinstance(e, CasfsError) else repr(e))
             os.close(conn)
             return False
         with self._lock:

@@ -164,7 +164,8 @@ def test_dead_worker_is_restarted(daemons: Callable[..., Daemon]) -> None:
     assert (d.mount_paths[1] / "before-crash.bin").read_bytes() == b"x" * 100
     wait_until(lambda: d.published("vllm-test") == {"before-crash.bin"},
                "publication after the restart", proc=d.proc)
-    assert "restarting in" in d.log()
+    # casfsd held the worker's connection: a new process serves it (casfs.view.adopt)
+    assert f"serves the connection of pid {before['vllm']}" in d.log()
     assert d.terminate() == 0
 
 
