@@ -26,11 +26,14 @@ promotion/publication retry in the background.
 
 from __future__ import annotations
 
+import contextlib
+import glob
 import logging
 import os
 import signal
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import trio
@@ -77,6 +80,17 @@ log = logging.getLogger(__name__)
 # dir mode handover: how long past its shutdown_timeout a predecessor may take to exit.
 LEAVE_MARGIN = 15.0
 USE_TICK_S = 15.0  # how often a mount checks whether its read record is due (casfs.node.usage)
+
+
+def _sweep_view_state(run_dir: Path, name: str) -> None:
+    """Remove the view state files (casfs.view.op_restore.state_paths) of mount ``name``'s
+    processes that are gone: nobody adopts them now."""
+    for suffix in (".inodes", ".handles"):
+        for p in run_dir.glob(f"{glob.escape(name)}.*{suffix}"):
+            pid = p.name[len(name) + 1:-len(suffix)]
+            if pid.isdigit() and int(pid) != os.getpid() and not control.running(int(pid)):
+                with contextlib.suppress(OSError):
+                    p.unlink()
 
 
 class MountService:
@@ -212,6 +226,8 @@ class MountService:
                 raise CasfsError(f"{cfg.name}: only a fuse mode mount can adopt a connection")
             return
         cfg.run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        if self.adopt is None:
+            _sweep_view_state(cfg.run_dir, cfg.name)
         self.server.ops.keep_state(cfg.run_dir, cfg.name,
                                    self.adopt[1] if self.adopt is not None else None)
 

@@ -6,19 +6,18 @@ The kernel holds node ids and file handles of the dead process
 ``<run>/<name>.<pid>.handles``: casfs.view.handleslots), named by pid so a
 process handing over and its successor never share one; with ``dead`` it
 starts from what that crashed process left. A handle the dead process gave
-out is opened again on its first use (``_reopen``, from the handlers' wrappers on ``Unopened``): the
-inode's current path, opened read-only or read-write as before; a directory
-handle lists its directory again (a listing the kernel is in the middle of
-may then skip or repeat a name that changed meanwhile). A handle whose file
+out is opened again on its first use (``_reopen``, from the handlers'
+wrappers on ``Unopened``): the inode's current path, opened read-only or
+read-write as before; a directory handle lists its directory again (a listing
+the kernel is in the middle of may then skip or repeat a name that changed
+meanwhile). A handle whose file
 is gone since (unlinked, or its lower object unreadable) answers ESTALE: its
 bytes are not there to serve.
 """
 
 from __future__ import annotations
 
-import contextlib
 import errno
-import glob
 import logging
 import os
 from pathlib import Path
@@ -38,26 +37,6 @@ def state_paths(run_dir: Path, name: str, pid: int) -> tuple[Path, Path]:
     return run_dir / f"{base}.inodes", run_dir / f"{base}.handles"
 
 
-def sweep_dead(run_dir: Path, name: str) -> None:
-    """Remove the journals of mount ``name``'s processes that are gone (no one adopts them)."""
-    for suffix in (".inodes", ".handles"):
-        for p in run_dir.glob(f"{glob.escape(name)}.*{suffix}"):
-            pid = p.name[len(name) + 1:-len(suffix)]
-            if pid.isdigit() and int(pid) != os.getpid() and not _running(int(pid)):
-                with contextlib.suppress(OSError):
-                    p.unlink()
-
-
-def _running(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 class RestoreOps(FileOps):
     def keep_state(self, run_dir: Path, name: str, dead: int | None = None) -> None:
         """Journal this view's inodes and handles in ``run_dir`` (root-only), under this
@@ -75,7 +54,6 @@ class RestoreOps(FileOps):
             log.info("restored %d inode numbers and %d open handles of pid %d", len(self.inodes),
                      len(self.slots.held), dead)
             return
-        sweep_dead(run_dir, name)
         inodes.unlink(missing_ok=True)  # a reused pid's
         self.inodes = InodeTable(root, journal=InodeJournal(inodes))
         self.slots = HandleSlots(handles)
