@@ -340,10 +340,10 @@ class Supervisor:
 
         self._let_go(slot)
         w = slot.worker
-        # A configured mount of its own (the node's host serves many namespaces in one
-        # connection, with handle numbers of its own: not journaled yet).
-        if (self.hold and w is not None and isinstance(slot.cfg, MountConfig)
-                and slot.cfg.mode == "fuse"):
+        # A fuse mode mount, or the node's host (overlay mode's FUSE layer keeps no view
+        # state for an adopter, and a dir mode mount has no connection).
+        if (self.hold and w is not None
+                and (not isinstance(slot.cfg, MountConfig) or slot.cfg.mode == "fuse")):
             slot.conn = fuseconn.grab(w.proc.pid)
 
     def _let_go(self, slot: Slot) -> None:

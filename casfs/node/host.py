@@ -21,6 +21,15 @@ replies]}. The tenant comes from the peer's credentials (casfs.node.tenant).
 What is served is written to ``<state>/run/host-served.json`` so a restarted
 host (after a crash) serves the same namespaces at the same paths at once.
 
+After a crash, casfsd holds the connection (casfs.node.fuseconn) and starts a
+host with ``adopt`` (casfs.view.adopt): it serves the same connection, so jobs'
+open files, mappings and cwds stay valid. For that the host keeps what the
+kernel knows it by: each namespace's slot and the tenants' inode numbers (the
+mux's ``layout``, in ``host-served.json`` with the pid that wrote it), each
+namespace's inode journal (``<run>/<name>.<pid>.ns<slot>.inodes``) and the
+mux's handle table (``<run>/<name>.<pid>.handles``); the adopter attaches
+every namespace at its slot before it reads a request.
+
 Replaced under running jobs (``spawn_host(replace=True)``: casfsd's restart of
 it, an upgrade) like one mount (casfs.node.handover): at ``prepare`` the old
 host writes what it serves and its leases, gives up its lock and every
@@ -99,7 +108,10 @@ class Served:
 
 
 class NodeHost:
-    def __init__(self, cfg: HostConfig, replace: bool = False) -> None:
+    def __init__(self, cfg: HostConfig, replace: bool = False,
+                 adopt: tuple[int, int] | None = None) -> None:
+        """``adopt``: (fd, pid): the FUSE connection of this host's crashed process
+        ``pid``, held by casfsd: serve it, with every namespace as that one served it."""
         from casfs.view.mux import MuxOperations
 
         cfg.check()
@@ -107,6 +119,8 @@ class NodeHost:
         self.policy = cfg.policy
         self.mux = MuxOperations(owner=tenant_owner(self.policy), statfs_path=cfg.state_dir)
         self.served: dict[Key, Served] = {}
+        self.adopt = adopt
+        self._families: dict[Key, str] = {}  # of what the mux serves, for its layout
         self.leases: dict[str, Lease] = {}
         self.final: dict[Key, dict[str, Any]] = {}  # stats of released namespaces
         self._attaching: dict[Key, trio.Event] = {}
@@ -172,7 +186,16 @@ class NodeHost:
                 # Lower entries appear as the tenant's: its jobs may rewrite a
                 # replaced path they did not write.
                 svc.ops.lower_owner = tenant_owner(self.cfg.policy)(tenant)[:2]
-            self.mux.attach(tenant, namespace, svc.ops)
+            self._families[key] = family
+            slot = self.mux.attach(tenant, namespace, svc.ops)
+            # Before any request can name it (no await in between): an adopter after
+            # a crash must find the slot and the namespace's inodes.
+            try:
+                svc.ops.journal_inodes(self._journal(os.getpid(), slot))
+            except OSError as e:  # the namespace serves; only an adoption would miss it
+                log.warning("%s: cannot journal its inode numbers (%s): after a crash it"
+                            " is served again as new", namespace, e)
+            self._persist()
             s = Served(key, family, mcfg.mountpoint, svc)
             assert self._nursery is not None
             await self._nursery.start(self._ns_tasks, s)
@@ -213,6 +236,8 @@ class NodeHost:
 
     async def _detach(self, key: Key, s: Served) -> dict[str, Any]:
         self.mux.detach(*key)
+        self._families.pop(key, None)
+        journal = getattr(s.svc.ops.inodes, "journal", None)
         if s.scope is not None:
             s.scope.cancel()
         svc = s.svc
@@ -222,6 +247,8 @@ class NodeHost:
         st["path"] = str(s.path)
         await trio.to_thread.run_sync(svc.flush_counters)
         svc.close()
+        if journal is not None:  # its slot is never served again by this process
+            journal.path.unlink(missing_ok=True)
         nsregistry.record_served(svc.cfg)
         self.final[key] = st
         self._persist()
@@ -457,11 +484,72 @@ class NodeHost:
                         "keys": sorted(lease.keys), "run": lease.run,
                         "follows": lease.follows}
                        for lease in self.leases.values()],
+            "mux": self._layout(),
         }
         try:
             atomic.write_atomic(self.cfg.served_file, json.dumps(data).encode())
         except OSError as e:
             log.warning("cannot record what is served: %s", e)
+
+    def _layout(self) -> dict[str, Any]:
+        layout = {"pid": os.getpid(), **self.mux.layout()}
+        for v in layout["slots"].values():
+            v.append(self._families.get((v[0], v[1]), ""))
+        return layout
+
+    def _journal(self, pid: int, slot: int) -> Path:
+        return self.cfg.run_dir / f"{self.cfg.name}.{pid}.ns{slot}.inodes"
+
+    def _handles_file(self, pid: int) -> Path:
+        return self.cfg.run_dir / f"{self.cfg.name}.{pid}.handles"
+
+    def _keep_view_state(self) -> None:
+        """The mux's handles and the namespaces' inodes are kept for an adopter
+        (module doc); adopting: what crashed process ``adopt[1]`` kept is read first."""
+        from casfs.node.mount import MountService, sweep_view_state
+
+        cfg = self.cfg
+        if self.adopt is None:
+            sweep_view_state(cfg.run_dir, cfg.name)
+            self.mux.keep_handles(self._handles_file(os.getpid()))
+            return
+        dead = self.adopt[1]
+        try:
+            layout = json.loads(cfg.served_file.read_bytes())["mux"]
+            if layout.get("pid") != dead:
+                raise ValueError(f"written by pid {layout.get('pid')}")
+            slots = self.mux.restore_layout(layout)
+            self.mux.keep_handles(self._handles_file(os.getpid()),
+                                  restore_from=self._handles_file(dead))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+            raise CasfsError(f"no record of what pid {dead} served ({e})") from None
+        self._handles_file(dead).unlink(missing_ok=True)
+        for slot, tenant, namespace in slots:
+            key = (tenant, namespace)
+            try:
+                family = str(layout["slots"][str(slot)][2])
+                mcfg = cfg.ns_config(tenant, family, namespace)
+                svc = MountService(mcfg, hosted=True)
+            except (CasfsError, OSError, ValueError, IndexError) as e:
+                log.warning("could not serve %s/%s again: %s", tenant, namespace, e)
+                continue
+            svc.ops.lower_owner = tenant_owner(cfg.policy)(tenant)[:2]
+            self.mux.attach(tenant, namespace, svc.ops, slot=slot)  # its inodes' range
+            try:
+                svc.ops.journal_inodes(self._journal(os.getpid(), slot),
+                                       dead=self._journal(dead, slot))
+            except (OSError, ValueError) as e:  # its inodes unknown: ENOENT, not wrong files
+                log.warning("could not serve %s/%s again: its inode journal: %s", tenant,
+                            namespace, e)
+                self.mux.detach(tenant, namespace)
+                svc.close()
+                continue
+            self._families[key] = family
+            self.served[key] = Served(key, family, mcfg.mountpoint, svc)
+            nsregistry.record_served(mcfg)
+            svc.mark_ready()
+        log.info("serving the connection of pid %d: %d namespaces, %d open handles",
+                 dead, len(self.served), len(self.mux.handles.held))
 
     async def _restore(self) -> None:
         """Serve again what a previous (crashed) host served, with its live leases."""
@@ -527,6 +615,9 @@ class NodeHost:
         self._nursery = nursery
         self.drain.nursery = nursery
         await nursery.start(self._exits.run)  # before any lease: its holder's end is seen
+        for s in list(self.served.values()):  # attached before the session (an adopter)
+            if s.scope is None:
+                await nursery.start(self._ns_tasks, s)
         if self.predecessor is not None:
             # Every namespace routable here before this mount is the visible one, then
             # the control socket (the predecessor's path) and the leases are ours.
@@ -557,11 +648,19 @@ class NodeHost:
         from casfs.view import session
 
         cfg = self.cfg
-        if self.predecessor is None:  # a successor stacks beneath its predecessor's mount
+        adoption = None
+        if self.adopt is not None:  # its mount point waits for us: never touched
+            from casfs.view.adopt import Adoption
+
+            adoption = Adoption(self.adopt[0])
+        elif self.predecessor is None:  # a successor stacks beneath its predecessor's mount
             guard.refuse_stacking(cfg.base, "this node's namespaces")
             session.clear_stale_mount(cfg.base)
-        cfg.base.mkdir(parents=True, exist_ok=True)
-        guarded = cfg.guard and guard.install(cfg.base, cfg.state_dir)
+        self._keep_view_state()
+        if adoption is None:
+            cfg.base.mkdir(parents=True, exist_ok=True)
+        guarded = cfg.guard and (guard.guarded(cfg.base) if adoption is not None
+                                 else guard.install(cfg.base, cfg.state_dir))
 
         def ready() -> None:
             control.write_registry(cfg.run_dir, cfg.name, {
@@ -576,13 +675,14 @@ class NodeHost:
         try:
             session.serve(self.mux, cfg.base, fsname="casfs-ns", allow_other=cfg.allow_other,
                           debug=cfg.debug, on_ready=ready, background=self._background,
-                          on_shutdown=self._shutdown, handing=self.handing)
+                          on_shutdown=self._shutdown, handing=self.handing, adoption=adoption)
         finally:
             control.remove_registry(cfg.run_dir, cfg.name, os.getpid())
             if guarded and not self.handing.stepped_aside:  # else: the successor's
                 guard.remove(cfg.base)  # a clean stop; a crash leaves it, which is the point
             if self._lock_fd is not None:
                 os.close(self._lock_fd)
+            self.mux.handles.close()
             self.drain.close()
 
     # --- handing over (casfs.node.handover) ---------------------------------------------

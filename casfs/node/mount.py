@@ -82,12 +82,13 @@ LEAVE_MARGIN = 15.0
 USE_TICK_S = 15.0  # how often a mount checks whether its read record is due (casfs.node.usage)
 
 
-def _sweep_view_state(run_dir: Path, name: str) -> None:
-    """Remove the view state files (casfs.view.op_restore.state_paths) of mount ``name``'s
-    processes that are gone: nobody adopts them now."""
+def sweep_view_state(run_dir: Path, name: str) -> None:
+    """Remove the view state files (casfs.view.op_restore.state_paths; the node host's
+    ``<name>.<pid>.ns<slot>.inodes``) of mount ``name``'s processes that are gone:
+    nobody adopts them now."""
     for suffix in (".inodes", ".handles"):
         for p in run_dir.glob(f"{glob.escape(name)}.*{suffix}"):
-            pid = p.name[len(name) + 1:-len(suffix)]
+            pid = p.name[len(name) + 1:-len(suffix)].split(".")[0]
             if pid.isdigit() and int(pid) != os.getpid() and not control.running(int(pid)):
                 with contextlib.suppress(OSError):
                     p.unlink()
@@ -227,7 +228,7 @@ class MountService:
             return
         cfg.run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         if self.adopt is None:
-            _sweep_view_state(cfg.run_dir, cfg.name)
+            sweep_view_state(cfg.run_dir, cfg.name)
         self.server.ops.keep_state(cfg.run_dir, cfg.name,
                                    self.adopt[1] if self.adopt is not None else None)
 

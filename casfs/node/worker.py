@@ -430,18 +430,18 @@ def run_child(prog: str, argv: list[str] | None, load: Callable[[str], Any],
 def spawn_host(cfg: HostConfig, *, ready_timeout: float = 120.0, log_to_stderr: bool = False,
                log_format: str | None = None, log_level: str | None = None,
                die_with_parent: bool = False, adopt_grace: float = 0.0, verbose: int = 0,
-               replace: bool = False) -> Worker:
+               replace: bool = False, adopt: tuple[int, int] | None = None) -> Worker:
     """Start the node's mount process (casfs.node.host); a Worker once it serves.
 
     ``replace``: it takes every namespace over from the one serving them (casfs.node.host,
-    casfs.node.handover); HandoverUnavailable if that one cannot."""
+    casfs.node.handover); HandoverUnavailable if that one cannot. ``adopt``: as spawn's."""
     check_fuse()
     cfg.check()
     return start_process(
         "casfs.node.host", cfg, cfg.to_json(), where="the mount process at",
         ready_timeout=ready_timeout, verbose=verbose, log_to_stderr=log_to_stderr,
         log_format=log_format, log_level=log_level, die_with_parent=die_with_parent,
-        adopt_grace=adopt_grace, replace=replace)
+        adopt_grace=adopt_grace, replace=replace, adopt=adopt)
 
 
 def main(argv: list[str] | None = None) -> int:

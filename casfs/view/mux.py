@@ -15,7 +15,12 @@ can never reach a newer one (it gets ENOENT).
 
 Handles are translated: the mux hands the kernel its own numbers and keeps
 (operations, inner handle), so namespaces may number handles as they like and
-a handle opened before a detach still releases on the right operations.
+a handle opened before a detach still releases on the right operations. Its
+numbers come from a HandleSlots table (casfs.view.handleslots) naming each
+handle's inode and kind; kept in a file (``keep_handles``), a process adopting
+the connection after a crash reopens each handle on first use through the
+namespace's ``reopen`` (casfs.view.op_restore). ``layout()`` is what else such
+a process needs: which slot is which namespace, and the tenants' inodes.
 
 Attach and detach happen at run time, on the trio thread (no remount).
 """
@@ -34,6 +39,7 @@ from typing import Any
 
 import pyfuse3
 
+from casfs.view.handleslots import DIR, FILE_RO, FILE_RW, HandleSlots
 from casfs.view.inodes import InodeTable
 
 log = logging.getLogger(__name__)
@@ -63,6 +69,11 @@ def _err(code: int) -> pyfuse3.FUSEError:
     return pyfuse3.FUSEError(code)
 
 
+def _kind(flags: int) -> int:
+    """How a reopen after a crash opens it (as casfs.view.op_files counts writable)."""
+    return FILE_RW if flags & os.O_ACCMODE != os.O_RDONLY or flags & os.O_TRUNC else FILE_RO
+
+
 @dataclass
 class _Slot:
     tenant: str
@@ -89,20 +100,53 @@ class MuxOperations(pyfuse3.Operations):
         self._next_slot = 1
         self._fh: dict[int, tuple[Any, int]] = {}  # mux file handle -> (ops, inner fh)
         self._dh: dict[int, tuple[Any, Any]] = {}  # mux dir handle -> (ops | None, inner)
-        self._next_fh = 1
+        self.handles = HandleSlots()  # the numbers of both (in memory until keep_handles)
+
+    # --- what a process adopting the connection needs (casfs.view.adopt) -----------
+    def keep_handles(self, path: Path, restore_from: Path | None = None) -> None:
+        """Handle numbers kept in ``path`` (root-only run dir); ``restore_from``: those
+        a crashed process gave out, each reopened on first use."""
+        self.handles.close()
+        self.handles = HandleSlots(path, restore_from=restore_from)
+
+    def layout(self) -> dict[str, Any]:
+        """The inode numbers the kernel knows the synthetic levels and slots by."""
+        return {"tenants": dict(self._tenant_ino), "next_synth": self._next_synth,
+                "next_slot": self._next_slot,
+                "slots": {str(k): [s.tenant, s.name] for k, s in self._slots.items()}}
+
+    def restore_layout(self, layout: dict[str, Any]) -> list[tuple[int, str, str]]:
+        """Number as ``layout`` (a crashed process's) did; its (slot, tenant, namespace),
+        for the caller to attach each at its slot. ValueError if malformed."""
+        tenants = {str(t): int(i) for t, i in dict(layout["tenants"]).items()}
+        for t, i in tenants.items():
+            if slot_of(i) or i <= ROOT:
+                raise ValueError(f"bad tenant inode {i}")
+            self._tenant_ino[t] = i
+            self._tenant_of[i] = t
+        self._next_synth = max(int(layout["next_synth"]), max(tenants.values(), default=ROOT) + 1)
+        slots = [(int(k), str(v[0]), str(v[1])) for k, v in dict(layout["slots"]).items()]
+        self._next_slot = max(int(layout["next_slot"]), max((k for k, _, _ in slots),
+                                                            default=0) + 1)
+        return sorted(slots)
 
     # --- attach / detach ----------------------------------------------------
-    def attach(self, tenant: str, name: str, ops: Any) -> int:
-        """Serve ``ops`` at ``<tenant>/<name>``; returns its slot. ValueError if taken."""
+    def attach(self, tenant: str, name: str, ops: Any, slot: int | None = None) -> int:
+        """Serve ``ops`` at ``<tenant>/<name>``; returns its slot. ValueError if taken.
+        ``slot``: the one a crashed process served it in (``restore_layout``)."""
         for part in (tenant, name):
             if not part or "/" in part or part in (".", "..") or "\0" in part:
                 raise ValueError(f"bad directory name {part!r}")
         if (tenant, name) in self._ns:
             raise ValueError(f"{tenant}/{name} is already served")
-        if self._next_slot > MAX_SLOTS:
+        if slot is not None:
+            if not 0 < slot < self._next_slot or slot in self._slots:
+                raise ValueError(f"slot {slot} is not free")
+        elif self._next_slot > MAX_SLOTS:
             raise ValueError("out of namespace slots for this session")
-        slot = self._next_slot
-        self._next_slot += 1
+        else:
+            slot = self._next_slot
+            self._next_slot += 1
         # The namespace's inode numbers live in its slot's range (see module doc).
         ops.inodes = InodeTable(root=ns_root_inode(slot))
         self._tenant(tenant)
@@ -161,17 +205,41 @@ class MuxOperations(pyfuse3.Operations):
             raise _err(errno.EACCES)
         return self._ops(parent)
 
-    def _new_fh(self, ops: Any, inner: Any, table: dict[int, Any]) -> int:
-        fh = self._next_fh
-        self._next_fh += 1
+    def _new_fh(self, ops: Any, inner: Any, table: dict[int, Any], ino: int, kind: int) -> int:
+        fh = self.handles.alloc(ino, kind)
         table[fh] = (ops, inner)
         return fh
 
-    def _file(self, fh: int) -> tuple[Any, int]:
-        try:
+    async def _file(self, fh: int) -> tuple[Any, int]:
+        entry = self._fh.get(fh)
+        if entry is None:
+            if fh not in self.handles.held:
+                raise _err(errno.EBADF)
+            await self._reopen(fh)
             return self._fh[fh]
-        except KeyError:
-            raise _err(errno.EBADF) from None
+        return entry
+
+    async def _reopen(self, fh: int) -> None:
+        """Open handle ``fh`` of the crashed process again (in ``handles.held``): a
+        synthetic directory lists again; a namespace's reopens its inode."""
+        ino, kind = self.handles.held[fh]
+        ops: Any = None
+        if kind == DIR and slot_of(ino) == 0:
+            inner: Any = (ino, self._synth_children(ino))
+        else:
+            s = self._slots.get(slot_of(ino))
+            if s is None:  # detached before the crash, or not served again
+                raise _err(errno.ESTALE)
+            ops = s.ops
+            inner = await ops.reopen(ino, kind)
+        if fh not in self.handles.held:  # reopened (or released) meanwhile: ours goes
+            if ops is not None:
+                await (ops.releasedir(inner) if kind == DIR else ops.release(inner))
+            if fh not in self._fh and fh not in self._dh:
+                raise _err(errno.EBADF)
+            return
+        del self.handles.held[fh]
+        (self._dh if kind == DIR else self._fh)[fh] = (ops, inner)
 
     # --- synthetic directories ---------------------------------------------------
     def _synth_attrs(self, ino: int) -> pyfuse3.EntryAttributes:
@@ -250,7 +318,7 @@ class MuxOperations(pyfuse3.Operations):
                       fields: pyfuse3.SetattrFields, fh: int | None,
                       ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
         ops = self._writable(inode)
-        inner = None
+        inner = None  # a crashed process's handle (not reopened): by inode, as without
         if fh is not None and fh in self._fh:
             inner = self._fh[fh][1]
         return await ops.setattr(inode, attr, fields, inner, ctx)
@@ -296,7 +364,7 @@ class MuxOperations(pyfuse3.Operations):
             raise _err(errno.EISDIR)
         ops = self._ops(inode)
         fi = await ops.open(inode, flags, ctx)
-        fi.fh = self._new_fh(ops, fi.fh, self._fh)
+        fi.fh = self._new_fh(ops, fi.fh, self._fh, inode, _kind(flags))
         return fi
 
     async def create(self, parent_inode: int, name: bytes, mode: int, flags: int,
@@ -304,27 +372,29 @@ class MuxOperations(pyfuse3.Operations):
                      ) -> tuple[pyfuse3.FileInfo, pyfuse3.EntryAttributes]:
         ops = self._writable(parent_inode)
         fi, attrs = await ops.create(parent_inode, name, mode, flags, ctx)
-        fi.fh = self._new_fh(ops, fi.fh, self._fh)
+        fi.fh = self._new_fh(ops, fi.fh, self._fh, attrs.st_ino, _kind(flags))
         return fi, attrs
 
     async def read(self, fh: int, off: int, size: int) -> bytes:
-        ops, inner = self._file(fh)
+        ops, inner = await self._file(fh)
         return await ops.read(inner, off, size)
 
     async def write(self, fh: int, off: int, buf: bytes) -> int:
-        ops, inner = self._file(fh)
+        ops, inner = await self._file(fh)
         return await ops.write(inner, off, buf)
 
     async def flush(self, fh: int) -> None:
-        ops, inner = self._file(fh)
+        ops, inner = await self._file(fh)
         await ops.flush(inner)
 
     async def fsync(self, fh: int, datasync: bool) -> None:
-        ops, inner = self._file(fh)
+        ops, inner = await self._file(fh)
         await ops.fsync(inner, datasync)
 
     async def release(self, fh: int) -> None:
         entry = self._fh.pop(fh, None)
+        if entry is not None or fh in self.handles.held:
+            self.handles.free(fh)
         if entry is not None:
             await entry[0].release(entry[1])
 
@@ -332,14 +402,18 @@ class MuxOperations(pyfuse3.Operations):
     async def opendir(self, inode: int, ctx: pyfuse3.RequestContext) -> int:
         if slot_of(inode) == 0:
             # Snapshot at opendir, like the namespaces do: offsets stay meaningful.
-            return self._new_fh(None, (inode, self._synth_children(inode)), self._dh)
+            return self._new_fh(None, (inode, self._synth_children(inode)), self._dh, inode,
+                                DIR)
         ops = self._ops(inode)
-        return self._new_fh(ops, await ops.opendir(inode, ctx), self._dh)
+        return self._new_fh(ops, await ops.opendir(inode, ctx), self._dh, inode, DIR)
 
     async def readdir(self, fh: int, start_id: int, token: pyfuse3.ReaddirToken) -> None:
         entry = self._dh.get(fh)
         if entry is None:
-            raise _err(errno.EBADF)
+            if fh not in self.handles.held:
+                raise _err(errno.EBADF)
+            await self._reopen(fh)
+            entry = self._dh[fh]
         ops, inner = entry
         if ops is not None:
             await ops.readdir(inner, start_id, token)
@@ -359,6 +433,8 @@ class MuxOperations(pyfuse3.Operations):
 
     async def releasedir(self, fh: int) -> None:
         entry = self._dh.pop(fh, None)
+        if entry is not None or fh in self.handles.held:
+            self.handles.free(fh)
         if entry is not None and entry[0] is not None:
             await entry[0].releasedir(entry[1])
 

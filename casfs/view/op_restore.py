@@ -12,7 +12,9 @@ read-write as before; a directory handle lists its directory again (a listing
 the kernel is in the middle of may then skip or repeat a name that changed
 meanwhile). A handle whose file
 is gone since (unlinked, or its lower object unreadable) answers ESTALE: its
-bytes are not there to serve.
+bytes are not there to serve. A namespace of the node's mount process keeps
+only its inodes here (``journal_inodes``): the multiplexer's handle table
+names the inode of each handle, and it reopens them through ``reopen``.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from pathlib import Path
 from casfs.view.handleslots import DIR, FILE_RW, HandleSlots
 from casfs.view.inodejournal import InodeJournal
 from casfs.view.inodes import InodeTable
-from casfs.view.op_base import Miss, err
+from casfs.view.op_base import Miss, err, fuse_errors
 from casfs.view.op_files import FileOps
 
 log = logging.getLogger(__name__)
@@ -58,6 +60,17 @@ class RestoreOps(FileOps):
         self.inodes = InodeTable(root, journal=InodeJournal(inodes))
         self.slots = HandleSlots(handles)
 
+    def journal_inodes(self, path: Path, dead: Path | None = None) -> None:
+        """Journal this view's inodes to ``path`` (a hosted namespace, casfs.view.mux);
+        ``dead``: start from that crashed process's journal (removed once read)."""
+        root = self.inodes.root
+        if dead is not None:
+            self.inodes = InodeTable.restore(dead, root, to=path)
+            dead.unlink(missing_ok=True)
+            return
+        path.unlink(missing_ok=True)  # a reused pid's
+        self.inodes = InodeTable(root, journal=InodeJournal(path))
+
     def close_state(self) -> None:
         self.slots.close()
         if self.inodes.journal is not None:
@@ -68,28 +81,34 @@ class RestoreOps(FileOps):
         if fh in self._handles or fh in self._dirs:
             return  # a concurrent request opened it meanwhile
         ino, kind = self.slots.held[fh]
+        new = await self.reopen(ino, kind)
+        if fh in self._handles or fh in self._dirs:  # opened meanwhile: ours goes
+            await (self.releasedir(new) if kind == DIR else self.release(new))
+            return
+        if kind == DIR:
+            self._dirs[fh] = self._dirs.pop(new)
+        else:
+            self._handles[fh] = self._handles.pop(new)
+        self.slots.free(new)
+        del self.slots.held[fh]
+
+    @fuse_errors
+    async def reopen(self, ino: int, kind: int) -> int:
+        """A new handle of inode ``ino`` opened as a crashed process had it (``kind``:
+        FILE_RO, FILE_RW or DIR); ESTALE if its path or its bytes are gone. Also the
+        multiplexer's (casfs.view.mux), whose handle table names the inode."""
         path = self.inodes.path(ino)
         if path is None:
             raise err(errno.ESTALE)
         node = self.layers.resolve(path)
-        if node is None:
+        if node is None or node.is_dir != (kind == DIR):
             raise err(errno.ESTALE)
         if kind == DIR:
-            if not node.is_dir:
-                raise err(errno.ESTALE)
+            fh = self.slots.alloc(ino, DIR)
             self._dirs[fh] = (node.path, [name for name, _ in self.layers.children(node)])
-            del self.slots.held[fh]
-            return
-        if node.is_dir:
-            raise err(errno.ESTALE)
+            return fh
         try:
             fi = await self._open_node(node, ino, os.O_RDWR if kind == FILE_RW else os.O_RDONLY)
         except Miss:
             raise err(errno.ESTALE) from None
-        new = int(fi.fh)
-        if fh in self._handles or fh in self._dirs:  # opened meanwhile: ours goes
-            await self.release(new)
-            return
-        self._handles[fh] = self._handles.pop(new)
-        self.slots.free(new)
-        del self.slots.held[fh]
+        return int(fi.fh)

@@ -1,14 +1,17 @@
-"""SIGKILL of casfsd's fuse mode mount process under jobs: the connection is served on.
+"""SIGKILL of casfsd's mount processes under jobs: the connection is served on.
 
-casfsd holds a dup of each fuse mode worker's FUSE connection
-(casfs.node.fuseconn); when the worker dies it starts a new one with that
-connection (casfs.view.adopt), which restores the dead process's inode numbers
-and open handles from their journals (casfs.view.op_restore). Real casfsd,
-real mount, 16 reader processes, each with a file held open, a mapped
-``.so``, an append-only log held open for writing and its cwd in the mount,
-reading, listing, creating and writing in a loop while the worker is killed
-twice. What they may see: nothing but right bytes; no error of any kind, and
-nothing written is lost. The longest wait is printed (``-s``), not asserted.
+casfsd holds a dup of the FUSE connection of each fuse mode worker and of the
+node's mount process for on-demand namespaces (casfs.node.fuseconn); when one
+dies it starts a new one with that connection (casfs.view.adopt), which
+restores the dead process's inode numbers and open handles from their
+journals (casfs.view.op_restore; the host: casfs.view.mux's handle table and
+slot layout too). Real casfsd, real mount, 16 reader processes, each with a
+file held open, a mapped ``.so``, an append-only log held open for writing and
+its cwd in the mount, reading, listing, creating and writing in a loop while
+the process is killed twice: a configured mount, and two leased namespaces of
+the node's host (8 readers each). What they may see: nothing but right bytes;
+no error of any kind, and nothing written is lost. The longest wait is printed
+(``-s``), not asserted.
 """
 
 from __future__ import annotations
@@ -96,16 +99,30 @@ print(json.dumps({"ok": ok, "wrong": wrong, "errors": errors, "lines": lines,
 """
 
 
-def _worker_pid(d: Daemon) -> int | None:
+def _worker_pid(d: Daemon, where: str) -> int | None:
+    if where == "on_demand":  # the host's namespaces (their "path"), all one process
+        pids = {int(m["pid"]) for m in d.status() if m.get("path") and m.get("pid")}
+        return pids.pop() if len(pids) == 1 else None
     m = next((m for m in d.status() if m.get("name") == "kern"), {})
     return int(m["pid"]) if m.get("state", "up") == "up" and m.get("pid") else None
 
 
-def _abort(mnt: Path) -> None:
-    """Whatever happened, nothing may wait on this mount any more (fusectl abort)."""
+def _lease(d: Daemon, build: str) -> tuple[subprocess.Popen[str], Path]:
+    """A job holding a lease on its stack's namespace: (its process, the path)."""
+    env = dict(d.env(), CASFS_BUILD_KEY=build,
+               PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
+    job = subprocess.Popen(["sh", "-c", 'eval "$(casfs env --family generic)" && '
+                            'echo "$CASFS_CACHE_DIR" && exec sleep 600'],
+                           env=env, stdout=subprocess.PIPE, text=True)
+    assert job.stdout is not None
+    return job, Path(job.stdout.readline().strip())
+
+
+def _abort(under: Path) -> None:
+    """Whatever happened, nothing may wait on a mount under ``under`` (fusectl abort)."""
     for line in Path("/proc/self/mountinfo").read_text().splitlines():
         fields = line.split()
-        if fields[4] == str(mnt) and fields[8].startswith("fuse"):
+        if fields[4].startswith(str(under)) and fields[8].startswith("fuse"):
             ctl = Path("/sys/fs/fuse/connections")
             conn = fields[2].split(":")[1]
             if not (ctl / conn).exists():
@@ -117,33 +134,42 @@ def _abort(mnt: Path) -> None:
 @pytest.mark.expect_log(
     r"worker pid \d+ killed by signal 9; restarting: a new process serves its connection",
 )
+@pytest.mark.parametrize("where", ["configured", "on_demand"])
 def test_killed_worker_connection_is_served_on(daemons: Callable[..., Daemon],
-                                               tmp_path: Path) -> None:
+                                               tmp_path: Path, where: str) -> None:
     d = daemons("a", [{"name": "kern", "family": "generic", "namespace": "kern-test"}],
                 defaults=FAST)
-    mnt = d.mount_paths[0]
-    (mnt / "data.bin").write_bytes(bytes(range(256)) * 1024)
-    (mnt / "lib.so").write_bytes(os.urandom(200_000))
-    (mnt / "sub").mkdir()
-    (mnt / "sub" / "f.txt").write_bytes(b"in sub\n")
+    jobs: list[subprocess.Popen[str]] = []
+    dirs = [] if where == "on_demand" else [d.mount_paths[0]]
+    if where == "on_demand":
+        for build in ("stack-1", "stack-2"):  # two namespaces: two slots of one connection
+            job, path = _lease(d, build)
+            jobs.append(job)
+            dirs.append(path)
+        assert len({str(p) for p in dirs}) == 2 and _worker_pid(d, where), d.status()
+    for mnt in dirs:
+        (mnt / "data.bin").write_bytes(bytes(range(256)) * 1024)
+        (mnt / "lib.so").write_bytes(os.urandom(200_000))
+        (mnt / "sub").mkdir()
+        (mnt / "sub" / "f.txt").write_bytes(b"in sub\n")
     stop = tmp_path / "stop"
     readers: list[subprocess.Popen[str]] = []
     results = []
     killed = []
     try:
         for n in range(READERS):
-            readers.append(subprocess.Popen([sys.executable, "-c", READER, str(mnt), str(stop),
-                                             str(n)], cwd="/", text=True,
-                                            stdout=subprocess.PIPE))
+            readers.append(subprocess.Popen([sys.executable, "-c", READER,
+                                             str(dirs[n % len(dirs)]), str(stop), str(n)],
+                                            cwd="/", text=True, stdout=subprocess.PIPE))
         for r in readers:
             assert r.stdout is not None and r.stdout.readline().strip() == "ready"
         for k in range(KILLS):
             time.sleep(1.0 if k == 0 else HEALTHY_AFTER + 1)
-            pid = _worker_pid(d)
+            pid = _worker_pid(d, where)
             assert pid is not None
             os.kill(pid, signal.SIGKILL)
             killed.append(pid)
-            wait_until(lambda p=pid: (_worker_pid(d) or p) != p, "the adopter serves",
+            wait_until(lambda p=pid: (_worker_pid(d, where) or p) != p, "the adopter serves",
                        timeout=60, proc=d.proc)
         time.sleep(2.0)  # the readers go on against the last adopter
         stop.write_text("")
@@ -153,12 +179,12 @@ def test_killed_worker_connection_is_served_on(daemons: Callable[..., Daemon],
     finally:
         stop.write_text("")
         if any(r.poll() is None for r in readers):
-            _abort(mnt)  # a failure must not leave the suite waiting on the mount
-        for r in readers:
-            if r.poll() is None:
-                r.kill()
-                r.wait()
-    print("readers:", json.dumps(results))
+            _abort(tmp_path)  # a failure must not leave the suite waiting on the mount
+        for p in readers + jobs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    print(where, "readers:", json.dumps(results))
     log = d.log()
     for pid in killed:
         assert f"serves the connection of pid {pid}" in log, log[-3000:]
@@ -169,6 +195,6 @@ def test_killed_worker_connection_is_served_on(daemons: Callable[..., Daemon],
         assert r["ok"] > 0 and r["created"] > 0
     # Every line written through a held fd, across both crashes, is in its file.
     for n, r in enumerate(results):
-        text = (mnt / f"w-{n}.log").read_bytes()
+        text = (dirs[n % len(dirs)] / f"w-{n}.log").read_bytes()
         assert text == b"".join(b"line %d\n" % i for i in range(r["lines"])), n
     assert d.terminate() == 0

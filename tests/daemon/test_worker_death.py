@@ -3,11 +3,10 @@
 Probes read a published file and create files every millisecond, through a
 leased on-demand namespace and a configured mount, while every mount process
 is killed. Invariants: no wrong byte ever; a create that succeeded is never
-lost (in the on-demand namespace the read-only guard turns writes in the gap
-into EROFS instead of files that would vanish under the returning mount; the
-configured fuse mode mount has no gap: casfsd holds its connection for the next
-process); the leased namespace is served
-again at the same path, its job's lease intact. The durations are measured by
+lost; neither has a gap: casfsd holds the connection of the configured fuse
+mode mount and of the node's host for the next process (casfs.view.adopt), so
+the probes see nothing but success; the leased namespace is served again at the
+same path, its job's lease intact. The durations are measured by
 ``python -m bench.worker_death``, not asserted here.
 """
 
@@ -48,10 +47,7 @@ def test_kill_9_of_the_mount_processes(tmp_path: Path) -> None:
         r = out[name]
         assert r["served_again"], (name, r)
         assert r["wrong_bytes"] == 0 and r["lost_writes"] == 0, (name, r)
-        assert set(r["read_outcomes"]) <= {"ok", "ENOTCONN", "ECONNABORTED", "ENOENT"}, r
-        assert set(r["write_outcomes"]) <= {"ok", "ENOTCONN", "ECONNABORTED", "ENOENT",
-                                            "EROFS"}, r
-    # The configured mount (fuse mode) has no gap: casfsd held its connection and a new
-    # process served it (casfs.view.adopt); the probes saw nothing but success.
-    assert set(out["configured"]["read_outcomes"]) == {"ok"}, out["configured"]
-    assert set(out["configured"]["write_outcomes"]) == {"ok"}, out["configured"]
+        # No gap: casfsd held the connection and a new process served it
+        # (casfs.view.adopt); the probes saw nothing but success.
+        assert set(r["read_outcomes"]) == {"ok"}, (name, r)
+        assert set(r["write_outcomes"]) == {"ok"}, (name, r)
