@@ -340,10 +340,10 @@ class Supervisor:
 
         self._let_go(slot)
         w = slot.worker
-        # A fuse mode mount, or the node's host (overlay mode's FUSE layer keeps no view
-        # state for an adopter, and a dir mode mount has no connection).
+        # A fuse or overlay mode mount (its FUSE layer), or the node's host (a dir mode
+        # mount has no connection).
         if (self.hold and w is not None
-                and (not isinstance(slot.cfg, MountConfig) or slot.cfg.mode == "fuse")):
+                and (not isinstance(slot.cfg, MountConfig) or slot.cfg.mode != "dir")):
             slot.conn = fuseconn.grab(w.proc.pid)
 
     def _let_go(self, slot: Slot) -> None:
@@ -356,14 +356,13 @@ class Supervisor:
         False (the connection let go: it ends, ENOTCONN, as without a hold) if none can,
         or the last adopter died within HEALTHY_AFTER (a request that kills every
         process serving it must not hold the jobs' requests in a loop)."""
-        from casfs.node import guard, handover
+        from casfs.node import fuseconn
 
         conn, slot.conn = slot.conn, None
         if conn is None:
             return False
         t0 = time.monotonic()
-        top = handover.top(slot.cfg.mountpoint)  # the mount table: the mount is not touched
-        if (self.stopping or top is None or guard.is_guard(top) or not top.fstype.startswith("fuse")
+        if (self.stopping or not fuseconn.adoptable(slot.cfg, dead.proc.pid)
                 or (slot.adopted_at and t0 - slot.adopted_at < HEALTHY_AFTER)):
             os.close(conn)
             return False

@@ -1,7 +1,8 @@
 """A supervisor's hold on a mount process's FUSE connection (its ``/dev/fuse`` fd).
 
 The kernel keeps a FUSE connection while any process holds its ``/dev/fuse``
-file. casfsd takes a dup of each fuse mode mount process's connection with
+file. casfsd takes a dup of each mount process's connection (a fuse mode
+mount's, an overlay mode mount's FUSE layer's, the node host's) with
 ``pidfd_getfd(2)`` (Linux 5.6, root: ptrace access to its own children); when
 that process dies the connection, and with it every job's open files, mapped
 files and cwds in the mount, survives for a new process to serve
@@ -15,6 +16,8 @@ import contextlib
 import ctypes
 import logging
 import os
+from pathlib import Path
+from typing import Any
 
 from casfs.util.libc import libc
 
@@ -70,3 +73,32 @@ def grab(pid: int) -> int | None:
         os.close(fd)
         return None
     return fd  # pidfd_getfd sets O_CLOEXEC itself
+
+
+def adoptable(cfg: Any, pid: int) -> bool:
+    """Whether a new process can serve crashed mount process ``pid``'s held connection:
+    it left its handle table (casfs.view.op_restore.state_paths; a view that keeps no
+    state leaves none), and its mount is still on top where it served (the mount
+    table only: the mount itself is not touched, it would wait). ``cfg``: its
+    MountConfig or HostConfig (mountpoint, run_dir, name)."""
+    from casfs.node import guard, handover
+    from casfs.view.op_restore import state_paths
+
+    if not state_paths(cfg.run_dir, cfg.name, pid)[1].exists():
+        return False
+
+    def fuse_on_top(path: Path) -> bool:
+        top = handover.top(path)
+        return top is not None and not guard.is_guard(top) and top.fstype.startswith("fuse")
+
+    if fuse_on_top(cfg.mountpoint):
+        return True
+    if getattr(cfg, "mode", None) != "overlay":
+        return False
+    # Overlay mode: the kernel's overlay is still mounted (a crash leaves it) over the
+    # FUSE layer the process served, on the plain layers (the only ones it journals).
+    from casfs.view.overlay import OverlayPaths
+
+    top = handover.top(cfg.mountpoint)
+    return (top is not None and top.fstype == "overlay"
+            and fuse_on_top(OverlayPaths(cfg.upper, cfg.overlay_base, cfg.overlay_work).fuse))

@@ -219,12 +219,19 @@ class MountService:
         self.feed.start()
 
     def _keep_view_state(self, hosted: bool) -> None:
-        """A fuse mode mount of its own journals its inodes and handles, for a process
-        that adopts its connection after a crash (docs/reliability.md, "Crashes")."""
+        """A fuse mode mount of its own, or an overlay mode one's FUSE layer on the plain
+        layers, journals its inodes and handles for a process that adopts its connection
+        after a crash (docs/reliability.md, "Crashes"). (An overlay on private layers:
+        their names carry the pid, and the adopter's would differ.)"""
         cfg = self.cfg
-        if hosted or self.server.name != "fuse":
+        # A successor (or a mount while one drains) stacks on layers of its own.
+        self.private_layers = self.adopt is None and (
+            self.predecessor is not None or nsregistry.draining(cfg.run_dir, cfg.namespace))
+        if (hosted or self.server.name not in ("fuse", "overlay")
+                or (self.server.name == "overlay" and self.private_layers)):
             if self.adopt is not None:
-                raise CasfsError(f"{cfg.name}: only a fuse mode mount can adopt a connection")
+                raise CasfsError(f"{cfg.name}: only a fuse or overlay mode mount can adopt a"
+                                 " connection")
             return
         cfg.run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         if self.adopt is None:
@@ -519,8 +526,7 @@ class MountService:
                                       shutdown=self.release, wait_warm=self.wait_warm,
                                       stopping=lambda: self._stopping,
                                       entry=lambda: self._entry, handing=self.handing,
-                                      private_layers=self.predecessor is not None
-                                      or nsregistry.draining(cfg.run_dir, cfg.namespace),
+                                      private_layers=self.private_layers,
                                       adoption=adoption))
         finally:
             if guarded and not self.handing.stepped_aside:  # else: a successor's mount point

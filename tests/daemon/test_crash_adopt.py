@@ -8,10 +8,12 @@ journals (casfs.view.op_restore; the host: casfs.view.mux's handle table and
 slot layout too). Real casfsd, real mount, 16 reader processes, each with a
 file held open, a mapped ``.so``, an append-only log held open for writing and
 its cwd in the mount, reading, listing, creating and writing in a loop while
-the process is killed twice: a configured mount, and two leased namespaces of
-the node's host (8 readers each). What they may see: nothing but right bytes;
-no error of any kind, and nothing written is lost. The longest wait is printed
-(``-s``), not asserted.
+the process is killed twice: a configured fuse mode mount; an overlay mode
+mount whose files are published ones this node never had (so every open,
+lookup and listing below the overlay reaches its FUSE layer, the process that
+dies); and two leased namespaces of the node's host (8 readers each). What
+they may see: nothing but right bytes; no error of any kind, and nothing
+written is lost. The longest wait is printed (``-s``), not asserted.
 """
 
 from __future__ import annotations
@@ -131,14 +133,31 @@ def _abort(under: Path) -> None:
                 (ctl / conn / "abort").write_text("1")
 
 
+def _files(at: Path) -> None:
+    (at / "data.bin").write_bytes(bytes(range(256)) * 1024)
+    (at / "lib.so").write_bytes(os.urandom(200_000))
+    (at / "sub").mkdir()
+    (at / "sub" / "f.txt").write_bytes(b"in sub\n")
+
+
 @pytest.mark.expect_log(
     r"worker pid \d+ killed by signal 9; restarting: a new process serves its connection",
 )
-@pytest.mark.parametrize("where", ["configured", "on_demand"])
+@pytest.mark.parametrize("where", ["configured", "overlay", "on_demand"])
 def test_killed_worker_connection_is_served_on(daemons: Callable[..., Daemon],
                                                tmp_path: Path, where: str) -> None:
-    d = daemons("a", [{"name": "kern", "family": "generic", "namespace": "kern-test"}],
-                defaults=FAST)
+    mount = {"name": "kern", "family": "generic", "namespace": "kern-test"}
+    if where == "overlay":
+        mount["mode"] = "overlay"
+    d = daemons("a", [mount], defaults=FAST, start=where != "overlay")
+    if where == "overlay":  # published by another node: below the overlay, in FUSE
+        (tmp_path / "src").mkdir()
+        _files(tmp_path / "src")
+        subprocess.run([sys.executable, "-m", "casfs.cli.main", "--root", str(d.root),
+                        "--state-dir", str(tmp_path / "other-node"), "import",
+                        str(tmp_path / "src"), "-n", "kern-test"], check=True, timeout=300,
+                       capture_output=True)
+        d.start()
     jobs: list[subprocess.Popen[str]] = []
     dirs = [] if where == "on_demand" else [d.mount_paths[0]]
     if where == "on_demand":
@@ -148,10 +167,8 @@ def test_killed_worker_connection_is_served_on(daemons: Callable[..., Daemon],
             dirs.append(path)
         assert len({str(p) for p in dirs}) == 2 and _worker_pid(d, where), d.status()
     for mnt in dirs:
-        (mnt / "data.bin").write_bytes(bytes(range(256)) * 1024)
-        (mnt / "lib.so").write_bytes(os.urandom(200_000))
-        (mnt / "sub").mkdir()
-        (mnt / "sub" / "f.txt").write_bytes(b"in sub\n")
+        if where != "overlay":
+            _files(mnt)
     stop = tmp_path / "stop"
     readers: list[subprocess.Popen[str]] = []
     results = []

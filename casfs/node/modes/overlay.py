@@ -135,16 +135,25 @@ class OverlayServer:
         if how.private_layers:  # a draining process's overlay may still use the plain layers
             self.paths = self.paths.own(os.getpid())
         paths = self.paths
-        if not how.private_layers:  # nobody drains: a sweep changes no overlay's view
+        # Adopting a crashed process's FUSE layer (casfs.view.adopt; only one on the
+        # plain layers journals its state, casfs.node.mount): its overlay is mounted and
+        # in use, its layers as they were; nothing may look at the FUSE layer meanwhile.
+        adopted = how.adoption is not None
+        if not how.private_layers and not adopted:  # a sweep changes no overlay's view
             whiteout.sweep(paths.upper)  # whiteouts last as long as the view that made them
         # The merged root shows the upper's owner and mode: the tenant's, never wider.
         os.chmod(paths.upper, self.parts.root_mode)
-        paths.fuse.mkdir(parents=True, exist_ok=True)
+        if not adopted:
+            paths.fuse.mkdir(parents=True, exist_ok=True)
         paths.fuse_upper.mkdir(parents=True, exist_ok=True)
 
         async def background(nursery: trio.Nursery) -> None:
             # The FUSE layer serves from here on; mounting the overlay looks up its
             # root, so it must happen off this (the FUSE) thread.
+            if adopted:
+                self._resume()
+                await how.background(nursery)
+                return
             if cfg.wait_warm > 0:
                 await trio.to_thread.run_sync(how.wait_warm, cfg.wait_warm)
             if how.stopping():  # stopped while waiting: never mount, never say READY
@@ -161,9 +170,18 @@ class OverlayServer:
             session.serve(self.ops, paths.fuse, fsname=f"casfs-{cfg.name}-lower",
                           allow_other=True, debug=cfg.debug, read_only=True,
                           on_ready=how.ready, background=background, on_shutdown=shutdown,
-                          handing=lower)
+                          handing=lower, adoption=how.adoption)
         finally:
             self._unmount()
+
+    def _resume(self) -> None:
+        """Serve the overlay a crashed process mounted (adopting its FUSE layer): the
+        watchers it ran, again."""
+        self._mounted = True
+        self._watcher = dirmode.watch(self.paths.upper, self.parts.tracker)
+        self._watch_opens()
+        log.info("%s: serving the overlay at %s again", self.parts.cfg.name,
+                 self.parts.cfg.mountpoint)
 
     def _mount(self) -> None:
         p = self.parts
@@ -273,3 +291,4 @@ class OverlayServer:
 
     def close(self) -> None:
         self.ops.close_idle()
+        self.ops.close_state()
