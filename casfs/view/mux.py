@@ -210,14 +210,14 @@ class MuxOperations(pyfuse3.Operations):
         table[fh] = (ops, inner)
         return fh
 
-    async def _file(self, fh: int) -> tuple[Any, int]:
-        entry = self._fh.get(fh)
-        if entry is None:
-            if fh not in self.handles.held:
-                raise _err(errno.EBADF)
-            await self._reopen(fh)
-            return self._fh[fh]
-        return entry
+    async def _held(self, fh: int, table: dict[int, Any]) -> Any:
+        """``table``'s entry for a handle of the crashed process (reopened now); EBADF
+        for a number nobody gave out. (Callers try the table first: no coroutine per
+        request on the hot path.)"""
+        if fh not in self.handles.held:
+            raise _err(errno.EBADF)
+        await self._reopen(fh)
+        return table[fh]
 
     async def _reopen(self, fh: int) -> None:
         """Open handle ``fh`` of the crashed process again (in ``handles.held``): a
@@ -376,19 +376,19 @@ class MuxOperations(pyfuse3.Operations):
         return fi, attrs
 
     async def read(self, fh: int, off: int, size: int) -> bytes:
-        ops, inner = await self._file(fh)
+        ops, inner = self._fh.get(fh) or await self._held(fh, self._fh)
         return await ops.read(inner, off, size)
 
     async def write(self, fh: int, off: int, buf: bytes) -> int:
-        ops, inner = await self._file(fh)
+        ops, inner = self._fh.get(fh) or await self._held(fh, self._fh)
         return await ops.write(inner, off, buf)
 
     async def flush(self, fh: int) -> None:
-        ops, inner = await self._file(fh)
+        ops, inner = self._fh.get(fh) or await self._held(fh, self._fh)
         await ops.flush(inner)
 
     async def fsync(self, fh: int, datasync: bool) -> None:
-        ops, inner = await self._file(fh)
+        ops, inner = self._fh.get(fh) or await self._held(fh, self._fh)
         await ops.fsync(inner, datasync)
 
     async def release(self, fh: int) -> None:
@@ -408,13 +408,7 @@ class MuxOperations(pyfuse3.Operations):
         return self._new_fh(ops, await ops.opendir(inode, ctx), self._dh, inode, DIR)
 
     async def readdir(self, fh: int, start_id: int, token: pyfuse3.ReaddirToken) -> None:
-        entry = self._dh.get(fh)
-        if entry is None:
-            if fh not in self.handles.held:
-                raise _err(errno.EBADF)
-            await self._reopen(fh)
-            entry = self._dh[fh]
-        ops, inner = entry
+        ops, inner = self._dh.get(fh) or await self._held(fh, self._dh)
         if ops is not None:
             await ops.readdir(inner, start_id, token)
             return
