@@ -59,6 +59,7 @@ def test_unit_keeps_what_casfsd_needs() -> None:
     assert s["DeviceAllow"] == "/dev/fuse rw"
     assert "CAP_SYS_ADMIN" in s["CapabilityBoundingSet"].split()
     assert "@mount" in s["SystemCallFilter"].split()
+    assert "pidfd_getfd" in s["SystemCallFilter"].split()  # crash adoption (fuseconn)
     # longer than the default shutdown_timeout (30 s) plus the worker's 15 s grace
     assert int(s["TimeoutStopSec"]) > 45
     assert not [k for k in NAMESPACING if k in s]
