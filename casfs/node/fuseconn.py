@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import logging
 import os
 from pathlib import Path
@@ -42,9 +43,26 @@ def find(pid: int) -> int | None:
     return found[0] if len(found) == 1 else None
 
 
+_warned = False
+
+
+def _refused(pid: int, err: int) -> None:
+    """The kernel or a syscall filter refused: once a WARNING (crash survival is off
+    for every mount; an operator can fix it), then DEBUG."""
+    global _warned
+    if _warned or err not in (errno.EPERM, errno.ENOSYS, errno.EACCES):
+        log.debug("pid %d: pidfd_getfd: %s", pid, os.strerror(err))
+        return
+    _warned = True
+    log.warning("cannot hold the mount processes' FUSE connections (pidfd_getfd: %s): a"
+                " crashed mount process's jobs see ENOTCONN until it is mounted again."
+                " Needs Linux 5.6+, root, and pidfd_getfd allowed by any syscall filter"
+                " (systemd: SystemCallFilter=... pidfd_getfd)", os.strerror(err))
+
+
 def grab(pid: int) -> int | None:
     """A dup (close-on-exec) of process ``pid``'s FUSE connection, or None (said why at
-    DEBUG: no connection, another kernel, no privilege)."""
+    DEBUG: no connection, another kernel; a refusal once at WARNING)."""
     nr = SYS_PIDFD_GETFD.get(os.uname().machine)
     target = find(pid)
     if nr is None or target is None:
@@ -61,7 +79,7 @@ def grab(pid: int) -> int | None:
         fd = int(call(ctypes.c_long(nr), ctypes.c_int(pidfd), ctypes.c_int(target),
                       ctypes.c_uint(0)))
         if fd < 0:
-            log.debug("pid %d: pidfd_getfd: %s", pid, os.strerror(ctypes.get_errno()))
+            _refused(pid, ctypes.get_errno())
             return None
     finally:
         os.close(pidfd)

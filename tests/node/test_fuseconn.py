@@ -1,0 +1,71 @@
+"""casfs.node.fuseconn: holding a mount process's FUSE connection (real processes)."""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import logging
+import os
+import subprocess
+import sys
+
+import pytest
+
+from casfs.node import fuseconn
+
+HOLDER = ("import os, sys, time; fd = os.open('/dev/fuse', os.O_RDWR);"
+          " print(fd, flush=True); time.sleep(60)")
+
+
+def _holder() -> tuple[subprocess.Popen[str], int]:
+    p = subprocess.Popen([sys.executable, "-c", HOLDER], stdout=subprocess.PIPE, text=True)
+    assert p.stdout is not None
+    return p, int(p.stdout.readline())
+
+
+def test_grab_dups_the_one_dev_fuse_fd_of_a_child() -> None:
+    if not os.path.exists("/dev/fuse") or os.geteuid() != 0:
+        pytest.fail("needs root and /dev/fuse (scripts/check-capabilities.sh)")
+    p, target = _holder()
+    try:
+        assert fuseconn.find(p.pid) == target
+        fd = fuseconn.grab(p.pid)
+        assert fd is not None
+        try:
+            assert os.readlink(f"/proc/self/fd/{fd}") == "/dev/fuse"
+            assert not os.get_inheritable(fd)
+        finally:
+            os.close(fd)
+    finally:
+        p.kill()
+        p.wait()
+    assert fuseconn.grab(os.getpid()) is None  # this process holds no connection
+
+
+@pytest.mark.expect_log(r"cannot hold the mount processes' FUSE connections")
+def test_a_refusal_is_said_once_at_warning(monkeypatch: pytest.MonkeyPatch,
+                                           caplog: pytest.LogCaptureFixture) -> None:
+    """A syscall filter refusing pidfd_getfd (systemd 252's @system-service did)."""
+    p, _ = _holder()
+    monkeypatch.setattr(fuseconn, "_warned", False)
+
+    class Refusing:
+        restype = None
+
+        def __call__(self, *args: object) -> int:
+            ctypes.set_errno(errno.EPERM)
+            return -1
+
+    class Libc:
+        syscall = Refusing()
+
+    monkeypatch.setattr(fuseconn, "libc", Libc)
+    try:
+        with caplog.at_level(logging.DEBUG, logger="casfs.node.fuseconn"):
+            assert fuseconn.grab(p.pid) is None
+            assert fuseconn.grab(p.pid) is None
+    finally:
+        p.kill()
+        p.wait()
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "SystemCallFilter" in warnings[0].getMessage(), warnings
