@@ -538,7 +538,7 @@ class NodeHost:
             try:
                 svc.ops.journal_inodes(self._journal(os.getpid(), slot),
                                        dead=self._journal(dead, slot))
-            except (OSError, ValueError) as e:  # its inodes unknown: ENOENT, not wrong files
+            except (OSError, ValueError, LookupError, TypeError) as e:  # ENOENT, not wrong files
                 log.warning("could not serve %s/%s again: its inode journal: %s", tenant,
                             namespace, e)
                 self.mux.detach(tenant, namespace)

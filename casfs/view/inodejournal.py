@@ -12,6 +12,8 @@ Format: JSON lines, ``[op, ...]``: ``["n", ino, path, key]`` a new number,
 ``["a", ino, path, key]`` another name, ``["d", path]`` detached (and below),
 ``["r", old, new]`` renamed, ``["f", ino]`` retired, ``["x", ino, path]``
 (snapshots) detached while held. ``key``: [st_dev, st_ino] or null.
+The first record is ``["v", VERSION]``; a reader of another version refuses
+the file (ValueError), and the adopter then does not adopt.
 The journal is rewritten as a snapshot of the live table when it has grown
 to several times its size, so it stays proportional to what the kernel holds.
 """
@@ -25,6 +27,7 @@ from typing import Any
 
 Key = tuple[int, int] | None
 
+VERSION = 1  # docs/format.md "Inode journal"
 _COMPACT_AFTER = 20_000  # records, and at least 4x the live entries
 _FLAGS = os.O_WRONLY | os.O_CLOEXEC | os.O_NOFOLLOW
 
@@ -39,6 +42,8 @@ class InodeJournal:
         self.path = path
         self._fd = os.open(path, _FLAGS | os.O_APPEND | os.O_CREAT, 0o600)
         self.records = 0
+        if os.fstat(self._fd).st_size == 0:
+            os.write(self._fd, _lines([["v", VERSION]]))
 
     def close(self) -> None:
         os.close(self._fd)
@@ -70,7 +75,7 @@ class InodeJournal:
         tmp = self.path.with_name(self.path.name + ".new")
         fd = os.open(tmp, _FLAGS | os.O_CREAT | os.O_TRUNC, 0o600)
         try:
-            os.write(fd, _lines(records))
+            os.write(fd, _lines([["v", VERSION], *records]))
         finally:
             os.close(fd)
         os.replace(tmp, self.path)
@@ -86,7 +91,13 @@ def read(path: Path) -> list[list[Any]]:
         for line in f:
             if not line.endswith(b"\n"):
                 break
-            out.append(json.loads(line.decode("utf-8", "surrogateescape")))
+            rec = json.loads(line.decode("utf-8", "surrogateescape"))
+            if rec[0] == "v":
+                if rec[1] != VERSION:
+                    raise ValueError(f"{path.name}: inode journal format {rec[1]}; this"
+                                     f" release reads {VERSION}")
+                continue
+            out.append(rec)
     return out
 
 

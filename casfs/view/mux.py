@@ -47,6 +47,7 @@ log = logging.getLogger(__name__)
 SLOT_BITS = 40
 MAX_SLOTS = (1 << (64 - SLOT_BITS)) - 1
 ROOT = pyfuse3.ROOT_INODE
+LAYOUT_VERSION = 1  # docs/format.md "Node state dir", host-served.json "mux"
 SYNTH_TIMEOUT = 1.0  # synthetic directories change (namespaces come and go)
 
 # uid, gid, permission bits of a tenant's directory
@@ -111,13 +112,17 @@ class MuxOperations(pyfuse3.Operations):
 
     def layout(self) -> dict[str, Any]:
         """The inode numbers the kernel knows the synthetic levels and slots by."""
-        return {"tenants": dict(self._tenant_ino), "next_synth": self._next_synth,
+        return {"v": LAYOUT_VERSION, "tenants": dict(self._tenant_ino),
+                "next_synth": self._next_synth,
                 "next_slot": self._next_slot,
                 "slots": {str(k): [s.tenant, s.name] for k, s in self._slots.items()}}
 
     def restore_layout(self, layout: dict[str, Any]) -> list[tuple[int, str, str]]:
         """Number as ``layout`` (a crashed process's) did; its (slot, tenant, namespace),
         for the caller to attach each at its slot. ValueError if malformed."""
+        if layout.get("v") != LAYOUT_VERSION:  # a newer release's: not read as ours
+            raise ValueError(f"layout format {layout.get('v')}; this release reads"
+                             f" {LAYOUT_VERSION}")
         tenants = {str(t): int(i) for t, i in dict(layout["tenants"]).items()}
         for t, i in tenants.items():
             if slot_of(i) or i <= ROOT:

@@ -24,6 +24,7 @@ import logging
 import os
 from pathlib import Path
 
+from casfs.errors import CasfsError
 from casfs.view.handleslots import DIR, FILE_RW, HandleSlots
 from casfs.view.inodejournal import InodeJournal
 from casfs.view.inodes import InodeTable
@@ -49,8 +50,11 @@ class RestoreOps(FileOps):
         self.slots.close()
         if dead is not None:
             old = state_paths(run_dir, name, dead)
-            self.inodes = InodeTable.restore(old[0], root, to=inodes)
-            self.slots = HandleSlots(handles, restore_from=old[1])
+            try:
+                self.inodes = InodeTable.restore(old[0], root, to=inodes)
+                self.slots = HandleSlots(handles, restore_from=old[1])
+            except (OSError, ValueError, LookupError, TypeError) as e:  # the mount starts again
+                raise CasfsError(f"{name}: cannot read what pid {dead} left: {e}") from None
             for p in old:
                 p.unlink(missing_ok=True)
             log.info("restored %d inode numbers and %d open handles of pid %d", len(self.inodes),

@@ -98,3 +98,16 @@ def test_a_torn_last_record_is_dropped(tmp_path: Path) -> None:
         f.write(b'["n",99,"b"')  # the crash came mid-write
     back = InodeTable.restore(j)
     assert back.path(a) == "a" and back.find("b") is None
+
+
+def test_a_journal_names_its_format_and_another_is_refused(tmp_path: Path) -> None:
+    j = tmp_path / "m.1.inodes"
+    t = InodeTable(journal=InodeJournal(j))
+    ino = t.lookup("a/b")
+    assert j.read_bytes().splitlines()[0] == b'["v",1]'
+    assert InodeTable.restore(j, to=tmp_path / "m.2.inodes").path(ino) == "a/b"
+    assert (tmp_path / "m.2.inodes").read_bytes().splitlines()[0] == b'["v",1]'  # snapshot
+    newer = tmp_path / "m.3.inodes"
+    newer.write_bytes(b'["v",2]\n["n",2,"a",null]\n')
+    with pytest.raises(ValueError, match="inode journal format 2"):
+        InodeTable.restore(newer)

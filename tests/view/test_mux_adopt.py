@@ -121,3 +121,10 @@ def test_an_adopter_answers_the_dead_muxs_inodes_and_handles(
 
     trio.run(after)
     assert (dead_dir / "alpha" / "k.bin").read_bytes() == b"kernel bytes, more"
+
+
+def test_a_layout_of_another_format_is_refused() -> None:
+    layout = MuxOperations().layout()
+    assert layout["v"] == 1
+    with pytest.raises(ValueError, match="layout format 2"):
+        MuxOperations().restore_layout({**layout, "v": 2})
