@@ -237,7 +237,7 @@ class NodeHost:
     async def _detach(self, key: Key, s: Served) -> dict[str, Any]:
         self.mux.detach(*key)
         self._families.pop(key, None)
-        journal = getattr(s.svc.ops.inodes, "journal", None)
+        journal = getattr(getattr(s.svc.ops, "inodes", None), "journal", None)
         if s.scope is not None:
             s.scope.cancel()
         svc = s.svc
@@ -530,7 +530,7 @@ class NodeHost:
                 family = str(layout["slots"][str(slot)][2])
                 mcfg = cfg.ns_config(tenant, family, namespace)
                 svc = MountService(mcfg, hosted=True)
-            except (CasfsError, OSError, ValueError, IndexError) as e:
+            except (CasfsError, OSError, ValueError, LookupError) as e:
                 log.warning("could not serve %s/%s again: %s", tenant, namespace, e)
                 continue
             svc.ops.lower_owner = tenant_owner(cfg.policy)(tenant)[:2]
