@@ -5,15 +5,18 @@
 A real casfsd in a tmp dir serves a namespace a job leased (``casfs env``) and
 one configured mount. Probe processes read a published file and create new
 files in both, every millisecond, and log each outcome. Then the mount
-processes are killed with SIGKILL; the supervisor clears the dead mounts
-(uncovering the read-only guard), starts new ones, and the node's mount
+processes are killed with SIGKILL. casfsd holds their FUSE connections
+(casfs.node.fuseconn), so new processes serve the same connections: the
+probes should see only "ok". Where no connection is held (pidfd_getfd
+refused, a second death within 10 s), the supervisor clears the dead mounts
+(uncovering the read-only guard) and starts new ones, and the node's mount
 process serves the leased namespace again at the same path.
 
-Per trial: how long readers saw errors (ENOTCONN: the dead connection) and
-misses (ENOENT: the guard), what writers got (EROFS on the guard instead of
-files that would vanish under the returning mount), wrong bytes (must be 0)
-and lost writes (a create that succeeded but whose file is gone after the
-restart: must be 0).
+Per trial: the outcomes (held: only ok; otherwise how long readers saw errors,
+ENOTCONN: the dead connection, and misses, ENOENT: the guard, and what
+writers got, EROFS on the guard instead of files that would vanish under the
+returning mount), wrong bytes (must be 0) and lost writes (a create that
+succeeded but whose file is gone after the restart: must be 0).
 
 ``--kill fetch``: the namespaces hold published files the node has never
 read; probes read them one after the other (every read is a cold fetch) and
