@@ -36,6 +36,8 @@ pytestmark = [
     # obstore's retries absorb them)
     pytest.mark.expect_log(r"lower object for .* unavailable, serving a miss",
                            r"refresh failed: .*object store",
+                           # the same at a mount's start (its first read of generations)
+                           r"cannot read generations of \S+: .*object store",
                            r"shared root unavailable, serving local state only",
                            # a reset or 503 on the access profile's GET: nothing prefetched
                            r"prefetch: no usable profile: .*object store"),
