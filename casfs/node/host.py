@@ -501,7 +501,10 @@ class NodeHost:
         return self.cfg.run_dir / f"{self.cfg.name}.{pid}.ns{slot}.inodes"
 
     def _handles_file(self, pid: int) -> Path:
-        return self.cfg.run_dir / f"{self.cfg.name}.{pid}.handles"
+        """The name casfs.node.fuseconn.adoptable looks for: one definition of it."""
+        from casfs.view.op_restore import state_paths
+
+        return state_paths(self.cfg.run_dir, self.cfg.name, pid)[1]
 
     def _keep_view_state(self) -> None:
         """The mux's handles and the namespaces' inodes are kept for an adopter
