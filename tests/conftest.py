@@ -10,8 +10,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import killguard
 import pytest
 from logcheck import _casfs_log_check  # noqa: F401  (autouse: unexpected casfs warnings fail)
+
+killguard.install()  # no os.kill(0, ...) from a pid read as 0 (tests/killguard.py)
 
 # No test reaches a casfsd that serves this machine's jobs (/run/casfs/casfsd.sock, the
 # default): `casfs run` would lease from it instead of the test's own mount process.

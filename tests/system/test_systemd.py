@@ -154,11 +154,20 @@ class Container:
         r = subprocess.run(["nsenter", "-t", str(self.leader), "-a", "env", "-i",
                             f"PATH={PATH}", "LANG=C.UTF-8", "HOME=/root", *extra,
                             "sh", "-c", script],
-                           capture_output=True, text=True, timeout=timeout, check=False)
+                           capture_output=True, text=True, timeout=timeout, check=False,
+                           # its own session: a `kill -9 0` in it (a pid read as 0) reaches
+                           # no process of the test run (nsenter keeps the caller's group)
+                           start_new_session=True)
         if check and r.returncode != 0:
             pytest.fail(f"in the container: {script!r} exited {r.returncode}:\n"
                         f"{r.stdout}\n{r.stderr}")
         return r
+
+    def kill(self, pid: int, sig: str = "KILL") -> None:
+        """``kill -SIG pid`` in the container; a pid that names no one process (0 from
+        ``MainPID`` of a casfsd that is down) fails the test instead."""
+        assert pid > 1, f"no process to signal (pid {pid}): is casfsd down?"
+        self.sh(f"kill -{sig} {pid}")
 
     def show(self, *props: str) -> dict[str, str]:
         out = self.sh(f"systemctl show casfsd -p {','.join(props)}").stdout
@@ -429,7 +438,7 @@ def test_restart_and_kill_of_casfsd_never_reach_a_job(box: Container) -> None:
     c.wait("the new mount process", lambda: worker_pids(c).get("kern") not in (None, kern))
     kern = worker_pids(c)["kern"]
     pid = main_pid(c)
-    c.sh(f"kill -9 {pid}")
+    c.kill(pid)
     c.wait("systemd to restart casfsd", lambda: (
         main_pid(c) not in (0, pid) and c.show("ActiveState")["ActiveState"] == "active"))
     assert worker_pids(c)["kern"] == kern
@@ -451,7 +460,7 @@ def test_a_killed_mount_process_never_reaches_a_job(box: Container) -> None:
     time.sleep(1.0)
     kern, pid = worker_pids(c)["kern"], main_pid(c)
     cursor = c.journal()[-1]["__CURSOR"]
-    c.sh(f"kill -9 {kern}")
+    c.kill(kern)
     c.wait("a new mount process", lambda: worker_pids(c).get("kern") not in (None, kern))
     time.sleep(1.0)
     report = stop_job(c)
@@ -469,7 +478,7 @@ def test_sigkill_restarts_casfsd_and_it_serves_again(box: Container) -> None:
     pid = main_pid(c)
     restarts = int(c.show("NRestarts")["NRestarts"])
     t0 = time.monotonic()
-    c.sh(f"kill -9 {pid}")
+    c.kill(pid)
     c.wait("systemd to restart casfsd", lambda: (
         int(c.show("NRestarts")["NRestarts"]) > restarts
         and c.show("ActiveState")["ActiveState"] == "active"))
@@ -513,7 +522,7 @@ def test_watchdog_aborts_and_restarts_a_wedged_casfsd(box: Container) -> None:
     restarts = int(c.show("NRestarts")["NRestarts"])
     cursor = c.journal()[-1]["__CURSOR"]
     t0 = time.monotonic()
-    c.sh(f"kill -STOP {pid}")
+    c.kill(pid, "STOP")
     c.wait("systemd to restart the wedged casfsd", lambda: (
         int(c.show("NRestarts")["NRestarts"]) > restarts
         and c.show("ActiveState")["ActiveState"] == "active"), timeout=150, interval=0.5)
