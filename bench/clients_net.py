@@ -1,14 +1,19 @@
-"""A real client on a fresh node across a network: torch.compile at 20 ms RTT (issue 23).
+"""A real client on a fresh node across a network: torch.compile or Triton at 20 ms RTT
+(issue 23).
 
-Usage: ``python -m bench.clients_net [--runs 3] [--rtt-ms 20] [--json FILE]``
+Usage: ``python -m bench.clients_net [--client inductor|triton] [--kernels 600] [--runs 3]
+[--rtt-ms 20] [--json FILE]``
 
 The shared root is an S3 root on SeaweedFS behind tests/netem.py's proxy (a
 one-way delay both ways, every request counted), as in bench/network.py. The
 client is the torch.compile CPU workload (casfs.demo.inductor_workload: three
-graphs, FX graph and AOTAutograd caches). Its cold cache, compiled once in a
-local directory, is published with ``casfs import`` (no delay: publication is
-not what is measured). Then, per run, interleaved so a change of machine load
-hits both alike:
+graphs, FX graph and AOTAutograd caches) or, with ``--client triton``, Triton
+compiling ``--kernels`` distinct kernels for an sm_80 target
+(casfs.demo.triton_workload: 600 kernels are 600 cache hits at start-up, each
+a group file, its metadata and binaries, as a serving engine's start does).
+Its cold cache, compiled once in a local directory, is published with ``casfs
+import`` (no delay: publication is not what is measured). Then, per run,
+interleaved so a change of machine load hits both alike:
 
 * **local warm**: the workload on that local directory (a warm local cache);
 * **casfs, fresh node**: ``casfs run --family inductor -- <workload>`` with an
@@ -24,6 +29,7 @@ the cache and computed the same output. A ratio, never an assertion.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import shutil
@@ -32,30 +38,53 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 BUCKET = "casfs-bench"
-NS = "bench-inductor-net"
-WORKLOAD = [sys.executable, "-m", "casfs.demo.inductor_workload", "--json"]
 
 
-def _parse(out: str) -> dict[str, Any]:
-    doc = json.loads([ln for ln in out.splitlines() if ln.startswith("{")][-1])
-    c = doc["counters"]
-    return {"compile_s": doc["compile_seconds"], "checksum": doc["checksum"],
-            "hits": c["fxgraph_cache_hit"] + c["autograd_cache_hit"],
-            "misses": c["fxgraph_cache_miss"] + c["autograd_cache_miss"]}
+@dataclass(frozen=True)
+class Client:
+    family: str
+    cache_var: str  # the client's cache variable
+    workload: list[str]
+
+    @property
+    def namespace(self) -> str:
+        return f"bench-{self.family}-net"
+
+    def parse(self, out: str) -> dict[str, Any]:
+        doc = json.loads([ln for ln in out.splitlines() if ln.startswith("{")][-1])
+        if self.family == "triton":
+            return {"compile_s": doc["seconds"], "hits": doc["hits"], "misses": doc["misses"],
+                    "checksum": hashlib.sha256("".join(doc["cubin_sha256s"]).encode())
+                    .hexdigest()}
+        c = doc["counters"]
+        return {"compile_s": doc["compile_seconds"], "checksum": doc["checksum"],
+                "hits": c["fxgraph_cache_hit"] + c["autograd_cache_hit"],
+                "misses": c["fxgraph_cache_miss"] + c["autograd_cache_miss"]}
+
+
+def client(name: str, kernels: int) -> Client:
+    if name == "triton":
+        return Client("triton", "TRITON_CACHE_DIR", [
+            sys.executable, "-m", "casfs.demo.triton_workload", "--kernels", str(kernels),
+            "--json"])
+    return Client("inductor", "TORCHINDUCTOR_CACHE_DIR",
+                  [sys.executable, "-m", "casfs.demo.inductor_workload", "--json"])
 
 
 class Bed:
-    def __init__(self, work: Path) -> None:
+    def __init__(self, work: Path, client: Client) -> None:
         sys.path.insert(0, str(REPO / "tests"))
         from netem import NetProxy
         from seaweed import SeaweedServer
 
         self.work = work
+        self.client = client
         self.srv = SeaweedServer(work / "weed")
         self.srv.start()
         self.srv.create_bucket(BUCKET)
@@ -78,7 +107,7 @@ class Bed:
             env.update(CASFS_STATE_DIR=str(node / "state"), CASFS_SERVE_BASE=str(node / "serve"),
                        CASFS_MOUNT_BASE=str(node / "mnt"))
         if cache is not None:
-            env["TORCHINDUCTOR_CACHE_DIR"] = str(cache)
+            env[self.client.cache_var] = str(cache)
         return env
 
     def cli(self, args: list[str], node: Path | None = None) -> subprocess.CompletedProcess[str]:
@@ -91,9 +120,9 @@ class Bed:
 
     def local(self, cache: Path) -> dict[str, Any]:
         t0 = time.monotonic()
-        p = subprocess.run(WORKLOAD, env=self.env(cache=cache), cwd=REPO, capture_output=True,
-                           text=True, timeout=1800, check=True)
-        r = _parse(p.stdout)
+        p = subprocess.run(self.client.workload, env=self.env(cache=cache), cwd=REPO,
+                           capture_output=True, text=True, timeout=3600, check=True)
+        r = self.client.parse(p.stdout)
         r["process_s"] = round(time.monotonic() - t0, 3)
         return r
 
@@ -102,12 +131,13 @@ class Bed:
         self.net.reset_counts()
         t0 = time.monotonic()
         node.mkdir(parents=True)
-        p = self.cli(["run", "--family", "inductor", "--namespace", NS,
-                      "--report", str(node / "report.json"), "--", *WORKLOAD], node)
+        c = self.client
+        p = self.cli(["run", "--family", c.family, "--namespace", c.namespace,
+                      "--report", str(node / "report.json"), "--", *c.workload], node)
         wall = time.monotonic() - t0
         counts = self.net.reset_counts()
         self.net.delay = 0.0
-        r = _parse(p.stdout)
+        r = c.parse(p.stdout)
         r["process_s"] = round(wall, 3)
         r["report"] = json.loads((node / "report.json").read_text())
         r["requests"] = {k: v for k, v in counts.items()
@@ -115,14 +145,14 @@ class Bed:
         return r
 
 
-def measure(work: Path, runs: int, rtt_ms: float) -> dict[str, Any]:
-    bed = Bed(work)
+def measure(work: Path, runs: int, rtt_ms: float, c: Client) -> dict[str, Any]:
+    bed = Bed(work, c)
     try:
         local = work / "local"
         local.mkdir()
         print("bench.clients_net: local cold", file=sys.stderr, flush=True)
         cold = bed.local(local)
-        bed.cli(["import", str(local), "--namespace", NS, "--family", "inductor"])
+        bed.cli(["import", str(local), "--namespace", c.namespace, "--family", c.family])
         rows: dict[str, list[dict[str, Any]]] = {"local_warm": [], "casfs": []}
         for i in range(runs):
             print(f"bench.clients_net: run {i + 1}/{runs}", file=sys.stderr, flush=True)
@@ -138,7 +168,8 @@ def measure(work: Path, runs: int, rtt_ms: float) -> dict[str, Any]:
 
     every = rows["local_warm"] + rows["casfs"]
     return {
-        "rtt_ms": rtt_ms, "runs": runs, "cpus": os.cpu_count(),
+        "client": c.family, "workload": c.workload[2:], "rtt_ms": rtt_ms, "runs": runs,
+        "cpus": os.cpu_count(),
         "local_cold_process_s": cold["process_s"],
         "local_warm_process_s": med("local_warm", "process_s"),
         "casfs_process_s": med("casfs", "process_s"),
@@ -159,13 +190,15 @@ def measure(work: Path, runs: int, rtt_ms: float) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="bench.clients_net", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--client", choices=("inductor", "triton"), default="inductor")
+    ap.add_argument("--kernels", type=int, default=600, help="Triton's distinct kernels")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--rtt-ms", type=float, default=20.0)
     ap.add_argument("--json", type=Path, help="also write the document here")
     ap.add_argument("--workdir", type=Path)
     args = ap.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="casfs-bench-clients-", dir=args.workdir) as tmp:
-        doc = measure(Path(tmp), args.runs, args.rtt_ms)
+        doc = measure(Path(tmp), args.runs, args.rtt_ms, client(args.client, args.kernels))
     if args.json:
         args.json.write_text(json.dumps(doc, indent=1) + "\n")
     print(json.dumps({k: v for k, v in doc.items() if k != "raw"}, indent=1))
