@@ -6,7 +6,11 @@ releases the GIL for the whole request, speaks create-only PUT natively
 lazy fetch (GET, ranged GET, HEAD) it did 1.3-4.7x boto3's requests/s here.
 boto3 stays for one thing: resolving credentials through the standard AWS
 chain (environment, ``~/.aws`` profiles, SSO, instance and container roles),
-which obstore then uses through its credential-provider hook.
+which obstore then uses through its credential-provider hook. Not when the
+environment holds the keys and the region or endpoint is known: that is where
+the chain would stop anyway, and importing boto3 costs ~0.4 CPU-seconds in each
+of a node's processes (mount, fetch and promotion workers, `casfs run`), on a
+fresh node's critical path (issue 23).
 
 Mapping of the verbs:
 - put_if_absent / create_exclusive: PUT with ``If-None-Match: *``; 412 or 409
@@ -122,6 +126,10 @@ def _oserror(e: BaseException) -> OSError:
     return S3UnavailableError(errno.EIO, f"object store: {type(e).__name__}: {first[:300]}")
 
 
+def _env_has_keys() -> bool:
+    return bool(os.environ.get("AWS_ACCESS_KEY_ID") and os.environ.get("AWS_SECRET_ACCESS_KEY"))
+
+
 def _credential_provider() -> Any:
     """boto3's credential chain for obstore, or None to let obstore read the environment."""
     try:
@@ -140,6 +148,9 @@ def _profile_endpoint() -> str:
     section), which AWS's own SDKs and CLI use after the environment's; "" if none."""
     if os.environ.get("AWS_IGNORE_CONFIGURED_ENDPOINT_URLS", "").lower() == "true":
         return ""
+    if not os.path.exists(os.environ.get("AWS_CONFIG_FILE") or os.path.expanduser(
+            "~/.aws/config")):
+        return ""  # no profile to name one (and no boto3 import for nothing)
     try:
         import boto3
 
@@ -170,7 +181,9 @@ class S3Backend:
         if endpoint:
             cfg["endpoint"] = endpoint
             cfg["virtual_hosted_style_request"] = False
-        provider = _credential_provider()
+        # keys in the environment come first in boto3's chain too; a region only a
+        # ~/.aws profile names (AWS itself, no endpoint) still needs boto3
+        provider = None if _env_has_keys() and (region or endpoint) else _credential_provider()
         if region:
             cfg["region"] = region
         elif provider is None or "region" not in provider.config:
