@@ -172,3 +172,40 @@ def test_a_refresh_costs_o1_lists(net: NetProxy, seaweed_server: Any, tmp_path: 
                 assert counts["requests"] <= 3  # nothing new: a probe or two
     finally:
         node.stop_all()
+
+
+def _max_in_flight(reqs: list[Any]) -> int:
+    edges = sorted([(q.start, 1) for q in reqs] + [(q.end, -1) for q in reqs if q.end])
+    most = now = 0
+    for _, step in edges:
+        now += step
+        most = max(most, now)
+    return most
+
+
+def test_a_fresh_nodes_prefetch_gets_loose_objects_all_at_once(
+        net: NetProxy, seaweed_server: Any, tmp_path: Path) -> None:
+    """A namespace of loose objects (``casfs import --no-packs``; a promotion leaves
+    the odd one loose too) prefetched whole from mount-ready: its GETs are in flight
+    together, not one round trip after another (at 20 ms RTT, 600 of them one by one
+    were 15 s before the job could read them locally)."""
+    url = _url(net, tmp_path)
+    src = tmp_path / "src"
+    for i in range(24):
+        (src / f"k{i:02d}").mkdir(parents=True)
+        (src / f"k{i:02d}" / "k.cubin").write_bytes(os.urandom(3000))
+    r = subprocess.run([sys.executable, "-m", "casfs.cli.main", "import", str(src), "-n",
+                        "loose", "--family", "triton", "--no-packs"],
+                       env=_env(tmp_path, "importer", url, seaweed_server), capture_output=True,
+                       text=True, timeout=300, check=False)
+    assert r.returncode == 0, r.stderr
+    net.delay = 0.02  # 40 ms RTT: one by one, 24 GETs take ~1 s
+    net.reset_counts()
+    # The job reads nothing: every object GET is the prefetch's.
+    job = ("import os, time; d = os.environ['TRITON_CACHE_DIR'];"
+           " time.sleep(3); print(len(os.listdir(d)))")
+    out = _run(tmp_path, "fresh", url, seaweed_server, "loose", sys.executable, "-c", job)
+    gets = [q for q in net.requests() if q.method == "GET" and "/objects/" in q.target]
+    assert out.stdout.split()[-1] == "24"
+    assert len(gets) >= 24, len(gets)  # the manifest and the 24 files
+    assert _max_in_flight(gets) >= 12, sorted((round(q.start, 3), q.target) for q in gets)
