@@ -74,6 +74,11 @@ HEADER = struct.Struct(">I")
 MAX_MESSAGE = 64 << 20  # the promotion worker's replies name paths (lost, conflicts)
 QUICK_DEATH = 10.0  # a worker dying this soon after its start, having done nothing: back-off
 SPARE = True  # keep one worker started in advance, so a restart does not wait for imports
+# ... once the worker has had nothing to do this long (or runs this long): a fresh node's
+# first seconds are its busiest, and a spare's start (an interpreter, its imports) would
+# take CPU from them, for a death that rarely comes
+SPARE_AFTER_QUIET = 2.0
+SPARE_AFTER_AT_MOST = 30.0
 MAX_BACKOFF = 10.0
 TICK = 0.1  # watchdog period: how soon a dead worker is noticed
 SEND_TIMEOUT = 5.0
@@ -165,6 +170,8 @@ class FetchWorker:
         self._answered = 0  # fills the current worker completed
         self._spare: tuple[subprocess.Popen[bytes], socket.socket] | None = None
         self._dead: list[subprocess.Popen[bytes]] = []  # killed, not reaped yet
+        self._busy_at = 0.0  # when a request was last seen pending (the spare waits)
+        self._spare_gen = 0  # the worker generation a spare was last started for
         self._closed = False
         self._watchdog = threading.Thread(target=self._watch, name=f"{label}-watchdog", daemon=True)
         self._watchdog.start()
@@ -310,13 +317,16 @@ class FetchWorker:
 
     # --- the watchdog ---------------------------------------------------------------
     def _watch(self) -> None:
+        """Every start of a worker happens here: their PR_SET_PDEATHSIG (fetchworker)
+        fires when the *thread* that spawned them ends, and this one lives as long as
+        we do. The first runs at once: a first fetch waits for its imports."""
         while True:
-            time.sleep(TICK)
             try:
                 if not self._watch_once():
                     return
             except Exception:  # the watchdog must outlive any bug: requests wait on it
                 log.exception("%s watchdog", self.label)
+            time.sleep(TICK)
 
     def _watch_once(self) -> bool:
         with self._lock:
@@ -330,7 +340,22 @@ class FetchWorker:
                 self._check_hung_locked()
             if self._proc is None and time.monotonic() >= self._next_start:
                 self._start_locked()
+            self._spare_locked()
         return True
+
+    def _spare_locked(self) -> None:
+        """Start the spare once the worker is quiet (SPARE_AFTER_QUIET) or has run for
+        SPARE_AFTER_AT_MOST."""
+        if not (SPARE if self.keep_spare is None else self.keep_spare) or \
+                self._spare is not None or self._proc is None or self._spare_gen == self._gen:
+            return
+        now = time.monotonic()
+        if self._pending:
+            self._busy_at = now
+        if (now - max(self._busy_at, self._started_at) >= SPARE_AFTER_QUIET
+                or now - self._started_at >= SPARE_AFTER_AT_MOST):
+            self._spare_gen = self._gen  # one try a worker: a failed spawn is not repeated
+            self._spare = self._spawn_locked()
 
     def _check_hung_locked(self) -> None:
         """A fill a worker thread started that got no bytes for hang_after, or a request
@@ -441,8 +466,6 @@ class FetchWorker:
         log.debug("%s %d serving", self.label, proc.pid)
         for req in list(self._pending.values()):  # what the dead worker left: once more
             self._send_locked(req)
-        if SPARE if self.keep_spare is None else self.keep_spare:
-            self._spare = self._spawn_locked()
 
     def stop_worker(self, sig: int = signal.SIGKILL) -> None:
         """Signal the current worker (tests)."""

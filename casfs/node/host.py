@@ -58,8 +58,19 @@ from typing import Any
 import trio
 
 from casfs.errors import CasfsError, UsageError
-from casfs.node import bounds, control, guard, handover, leases, nsregistry, procexit, reclaim
+from casfs.node import (
+    bounds,
+    control,
+    fetchproc,
+    guard,
+    handover,
+    leases,
+    nsregistry,
+    procexit,
+    reclaim,
+)
 from casfs.node.config import HostConfig  # lives below trio: the CLI builds one without it
+from casfs.node.rootlink import fetch_worker
 from casfs.node.tenant import requester, tenant_of, tenant_owner
 from casfs.node.worker import spawn_host
 from casfs.util import atomic
@@ -672,6 +683,8 @@ class NodeHost:
             })
             log.info("serving namespaces under %s%s", cfg.base,
                      " (read-only guard underneath)" if guarded else "")
+            if fetchproc.enabled():  # before the first lease: its imports are done by then
+                fetch_worker(cfg)
             if on_ready:
                 on_ready()
 

@@ -66,7 +66,7 @@ from casfs.node.modes import (
     give_to_tenant,
 )
 from casfs.node.publishing import Context, Publication
-from casfs.node.rootlink import RootLink, RootSource
+from casfs.node.rootlink import RootLink, RootSource, fetch_worker
 from casfs.node.tasks import Periodic
 from casfs.promote.tracker import WriteTracker
 from casfs.store.root import SharedRoot
@@ -130,6 +130,8 @@ class MountService:
         self.index = NodeIndex.open(cfg.state_dir)
         if self.index.take_repaired():
             discard_cache_dir(cfg.state_dir / "objects")
+        if cfg.mode != "dir" and fetchproc.enabled():
+            fetch_worker(cfg)  # its start overlaps ours (casfs.node.rootlink)
         # Replacements (casfs.node.handover): this session's part, the mount process we
         # take over from (it gives up the namespace's lock first), and our answers to one.
         self.handing = handover.Handing(kind="overlay" if cfg.mode == "overlay" else "fuse")

@@ -21,7 +21,7 @@ from typing import Any
 from casfs.errors import CasfsError, CorruptObjectError, ObjectMissingError
 from casfs.index.node_index import NodeIndex
 from casfs.node import fetchproc
-from casfs.node.config import MountConfig
+from casfs.node.config import HostConfig, MountConfig
 from casfs.store.generations import GenerationStore
 from casfs.store.root import SharedRoot
 from casfs.tenants import TenantPolicy
@@ -131,6 +131,13 @@ def _ident(raw: object) -> tuple[int, int, int] | None:
     return None
 
 
+def fetch_worker(cfg: MountConfig | HostConfig) -> fetchproc.FetchWorker:
+    """The fetch worker of ``cfg``'s node state dir, started now if it is not yet: a
+    mount starts it before its first round trips to the root, so that its imports
+    overlap them (at 20 ms RTT a fresh node's first fetch waited ~0.6 s for them)."""
+    return fetchproc.shared(cfg.state_dir / "objects", hang_after=max(2 * cfg.fetch_timeout, 5.0))
+
+
 class RootSource:
     """The object source (and cache filler) that follows the link's current handle.
 
@@ -155,9 +162,7 @@ class RootSource:
 
     def worker(self) -> fetchproc.FetchWorker:
         """This process's fetch worker (started at once, so a first fetch does not wait)."""
-        cfg = self._link.cfg
-        return fetchproc.shared(cfg.state_dir / "objects",
-                                hang_after=max(2 * cfg.fetch_timeout, 5.0))
+        return fetch_worker(self._link.cfg)
 
     def pack_of(self, digest: str) -> tuple[str, int, int] | None:
         """Where a pack holds ``digest``, if this process knows: from a manifest it read,
