@@ -110,9 +110,16 @@ def import_tree(
         data = path.read_bytes() if bearer is not None else None
         stored = bearer.to_pathfree(rel, data) if bearer is not None and data is not None else None
         count = bearer.count(rel, stored) if bearer is not None and stored is not None else None
-        if packer is not None and bearer is None and st.st_size <= SMALL_OBJECT:
-            data = path.read_bytes()
-            digest = digest_bytes(data)
+        # Stored path-free (casfs.families), served at any path; packed like any small
+        # file, as promotion does (a Triton group file loose per kernel was a GET each).
+        relocating = stored is not None and bool(count) and data is not None
+        base: dict[str, Any] = {RELOCATE: count} if relocating else {}
+        if packer is not None and (len(stored) if relocating and stored is not None
+                                   else st.st_size) <= SMALL_OBJECT:
+            if data is None:
+                data = path.read_bytes()
+            blob = stored if relocating and stored is not None else data
+            digest = digest_bytes(blob)
             if os.stat(path).st_mtime_ns != st.st_mtime_ns or len(data) != st.st_size:
                 report.skipped_other.append(rel)  # changed while being read: not stable
                 return None, False
@@ -122,13 +129,13 @@ def import_tree(
                 if loc is None or not sound.holds(loc[0], digest):
                     # Damaged (or gone): write it loose, which repairs a loose object and
                     # serves rows naming a damaged pack (ObjectStore reads its loose copy).
-                    created = root.objects.put_bytes(data).created
-                ex = {"pack": loc} if loc is not None else None
-                return Entry(rel, digest, len(data), st.st_mode & 0o7777, st.st_mtime_ns, ex), \
+                    created = root.objects.put_bytes(blob).created
+                ex = {**base, "pack": loc} if loc is not None else base or None
+                return Entry(rel, digest, len(blob), st.st_mode & 0o7777, st.st_mtime_ns, ex), \
                     created
-            packer.add(data)
-            return Entry(rel, digest, len(data), st.st_mode & 0o7777, st.st_mtime_ns,
-                         {"pack": None}), True
+            packer.add(blob)
+            return Entry(rel, digest, len(blob), st.st_mode & 0o7777, st.st_mtime_ns,
+                         {**base, "pack": None}), True
         if stored is not None and count and data is not None:
             # Stored path-free (casfs.families): served at any path.
             res = root.objects.put_bytes(stored)

@@ -86,3 +86,31 @@ def test_published_at_one_path_hits_at_another(cluster: dict[str, Any]) -> None:
     wc = c.mount("triton", mountpoint=mnt / "plain" / "dir", mode="dir")
     plain = triton_run(wc.cfg.mountpoint)
     assert plain["hits"] == 3 and plain["cubin_sha256s"] == cold["cubin_sha256s"]
+
+
+def test_an_imported_cache_packs_its_group_files_and_hits_at_another_path(
+        cluster: dict[str, Any], tmp_path: Path) -> None:
+    """`casfs import --packs` (the default on an object store) packs the group files'
+    path-free form like any small file, as promotion does: one loose object a kernel
+    was a GET each on a fresh node. Served at another path, every kernel hits."""
+    local = tmp_path / "local-cache"
+    cold = triton_run(local)
+    r = subprocess.run([sys.executable, "-m", "casfs.cli.main", "--root", str(cluster["root"]),
+                        "--state-dir", str(tmp_path / "state-import"), "import", str(local),
+                        "-n", "imported", "--family", "triton", "--packs"],
+                       capture_output=True, text=True, timeout=300, check=False)
+    assert r.returncode == 0, r.stderr
+    snap = SharedRoot.open(cluster["root"]).generations().entries("imported").entries
+    groups = [e for p, e in snap.items() if is_group_file(p)]
+    assert len(groups) == 3 and len(snap) == 3 * 8
+    objects = root_objects(cluster["root"], "imported")
+    for g in groups:
+        assert g.extras is not None and g.extras["relocate"] >= 2
+        assert g.extras.get("pack"), g.extras  # packed, not loose
+        assert str(local).encode() not in objects.get_bytes(g.digest)  # path-free
+    assert all((e.extras or {}).get("pack") for e in snap.values())
+    wb = cluster["b"].mount("triton", namespace="imported",
+                            mountpoint=cluster["mnt"] / "served" / "elsewhere")
+    warm = triton_run(wb.cfg.mountpoint)
+    assert warm["hits"] == 3 and warm["misses"] == 0
+    assert warm["cubin_sha256s"] == cold["cubin_sha256s"]
