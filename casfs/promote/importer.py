@@ -112,13 +112,13 @@ def import_tree(
         count = bearer.count(rel, stored) if bearer is not None and stored is not None else None
         # Stored path-free (casfs.families), served at any path; packed like any small
         # file, as promotion does (a Triton group file loose per kernel was a GET each).
-        relocating = stored is not None and bool(count) and data is not None
-        base: dict[str, Any] = {RELOCATE: count} if relocating else {}
-        if packer is not None and (len(stored) if relocating and stored is not None
-                                   else st.st_size) <= SMALL_OBJECT:
+        pathfree = stored if count and data is not None else None
+        base: dict[str, Any] = {RELOCATE: count} if pathfree is not None else {}
+        if packer is not None and (st.st_size if pathfree is None
+                                   else len(pathfree)) <= SMALL_OBJECT:
             if data is None:
                 data = path.read_bytes()
-            blob = stored if relocating and stored is not None else data
+            blob = data if pathfree is None else pathfree
             digest = digest_bytes(blob)
             if os.stat(path).st_mtime_ns != st.st_mtime_ns or len(data) != st.st_size:
                 report.skipped_other.append(rel)  # changed while being read: not stable
@@ -136,9 +136,8 @@ def import_tree(
             packer.add(blob)
             return Entry(rel, digest, len(blob), st.st_mode & 0o7777, st.st_mtime_ns,
                          {**base, "pack": None}), True
-        if stored is not None and count and data is not None:
-            # Stored path-free (casfs.families): served at any path.
-            res = root.objects.put_bytes(stored)
+        if pathfree is not None and data is not None:
+            res = root.objects.put_bytes(pathfree)
             read = len(data)
         else:
             res = root.objects.put_file(path)
@@ -146,8 +145,8 @@ def import_tree(
         if os.stat(path).st_mtime_ns != st.st_mtime_ns or read != st.st_size:
             report.skipped_other.append(rel)  # changed while being read: not stable
             return None, False
-        extras = {RELOCATE: count} if stored is not None and count else None
-        return (Entry(rel, res.digest, res.size, st.st_mode & 0o7777, st.st_mtime_ns, extras),
+        return (Entry(rel, res.digest, res.size, st.st_mode & 0o7777, st.st_mtime_ns,
+                      base or None),
                 res.created)
 
     entries: dict[str, Entry] = {}
