@@ -21,7 +21,13 @@ interleaved so a change of machine load hits both alike:
 * **casfs, fresh node**: ``casfs run --family inductor -- <workload>`` with an
   empty state dir across the delayed network, timed from launching ``casfs
   run`` to its exit (mount, the job, the final publication, unmount), its
-  requests counted through the proxy over exactly that span.
+  requests counted through the proxy over exactly that span;
+* or, with ``--casfsd``, the fresh node as a cluster runs one: casfsd with a
+  configured mount per family (``--mode``; ``wait_warm = 60`` with
+  ``--wait-warm``) started on an empty state dir, the job launched at its
+  READY=1 with its cache variables at the mounts (as systemd orders a job
+  after casfsd), timed alone; the node's start (launch to READY) and casfsd's
+  stop are reported beside it, requests counted from launch to exit.
 
 Prints one JSON document: medians, every run's figures, requests by kind, the
 casfs/local-warm ratios (the target: within 1.1x) and whether every run hit
@@ -36,6 +42,7 @@ import hashlib
 import json
 import os
 import shutil
+import socket
 import statistics
 import subprocess
 import sys
@@ -62,6 +69,7 @@ class Client:
     env: tuple[tuple[str, str], ...] = ()
     mode: str = "fuse"  # casfs run --mode
     wait_warm: bool = False  # casfs run --wait-warm (overlay mode)
+    casfsd: bool = False  # the fresh node runs casfsd (configured mounts), not casfs run
 
     @property
     def namespace(self) -> str:
@@ -107,6 +115,7 @@ class Bed:
 
         self.work = work
         self.client = client
+        self.namespaces: dict[str, str] = {}  # family -> namespace a cold casfs run chose
         self.srv = SeaweedServer(work / "weed")
         self.srv.start()
         self.srv.create_bucket(BUCKET)
@@ -159,7 +168,65 @@ class Bed:
             self.cli(["import", str(local / c.families[0]), "--namespace", c.namespace,
                       "--family", c.families[0]])
         else:
-            self.casfs(self.work / "node-publisher", 0.0)
+            r = self.casfs(self.work / "node-publisher", 0.0)
+            self.namespaces = {f["family"]: f["namespace"] for f in r["report"]["families"]}
+
+    def casfsd(self, node: Path, delay: float) -> dict[str, Any]:
+        """A fresh node as a cluster runs one: casfsd with a configured mount per family
+        (the client's mode; ``wait_warm`` 60 s when asked), timed from its launch to
+        READY=1 on its notify socket (``node_ready_s``: once per node start), then the
+        job with its cache variables at those mounts, as a job under casfsd runs
+        (``process_s``: the job's launch to exit), then casfsd's stop (``stop_s``).
+        Requests are counted from casfsd's launch to its exit."""
+        c = self.client
+        node.mkdir(parents=True)
+        mounts = "".join(
+            f'[[mounts]]\nname = "{f}"\nfamily = "{f}"\n'
+            f'namespace = "{self.namespaces.get(f, c.namespace)}"\n'
+            f'path = "{node / "mnt" / f}"\nmode = "{c.mode}"\n'
+            f'wait_warm = {60 if c.wait_warm else 0}\n' for f in c.families)
+        cfg = node / "casfs.toml"
+        cfg.write_text(f'[store]\nroot = "{self.env()["CASFS_ROOT"]}"\n[node]\n'
+                       f'state_dir = "{node / "state"}"\nmount_base = "{node / "base"}"\n'
+                       + mounts)
+        notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        notify.bind(str(node / "notify.sock"))
+        notify.settimeout(300)
+        env = dict(self.env(node), NOTIFY_SOCKET=str(node / "notify.sock"),
+                   CASFS_SOCKET=str(node / "state" / "run" / "casfsd.sock"))
+        self.net.delay = delay
+        self.net.reset_counts()
+        t0 = time.monotonic()
+        with open(node / "casfsd.log", "ab") as log:
+            d = subprocess.Popen([sys.executable, "-m", "casfs.daemon.main", "--config", str(cfg)],
+                                 env=env, stdout=log, stderr=log, start_new_session=True)
+        try:
+            while b"READY=1" not in notify.recv(4096):
+                pass
+            ready = time.monotonic() - t0
+            t1 = time.monotonic()
+            p = subprocess.run(c.workload, env=self.env(cache=node / "mnt"), cwd=REPO,
+                               capture_output=True, text=True, timeout=3600, check=True)
+            job = time.monotonic() - t1
+            t2 = time.monotonic()
+            d.terminate()
+            d.wait(120)
+            stop = time.monotonic() - t2
+        finally:
+            notify.close()
+            if d.poll() is None:
+                d.kill()
+                d.wait()
+            for f in c.families:  # a casfsd that died leaves its mounts
+                subprocess.run(["umount", "-l", str(node / "mnt" / f)], capture_output=True,
+                               check=False)
+        counts = self.net.reset_counts()
+        self.net.delay = 0.0
+        r = c.parse(p.stdout)
+        r.update(process_s=round(job, 3), node_ready_s=round(ready, 3), stop_s=round(stop, 3),
+                 requests={k: v for k, v in counts.items()
+                           if v and k in ("get", "range_get", "head", "list", "put", "requests")})
+        return r
 
     def casfs(self, node: Path, delay: float) -> dict[str, Any]:
         self.net.delay = delay
@@ -195,7 +262,8 @@ def measure(work: Path, runs: int, rtt_ms: float, c: Client) -> dict[str, Any]:
             print(f"bench.clients_net: run {i + 1}/{runs}", file=sys.stderr, flush=True)
             rows["local_warm"].append(bed.local(local))
             node = work / f"node-{i}"
-            rows["casfs"].append(bed.casfs(node, rtt_ms / 2000))
+            run = bed.casfsd if c.casfsd else bed.casfs
+            rows["casfs"].append(run(node, rtt_ms / 2000))
             shutil.rmtree(node, ignore_errors=True)
     finally:
         bed.close()
@@ -206,6 +274,7 @@ def measure(work: Path, runs: int, rtt_ms: float, c: Client) -> dict[str, Any]:
     every = rows["local_warm"] + rows["casfs"]
     return {
         "client": c.name, "mode": c.mode, "wait_warm": c.wait_warm,
+        "node": "casfsd" if c.casfsd else "casfs run",
         "workload": c.workload[2:], "rtt_ms": rtt_ms,
         "runs": runs,
         "cpus": os.cpu_count(),
@@ -222,6 +291,8 @@ def measure(work: Path, runs: int, rtt_ms: float, c: Client) -> dict[str, Any]:
         "all_hit": all(r["misses"] == 0 and r["hits"] > 0 for r in every),
         "same_output": len({r["checksum"] for r in every} | {cold["checksum"]}) == 1,
         "casfs_requests": [r["requests"] for r in rows["casfs"]],
+        **({"casfsd_node_ready_s": med("casfs", "node_ready_s"),
+            "casfsd_stop_s": med("casfs", "stop_s")} if c.casfsd else {}),
         "loadavg_end": os.getloadavg()[0],
         "raw": rows,
     }
@@ -238,6 +309,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--wait-warm", action="store_true",
                     help="casfs run --wait-warm (overlay mode: the job starts once the"
                     " namespace is on the node)")
+    ap.add_argument("--casfsd", action="store_true",
+                    help="the fresh node runs casfsd with a configured mount per family (as a"
+                    " cluster does); the job starts at READY and is timed alone")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--rtt-ms", type=float, default=20.0)
     ap.add_argument("--json", type=Path, help="also write the document here")
@@ -253,7 +327,8 @@ def main(argv: list[str] | None = None) -> int:
                             "--make-model", str(model)], check=True, timeout=600,
                            capture_output=True)
         c = dataclasses.replace(client(args.client, args.kernels, args.vllm_python, model),
-                                mode=args.mode, wait_warm=args.wait_warm)
+                                mode=args.mode, wait_warm=args.wait_warm,
+                                casfsd=args.casfsd)
         doc = measure(Path(tmp), args.runs, args.rtt_ms, c)
     if args.json:
         args.json.write_text(json.dumps(doc, indent=1) + "\n")
