@@ -27,7 +27,10 @@ interleaved so a change of machine load hits both alike:
   ``--wait-warm``) started on an empty state dir, the job launched at its
   READY=1 with its cache variables at the mounts (as systemd orders a job
   after casfsd), timed alone; the node's start (launch to READY) and casfsd's
-  stop are reported beside it, requests counted from launch to exit.
+  stop are reported beside it, requests counted from launch to exit; with
+  ``--on-demand`` no mount is configured and the job runs under ``casfs run``
+  leasing its namespaces from casfsd's on-demand host (the jobs socket), as
+  deploy/slurm and deploy/kubernetes jobs do with ``casfs env``.
 
 Prints one JSON document: medians, every run's figures, requests by kind, the
 casfs/local-warm ratios (the target: within 1.1x) and whether every run hit
@@ -70,6 +73,7 @@ class Client:
     mode: str = "fuse"  # casfs run --mode
     wait_warm: bool = False  # casfs run --wait-warm (overlay mode)
     casfsd: bool = False  # the fresh node runs casfsd (configured mounts), not casfs run
+    on_demand: bool = False  # with casfsd: no configured mounts; the job leases (casfs run)
 
     @property
     def namespace(self) -> str:
@@ -180,7 +184,7 @@ class Bed:
         Requests are counted from casfsd's launch to its exit."""
         c = self.client
         node.mkdir(parents=True)
-        mounts = "".join(
+        mounts = "" if c.on_demand else "".join(
             f'[[mounts]]\nname = "{f}"\nfamily = "{f}"\n'
             f'namespace = "{self.namespaces.get(f, c.namespace)}"\n'
             f'path = "{node / "mnt" / f}"\nmode = "{c.mode}"\n'
@@ -205,8 +209,16 @@ class Bed:
                 pass
             ready = time.monotonic() - t0
             t1 = time.monotonic()
-            p = subprocess.run(c.workload, env=self.env(cache=node / "mnt"), cwd=REPO,
-                               capture_output=True, text=True, timeout=3600, check=True)
+            if c.on_demand:  # the node's on-demand namespaces, leased by the job's casfs run
+                ns = ([] if len(c.families) > 1 else ["--namespace", c.namespace])
+                p = subprocess.run(
+                    [sys.executable, "-m", "casfs.cli.main", "run", "--family",
+                     ",".join(c.families), *ns, "--python", c.python, "--", *c.workload],
+                    env=dict(self.env(), CASFS_SOCKET=str(node / "base" / "casfsd.sock")),
+                    cwd=REPO, capture_output=True, text=True, timeout=3600, check=True)
+            else:
+                p = subprocess.run(c.workload, env=self.env(cache=node / "mnt"), cwd=REPO,
+                                   capture_output=True, text=True, timeout=3600, check=True)
             job = time.monotonic() - t1
             t2 = time.monotonic()
             d.terminate()
@@ -274,7 +286,7 @@ def measure(work: Path, runs: int, rtt_ms: float, c: Client) -> dict[str, Any]:
     every = rows["local_warm"] + rows["casfs"]
     return {
         "client": c.name, "mode": c.mode, "wait_warm": c.wait_warm,
-        "node": "casfsd" if c.casfsd else "casfs run",
+        "node": ("casfsd, on-demand" if c.on_demand else "casfsd") if c.casfsd else "casfs run",
         "workload": c.workload[2:], "rtt_ms": rtt_ms,
         "runs": runs,
         "cpus": os.cpu_count(),
@@ -312,6 +324,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--casfsd", action="store_true",
                     help="the fresh node runs casfsd with a configured mount per family (as a"
                     " cluster does); the job starts at READY and is timed alone")
+    ap.add_argument("--on-demand", action="store_true",
+                    help="with --casfsd: no configured mounts; the job leases its namespaces"
+                    " from casfsd's on-demand host (casfs run through the jobs socket, as"
+                    " `casfs env` in deploy/slurm and deploy/kubernetes)")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--rtt-ms", type=float, default=20.0)
     ap.add_argument("--json", type=Path, help="also write the document here")
@@ -328,7 +344,8 @@ def main(argv: list[str] | None = None) -> int:
                            capture_output=True)
         c = dataclasses.replace(client(args.client, args.kernels, args.vllm_python, model),
                                 mode=args.mode, wait_warm=args.wait_warm,
-                                casfsd=args.casfsd)
+                                casfsd=args.casfsd or args.on_demand,
+                                on_demand=args.on_demand)
         doc = measure(Path(tmp), args.runs, args.rtt_ms, c)
     if args.json:
         args.json.write_text(json.dumps(doc, indent=1) + "\n")
