@@ -239,7 +239,9 @@ class Daemon:
         fwd = {k: v for k, v in req.items() if k not in ("cmd", "_peer", "for_peer")}
         fwd["for_peer"] = req.get("_peer")
         try:
-            return control.request(hc.socket_path, cmd, timeout=120, **fwd)
+            # connect_wait: casfsd replaces this process on upgrades and restarts (its
+            # socket is absent for a moment then); a lease must not fail for that.
+            return control.request(hc.socket_path, cmd, timeout=120, connect_wait=10.0, **fwd)
         except CasfsError as e:
             return {"ok": False, "error": f"the node's mount process is not serving: {e.message}"}
 

@@ -17,6 +17,7 @@ import logging
 import os
 import socket
 import struct
+import time
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -200,13 +201,39 @@ def registered(run_dir: Path) -> list[dict[str, Any]]:
     return out
 
 
-def request(sock_path: str | Path, cmd: str, timeout: float = 60.0, **kw: Any) -> dict[str, Any]:
-    """Send one request to a mount's control socket; DaemonUnavailableError if nobody answers."""
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    s.settimeout(timeout)
+# Connecting to a socket path a handover is moving (the predecessor gone, the successor's
+# socket not bound yet) fails with one of these; nothing was sent, so trying again is safe.
+_NOT_YET_BOUND = (errno.ENOENT, errno.ECONNREFUSED)
+
+
+def _connect(sock_path: str | Path, timeout: float, wait: float) -> socket.socket:
+    deadline = time.monotonic() + wait
+    while True:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.settimeout(timeout)
+        try:
+            with unixpath.reachable(sock_path) as where:
+                s.connect(where)
+            return s
+        except OSError as e:
+            s.close()
+            if e.errno not in _NOT_YET_BOUND or time.monotonic() >= deadline:
+                raise
+        time.sleep(0.05)
+
+
+def request(sock_path: str | Path, cmd: str, timeout: float = 60.0, connect_wait: float = 0.0,
+            **kw: Any) -> dict[str, Any]:
+    """Send one request to a mount's control socket; DaemonUnavailableError if nobody answers.
+    ``connect_wait``: seconds to keep trying while the path names no listening socket (a
+    process replacing the mount process binds it a moment after its predecessor left)."""
     try:
-        with unixpath.reachable(sock_path) as where:
-            s.connect(where)
+        s = _connect(sock_path, timeout, connect_wait)
+    except TimeoutError:
+        raise DaemonStuckError(f"no answer on {sock_path} within {timeout:.3g}s") from None
+    except OSError as e:
+        raise DaemonUnavailableError(f"no answer on {sock_path}: {e.strerror or e}") from None
+    try:
         s.sendall(json.dumps({"cmd": cmd, **kw}).encode() + b"\n")
         buf = b""
         while not buf.endswith(b"\n"):

@@ -62,3 +62,42 @@ def test_running_out_of_fds_refuses_a_client_but_keeps_serving(tmp_path: Path) -
         return reply
 
     assert trio.run(main) == {"ok": True, "echo": "status"}
+
+
+def test_a_request_waits_for_a_socket_bound_a_moment_later(tmp_path: Path) -> None:
+    """A mount process being replaced leaves its socket path empty (or naming a closed
+    socket) for a moment: with ``connect_wait`` the request connects once the successor
+    listens; without it, it fails at once as before (casfsd forwards leases this way)."""
+    import threading
+    import time
+
+    from casfs.errors import DaemonUnavailableError
+    from casfs.node.control import request
+
+    sock_path = tmp_path / "host.sock"
+    stale = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    stale.bind(str(sock_path))
+    stale.close()  # a predecessor's path: ECONNREFUSED
+    with pytest.raises(DaemonUnavailableError):
+        request(sock_path, "status", timeout=5)
+
+    async def handler(req: dict[str, Any]) -> dict[str, Any]:
+        return {"ok": True, "echo": req.get("cmd")}
+
+    def successor() -> None:
+        time.sleep(0.4)
+
+        async def main() -> None:
+            with trio.move_on_after(10):
+                async with trio.open_nursery() as nursery:
+                    await nursery.start(serve_control, sock_path, handler)
+                    await trio.sleep(1)
+        trio.run(main)
+
+    t = threading.Thread(target=successor)
+    t.start()
+    t0 = time.monotonic()
+    reply = request(sock_path, "status", timeout=5, connect_wait=10)
+    assert reply == {"ok": True, "echo": "status"}
+    assert time.monotonic() - t0 >= 0.3  # it did wait for the successor
+    t.join()
