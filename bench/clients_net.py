@@ -111,6 +111,12 @@ def client(name: str, kernels: int, vllm_python: str, model: Path | None) -> Cli
                   [sys.executable, "-m", "casfs.demo.inductor_workload", "--json"])
 
 
+def _kinds(counts: dict[str, int]) -> dict[str, int]:
+    """The proxy's request counts by kind, those that occurred."""
+    return {k: v for k, v in counts.items()
+            if v and k in ("get", "range_get", "head", "list", "put", "requests")}
+
+
 class Bed:
     def __init__(self, work: Path, client: Client) -> None:
         sys.path.insert(0, str(REPO / "tests"))
@@ -196,8 +202,7 @@ class Bed:
         notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         notify.bind(str(node / "notify.sock"))
         notify.settimeout(300)
-        env = dict(self.env(node), NOTIFY_SOCKET=str(node / "notify.sock"),
-                   CASFS_SOCKET=str(node / "state" / "run" / "casfsd.sock"))
+        env = dict(self.env(node), NOTIFY_SOCKET=str(node / "notify.sock"))
         self.net.delay = delay
         self.net.reset_counts()
         t0 = time.monotonic()
@@ -236,8 +241,7 @@ class Bed:
         self.net.delay = 0.0
         r = c.parse(p.stdout)
         r.update(process_s=round(job, 3), node_ready_s=round(ready, 3), stop_s=round(stop, 3),
-                 requests={k: v for k, v in counts.items()
-                           if v and k in ("get", "range_get", "head", "list", "put", "requests")})
+                 requests=_kinds(counts))
         return r
 
     def casfs(self, node: Path, delay: float) -> dict[str, Any]:
@@ -256,8 +260,7 @@ class Bed:
         r = c.parse(p.stdout)
         r["process_s"] = round(wall, 3)
         r["report"] = json.loads((node / "report.json").read_text())
-        r["requests"] = {k: v for k, v in counts.items()
-                         if v and k in ("get", "range_get", "head", "list", "put", "requests")}
+        r["requests"] = _kinds(counts)
         return r
 
 
