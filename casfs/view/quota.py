@@ -37,6 +37,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from casfs.util import noatime
 from casfs.view import whiteout as wh
 
 log = logging.getLogger(__name__)
@@ -116,28 +117,35 @@ def scan(upper: Path | str) -> Usage:
     todo = [str(upper)]
     while todo:
         d = todo.pop()
-        try:
-            it = os.scandir(d)
+        try:  # O_NOATIME: the upper is a job's directory; a listing must not touch its atime
+            fd = noatime.open_noatime(d, noatime.DIR_FLAGS)
         except (FileNotFoundError, NotADirectoryError, PermissionError):
             continue
-        with it:
-            for e in it:
-                try:
-                    st = e.stat(follow_symlinks=False)
-                except FileNotFoundError:
-                    continue
-                if wh.is_whiteout(st):
-                    continue
-                if stat.S_ISDIR(st.st_mode):
-                    todo.append(e.path)
-                elif st.st_nlink > 1:
-                    key = (st.st_dev, st.st_ino)
-                    if key in seen:
-                        continue
-                    seen.add(key)
-                use.bytes += charge_of(st)
-                use.inodes += 1
+        try:
+            _scan_dir(fd, d, use, seen, todo)
+        finally:
+            os.close(fd)
     return use
+
+
+def _scan_dir(fd: int, d: str, use: Usage, seen: set[tuple[int, int]], todo: list[str]) -> None:
+    with os.scandir(fd) as it:  # entries' stat() is relative to fd
+        for e in it:
+            try:
+                st = e.stat(follow_symlinks=False)
+            except FileNotFoundError:
+                continue
+            if wh.is_whiteout(st):
+                continue
+            if stat.S_ISDIR(st.st_mode):
+                todo.append(os.path.join(d, e.name))
+            elif st.st_nlink > 1:
+                key = (st.st_dev, st.st_ino)
+                if key in seen:
+                    continue
+                seen.add(key)
+            use.bytes += charge_of(st)
+            use.inodes += 1
 
 
 def tenant_of_upper(name: str) -> str | None:

@@ -310,3 +310,19 @@ def test_the_reserve_is_enospc_for_every_tenant(tmp_path: Path) -> None:
 
     trio.run(main)
     assert q.bytes == 32 * KB and q.refused == 1
+
+
+def test_scan_leaves_directory_access_times_alone(tmp_path: Path) -> None:
+    """Counting a tenant's uppers lists a job's directories (another namespace's too, from
+    any mount process of the tenant): an atime the job set, older than a day, must not
+    jump to "now" under relatime (a POSIX conformance run caught it in overlay mode)."""
+    from casfs.view.quota import scan
+
+    d = tmp_path / "upper" / "ld"
+    d.mkdir(parents=True)
+    (d / "f").write_bytes(b"x" * 10)
+    old = (1_200_000_000_987_654_321, 1_000_000_000_123_456_789)
+    os.utime(d, ns=old)
+    assert scan(tmp_path / "upper").inodes == 2
+    st = os.lstat(d)
+    assert (st.st_atime_ns, st.st_mtime_ns) == old
