@@ -293,21 +293,40 @@ class NodeHost:
         # namespace while the next one is being attached.
         self.leases[lid] = lease
         self._watch_holders()
-        out = []
+        out: list[dict[str, Any]] = []
         try:
-            for c in caches:
-                family = check_family(str(c.get("family")))
-                namespace = check_namespace(str(c.get("namespace")))
-                if isinstance(limits, dict) and (no := self._bounded(tenant, [namespace], False,
-                                                                     limits)):
-                    raise UsageError(no[1])  # another lease of the tenant's took the room
-                s = await self.attach(tenant, family, namespace)
-                s.svc.set_ingredients(c.get("ingredients"))
-                lease.keys.add(s.key)
-                s.idle_since = None
-                out.append({"family": family, "namespace": namespace, "tenant": tenant,
-                            "path": str(s.path), "served_seq": s.svc.served_seq,
-                            "restored_entries": s.svc.restored_entries})
+            names = [(check_family(str(c.get("family"))), check_namespace(str(c.get("namespace"))))
+                     for c in caches]
+            # All at once: each attach is a few round trips to the root (its marker, a
+            # LIST, a manifest), and a job's caches are several namespaces (vLLM: 3).
+            # A failed one does not cancel the others (a cancelled attach could leave a
+            # MountService half made, holding its namespace's lock); the first failure
+            # is raised once all have ended, as it was when they ran one by one.
+            got: list[dict[str, Any] | BaseException | None] = [None] * len(caches)
+
+            async def one(i: int, family: str, namespace: str) -> None:
+                try:
+                    if isinstance(limits, dict) and (no := self._bounded(
+                            tenant, [namespace], False, limits)):
+                        raise UsageError(no[1])  # another lease of the tenant's took the room
+                    s = await self.attach(tenant, family, namespace)
+                    s.svc.set_ingredients(caches[i].get("ingredients"))
+                    lease.keys.add(s.key)
+                    s.idle_since = None
+                    got[i] = {"family": family, "namespace": namespace, "tenant": tenant,
+                              "path": str(s.path), "served_seq": s.svc.served_seq,
+                              "restored_entries": s.svc.restored_entries}
+                except Exception as e:  # raised below, after the others
+                    got[i] = e
+
+            async with trio.open_nursery() as n:
+                for i, (family, namespace) in enumerate(names):
+                    n.start_soon(one, i, family, namespace)
+            for g in got:
+                if isinstance(g, BaseException):
+                    raise g
+                assert g is not None
+                out.append(g)
         except BaseException:
             if not lease.keys:
                 self.leases.pop(lid, None)
