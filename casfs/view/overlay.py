@@ -153,6 +153,11 @@ def links_of(options: str) -> Path | None:
     return None
 
 
+# Tasks building a links dir at once (build_links): 4 measured best on 2 cores (the
+# syscalls wait on the disk, not the CPU).
+LINK_THREADS = 4
+
+
 @dataclass
 class LinkReport:
     linked: int = 0
@@ -188,44 +193,66 @@ def build_links(
     in the tenant's cache (issue 21).
     """
     import shutil
+    from concurrent.futures import ThreadPoolExecutor
 
     shutil.rmtree(links, ignore_errors=True)
     links.mkdir(parents=True)
     _own(links, dir_mode, owner)
-    made: set[str] = {""}
-    partial: set[str] = set()  # directories with an entry served by FUSE
+    # One task per top-level directory (a Triton or Inductor key dir), a few at once:
+    # a fresh node makes thousands of inodes here right after its fetch, and each is a
+    # syscall that waits on the disk's metadata (0.1-0.9 ms on ext4 here) with the
+    # GIL released. No two tasks touch one directory: the top's own files are a task.
+    groups: dict[str, list[Entry]] = {}
+    for e in entries:  # read here: the index's read transaction is this thread's
+        groups.setdefault(e.path.split("/", 1)[0] if "/" in e.path else "", []).append(e)
+
+    def link_group(group: list[Entry]) -> tuple[LinkReport, set[str], set[str]]:
+        made: set[str] = {""}
+        partial: set[str] = set()  # directories with an entry served by FUSE
+        rep = LinkReport()
+
+        def absent(path: str) -> None:
+            rep.absent += 1
+            d = os.path.dirname(path)
+            while d and d not in partial:
+                partial.add(d)
+                d = os.path.dirname(d)
+
+        for e in group:
+            src = local_path(e)
+            if src is None:
+                absent(e.path)
+                continue
+            parent = os.path.dirname(e.path)
+            if parent not in made:
+                _mkdirs(links, parent, made, dir_mode, owner)
+            target = links / e.path
+            data = present(e, src) if present is not None else None
+            try:
+                if data is not None:
+                    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, e.mode & 0o777)
+                    with os.fdopen(fd, "wb") as f:
+                        f.write(data)
+                    os.utime(target, ns=(e.mtime_ns, e.mtime_ns))
+                    rep.generated += 1
+                else:
+                    os.link(src, target)
+                    rep.linked += 1
+            except OSError as err:  # EXDEV, EMLINK, a vanished object: FUSE serves it
+                log.debug("not linking %s: %s", e.path, err)
+                absent(e.path)
+        return rep, made, partial
+
     rep = LinkReport()
-
-    def absent(path: str) -> None:
-        rep.absent += 1
-        d = os.path.dirname(path)
-        while d and d not in partial:
-            partial.add(d)
-            d = os.path.dirname(d)
-
-    for e in entries:
-        src = local_path(e)
-        if src is None:
-            absent(e.path)
-            continue
-        parent = os.path.dirname(e.path)
-        if parent not in made:
-            _mkdirs(links, parent, made, dir_mode, owner)
-        target = links / e.path
-        data = present(e, src) if present is not None else None
-        try:
-            if data is not None:
-                fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, e.mode & 0o777)
-                with os.fdopen(fd, "wb") as f:
-                    f.write(data)
-                os.utime(target, ns=(e.mtime_ns, e.mtime_ns))
-                rep.generated += 1
-            else:
-                os.link(src, target)
-                rep.linked += 1
-        except OSError as err:  # EXDEV, EMLINK, a vanished object: FUSE serves it
-            log.debug("not linking %s: %s", e.path, err)
-            absent(e.path)
+    made: set[str] = set()
+    partial: set[str] = set()
+    with ThreadPoolExecutor(LINK_THREADS, thread_name_prefix="links") as pool:
+        for r, m, p in pool.map(link_group, groups.values()):
+            rep.linked += r.linked
+            rep.generated += r.generated
+            rep.absent += r.absent
+            made |= m
+            partial |= p
     for d in made - partial - {""}:
         try:
             whiteout.make_opaque(str(links / d))
