@@ -89,6 +89,9 @@ class JobCaches:
             _tell_torn([w.cfg.socket_path for w in self.workers]
                        + [Path(m["socket"]) for js in self.shares
                           if (m := serving_dir(js.cfg)) is not None], ended)
+        for w in self.workers:  # all at once: each stop is a final publication and an
+            if w.proc.poll() is None:  # unmount (~0.45 s), and they do not wait on each other
+                w.proc.terminate()
         stats += [(w.cfg.family, w.stop()) for w in self.workers]
         stats += [(js.family, leave_dir(js)) for js in self.shares]
         return stats

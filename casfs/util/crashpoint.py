@@ -75,6 +75,8 @@ PAUSE_STEPS = (
     # started its final promotion/publication
     "host-release",  # the node's host stopped a namespace's tasks, has not started its
     # final promotion/publication
+    "overlay-shutdown",  # an overlay mode process got its stop signal, has not started
+    # its final promotion/publication
 )
 
 
@@ -84,8 +86,8 @@ def pausepoint(step: str) -> None:
     flag = os.environ.get("CASFS_PAUSEPOINT_FILE")
     if not flag:
         return
-    with open(flag + ".reached", "a"):
-        pass
+    with open(flag + ".reached", "a") as f:  # a line a process: tests count them
+        f.write(f"{os.getpid()}\n")
     deadline = time.monotonic() + float(os.environ.get("CASFS_PAUSEPOINT_MAX", "120"))
     while not os.path.exists(flag) and time.monotonic() < deadline:
         time.sleep(0.02)

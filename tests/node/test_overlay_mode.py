@@ -136,3 +136,38 @@ def test_wait_warm_links_the_hot_set(cluster: dict[str, Any], tmp_path: Path) ->
     assert c3["lookup_lower"] > c2.get("lookup_lower", 0)  # the FUSE layer counts lookups
     final = b.stop(w)
     assert final is not None and final["warm_ready_s"] == st["warm_ready_s"]
+
+
+def test_casfs_run_stops_its_overlay_processes_at_once(tmp_path: Path) -> None:
+    """``casfs run --mode overlay`` serves each family from a process of its own; after
+    the job they all get their stop signal together (each stop is a final publication
+    and an unmount, ~0.45 s on a fresh node: two in a row were the job's wait twice)."""
+    import subprocess
+    import sys
+
+    if (why := overlay.unavailable_reason()) is not None:
+        pytest.skip(why)
+    flag = tmp_path / "go"
+    env = dict(os.environ, CASFS_ROOT=str(tmp_path / "root"), CASFS_STATE_DIR=str(tmp_path / "s"),
+               CASFS_MOUNT_BASE=str(tmp_path / "mnt"), CASFS_SERVE_BASE=str(tmp_path / "serve"),
+               CASFS_SOCKET=str(tmp_path / "no-casfsd.sock"),
+               CASFS_PAUSEPOINT="overlay-shutdown", CASFS_PAUSEPOINT_FILE=str(flag),
+               CASFS_PAUSEPOINT_MAX="60")
+    job = ("import os\nfor v in ('TRITON_CACHE_DIR', 'TORCHINDUCTOR_CACHE_DIR'):\n"
+           "    open(os.path.join(os.environ[v], 'x'), 'w').write(v)\n")
+    proc = subprocess.Popen([sys.executable, "-m", "casfs.cli.main", "run", "--mode", "overlay",
+                             "--family", "triton,inductor", "--", sys.executable, "-c", job],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    reached = Path(f"{flag}.reached")
+    try:
+        # Both processes hold in their stop before either may go on: stopped one after
+        # another, the second is signalled only once the first is gone (after its
+        # stop's 45 s bound, here: it holds until the flag).
+        wait_until(lambda: reached.exists() and len(reached.read_text().split()) == 2,
+                   "both overlay processes stopping at once", timeout=30, proc=proc)
+    finally:
+        flag.touch()
+        _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err[-3000:]
+    assert len(set(reached.read_text().split())) == 2  # two processes, one line each
+    assert "triton" in err and "inductor" in err  # each family's summary line

@@ -27,6 +27,7 @@ import trio
 from casfs.node import control, guard
 from casfs.node.modes.base import Busy, Serving, Unchanged, ViewParts, remove_beneath
 from casfs.store.entry import Entry
+from casfs.util.crashpoint import pausepoint
 from casfs.view import dirmode, overlay, session
 
 log = logging.getLogger(__name__)
@@ -162,6 +163,7 @@ class OverlayServer:
             await how.background(nursery)
 
         async def shutdown() -> None:
+            await trio.to_thread.run_sync(pausepoint, "overlay-shutdown", abandon_on_cancel=True)
             await how.shutdown()
             await trio.to_thread.run_sync(self._unmount)
 
