@@ -282,3 +282,41 @@ def test_generation_store_sees_other_writers(root: SharedRoot) -> None:
     res = a.publish("ns", store_files(root, {"c": b"3"}), node="a")
     assert res.seq == 3
     assert set(a.entries("ns").entries) == {"a", "b", "c"}
+
+
+def test_a_generations_manifest_parts_are_read_at_once(root: SharedRoot) -> None:
+    """A base and its deltas are a GET each: a fresh node reads them all at once, not
+    one round trip after another before its mount can serve (issue 23)."""
+    import threading
+    import time
+
+    gens = root.generations()
+    expected: dict[str, Entry] = {}
+    for i in range(5):  # a base and four deltas
+        new = store_files(root, {f"k{i}/f{j}": f"k {i} {j}".encode() for j in range(3)})
+        gens.publish("ns", new, node="n")
+        expected.update({e.path: e for e in new})
+    fresh = SharedRoot.open(root.path)
+    rec = fresh.generations().resolve("ns", None)
+    assert len(rec.parts) == 5
+    parts = {p.digest for p in rec.parts}
+    lock = threading.Lock()
+    now = most = 0
+    real = fresh.objects.get_bytes
+
+    def slow(digest: str, *a: object, **kw: object) -> bytes:
+        nonlocal now, most
+        if digest not in parts:
+            return real(digest, *a, **kw)  # type: ignore[arg-type]
+        with lock:
+            now += 1
+            most = max(most, now)
+        time.sleep(0.2)  # a round trip
+        with lock:
+            now -= 1
+        return real(digest, *a, **kw)  # type: ignore[arg-type]
+
+    fresh.objects.get_bytes = slow  # type: ignore[method-assign]
+    snap = fresh.generations().entries("ns")
+    assert snap.entries == expected
+    assert most == 5, most

@@ -84,9 +84,9 @@ def test_a_delta_with_a_newer_replaced_version_advances_the_held_snapshot(
         rebuilds.append(record.seq if record else -1)
         return full_build(record)
 
-    def counting_load(part: Part) -> list[Entry]:
+    def counting_load(part: Part, read: list[Entry] | None = None) -> list[Entry]:
         loaded.append(part.digest)
-        return load(part)
+        return load(part, read)
 
     monkeypatch.setattr(reader, "snapshot", counting_build)
     monkeypatch.setattr(reader, "part_entries", counting_load)
