@@ -110,7 +110,7 @@ class LowerFeed:
         if newest is None or newest <= known:
             return None  # nothing new: no manifest is read
         # newest_valid validates the whole generation before any of it is served.
-        _, rec, snap = gens.newest_valid(self.cfg.namespace, hint=newest)
+        _, rec, snap = gens.newest_valid(self.cfg.namespace, newest=newest)
         if rec is None or rec.seq <= known:
             return None
         self._ingest(rec, snap)

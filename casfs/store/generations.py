@@ -284,7 +284,7 @@ class GenerationStore:
 
     def newest_valid(
         self, ns: str, hint: int | None = None, max_skip: int = 64, *, for_publish: bool = False,
-        skipped: list[Skipped] | None = None,
+        skipped: list[Skipped] | None = None, newest: int | None = None,
     ) -> tuple[int | None, Record | None, Snapshot]:
         """(newest seq, newest *readable* record, its snapshot).
 
@@ -301,12 +301,16 @@ class GenerationStore:
         older snapshot would drop their entries for the whole cluster. I/O
         errors are raised: a passing NFS hiccup must not look like damage.
 
+        ``newest``: the newest seq the caller has just found (``latest_seq``), so it is
+        not probed for again (a HEAD of it and of the one after: two round trips).
+
         With ``skipped`` every record passed over is appended to it (newest
         first) instead of logged: the caller reports them (the read-side CLI,
         GenerationStore.readable).
         """
         mine = self._latest.get(ns)  # what this store served last (kept on a rollback)
-        newest = self.latest_seq(ns, hint)
+        if newest is None:
+            newest = self.latest_seq(ns, hint)
         head = self.heads.newest(ns) if self.heads.enabled(ns) else None
         if head is not None:
             return self._newest_from_head(ns, newest, head, mine, max_skip,

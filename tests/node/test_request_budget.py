@@ -135,6 +135,10 @@ def test_a_fresh_node_costs_one_request_per_50_files(
             key = q.target.split("?")[0]
             gets[key] = gets.get(key, 0) + 1
     assert gets and max(gets.values()) == 1, gets
+    # The newest generation is found once (a LIST, then one HEAD: is there a newer
+    # one?), not probed for again before its record is read (3 HEADs in a row were).
+    heads = [q.target for q in reqs if q.method == "HEAD" and "/generations/" in q.target]
+    assert len(heads) == 1, heads
     # The root's marker: the mount process reads it and hands it to its fetch worker;
     # the promotion worker reads its own (it fails a round at once, in one line, on a
     # root that is down). It was read three times.
