@@ -96,9 +96,7 @@ def _open_root(spec: dict[str, Any], namespace: str) -> Any:
 
     def locate() -> None:  # a packed object with no location yet: read the newest generation
         try:
-            gens = root.generations()
-            if gens.latest(namespace) is not None:
-                gens.entries(namespace)
+            root.generations().newest_snapshot(namespace)
         except (CasfsError, OSError) as e:
             log.warning("cannot read pack locations of %s: %s", namespace, e)
 

@@ -142,8 +142,8 @@ class _Namespace:
         if seq <= self.located:
             return
         try:
-            if self.gens.latest(self.ns) is not None:
-                self.gens.entries(self.ns)  # registers pack locations
+            if seq > 0:  # that generation's record and parts: no LIST, no probing for it
+                self.gens.snapshot(self.gens.record(self.ns, seq))  # registers pack locations
             self.located = seq
         except (CasfsError, OSError) as e:
             log.warning("cannot read pack locations of %s: %s", self.ns, e)

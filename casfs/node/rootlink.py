@@ -110,9 +110,7 @@ class RootLink:
     def _load_pack_locations(self) -> None:
         try:
             if self.root is not None:
-                gens = self.gens()
-                if gens.latest(self.cfg.namespace) is not None:
-                    gens.entries(self.cfg.namespace)  # registers pack locations
+                self.gens().newest_snapshot(self.cfg.namespace)  # registers pack locations
         except (CasfsError, OSError) as e:
             log.warning("%s: cannot read pack locations: %s", self.cfg.name, e)
 

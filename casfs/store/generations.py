@@ -273,6 +273,12 @@ class GenerationStore:
         seq = self.latest_seq(ns, hint)
         return None if seq is None else self.record(ns, seq)
 
+    def newest_snapshot(self, ns: str) -> Snapshot:
+        """The newest generation's snapshot (empty when there is none): what registers
+        where a namespace's packed objects live. One LIST, a HEAD and its reads (finding
+        it with ``latest`` and then reading ``entries`` found it twice)."""
+        return self.snapshot(self.latest(ns))
+
     def resolve(self, ns: str, seq: int | None) -> Record:
         """The record for ``ns@seq``, or the newest one when ``seq`` is None."""
         if seq is None:
@@ -568,7 +574,12 @@ class GenerationStore:
 
         def one(p: Part) -> tuple[str, list[Entry] | None]:
             try:
-                return p.digest, manifest.load(self.objects, p.digest, p.size)[1]
+                # Manifests are loose; this may run inside the objects' locator (a
+                # missed packed object reads the newest generation), whose lock a
+                # miss here would otherwise wait on: part_entries' own read is the
+                # one that may run it.
+                with self.objects.loose_only():
+                    return p.digest, manifest.load(self.objects, p.digest, p.size)[1]
             except Exception:  # said by part_entries' own read, in the generation's order
                 return p.digest, None
 

@@ -412,6 +412,17 @@ class ObjectStore:
         if loc is not None:
             self.locations[digest] = loc
 
+    @contextlib.contextmanager
+    def loose_only(self) -> Iterator[None]:
+        """Reads in this thread never run the locator: for objects that are never packed
+        (manifests), read by helper threads of a caller that may itself be the locator
+        (waiting for it there, on its lock, would never end)."""
+        self._tls.loose_only = True
+        try:
+            yield
+        finally:
+            self._tls.loose_only = False
+
     def _locate_once(self) -> bool:
         """Run the locator (reads manifests) once per handle; True once it has run.
 
@@ -485,7 +496,8 @@ class ObjectStore:
         except (FileNotFoundError, NotADirectoryError):
             # Not loose: maybe packed where no manifest read so far said. The locator
             # runs only here, on a miss, so reading a manifest (loose) never triggers it.
-            if self._locate_once() and (packed := self._open_packed(digest)) is not None:
+            if (not getattr(self._tls, "loose_only", False) and self._locate_once()
+                    and (packed := self._open_packed(digest)) is not None):
                 return packed, True
             self.counters.inc("objects_missing")
             raise ObjectMissingError(f"object {digest} is missing") from None
