@@ -125,6 +125,11 @@ def draining(run_dir: Path, ns: str) -> bool:
 
 
 HANDOVER_LOCK_WAIT = 10.0  # a successor waits this long for a handing-over mount's lock
+# A lock just let go of may still look held for a moment: a process of ours that forks
+# (a worker's spawn, from another thread) copies every fd, this lock's too, until its
+# child execs (O_CLOEXEC). A namespace released and served again at once (a lease
+# right after a release; a restart) waits this long before calling it mounted.
+FORK_WINDOW = 2.0
 
 
 def take_lock(cfg: MountConfig, wait_for_reclaim: bool = True) -> int:
@@ -143,6 +148,7 @@ def take_lock(cfg: MountConfig, wait_for_reclaim: bool = True) -> int:
     try:
         deadline = time.monotonic() + cfg.shutdown_timeout
         handover_until = time.monotonic() + HANDOVER_LOCK_WAIT
+        fork_until = time.monotonic() + FORK_WINDOW
         while not try_flock(fd):
             if (wait_for_reclaim and time.monotonic() < handover_until
                     and draining(cfg.run_dir, ns)):
@@ -153,6 +159,9 @@ def take_lock(cfg: MountConfig, wait_for_reclaim: bool = True) -> int:
                 # unless another mount took it.
                 if try_flock(fd):
                     break
+                if wait_for_reclaim and time.monotonic() < fork_until:
+                    time.sleep(0.02)
+                    continue
                 raise UsageError(f"namespace {ns} is already mounted from {cfg.state_dir}")
             if wanted_fd is None:
                 wanted_fd = want(cfg.run_dir, ns)
