@@ -381,6 +381,7 @@ class MountService:
                 task("record_reads", USE_TICK_S, pub.record_reads)]
 
     def start_prefetch(self, paced: bool = True) -> None:
+        self.publication.prepare()  # served now: the promotion worker's root, meanwhile
         self.access.start_prefetch(self.cache, lambda: self.access.hot_set(self.served_seq),
                                    paced)
 

@@ -169,7 +169,7 @@ class Worker(ChildServer):
         self._inflight: dict[int, int] = {}  # request id -> activity count last reported
 
     def handler(self, op: Any) -> Callable[[dict[str, Any]], None] | None:
-        return self.run if op in ("promote", "publish", "reads", "outcomes") else None
+        return self.run if op in ("prepare", "promote", "publish", "reads", "outcomes") else None
 
     def serve(self) -> None:
         threading.Thread(target=self._report, name="progress", daemon=True).start()
@@ -230,7 +230,8 @@ class Worker(ChildServer):
         try:
             sp = self.space(msg["root"], str(msg["ns"]))
             op = msg["op"]
-            out = (self.promote(sp, msg) if op == "promote" else
+            out = (self.prepare(sp, msg) if op == "prepare" else
+                   self.promote(sp, msg) if op == "promote" else
                    self.publish(sp, msg) if op == "publish" else
                    self.outcomes(sp, msg) if op == "outcomes" else self.reads(sp, msg))
             reply = {"id": rid, "ok": True, **out}
@@ -247,6 +248,14 @@ class Worker(ChildServer):
             self._inflight.pop(rid, None)
         reply["counters"] = sp.counters_delta() if sp is not None else {}
         self.send(reply)
+
+    def prepare(self, sp: _Namespace, msg: dict[str, Any]) -> dict[str, Any]:
+        """The namespace's root is open now (``space``, its marker read) and the node
+        index too: a release's records need not wait for them after a short job. Pack
+        locations are read at the first round, if one comes (every node of a fleet
+        reading the served record twice is what the request budget rules out)."""
+        self.index()
+        return {}
 
     def promote(self, sp: _Namespace, msg: dict[str, Any]) -> dict[str, Any]:
         ns, idx = sp.ns, self.index()

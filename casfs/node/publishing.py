@@ -79,6 +79,9 @@ class InProcessTransport:
     def __init__(self, ctx: Context) -> None:
         self.ctx = ctx
 
+    def prepare(self) -> None:
+        """Nothing to get ready: this process has the root open already."""
+
     def promote(self, promoter: Promoter, final: bool, busy: Busy) -> RoundResult:
         return promoter.run_once(final=final)
 
@@ -111,6 +114,25 @@ class WorkerTransport:
         ctx = self.ctx
         return promoteproc.shared(ctx.cfg.state_dir).call(msg, lambda: None, ctx.counters)
 
+    def prepare(self) -> None:
+        """Have the worker open an object store root now, in the background (a thread:
+        the mount is serving and waits for nothing here): its marker read and its
+        first connection, a round trip or two a short job's release waited for after
+        the job. A failure is only logged: the next request opens it again."""
+        ctx = self.ctx
+        if ctx.link.root is None or ctx.link.root.is_local:
+            return  # a local root opens in microseconds
+        msg = {"op": "prepare", "root": ctx.link.spec, "ns": ctx.cfg.namespace}
+
+        def run() -> None:
+            try:
+                self._call(msg)
+            except (CasfsError, OSError) as e:
+                log.debug("%s: preparing the promotion worker: %s", ctx.cfg.name, e)
+
+        threading.Thread(target=run, name=f"casfs-prepare-{ctx.cfg.namespace}",
+                         daemon=True).start()
+
     def promote(self, promoter: Promoter, final: bool, busy: Busy) -> RoundResult:
         """One promotion round in the worker; the tracker stays here."""
         with self._lock:
@@ -118,6 +140,14 @@ class WorkerTransport:
             res = RoundResult()
             paths = ctx.tracker.quiet(0.0 if final else ctx.cfg.stable_after,
                                       with_writers=final and busy is not None)
+            # Scratch is never promoted (the promoter drops it): dropped here, not sent.
+            # Inductor's lock files alone were a worker round, and that round's reads
+            # of the root, at the release of every job.
+            scratch = [p for p in paths if ctx.rules.is_scratch(p)]
+            if scratch:
+                for p in scratch:
+                    ctx.tracker.forget(p)
+                paths = [p for p in paths if not ctx.rules.is_scratch(p)]
             if paths and busy is not None:
                 held = busy(paths)
                 res.deferred += len(held)
@@ -291,6 +321,7 @@ class Publication:
             ctx)
         self.publisher: Publisher | None = None
         self.last_promotion_error = ""
+        self._prepared = False
         self.last_publish: dict[str, Any] | None = None
         # The latest paths published with other bytes than this node's (first writer kept).
         self.conflict_paths: list[str] = []
@@ -317,6 +348,13 @@ class Publication:
             busy=self.view.busy, unchanged=self.view.unchanged,
             packs=ctx.cfg.packs, root_id=root.root_id, probe_loose=root.is_local,
         )
+
+    def prepare(self) -> None:
+        """Once, when the namespace is served: what a release's records need that a
+        short job's run would otherwise wait for after it ends (the worker's root)."""
+        if not self._prepared and self.ctx.link.root is not None:
+            self._prepared = True
+            self.transport.prepare()
 
     def promote_once(self, final: bool = False) -> int:
         self.ctx.link.ensure()
@@ -428,8 +466,22 @@ class Publication:
     def record_reads(self, force: bool = False, final: bool = False) -> None:
         """Write what this mount's jobs opened as a read record (casfs.store.reads) when
         casfs.node.usage says it is due; ``force`` at publication, ``final`` at release."""
+        beside = None
+        if self.clock is not None and (
+                final or outcomes.day_of(time.time()) != self._outcome_day):
+            # The outcome record goes beside the read record: a release's two small
+            # writes at once, not one round trip after the other.
+            beside = threading.Thread(target=self.record_outcomes, args=(final,),
+                                      name="casfs-outcomes", daemon=True)
+            beside.start()
+        try:
+            self._record_reads(force, final)
+        finally:
+            if beside is not None:
+                beside.join()
+
+    def _record_reads(self, force: bool, final: bool) -> None:
         ctx = self.ctx
-        self.record_outcomes(final)
         if not (force or final or self.uses.due()):
             return
         batch = self.uses.take(force=force, final=final)

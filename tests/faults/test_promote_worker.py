@@ -214,3 +214,44 @@ def test_a_large_round_goes_in_bounded_requests(tmp_path: Path,
     objects = root_objects(tmp_path / "root")
     for rel, data in files.items():
         assert objects.get_bytes(entries[rel].digest) == data
+
+
+def test_scratch_alone_is_no_worker_round(tmp_path: Path,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """A round of scratch alone (Inductor's ``locks/*.lock``, written by every warm
+    run) is dropped in the mount process: the promoter drops it anyway, and sending
+    it was a worker round whose root reads a short job's release waited for. Files
+    beside it still go to the worker."""
+    cfg = MountConfig(name="t", family="inductor", namespace="testns",
+                      mountpoint=tmp_path / "mnt", root=tmp_path / "root",
+                      state_dir=tmp_path / "state")
+    svc = MountService(cfg, hosted=True)  # in this process: no FUSE session needed
+    sent: list[dict[str, Any]] = []
+    real = promoteproc.shared(cfg.state_dir)
+    call = real.call
+
+    def counting(msg: dict[str, Any], *a: Any, **kw: Any) -> dict[str, Any]:
+        sent.append(dict(msg))
+        return call(msg, *a, **kw)
+
+    monkeypatch.setattr(real, "call", counting)
+    try:
+        locks = [f"locks/c{i}.lock" for i in range(3)]
+        for rel in locks:
+            (cfg.writable_dir / rel).parent.mkdir(parents=True, exist_ok=True)
+            (cfg.writable_dir / rel).write_bytes(b"")
+            svc.tracker.modified(rel)
+        assert svc.promote_once(final=True) == 0
+        assert svc.tracker.pending() == 0  # forgotten, as the promoter would have
+        assert [m["op"] for m in sent] == [], sent
+        rel = "fxgraph/ab/fabcdef/entry"
+        (cfg.writable_dir / rel).parent.mkdir(parents=True, exist_ok=True)
+        (cfg.writable_dir / rel).write_bytes(b"graph")
+        svc.tracker.modified(rel)
+        svc.tracker.modified(locks[0])
+        assert svc.promote_once(final=True) == 1
+        assert [(m["op"], m["paths"]) for m in sent] == [("promote", [rel])]
+        assert svc.tracker.pending() == 0
+    finally:
+        svc.close()
+        promoteproc.stop(cfg.state_dir)

@@ -239,3 +239,33 @@ def test_a_jobs_namespaces_are_set_up_together(
     firsts = [min(qs, key=lambda q: q.start) for qs in lists.values()]
     assert _max_in_flight(firsts) == len(families), sorted(
         (round(q.start, 3), round(q.end or 0, 3), q.target) for q in firsts)
+
+
+def test_a_releases_records_go_at_once_with_the_root_ready(
+        net: NetProxy, seaweed_server: Any, tmp_path: Path) -> None:
+    """After a job that only read: its outcome and read records, two PUTs in flight
+    together, and nothing else. The promotion worker opened the root (its marker)
+    while the job ran; it did so after the job, then the two PUTs one after the
+    other: 3 round trips, 4 with a new connection, that ``casfs run`` waited."""
+    url = _url(net, tmp_path)
+    # Keys as Triton names them (64 hex digits): the reader's opens are entries hit,
+    # which an outcome record counts.
+    writer = WRITE_JOB.replace('key = f"{sys.argv[2]}{i:05d}" + "x" * 40',
+                               'key = f"{i:064x}"')
+    _run(tmp_path, "writer", url, seaweed_server, "budget", sys.executable, "-c", writer,
+         "3", "K")
+    net.delay = 0.02  # 40 ms RTT
+    net.reset_counts()
+    job = READ_JOB.replace('print(json.dumps({"files": n, "bytes": b}))',
+                           'import time; time.sleep(2); print(time.monotonic())')
+    r = _run(tmp_path, "fresh", url, seaweed_server, "budget", sys.executable, "-c", job)
+    ended = float(r.stdout.split()[-1])  # CLOCK_MONOTONIC: the proxy's clock too
+    after = [q for q in net.requests() if q.start > ended]
+    kinds = sorted((q.method, q.target.split("?")[0].split("/budget/")[-1]) for q in after)
+    assert [k for k in kinds if k[0] != "PUT"] == [], kinds
+    puts = {k[1].split("/")[0]: q for k, q in zip(kinds, sorted(
+        after, key=lambda q: (q.method, q.target.split("?")[0].split("/budget/")[-1])),
+        strict=True)}
+    assert set(puts) == {"outcomes", "reads"}, kinds
+    assert _max_in_flight(list(puts.values())) == 2, [
+        (round(q.start - ended, 3), round((q.end or 0) - ended, 3), q.target) for q in after]
