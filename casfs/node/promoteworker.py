@@ -165,6 +165,7 @@ class Worker(ChildServer):
         self._busy = threading.Condition(self._lock)  # a request is in flight
         self._index: NodeIndex | None = None
         self._spaces: dict[str, _Namespace] = {}
+        self._opening: dict[str, threading.Lock] = {}  # a namespace's opening in progress
         self.activity = _Activity()
         self._inflight: dict[int, int] = {}  # request id -> activity count last reported
 
@@ -210,10 +211,19 @@ class Worker(ChildServer):
             sp = self._spaces.pop(key, None)
             if sp is not None:
                 self._spaces[key] = sp  # the most recently used last
-        if sp is None:
-            sp = _Namespace(spec, ns, self.activity)
+                return sp
+            opening = self._opening.setdefault(key, threading.Lock())
+        # One opening per namespace: requests that come together (a release's two
+        # records, beside a prepare still reading the marker) wait for it, not each
+        # read the marker again.
+        with opening:
+            with self._lock:
+                sp = self._spaces.get(key)
+            if sp is None:
+                sp = _Namespace(spec, ns, self.activity)
             with self._lock:
                 sp = self._spaces.setdefault(key, sp)
+                self._opening.pop(key, None)
                 while len(self._spaces) > MAX_SPACES:  # released namespaces' caches go
                     self._spaces.pop(next(iter(self._spaces)))
         return sp

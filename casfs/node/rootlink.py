@@ -66,6 +66,7 @@ class RootLink:
             return
         cfg = self.cfg
         bound = min(cfg.fetch_timeout, ROOT_OPEN_TIMEOUT)
+        ns = cfg.namespace
         try:
             # In a thread: a POSIX root on a dead hard NFS mount blocks in the kernel
             # for good, and a job's start must not wait for it (I4).
@@ -74,9 +75,13 @@ class RootLink:
                 f"root-open:{cfg.root}:{cfg.tenant}:{cfg.namespace}",
                 lambda: SharedRoot.open(cfg.root, create=True, counters=self.counters,
                                         tenants=self.policy, timeout=cfg.fetch_timeout,
-                                        open_timeout=bound),
+                                        open_timeout=bound,
+                                        # the lower feed's first LIST, beside the marker
+                                        beside=lambda b: GenerationStore.list_names(b, ns)),
                 bound + 1.0)
             self.error = None
+            if isinstance(self.root.beside, list):
+                self.gens().seed_listing(ns, self.root.beside)
             if not self.root.is_local:  # the fetch worker's open need not GET it again
                 self.spec["marker"] = self.root.marker
             # A packed object fetched before any manifest was read this run (a

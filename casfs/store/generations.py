@@ -60,7 +60,7 @@ from casfs.errors import (
     UsageError,
 )
 from casfs.store import manifest
-from casfs.store.backend import NotRegularFileError
+from casfs.store.backend import Backend, NotRegularFileError
 from casfs.store.entry import Entry
 from casfs.store.freshness import JUNK_SCAN, Head, Heads, RolledBackError, record_digest
 from casfs.store.marks import Condemned
@@ -104,6 +104,8 @@ PART_READS = 8
 # generation's record to serve it, then again for the access profile and for the
 # compile times (three GETs of one key from every node of a fleet start, docs/fleet.md).
 RECORDS_KEPT = 64
+# Seconds a LIST read beside the root's marker stands for the mount's own first LIST.
+LISTING_FRESH = 5.0
 
 
 @dataclass
@@ -166,15 +168,32 @@ class GenerationStore:
         # (ns, seq) -> (the record's digest, the record): records are never rewritten
         # (publication creates a new seq); only callers that ask take a kept one.
         self._records: OrderedDict[tuple[str, int], tuple[str, Record]] = OrderedDict()
+        # ns -> (when, the names a LIST of its generations gave): ``seed_listing``.
+        self._listed: dict[str, tuple[float, list[str]]] = {}
 
     # --- enumeration ------------------------------------------------------
     def namespaces(self) -> list[str]:
         return [n for n in self.backend.list("namespaces") if NS_RE.match(n)]
 
+    @staticmethod
+    def list_names(backend: Backend, ns: str) -> list[str]:
+        """The raw names a LIST of ``ns``'s generations gives (for ``seed_listing``)."""
+        check_name(ns)
+        return list(backend.list(f"namespaces/{ns}/generations"))
+
+    def seed_listing(self, ns: str, names: list[str]) -> None:
+        """``list_names`` just read for ``ns`` (beside the root's marker): the next
+        ``seqs(ns)`` takes it instead of listing again, if it comes within
+        LISTING_FRESH seconds."""
+        self._listed[ns] = (time.monotonic(), names)
+
     def seqs(self, ns: str) -> list[int]:
         check_name(ns)
         out = []
-        for name in self.backend.list(f"namespaces/{ns}/generations"):
+        seeded = self._listed.pop(ns, None)
+        for name in (seeded[1] if seeded is not None
+                     and time.monotonic() - seeded[0] < LISTING_FRESH
+                     else self.backend.list(f"namespaces/{ns}/generations")):
             # seq_name pads to SEQ_WIDTH digits and grows past 10**12 - 1 (which a
             # record planted at 999999999999 brings about): every name seq_name makes,
             # else gc, verify and `generations` would not see the newest generations.

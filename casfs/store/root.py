@@ -40,11 +40,13 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import logging
 import os
 import socket
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 from casfs import __version__
@@ -61,10 +63,15 @@ from casfs.util.counters import Counters
 from casfs.util.fsinfo import unmounted_fstab_mount
 from casfs.util.location import RootLocation, S3Location, parse_location
 
+log = logging.getLogger(__name__)
+
 FORMAT_MAJOR = 1
 FORMAT_VERSION = f"{FORMAT_MAJOR}.0"
 MARKER = "casfs.json"
 MAX_MARKER_BYTES = 1 << 20
+# Seconds an open waits, after the marker, for the read it ran beside it (then the
+# caller reads again itself: a slow LIST must not make the root look down).
+BESIDE_WAIT = 1.0
 
 
 class SharedRoot:
@@ -77,6 +84,9 @@ class SharedRoot:
         # its lower entries came from, and starts over if pointed at another.
         self.root_id = root_id or str(path)
         self.marker: dict[str, object] = {}  # casfs.json as read at open
+        # What ``open(beside=...)`` got while the marker was read (None: nothing, or
+        # it failed: the caller asks again).
+        self.beside: object = None
         self.backend: Backend = backend or LocalBackend(self.path)
         self.counters = counters or Counters()
         self.objects = ObjectStore(self.backend, self.counters)
@@ -102,7 +112,8 @@ class SharedRoot:
     def open(cls, path: str | os.PathLike[str] | RootLocation, *, create: bool = False,
              counters: Counters | None = None, tenants: TenantPolicy | None = None,
              timeout: float = 20.0, open_timeout: float | None = None,
-             read_cache: bool = True, marker: dict[str, object] | None = None) -> SharedRoot:
+             read_cache: bool = True, marker: dict[str, object] | None = None,
+             beside: Callable[[Backend], object] | None = None) -> SharedRoot:
         """Open the root at ``path``; with ``create``, initialise it if it does not exist yet.
 
         ``timeout`` bounds each request to an object store (a fetch slower than
@@ -112,13 +123,17 @@ class SharedRoot:
         root itself: verify, gc). ``marker``: an object store root's marker as another
         process of this node read it (``SharedRoot.marker``), checked again, not fetched
         again (a node's mount, fetch and promotion processes read it once, not thrice).
+        ``beside``: the caller's first read of an object store root, run on its backend
+        while the marker is read (a round trip, not two, before a mount serves); its
+        result is ``root.beside``, kept only if the marker says the root is casfs's.
         """
         loc = path if isinstance(path, S3Location) else parse_location(path)
         if isinstance(loc, S3Location):
             if not read_cache:
                 loc = dataclasses.replace(loc, read_cache="")
             return cls._open_s3(loc, create=create, counters=counters, tenants=tenants,
-                                timeout=timeout, open_timeout=open_timeout, marker=marker)
+                                timeout=timeout, open_timeout=open_timeout, marker=marker,
+                                beside=beside)
         p = loc
         marker_path = p / MARKER  # a local read: read again (cheap), not trusted from others
         if not marker_path.exists():
@@ -137,7 +152,8 @@ class SharedRoot:
     def _open_s3(cls, loc: S3Location, *, create: bool, counters: Counters | None,
                  tenants: TenantPolicy | None, timeout: float,
                  open_timeout: float | None = None,
-                 marker: dict[str, object] | None = None) -> SharedRoot:
+                 marker: dict[str, object] | None = None,
+                 beside: Callable[[Backend], object] | None = None) -> SharedRoot:
         backend = S3Backend(loc, timeout=timeout)
         if marker is not None:  # read by another process of this node: checked again
             doc = parse_marker(json.dumps(marker).encode(), str(loc))
@@ -148,6 +164,7 @@ class SharedRoot:
         # SlowDown must not make a fresh node serve nothing until its next retry.
         probe = backend if open_timeout is None or open_timeout >= timeout \
             else S3Backend(loc, timeout=open_timeout, retries=2)
+        got = _Beside(beside, backend) if beside is not None else None
         try:
             with probe.open(MARKER) as f:
                 raw = f.read(1 << 16)
@@ -162,8 +179,11 @@ class SharedRoot:
         except OSError as e:
             raise StoreFormatError(f"cannot reach the shared root {loc}: {e.strerror or e}") \
                 from None
-        return cls._with_cache(loc, parse_marker(raw, str(loc)), counters, tenants, backend,
+        root = cls._with_cache(loc, parse_marker(raw, str(loc)), counters, tenants, backend,
                                timeout)
+        if got is not None:
+            root.beside = got.result(BESIDE_WAIT)
+        return root
 
     @classmethod
     def _with_cache(cls, loc: S3Location, doc: dict[str, object], counters: Counters | None,
@@ -184,6 +204,26 @@ class SharedRoot:
 
     def generations(self) -> GenerationStore:
         return GenerationStore(self)
+
+
+class _Beside:
+    """``fn(backend)`` in a thread; ``result()`` waits for it (None if it raised)."""
+
+    def __init__(self, fn: Callable[[Backend], object], backend: Backend) -> None:
+        self.value: object = None
+
+        def run() -> None:
+            try:
+                self.value = fn(backend)
+            except Exception as e:  # the caller asks again, and sees it then
+                log.debug("read beside the marker: %s", e)
+
+        self.thread = threading.Thread(target=run, name="casfs-open-beside", daemon=True)
+        self.thread.start()
+
+    def result(self, timeout: float) -> object:
+        self.thread.join(timeout)
+        return None if self.thread.is_alive() else self.value
 
 
 def check_marker(marker: Path) -> dict[str, object]:

@@ -144,6 +144,13 @@ def test_a_fresh_node_costs_one_request_per_50_files(
     # root that is down). It was read three times.
     markers = [q for q in reqs if q.target.split("?")[0].endswith("/casfs.json")]
     assert len(markers) <= 2, [(q.method, q.target) for q in markers]
+    # The mount's first LIST of the namespace's generations goes beside its marker
+    # read (one round trip, not two, before it serves), and is its only one.
+    lists = [q for q in reqs if "list-type=2" in q.target and "%2Fgenerations" in q.target]
+    assert len(lists) == 1, [q.target for q in lists]
+    first = min(markers, key=lambda q: q.start)
+    assert _max_in_flight([first, lists[0]]) == 2, [
+        (round(q.start, 3), round(q.end or 0, 3), q.target) for q in (first, lists[0])]
     read = json.loads(r.stdout.strip().splitlines()[-1])
     assert read["files"] == files
     kinds = {k: v for k, v in counts.items() if v and k in (
@@ -167,7 +174,12 @@ def test_a_refresh_costs_o1_lists(net: NetProxy, seaweed_server: Any, tmp_path: 
                      sys.executable, "-c", WRITE_JOB, "2", f"N{new_gens}-{i}-")
             net.reset_counts()
             reply = node.ask(w, "refresh")
+            # Not the refresh's: the promotion worker opening the root in the background
+            # as the mount starts serving (its marker may come this late on a busy node).
+            early = sum(q.target.split("?")[0].endswith("/casfs.json") for q in net.requests())
             counts = net.reset_counts()
+            counts["requests"] -= early
+            counts["get"] -= early
             assert reply["ok"], reply
             print(f"refresh after {new_gens} new generations: {counts['requests']} requests,"
                   f" {counts['list']} LIST, {counts['head']} HEAD, {counts['get']} GET")
@@ -239,6 +251,13 @@ def test_a_jobs_namespaces_are_set_up_together(
     firsts = [min(qs, key=lambda q: q.start) for qs in lists.values()]
     assert _max_in_flight(firsts) == len(families), sorted(
         (round(q.start, 3), round(q.end or 0, 3), q.target) for q in firsts)
+    # Each namespace's marker: read by its mount and once by the promotion worker,
+    # whose first requests come together for a job this short (its early opening,
+    # the outcome and read records), not once by each of them; and once by casfs
+    # run, which explains the misses of namespaces with nothing published yet.
+    markers = [q for q in net.requests() if q.target.split("?")[0].endswith("/casfs.json")]
+    assert len(markers) <= 2 * len(families) + 1, [
+        round(q.start - markers[0].start, 3) for q in markers]
 
 
 def test_a_releases_records_go_at_once_with_the_root_ready(

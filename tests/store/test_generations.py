@@ -320,3 +320,40 @@ def test_a_generations_manifest_parts_are_read_at_once(root: SharedRoot) -> None
     snap = fresh.generations().entries("ns")
     assert snap.entries == expected
     assert most == 5, most
+
+
+def test_a_listing_read_beside_the_marker_stands_for_the_first_list_once(
+        root: SharedRoot, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``seed_listing``: a LIST a mount read beside the root's marker is its first
+    ``seqs`` (no second LIST), once, and only while fresh."""
+    from casfs.store import generations
+
+    gens = root.generations()
+    gens.publish("ns", store_files(root, {"a": b"1"}), node="n1")
+    planted = [generations.seq_name(7)]  # what only the seeded listing says
+    gens.seed_listing("ns", GenerationStore.list_names(root.backend, "ns") + planted)
+    assert gens.seqs("ns") == [1, 7]
+    assert gens.seqs("ns") == [1]  # taken once: the next one lists the root
+    monkeypatch.setattr(generations, "LISTING_FRESH", 0.0)
+    gens.seed_listing("ns", planted)
+    assert gens.seqs("ns") == [1]  # stale: listed again
+
+
+def test_an_s3_open_reads_beside_its_marker(s3_url: str) -> None:
+    """``SharedRoot.open(beside=)``: the caller's first read runs on the root's backend
+    while the marker is read; its result is ``root.beside``, and a failure of it is
+    nothing but a None (the caller reads again itself)."""
+    SharedRoot.open(s3_url, create=True)
+    seen: list[object] = []
+
+    def first(backend: object) -> list[str]:
+        seen.append(backend)
+        return ["listed"]
+
+    root = SharedRoot.open(s3_url, beside=first)
+    assert root.beside == ["listed"] and len(seen) == 1
+
+    def broken(backend: object) -> object:
+        raise OSError("reset by peer")
+
+    assert SharedRoot.open(s3_url, beside=broken).beside is None
