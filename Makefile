@@ -32,7 +32,10 @@ clients: bootstrap
 # Independent real-mount tests run in parallel (pytest-xdist): each test has its own
 # root, state dir and mount base, and each worker its own SeaweedFS. Two workers on
 # 2 cores: three made load-bound timeouts (a 3 s root-open bound) show in CI.
-XDIST ?= -n 2
+# loadgroup: a module marked xdist_group runs on one worker (tests/system/test_systemd.py:
+# two booted containers at once share the worker's cgroup, and one's systemd stopped the
+# other's casfsd).
+XDIST ?= -n 2 --dist loadgroup
 
 # The core suite: every real path that is not a whole system (no systemd boot, no wheel
 # in a clean root, no Prometheus, no vLLM/FlashInfer). For iterating: ~10 min on 2 cores.

@@ -15,6 +15,7 @@ from casfs.util.defaults import default_state_dir
 # How long a query waits for one mount (a stopped or wedged one must not hold the
 # report on the others); publish and refresh do work, and wait longer.
 QUERY_TIMEOUT = 10.0
+CONNECT_WAIT = 2.0  # seconds a query tries again while a mount's socket is not bound
 
 
 def _ask(args: argparse.Namespace, cmd: str, timeout: float = 60.0) -> list[dict[str, Any]]:
@@ -29,7 +30,9 @@ def _ask(args: argparse.Namespace, cmd: str, timeout: float = 60.0) -> list[dict
     want = str(Path(args.mountpoint).absolute()) if args.mountpoint else None
     for m in find(args.mountpoint):
         try:
-            r = control.request(m["socket"], cmd, timeout=timeout)
+            # connect_wait: a mount process being replaced (a restart, an upgrade) leaves
+            # its socket path unbound for a moment; that is no unreachable mount.
+            r = control.request(m["socket"], cmd, timeout=timeout, connect_wait=CONNECT_WAIT)
         except DaemonUnavailableError as e:
             lost.append({"ok": False, "unreachable": True, "name": m.get("name"),
                          "mountpoint": m["mountpoint"], "pid": m.get("pid"),

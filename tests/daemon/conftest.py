@@ -145,7 +145,16 @@ class Daemon:
         return r
 
     def status(self) -> list[dict[str, Any]]:
-        return list(json.loads(self.cli("status", "--json").stdout))
+        r = self.cli("status", "--json", check=False)
+        if r.returncode != 0:  # say which mount did not answer, and why, first
+            try:
+                lost = [(m.get("name"), m.get("pid"), m.get("error"))
+                        for m in json.loads(r.stdout) if m.get("unreachable")]
+            except ValueError:
+                lost = []
+            raise AssertionError(f"casfs status exited {r.returncode}: unreachable {lost};"
+                                 f" {r.stderr[-2000:]}")
+        return list(json.loads(r.stdout))
 
     def published(self, namespace: str) -> set[str]:
         """Paths in the newest generation of ``namespace`` (empty if it has none)."""

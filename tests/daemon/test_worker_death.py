@@ -27,6 +27,9 @@ pytestmark = [pytest.mark.fuse, pytest.mark.slow]
     r"worker pid \d+ killed by signal \d+; restarting",
     r"clearing a dead mount at ",
     r"cleared the dead mount at ",
+    # the test's own clean-up kills its job (SIGKILL) before casfsd stops: if the lease
+    # check sees it first, what the job wrote last is held back, as it should be
+    r"a job was killed: \d+ files it may have been writing are not published",
 )
 def test_kill_9_of_the_mount_processes(tmp_path: Path) -> None:
     require_fuse()

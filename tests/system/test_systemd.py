@@ -46,7 +46,10 @@ from typing import Any
 
 import pytest
 
-pytestmark = [pytest.mark.slow, pytest.mark.fuse]
+# One container at a time: each worker's container would be booted in that worker's cgroup
+# (no systemd on the host to give it a scope), and two systemds managing one cgroup tree
+# stop each other's units (CI: a restart in one container took the other's casfsd down).
+pytestmark = [pytest.mark.slow, pytest.mark.fuse, pytest.mark.xdist_group("systemd")]
 
 REPO = Path(__file__).resolve().parents[2]
 TREE_SCRIPT = REPO / "scripts" / "systemd-tree.sh"
