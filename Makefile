@@ -32,10 +32,11 @@ clients: bootstrap
 # Independent real-mount tests run in parallel (pytest-xdist): each test has its own
 # root, state dir and mount base, and each worker its own SeaweedFS. Two workers on
 # 2 cores: three made load-bound timeouts (a 3 s root-open bound) show in CI.
-# loadgroup: a module marked xdist_group runs on one worker (tests/system/test_systemd.py:
-# two booted containers at once share the worker's cgroup, and one's systemd stopped the
-# other's casfsd).
-XDIST ?= -n 2 --dist loadgroup
+# loadscope: a module's tests run on one worker, in order, with nothing between them, so
+# a module-scoped fixture is set up once (tests/system/test_systemd.py's tests share one
+# booted container: with --dist load another module's test came between two of them, the
+# container was booted anew, and every later test found casfsd never started).
+XDIST ?= -n 2 --dist loadscope
 
 # The core suite: every real path that is not a whole system (no systemd boot, no wheel
 # in a clean root, no Prometheus, no vLLM/FlashInfer). For iterating: ~10 min on 2 cores.

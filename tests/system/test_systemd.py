@@ -46,10 +46,9 @@ from typing import Any
 
 import pytest
 
-# One container at a time: each worker's container would be booted in that worker's cgroup
-# (no systemd on the host to give it a scope), and two systemds managing one cgroup tree
-# stop each other's units (CI: a restart in one container took the other's casfsd down).
-pytestmark = [pytest.mark.slow, pytest.mark.fuse, pytest.mark.xdist_group("systemd")]
+# The tests share one booted container (``box``, module scope) and run in order: make
+# test's --dist loadscope keeps them on one worker with no other module's test between.
+pytestmark = [pytest.mark.slow, pytest.mark.fuse]
 
 REPO = Path(__file__).resolve().parents[2]
 TREE_SCRIPT = REPO / "scripts" / "systemd-tree.sh"
@@ -163,13 +162,21 @@ class Container:
                            start_new_session=True)
         if check and r.returncode != 0:
             pytest.fail(f"in the container: {script!r} exited {r.returncode}:\n"
-                        f"{r.stdout}\n{r.stderr}")
+                        f"{r.stdout}\n{r.stderr}\n{self.why_down()}")
         return r
+
+    def why_down(self) -> str:
+        """casfsd's unit state and the journal's last lines: what a failure report needs
+        when casfsd is not serving (a failed start, a watchdog abort, a kill)."""
+        r = self.sh("systemctl show casfsd -p ActiveState,SubState,Result,NRestarts,"
+                    "ExecMainStatus; journalctl -u casfsd --no-pager -n 40;"
+                    " echo '-- the whole journal:'; journalctl --no-pager -n 40", check=False)
+        return f"casfsd's unit and journal:\n{r.stdout}"
 
     def kill(self, pid: int, sig: str = "KILL") -> None:
         """``kill -SIG pid`` in the container; a pid that names no one process (0 from
         ``MainPID`` of a casfsd that is down) fails the test instead."""
-        assert pid > 1, f"no process to signal (pid {pid}): is casfsd down?"
+        assert pid > 1, f"no process to signal (pid {pid}): is casfsd down? {self.why_down()}"
         self.sh(f"kill -{sig} {pid}")
 
     def show(self, *props: str) -> dict[str, str]:
@@ -184,9 +191,8 @@ class Container:
             if v:
                 return v
             if time.monotonic() > deadline:
-                journal = self.sh("journalctl -u casfsd --no-pager -n 40", check=False).stdout
                 pytest.fail(f"timed out after {timeout:.0f}s waiting for {what};"
-                            f" casfsd's journal:\n{journal}")
+                            f" {self.why_down()}")
             time.sleep(interval)
 
     def journal(self, since_cursor: str | None = None) -> list[dict[str, Any]]:
