@@ -143,11 +143,13 @@ class WorkerTransport:
             # Scratch is never promoted (the promoter drops it): dropped here, not sent.
             # Inductor's lock files alone were a worker round, and that round's reads
             # of the root, at the release of every job.
-            scratch = [p for p in paths if ctx.rules.is_scratch(p)]
-            if scratch:
-                for p in scratch:
+            kept = []
+            for p in paths:
+                if ctx.rules.is_scratch(p):
                     ctx.tracker.forget(p)
-                paths = [p for p in paths if not ctx.rules.is_scratch(p)]
+                else:
+                    kept.append(p)
+            paths = kept
             if paths and busy is not None:
                 held = busy(paths)
                 res.deferred += len(held)
@@ -467,8 +469,7 @@ class Publication:
         """Write what this mount's jobs opened as a read record (casfs.store.reads) when
         casfs.node.usage says it is due; ``force`` at publication, ``final`` at release."""
         beside = None
-        if self.clock is not None and (
-                final or outcomes.day_of(time.time()) != self._outcome_day):
+        if self._outcome_due(final, outcomes.day_of(time.time())):
             # The outcome record goes beside the read record: a release's two small
             # writes at once, not one round trip after the other.
             beside = threading.Thread(target=self.record_outcomes, args=(final,),
@@ -500,16 +501,18 @@ class Publication:
 
     OUTCOME_KEYS = ("entries_hit", "entries_missed", "compile_ms_saved", "entries_hit_untimed")
 
+    def _outcome_due(self, final: bool, today: str) -> bool:
+        """An outcome record is written now: at release, or on a new UTC day."""
+        return self.clock is not None and (final or today != self._outcome_day)
+
     def record_outcomes(self, final: bool = False) -> None:
         """This mount's outcome record (casfs.store.outcomes): at release (``final``),
         and on the first call of a new UTC day (the rows then go to the day before).
         One small write per namespace and release, or per day; nothing when all is 0."""
         ctx, clock = self.ctx, self.clock
-        if clock is None:
-            return
         now = time.time()
         today = outcomes.day_of(now)
-        if not final and today == self._outcome_day:
+        if clock is None or not self._outcome_due(final, today):
             return
         cur = {k: ctx.counters.get(k) for k in self.OUTCOME_KEYS}
         d = {k: cur[k] - self._outcome_base.get(k, 0) for k in self.OUTCOME_KEYS}

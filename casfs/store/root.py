@@ -207,7 +207,8 @@ class SharedRoot:
 
 
 class _Beside:
-    """``fn(backend)`` in a thread; ``result()`` waits for it (None if it raised)."""
+    """``fn(backend)`` in a thread; ``result(timeout)`` waits for it at most that long
+    (None if it raised or is still running)."""
 
     def __init__(self, fn: Callable[[Backend], object], backend: Backend) -> None:
         self.value: object = None
