@@ -46,10 +46,11 @@ def _state() -> tuple[str, str]:
 
 
 def _index() -> tuple[str, str]:
+    from casfs.index.lmdbenv import index_path
     from casfs.index.node_index import NodeIndex
 
     state = default_state_dir()
-    if not (state / "index").exists():
+    if not index_path(state).exists():
         return "ok", "no node index yet (created on first mount)"
     with NodeIndex.open(state, readonly=True) as idx:
         return "ok", f"node index opens (node id {idx.node_id})"

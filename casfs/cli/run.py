@@ -22,7 +22,7 @@ from casfs.cli import summary
 from casfs.cli.mounts import make_config, prewarm
 from casfs.cli.options import family_opts, mount_opts
 from casfs.cli.output import emit_json
-from casfs.errors import UsageError
+from casfs.errors import CasfsError, UsageError
 from casfs.node.config import HostConfig, MountConfig
 from casfs.util.defaults import default_root, default_serve_base, default_state_dir
 
@@ -90,6 +90,19 @@ def host_config(args: argparse.Namespace, *, for_run: bool) -> HostConfig:
     )
 
 
+def _preopened(start: HostConfig, caches: list[dict[str, Any]]) -> HostConfig:
+    """``start`` reading ``caches``' namespaces from the root while it starts, should it
+    be the one that serves them (casfs.node.preopen; the tenant: this user's)."""
+    from casfs.node.tenant import own_tenant
+
+    try:
+        tenant = own_tenant(start.policy).id
+    except CasfsError:  # no tenant here: the lease says so
+        return start
+    return dataclasses.replace(start, preopen=tuple(
+        (tenant, str(c["family"]), str(c["namespace"])) for c in caches))
+
+
 def cmd_env(args: argparse.Namespace) -> int:
     """Lease this job's caches from the node and print the variables pointing at them."""
     from casfs.fingerprint import job_env
@@ -98,7 +111,7 @@ def cmd_env(args: argparse.Namespace) -> int:
     caches = _caches(_families(args.family, args.namespace), args.namespace,
                      lambda: job_env((), os.environ, args.python, cache=_probe_cache()))
     pid = args.pid or client.lease_pid_default()
-    start = host_config(args, for_run=False) if args.start else None
+    start = _preopened(host_config(args, for_run=False), caches) if args.start else None
     reply, _sock = client.lease(default_state_dir().absolute(), caches, pid, start=start)
     if args.json:
         emit_json(reply)
@@ -112,7 +125,7 @@ def cmd_env(args: argparse.Namespace) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     """Run one job with its caches: shared from the node's mount process when one runs."""
-    from casfs.fingerprint import job_env
+    from casfs.fingerprint import AUTO, job_env
     from casfs.node import client, jobrun
     from casfs.node.tenant import load_tenants, own_tenant
 
@@ -125,11 +138,21 @@ def cmd_run(args: argparse.Namespace) -> int:
     names = _families(args.family, args.namespace)
     state = default_state_dir().absolute()
     start = host_config(args, for_run=True) if args.mode == "fuse" else None
-    # The node's mount process starts while the job's interpreter is probed.
+
+    def probe() -> JobEnv:
+        return job_env(cmd, os.environ, args.python, cache=_probe_cache())
+
+    # Named namespaces need no probe: the mount process, if it is ours to start, reads
+    # them from the root while it starts. Else it starts while the job's interpreter is
+    # probed.
+    caches = _caches(names, args.namespace, probe) if args.namespace not in (None, AUTO) \
+        else None
+    if start is not None and caches is not None:
+        start = _preopened(start, caches)
     early = client.start_early(state, start) if start is not None else None
     try:
-        caches = _caches(names, args.namespace,
-                         lambda: job_env(cmd, os.environ, args.python, cache=_probe_cache()))
+        if caches is None:
+            caches = _caches(names, args.namespace, probe)
     finally:
         if early is not None:
             early.join()

@@ -102,6 +102,11 @@ _registry_lock = threading.Lock()
 _registry: dict[str, IndexEnv] = {}
 
 
+def index_path(state_dir: Path) -> Path:
+    """Where a node's index lives in its state dir (absent: nothing was indexed here)."""
+    return Path(state_dir) / "index"
+
+
 class IndexEnv:
     """One open LMDB environment with its named databases."""
 
@@ -120,7 +125,7 @@ class IndexEnv:
     @classmethod
     def open(cls, state_dir: Path, *, map_size: int, readonly: bool) -> IndexEnv:
         """The process's handle on ``<state_dir>/index`` (shared if already open)."""
-        path = Path(state_dir) / "index"
+        path = index_path(state_dir)
         key = os.path.realpath(path)
         with _registry_lock:
             existing = _registry.get(key)

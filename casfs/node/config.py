@@ -153,6 +153,8 @@ def load_config(cls: Any, text: str, paths: tuple[str, ...]) -> Any:
             v = parse_location(v)
         elif f.name == "scratch_patterns":
             v = tuple(v)
+        elif f.name == "preopen":
+            v = tuple(tuple(str(x) for x in t) for t in v)
         kw[f.name] = v
     return cls(**kw)
 
@@ -182,6 +184,9 @@ class HostConfig:
     name: str = "host"
     tenants: dict[str, Any] = field(default_factory=dict)  # TenantPolicy.to_dict()
     quota: dict[str, Any] = field(default_factory=dict)  # QuotaPolicy.to_dict() (MountConfig)
+    # (tenant, family, namespace) a job is about to lease (casfs run's own host): their
+    # first reads of the root begin while the host starts (casfs.node.preopen).
+    preopen: tuple[tuple[str, str, str], ...] = ()
 
     # What casfs.node.worker.Worker and the supervisor read from a config.
     @property

@@ -761,9 +761,9 @@ class NodeHost:
 
 # --- the process ------------------------------------------------------------------------------
 def main(argv: list[str] | None = None) -> int:
-    from casfs.node import worker
+    from casfs.node import hoststart
 
-    return worker.run_child("casfs-host", argv, HostConfig.from_json, NodeHost)
+    return hoststart.main(argv)
 
 
 if __name__ == "__main__":

@@ -106,11 +106,16 @@ class LowerFeed:
         """Index the newest generation's manifest parts not seen yet; its seq, or None."""
         assert self.link.root is not None
         gens = self.link.gens()
-        newest = gens.latest_seq(self.cfg.namespace, hint=known or None)
+        ahead = self.link.take_newest()  # found while the host started (casfs.node.preopen)
+        if ahead is not None and (not known or (ahead[0] or 0) >= known):
+            newest, got = ahead
+        else:  # (below what this node served: probed from it, so a rollback is reported)
+            newest, got = gens.latest_seq(self.cfg.namespace, hint=known or None), None
         if newest is None or newest <= known:
             return None  # nothing new: no manifest is read
         # newest_valid validates the whole generation before any of it is served.
-        _, rec, snap = gens.newest_valid(self.cfg.namespace, newest=newest)
+        rec, snap = got if got is not None else \
+            gens.newest_valid(self.cfg.namespace, newest=newest)[1:]
         if rec is None or rec.seq <= known:
             return None
         self._ingest(rec, snap)

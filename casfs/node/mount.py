@@ -50,6 +50,7 @@ from casfs.node import (
     handover,
     lifeline,
     nsregistry,
+    preopen,
     promoteproc,
     quota,
     readahead,
@@ -71,7 +72,6 @@ from casfs.node.tasks import Periodic
 from casfs.promote.tracker import WriteTracker
 from casfs.store.root import SharedRoot
 from casfs.tenants import TenantPolicy
-from casfs.util.counters import Counters
 from casfs.util.flock import try_flock
 from casfs.view import session
 
@@ -115,7 +115,7 @@ class MountService:
             cfg.check()
         self.cfg = cfg
         self.rules = families.rules(cfg.family, cfg.scratch_patterns)
-        self.counters = Counters()
+        self.counters = preopen.counters(cfg)  # with what a pre-open read for us, if any
         self.tracker = WriteTracker()
         self.started = time.time()
         self._t0 = time.monotonic()  # the origin of mount_ready_s and warm_ready_s

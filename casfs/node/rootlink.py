@@ -20,8 +20,9 @@ from typing import Any
 
 from casfs.errors import CasfsError, CorruptObjectError, ObjectMissingError
 from casfs.index.node_index import NodeIndex
-from casfs.node import fetchproc
+from casfs.node import fetchproc, preopen
 from casfs.node.config import HostConfig, MountConfig
+from casfs.node.preopen import ROOT_OPEN_TIMEOUT
 from casfs.store.generations import GenerationStore
 from casfs.store.root import SharedRoot
 from casfs.tenants import TenantPolicy
@@ -31,9 +32,6 @@ from casfs.util.counters import Counters
 log = logging.getLogger(__name__)
 
 ROOT_RETRY_AFTER = 5.0  # seconds before a root that failed to open is tried again
-# The longest opening the root may hold a mount's start (or a refresh): the marker is
-# one small read, and a job must not wait a whole fetch timeout on a hung server (I4).
-ROOT_OPEN_TIMEOUT = 3.0
 
 
 class RootLink:
@@ -49,6 +47,7 @@ class RootLink:
         self.error: str | None = None
         self._failed_at = -math.inf  # monotonic end of the last failed open
         self._gens: GenerationStore | None = None
+        self._newest: preopen.Newest | None = None  # read ahead by a pre-open: take_newest
         # How a worker process opens the same root (sent over a socket, never on argv).
         self.spec: dict[str, Any] = {"root": str(cfg.root), "tenant": cfg.tenant,
                                      "tenants": cfg.tenants, "timeout": cfg.fetch_timeout}
@@ -68,20 +67,26 @@ class RootLink:
         bound = min(cfg.fetch_timeout, ROOT_OPEN_TIMEOUT)
         ns = cfg.namespace
         try:
-            # In a thread: a POSIX root on a dead hard NFS mount blocks in the kernel
-            # for good, and a job's start must not wait for it (I4).
-            self.root = call_bounded(
-                # per namespace: namespaces attached at once must not refuse each other
-                f"root-open:{cfg.root}:{cfg.tenant}:{cfg.namespace}",
-                lambda: SharedRoot.open(cfg.root, create=True, counters=self.counters,
-                                        tenants=self.policy, timeout=cfg.fetch_timeout,
-                                        open_timeout=bound,
-                                        # the lower feed's first LIST, beside the marker
-                                        beside=lambda b: GenerationStore.list_names(b, ns)),
-                bound + 1.0)
+            pre = preopen.take(cfg)  # begun by the host before it could attach us
+            if pre is not None:
+                self.root = pre.result(bound + 1.0)
+                self._gens, self._newest = pre.gens, pre.newest
+                self.counters.inc("root_preopened")
+            else:
+                # In a thread: a POSIX root on a dead hard NFS mount blocks in the kernel
+                # for good, and a job's start must not wait for it (I4).
+                self.root = call_bounded(
+                    # per namespace: namespaces attached at once must not refuse each other
+                    f"root-open:{cfg.root}:{cfg.tenant}:{cfg.namespace}",
+                    lambda: SharedRoot.open(cfg.root, create=True, counters=self.counters,
+                                            tenants=self.policy, timeout=cfg.fetch_timeout,
+                                            open_timeout=bound,
+                                            # the lower feed's first LIST, beside the marker
+                                            beside=lambda b: GenerationStore.list_names(b, ns)),
+                    bound + 1.0)
+                if isinstance(self.root.beside, list):
+                    self.gens().seed_listing(ns, self.root.beside)
             self.error = None
-            if isinstance(self.root.beside, list):
-                self.gens().seed_listing(ns, self.root.beside)
             if not self.root.is_local:  # the fetch worker's open need not GET it again
                 self.spec["marker"] = self.root.marker
             # A packed object fetched before any manifest was read this run (a
@@ -104,6 +109,11 @@ class RootLink:
         if self.root is None:
             self.connect()
         return self.root
+
+    def take_newest(self) -> preopen.Newest | None:
+        """The namespace's newest generation as a pre-open read it, once (else None)."""
+        got, self._newest = self._newest, None
+        return got
 
     def gens(self) -> GenerationStore:
         """One GenerationStore per root handle: it caches parsed manifests."""

@@ -438,7 +438,7 @@ def spawn_host(cfg: HostConfig, *, ready_timeout: float = 120.0, log_to_stderr: 
     check_fuse()
     cfg.check()
     return start_process(
-        "casfs.node.host", cfg, cfg.to_json(), where="the mount process at",
+        "casfs.node.hoststart", cfg, cfg.to_json(), where="the mount process at",
         ready_timeout=ready_timeout, verbose=verbose, log_to_stderr=log_to_stderr,
         log_format=log_format, log_level=log_level, die_with_parent=die_with_parent,
         adopt_grace=adopt_grace, replace=replace, adopt=adopt)

@@ -289,3 +289,47 @@ def test_a_releases_records_go_at_once_with_the_root_ready(
     assert set(puts) == {"outcomes", "reads"}, kinds
     assert _max_in_flight(list(puts.values())) == 2, [
         (round(q.start - ended, 3), round((q.end or 0) - ended, 3), q.target) for q in after]
+
+
+def _logged_at(log: Path, text: str) -> float:
+    """CLOCK_MONOTONIC (the proxy's clock) of the first log line holding ``text``."""
+    import datetime
+    import time
+
+    line = next(ln for ln in log.read_text().splitlines() if text in ln)
+    wall = datetime.datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+    return wall - (time.time() - time.monotonic())
+
+
+def test_a_named_namespace_is_read_while_the_mount_process_starts(
+        net: NetProxy, seaweed_server: Any, tmp_path: Path) -> None:
+    """``casfs run --namespace`` needs no probe of the job: the node's mount process it
+    starts reads the namespace from the root (marker and LIST, the HEAD past the
+    newest, the record, its manifest) while it imports what serving needs, not after
+    the lease (casfs.node.preopen); each once. A node that has an index reads no
+    record ahead: it may hold that generation already."""
+    url = _url(net, tmp_path)
+    _run(tmp_path, "writer", url, seaweed_server, "budget", sys.executable, "-c", WRITE_JOB,
+         "3", "K")
+    job = "import time; print(time.monotonic())"
+    net.delay = 0.05  # 100 ms RTT: the reads take longer than the mount process's start
+    base = SharedRoot.open(url).generations().record("budget", 1).base.digest
+    manifest = f"/objects/{base[:2]}/{base[2:]}"
+    for run in ("fresh", "warm"):
+        net.reset_counts()
+        r = _run(tmp_path, "node", url, seaweed_server, "budget", sys.executable, "-c", job)
+        started = float(r.stdout.split()[-1])
+        before = sorted((q for q in net.requests() if q.start < started), key=lambda q: q.start)
+        paths = [(q.method, q.target.split("?")[0].split("/budget")[-1]) for q in before]
+        lists = [q for q in before if "list-type=2" in q.target and "generations" in q.target]
+        records = [p for p in paths if p[0] == "GET" and "/generations/" in p[1]]
+        manifests = [p for p in paths if p[0] == "GET" and p[1].endswith(manifest)]
+        assert len(lists) == 1 and len([p for p in paths if p[0] == "HEAD"]) == 1, paths
+        assert len(records) == 1, paths  # (on the warm node: the prefetch's, for its profile)
+        if run == "fresh":
+            ready = _logged_at(tmp_path / "node" / "state" / "log" / "host.log",
+                               "serving namespaces under")
+            assert before[0].start < ready, (ready - before[0].start, paths)
+            assert len(manifests) == 1, paths
+        else:
+            assert manifests == [], paths  # the generation it served: nothing new to read
