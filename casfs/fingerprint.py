@@ -195,12 +195,16 @@ def _probe(interpreter: str, env_items: tuple[tuple[str, str], ...],
             doc = json.loads(proc.stdout)
             if cache and key:
                 _store_probe(cache, key, doc)
-        return JobEnv(interpreter, doc.get("python"), doc.get("libc"),
-                      {k: v for k, v in doc.get("packages", {}).items() if isinstance(k, str)})
+        return _job_env_of(interpreter, doc)
     except (OSError, subprocess.SubprocessError, ValueError, AttributeError) as e:
         log.warning("cannot read the packages of %s (left out of the fingerprint): %s",
                     interpreter, e)
         return JobEnv(interpreter, None, None, {})
+
+
+def _job_env_of(interpreter: str, doc: dict[str, Any]) -> JobEnv:
+    return JobEnv(interpreter, doc.get("python"), doc.get("libc"),
+                  {k: v for k, v in doc.get("packages", {}).items() if isinstance(k, str)})
 
 
 # --- the probe cache: one interpreter start (~0.1 s, more in a large venv) saved per job ---
@@ -268,6 +272,11 @@ def _store_probe(cache: str, key: str, doc: dict[str, Any]) -> None:
         log.debug("probe cache %s not written: %s", cache, e)
 
 
+# The environment a probe runs in: the job's PYTHONPATH counts (packages found through
+# it are the job's).
+_PROBE_ENV = ("PATH", "PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "HOME", "LD_LIBRARY_PATH")
+
+
 def job_env(cmd: Sequence[str] = (), env: Mapping[str, str] | None = None,
             python: str | None = None, *, cache: str | os.PathLike[str] | None = None
             ) -> JobEnv:
@@ -280,11 +289,25 @@ def job_env(cmd: Sequence[str] = (), env: Mapping[str, str] | None = None,
     interpreter = resolve_interpreter(cmd, env, python)
     if interpreter is None:
         return JobEnv(None, None, None, {})
-    # The job's PYTHONPATH counts (packages found through it are the job's).
-    keep = {k: v for k, v in env.items() if k in ("PATH", "PYTHONPATH", "PYTHONHOME",
-                                                  "VIRTUAL_ENV", "HOME", "LD_LIBRARY_PATH")}
-    return _probe(interpreter, tuple(sorted(keep.items())),
-                  os.fspath(cache) if cache is not None else None)
+    keep = tuple(sorted((k, v) for k, v in env.items() if k in _PROBE_ENV))
+    return _probe(interpreter, keep, os.fspath(cache) if cache is not None else None)
+
+
+def job_env_kept(cmd: Sequence[str] = (), env: Mapping[str, str] | None = None,
+                 python: str | None = None, *, cache: str | os.PathLike[str]) -> JobEnv | None:
+    """``job_env``'s answer without starting the interpreter: from ``cache``, if an earlier
+    probe of the same interpreter and environment is still valid there; else None."""
+    env = dict(os.environ if env is None else env)
+    interpreter = resolve_interpreter(cmd, env, python)
+    if interpreter is None:
+        return JobEnv(None, None, None, {})
+    keep = tuple(sorted((k, v) for k, v in env.items() if k in _PROBE_ENV))
+    key = _probe_key(interpreter, keep)
+    doc = _cached_probe(os.fspath(cache), key) if key else None
+    try:
+        return _job_env_of(interpreter, doc) if doc is not None else None
+    except AttributeError:  # a damaged entry: the probe runs again
+        return None
 
 
 def fingerprint(family: str, job: JobEnv | None = None) -> Fingerprint:

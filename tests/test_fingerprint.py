@@ -223,10 +223,13 @@ def test_probe_cache_answers_until_a_path_entry_changes(
 
     monkeypatch.setattr(fp.subprocess, "run", counted)
     fp._probe.cache_clear()
+    assert fp.job_env_kept(python=sys.executable, env=env, cache=cache) is None
     first = fp.job_env(python=sys.executable, env=env, cache=cache)
     assert first.packages["torch"] == "9.9.9" and len(runs) == 1 and cache.exists()
     fp._probe.cache_clear()  # a new CLI process: only the file remains
     assert fp.job_env(python=sys.executable, env=env, cache=cache) == first
+    # What casfs run asks before it starts the node's mount process: no interpreter run.
+    assert fp.job_env_kept(python=sys.executable, env=env, cache=cache) == first
     assert len(runs) == 1  # answered from the cache
     # An upgrade: a new dist-info (and the old one gone) changes the directory.
     (site / "torch-9.9.9.dist-info" / "METADATA").unlink()
@@ -235,6 +238,7 @@ def test_probe_cache_answers_until_a_path_entry_changes(
     (site / "torch-10.0.dist-info" / "METADATA").write_text(
         "Metadata-Version: 2.1\nName: torch\nVersion: 10.0\n")
     fp._probe.cache_clear()
+    assert fp.job_env_kept(python=sys.executable, env=env, cache=cache) is None
     assert fp.job_env(python=sys.executable, env=env, cache=cache).packages["torch"] == "10.0"
     assert len(runs) == 2
     fp._probe.cache_clear()

@@ -292,11 +292,11 @@ def test_a_releases_records_go_at_once_with_the_root_ready(
 
 
 def _logged_at(log: Path, text: str) -> float:
-    """CLOCK_MONOTONIC (the proxy's clock) of the first log line holding ``text``."""
+    """CLOCK_MONOTONIC (the proxy's clock) of the last log line holding ``text``."""
     import datetime
     import time
 
-    line = next(ln for ln in log.read_text().splitlines() if text in ln)
+    line = [ln for ln in log.read_text().splitlines() if text in ln][-1]
     wall = datetime.datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()
     return wall - (time.time() - time.monotonic())
 
@@ -333,3 +333,28 @@ def test_a_named_namespace_is_read_while_the_mount_process_starts(
             assert len(manifests) == 1, paths
         else:
             assert manifests == [], paths  # the generation it served: nothing new to read
+
+
+def test_an_auto_namespace_is_read_while_the_mount_process_starts_once_probed(
+        net: NetProxy, seaweed_server: Any, tmp_path: Path) -> None:
+    """``casfs run`` with an ``auto`` namespace (the default) probes the job's
+    interpreter; from the second job on the node the probe's answer is kept, so the
+    namespace is known before the mount process starts, which reads it ahead."""
+    url = _url(net, tmp_path)
+    net.delay = 0.05  # 100 ms RTT
+    env = _env(tmp_path, "node", url, seaweed_server)
+    job = "import time; print(time.monotonic())"
+    require_fuse()
+    for run in ("probed", "kept"):
+        net.reset_counts()
+        r = subprocess.run([sys.executable, "-m", "casfs.cli.main", "run", "--family",
+                            "triton", "--python", sys.executable, "--", sys.executable, "-c",
+                            job], env=env, capture_output=True, text=True, timeout=600,
+                           check=False)
+        assert r.returncode == 0, r.stderr[-4000:]
+        started = float(r.stdout.split()[-1])
+        first = min((q for q in net.requests() if q.start < started), key=lambda q: q.start)
+        ready = _logged_at(tmp_path / "node" / "state" / "log" / "host.log",
+                           "serving namespaces under")
+        if run == "kept":
+            assert first.start < ready, (ready - first.start, first.target)
