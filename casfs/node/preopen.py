@@ -126,6 +126,17 @@ def _run(o: Opened, cfg: MountConfig, whole: bool) -> None:
     finally:
         o.ended = time.monotonic()
         o.done.set()
+        # Never taken (the lease failed, or asked for other namespaces): not kept, with
+        # its client and what it parsed, for the life of the process.
+        t = threading.Timer(FRESH + 1.0, _drop, args=(o,))
+        t.daemon = True
+        t.start()
+
+
+def _drop(o: Opened) -> None:
+    with _lock:
+        if _opened.get(o.key) is o:
+            del _opened[o.key]
 
 
 def counters(cfg: MountConfig) -> Counters:

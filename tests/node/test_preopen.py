@@ -99,6 +99,22 @@ def test_a_stale_preopen_is_not_taken(s3_root: str, tmp_path: Path,
     assert preopen.take(cfg) is None  # ended more than FRESH seconds ago
 
 
+def test_a_preopen_never_taken_is_dropped(s3_root: str, tmp_path: Path,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """A lease that never came: the pre-open (its client, the manifest it parsed) is
+    not kept for the life of the mount process."""
+    import time
+
+    _publish(s3_root, "untaken", {"a": b"1"})
+    cfg = _cfg(s3_root, tmp_path, "untaken")
+    monkeypatch.setattr(preopen, "FRESH", 0.0)
+    assert preopen.begin(cfg)
+    deadline = time.monotonic() + 20
+    while preopen._key(cfg) in preopen._opened and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert preopen._key(cfg) not in preopen._opened
+
+
 def test_a_failed_preopen_is_the_mounts_failure(tmp_path: Path) -> None:
     """Nobody answers at the endpoint: the mount's connect gets the opening's error
     (and serves local state, as when it opens the root itself)."""
