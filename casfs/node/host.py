@@ -47,7 +47,6 @@ import json
 import logging
 import os
 import signal
-import sys
 import time
 import uuid
 from collections.abc import Callable
@@ -759,12 +758,4 @@ class NodeHost:
         return {"host": True, "namespaces": list(self.final.values())}
 
 
-# --- the process ------------------------------------------------------------------------------
-def main(argv: list[str] | None = None) -> int:
-    from casfs.node import hoststart
-
-    return hoststart.main(argv)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+# The process's entry point is casfs.node.hoststart (it starts the pre-opens first).

@@ -4,7 +4,7 @@ When a mount process dies, the gap until the next one serves is mostly the new
 interpreter importing casfs, trio, pyfuse3 and lmdb (1.4-1.7 s measured on a
 busy node). casfsd keeps one standby process that has done all of that and
 waits on a pipe; a restart hands it the mount's arguments and it becomes the
-mount process (``casfs.node.worker`` or ``casfs.node.host`` main), reporting
+mount process (``casfs.node.worker`` or ``casfs.node.hoststart`` main), reporting
 READY on a pipe made when it was started. Then a new standby is started in the
 background. A standby that is not needed exits when its pipe closes.
 """
@@ -22,7 +22,7 @@ from typing import Any
 from casfs.util.child import CHILD_CWD, child_env, python_module
 
 WORKER = "casfs.node.worker"
-HOST = "casfs.node.host"
+HOST = "casfs.node.hoststart"  # the node's mount process (casfs.node.host)
 
 
 class Standby:
@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     import lmdb  # noqa: F401
     import trio  # noqa: F401
 
-    from casfs.node import host, mount, worker  # noqa: F401
+    from casfs.node import host, hoststart, mount, worker  # noqa: F401
 
     with contextlib.suppress(ImportError):  # pyfuse3 is the 'fuse' extra: dir mode needs none
         import pyfuse3  # noqa: F401
@@ -136,11 +136,11 @@ def main(argv: list[str] | None = None) -> int:
     if not line:
         return 0  # not needed: the parent closed the pipe
     order: dict[str, Any] = json.loads(line)
-    module = {WORKER: worker, HOST: host}[order["module"]]
+    module = {WORKER: worker, HOST: hoststart}[order["module"]]
     rest = [*order["argv"], "--ready-fd", str(args.ready_fd)]
     if args.lifeline_fd is not None:
         rest += ["--lifeline-fd", str(args.lifeline_fd)]
-    sys.argv[0] = f"casfs-{order['module'].rsplit('.', 1)[-1]}"
+    sys.argv[0] = {WORKER: "casfs-worker", HOST: "casfs-host"}[order["module"]]
     return int(module.main(rest))
 
 
