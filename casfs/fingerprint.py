@@ -22,6 +22,7 @@ import platform
 import re
 import shutil
 import subprocess
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -373,8 +374,27 @@ def _nvidia_driver() -> str | None:
     return None
 
 
+# nvidia-smi is a process that initialises the driver (slow without persistence mode),
+# and most families' fingerprints name the GPU: ``casfs run`` fingerprints ten of them,
+# one after the other, before its job starts. One answer stands this long (a reload of
+# casfsd after a reconfiguration asks again).
+_GPUS_FOR = 30.0
+_gpus_seen: tuple[float, str | None] | None = None
+
+
 def _gpus() -> str | None:
-    """Model and compute capability of every GPU, e.g. ``NVIDIA H200/9.0``."""
+    """Model and compute capability of every GPU, e.g. ``NVIDIA H200/9.0`` (nvidia-smi
+    asked at most once every _GPUS_FOR seconds)."""
+    global _gpus_seen
+    seen = _gpus_seen
+    if seen is not None and time.monotonic() - seen[0] < _GPUS_FOR:
+        return seen[1]
+    value = _query_gpus()
+    _gpus_seen = (time.monotonic(), value)
+    return value
+
+
+def _query_gpus() -> str | None:
     exe = shutil.which("nvidia-smi")
     if exe is None:
         return None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -242,3 +243,28 @@ def test_probe_cache_answers_until_a_path_entry_changes(
     assert fp.job_env(python=sys.executable, env=env, cache=cache).packages["torch"] == "10.0"
     assert len(runs) == 2
     fp._probe.cache_clear()
+
+
+def test_the_gpu_is_asked_once_for_every_family(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``casfs run`` fingerprints every default family and most name the GPU:
+    nvidia-smi (a process that initialises the driver) runs once, not once a family."""
+    from casfs import fingerprint as fp
+
+    calls = tmp_path / "calls"
+    smi = tmp_path / "bin" / "nvidia-smi"
+    smi.parent.mkdir()
+    smi.write_text(f"#!/bin/sh\necho x >> {calls}\necho 'NVIDIA H200, 9.0'\n")
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{smi.parent}:{os.environ['PATH']}")
+    monkeypatch.setattr(fp, "_gpus_seen", None)
+    job = fp.JobEnv(sys.executable, "3.11.7", "glibc 2.36", {})
+    named = [f for f in families.default_run()
+             if "gpu" in families.get(f).ingredients]
+    assert len(named) >= 3, named
+    fps = [fp.fingerprint(f, job) for f in named]
+    assert {f.ingredients["gpu"] for f in fps} == {"NVIDIA H200/9.0"}
+    assert len(calls.read_text().splitlines()) == 1
+    monkeypatch.setattr(fp, "_GPUS_FOR", 0.0)  # stale: asked again
+    fp.fingerprint(named[0], job)
+    assert len(calls.read_text().splitlines()) == 2
