@@ -829,8 +829,9 @@ class LocalObjectCache:
         prefetch plans without the objects it has; an open still checks the file)."""
         return digest in self._verified
 
-    def fill_packs(self, items: list[tuple[str, int]]) -> tuple[int, int]:
-        return self.fill_reserved(self.reserve_packs(items))
+    def fill_packs(self, items: list[tuple[str, int]],
+                   stop: threading.Event | None = None) -> tuple[int, int]:
+        return self.fill_reserved(self.reserve_packs(items), stop)
 
     def reserve_packs(self, items: list[tuple[str, int]]) -> _Reserved:
         """Register ``items`` as being filled by a prefetch (a job's open of one waits
@@ -858,13 +859,16 @@ class LocalObjectCache:
             if not fill.done.is_set():
                 self._end_fill(digest, fill, CasfsError("prefetch: stopped"))
 
-    def fill_reserved(self, reserved: _Reserved) -> tuple[int, int]:
+    def fill_reserved(self, reserved: _Reserved,
+                      stop: threading.Event | None = None) -> tuple[int, int]:
         """Fill many objects (a whole-namespace prefetch's wave) with one request to the
         filler, which reads each pack holding some of them once (all at once) and
         installs the objects in the order given, each verified by its digest. Objects
         local and trusted, or being filled, are skipped. A job's open of one of them
         meanwhile waits for it (at most BULK_WAIT, then fetches it itself). One index
-        write for the wave. Errors are not raised: returns (filled, failed)."""
+        write for the wave. ``stop`` set: the filler installs no more of it (the
+        namespace goes; what it did not install is not filled). Errors are not raised:
+        returns (filled, failed)."""
         batch = getattr(self._filler, "fill_packs", None)
         mine, packs = reserved.mine, reserved.packs
         if batch is None:  # no fetch worker (debugging): read-ahead's way, one by one
@@ -910,16 +914,18 @@ class LocalObjectCache:
 
         try:
             if todo:
-                batch(todo, progressed, done)
+                batch(todo, progressed, done, stop)
         except Exception as e:  # the request as a whole: a hint lost, never the job's error
             log.debug("prefetch of %d objects failed: %s", len(todo), e)
         finally:
             with self._lock:
                 self._bulk_packs -= packs
-            for digest, (_, fill) in mine.items():  # not answered (the request failed)
+            stopped = stop is not None and stop.is_set()
+            for digest, (_, fill) in mine.items():  # not answered (failed, or stopped)
                 if not fill.done.is_set():
-                    failed += 1
-                    self._end_fill(digest, fill, CasfsError("prefetch: no answer"))
+                    failed += 0 if stopped else 1  # (stopped: not wanted, not failed)
+                    self._end_fill(digest, fill, CasfsError(
+                        "prefetch: stopped" if stopped else "prefetch: no answer"))
         if filled and not self._index.readonly:
             with self._lock:
                 for digest in filled:

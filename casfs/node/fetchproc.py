@@ -23,6 +23,9 @@ Protocol (a Unix socketpair, one message = 4-byte big-endian length + JSON):
                       "root", "ns"}                 a whole-namespace prefetch's wave: each
                                                     pack read once (all at once), objects
                                                     installed in this order
+    mount -> worker  {"op": "cancel", "cancel": n}  fill_packs n: install no more of its
+                                                    objects (the namespace goes); its
+                                                    reply comes at once
     worker -> mount  {"id": n, "many": [[digest, ino, mtime_ns, size], ...],
                       "failed": [[digest, kind, error], ...]}
                                                     fill_packs: a batch of its objects done
@@ -82,6 +85,7 @@ SPARE_AFTER_AT_MOST = 30.0
 MAX_BACKOFF = 10.0
 TICK = 0.1  # watchdog period: how soon a dead worker is noticed
 SEND_TIMEOUT = 5.0
+CANCEL_POLL = 0.05  # how soon a request's ``cancel`` event is noticed
 
 
 class FetchWorkerError(CasfsError):
@@ -205,9 +209,11 @@ class FetchWorker:
         return self.call(msg, progressed, counters, on_one)
 
     def call(self, msg: dict[str, Any], progressed: Callable[[], None],
-             counters: Counters, on_part: Callable[[dict[str, Any]], None] | None = None
-             ) -> dict[str, Any]:
-        """Send one request (``op`` and its fields) and wait for its reply (see fill)."""
+             counters: Counters, on_part: Callable[[dict[str, Any]], None] | None = None,
+             cancel: threading.Event | None = None) -> dict[str, Any]:
+        """Send one request (``op`` and its fields) and wait for its reply (see fill).
+        ``cancel`` set while it runs: the worker is told to stop it (fill_packs: no more
+        objects installed) and answers with what it did."""
         req = _Request(msg, progressed, counters, on_part=on_part)
         with self._lock:
             if self._closed:
@@ -216,7 +222,15 @@ class FetchWorker:
             self._next_id += 1
             self._pending[rid] = req
             self._send_locked(req)
-        req.done.wait()  # bounded: the watchdog fails or retries every request of a dead worker
+        # bounded: the watchdog fails or retries every request of a dead worker
+        if cancel is None:
+            req.done.wait()
+        else:
+            while not req.done.wait(CANCEL_POLL):
+                if cancel.is_set():
+                    self._cancel(rid)
+                    req.done.wait()
+                    break
         if req.error is not None:
             raise req.error
         assert req.reply is not None
@@ -248,6 +262,22 @@ class FetchWorker:
             return self._proc.pid if self._proc is not None else None
 
     # --- sending and receiving -------------------------------------------------
+    def _cancel(self, rid: int) -> None:
+        with self._lock:
+            req = self._pending.get(rid)
+            if req is None:
+                return  # answered
+            if self._wsock is None or req.sent_to != self._gen:
+                # Not sent to a worker yet (one starting), or to one that died: never now.
+                del self._pending[rid]
+                req.error = CasfsError("cancelled")
+                req.done.set()
+                return
+            try:
+                send_msg(self._wsock, {"op": "cancel", "cancel": rid})
+            except OSError as e:  # the watchdog deals with the worker; the reply comes
+                log.debug("cannot cancel request %d: %s", rid, e)
+
     def _send_locked(self, req: _Request) -> None:
         if self._wsock is None or req.sent_to == self._gen:
             return  # no worker now: sent when the next one starts

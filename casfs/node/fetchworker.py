@@ -118,6 +118,9 @@ class ChildServer:
     def handler(self, op: Any) -> Callable[[dict[str, Any]], None] | None:
         raise NotImplementedError
 
+    def cancel(self, rid: Any) -> None:
+        """Request ``rid`` is not wanted any more (only fill_packs stops early)."""
+
     def send(self, msg: dict[str, Any]) -> None:
         with self._send_lock:
             try:
@@ -137,6 +140,9 @@ class ChildServer:
                 os._exit(0)  # the mount process closed its end: nothing left to do
             if not named:  # ps, top and the benches tell a spare from a serving worker
                 named = _set_name(self.NAME)
+            if msg.get("op") == "cancel":  # here, not in the pool: it may be full
+                self.cancel(msg.get("cancel"))
+                continue
             fn = self.handler(msg.get("op"))
             if fn is not None:
                 self.pool.submit(fn, msg)
@@ -163,6 +169,7 @@ class Worker(ChildServer):
         self.gets = ThreadPoolExecutor(PACK_GETS, thread_name_prefix="pack-get")
         self.installers = ThreadPoolExecutor(INSTALL_THREADS, thread_name_prefix="install")
         self._active_cond = threading.Condition()
+        self._cancelled: set[Any] = set()  # fill_packs requests told to install no more
         threading.Thread(target=self._announce, name="announce", daemon=True).start()
 
     def handler(self, op: Any) -> Callable[[dict[str, Any]], None] | None:
@@ -291,10 +298,14 @@ class Worker(ChildServer):
                 else:
                     span[0] = min(span[0], loc[1])
                     span[1] = max(span[1], loc[1] + loc[2])
+            if rid in self._cancelled:
+                items, spans, loose = [], {}, []
             diskroom.check_room(self.directory, sum(n for _, n, _ in items))
             objects = root.objects
 
             def get(pack: str, lo: int, hi: int) -> bytes:
+                if rid in self._cancelled:  # queued reads of a cancelled wave end at once
+                    raise CasfsError("cancelled")
                 raw = objects.backend.read_range(pack_key(pack), lo, hi - lo)
                 if len(raw) != hi - lo:
                     raise CorruptObjectError(f"pack {pack} is truncated")
@@ -307,6 +318,8 @@ class Worker(ChildServer):
 
             def fetch(digest: str, size: int, loc: Any) -> None:
                 """The ordinary way: one object through the object store."""
+                if rid in self._cancelled:
+                    raise CasfsError("cancelled")
                 if loc is not None:
                     objects.locate(digest, list(loc))
 
@@ -323,6 +336,8 @@ class Worker(ChildServer):
                 ok: list[list[Any]] = []
                 bad: list[list[Any]] = []
                 for digest, size, loc in chunk:
+                    if rid in self._cancelled:  # left unanswered: the mount fills none
+                        break
                     crashpoint("fetch-worker")
                     try:
                         if digest in fetching:
@@ -363,6 +378,8 @@ class Worker(ChildServer):
                         st = os.lstat(object_path(directory, digest))
                         ok.append([digest, st.st_ino, st.st_mtime_ns, st.st_size])
                     except Exception as e:  # this object only: the others go on
+                        if rid in self._cancelled:
+                            break  # (its read was cancelled): unanswered, as the rest
                         kind, text = _failure(e, digest)
                         bad.append([digest, kind, text])
                 self.send({"id": rid, "many": ok, "failed": bad})
@@ -379,7 +396,12 @@ class Worker(ChildServer):
     def _reply(self, rid: Any, msg: dict[str, Any]) -> None:
         with self._active_cond:  # never before a "started" being sent for it
             self._active.pop(rid, None)
+            self._cancelled.discard(rid)
         self.send(msg)
+
+    def cancel(self, rid: Any) -> None:
+        with self._active_cond:  # (maybe before a pool thread took it: it stops at once)
+            self._cancelled.add(rid)
 
     def _fill(self, rid: Any, msg: dict[str, Any], t0: float) -> None:
         progressed = self._progress(rid, t0)

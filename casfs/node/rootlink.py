@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
@@ -233,10 +234,12 @@ class RootSource:
 
     def fill_packs(self, items: list[tuple[str, int]], progressed: Callable[[], None],
                    done: Callable[[list[tuple[str, tuple[int, int, int]]],
-                                   list[tuple[str, BaseException]]], None]) -> None:
+                                   list[tuple[str, BaseException]]], None],
+                   stop: threading.Event | None = None) -> None:
         """casfs.index.objcache: a whole-namespace prefetch's wave in one request (the
         worker reads each pack once, all at once, and installs the objects in this
-        order); ``done`` gets each batch of answers (identities, errors)."""
+        order); ``done`` gets each batch of answers (identities, errors). ``stop`` set:
+        the worker is told to install no more of it, and answers at once."""
         counters, spec = self._counters, self._spec()
         sizes = dict(items)
 
@@ -260,7 +263,7 @@ class RootSource:
         try:
             self.worker().call({"op": "fill_packs", "root": spec, "ns": self._link.cfg.namespace,
                                 "objects": [[d, n, self.pack_of(d)] for d, n in items]},
-                               progressed, counters, batch)
+                               progressed, counters, batch, cancel=stop)
         except fetchproc.FetchWorkerError:
             counters.inc("fetch_worker_lost")
             raise
