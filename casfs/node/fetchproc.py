@@ -226,11 +226,11 @@ class FetchWorker:
         if cancel is None:
             req.done.wait()
         else:
+            told = -1  # the worker (generation) told to cancel: again if it is re-sent
             while not req.done.wait(CANCEL_POLL):
-                if cancel.is_set():
+                if cancel.is_set() and req.sent_to != told:
+                    told = req.sent_to
                     self._cancel(rid)
-                    req.done.wait()
-                    break
         if req.error is not None:
             raise req.error
         assert req.reply is not None
