@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 from netem import NetProxy
 
+from casfs.store.entry import Entry
 from casfs.store.root import SharedRoot
 from casfs.util.location import parse_location
 
@@ -68,6 +69,14 @@ for top, dirs, names in os.walk(os.environ["TRITON_CACHE_DIR"]):
             b += len(f.read())
         n += 1
 print(json.dumps({"files": n, "bytes": b}))
+"""
+
+HASH_JOB = r"""
+import hashlib, json, os
+d = os.environ["TRITON_CACHE_DIR"]
+print(json.dumps({os.path.relpath(os.path.join(t, f), d):
+                  hashlib.sha256(open(os.path.join(t, f), "rb").read()).hexdigest()
+                  for t, _, fs in os.walk(d) for f in fs}))
 """
 
 
@@ -358,3 +367,35 @@ def test_an_auto_namespace_is_read_while_the_mount_process_starts_once_probed(
                            "serving namespaces under")
         if run == "kept":
             assert first.start < ready, (ready - first.start, first.target)
+
+
+def test_a_short_jobs_release_cancels_the_prefetch(
+        net: NetProxy, seaweed_server: Any, tmp_path: Path) -> None:
+    """A job shorter than its namespace's whole prefetch: the release cancels the wave
+    in the fetch worker (casfs.node.fetchproc "cancel"), so the root gets no more of
+    its reads once the job has ended (it waited up to 5 s for them: hundreds of GETs
+    after the job here); what it left out is no error, and the next job on the node
+    reads every file right."""
+    import hashlib
+
+    url = _url(net, tmp_path)
+    root = SharedRoot.open(url)
+    entries, want = [], {}
+    for i in range(1000):  # loose objects: a GET each, 32 in flight
+        data = b"kernel %d " % i * (1 + i % 7)
+        put = root.objects.put_bytes(data)
+        path = f"K{i // 8:04d}/f{i % 8}.bin"
+        entries.append(Entry(path, put.digest, put.size, 0o644, 1_700_000_000_000_000_000))
+        want[path] = hashlib.sha256(data).hexdigest()
+    root.generations().publish("budget", entries, node="elsewhere")
+    net.delay = 0.05  # 100 ms RTT: the wave is ~3 s of reads, the job 0.3 s
+    net.reset_counts()
+    r = _run(tmp_path, "node", url, seaweed_server, "budget", sys.executable, "-c",
+             "import time; time.sleep(0.3); print(time.monotonic())")
+    ended = float(r.stdout.split()[-1])
+    reads = [q for q in net.requests() if "/objects/" in q.target]
+    after = [q for q in reads if q.start > ended]
+    assert reads and len(after) <= 2 * 32, (len(reads), len(after))  # 32: PACK_GETS
+    net.delay = 0.0
+    r = _run(tmp_path, "node", url, seaweed_server, "budget", sys.executable, "-c", HASH_JOB)
+    assert json.loads(r.stdout.strip().splitlines()[-1]) == want
