@@ -394,6 +394,14 @@ def _gpus() -> str | None:
     return value
 
 
+def gpus_known() -> bool:
+    """Whether a fingerprint naming the GPU is computed now without starting nvidia-smi
+    (no nvidia-smi here, or an answer still standing)."""
+    seen = _gpus_seen
+    return (seen is not None and time.monotonic() - seen[0] < _GPUS_FOR) \
+        or shutil.which("nvidia-smi") is None
+
+
 def _query_gpus() -> str | None:
     exe = shutil.which("nvidia-smi")
     if exe is None:

@@ -262,7 +262,9 @@ def test_the_gpu_is_asked_once_for_every_family(
     named = [f for f in families.default_run()
              if "gpu" in families.get(f).ingredients]
     assert len(named) >= 3, named
+    assert not fp.gpus_known()  # casfs run does not ask it before its mount process
     fps = [fp.fingerprint(f, job) for f in named]
+    assert fp.gpus_known()
     assert {f.ingredients["gpu"] for f in fps} == {"NVIDIA H200/9.0"}
     assert len(calls.read_text().splitlines()) == 1
     monkeypatch.setattr(fp, "_GPUS_FOR", 0.0)  # stale: asked again

@@ -125,7 +125,7 @@ def cmd_env(args: argparse.Namespace) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     """Run one job with its caches: shared from the node's mount process when one runs."""
-    from casfs.fingerprint import AUTO, job_env, job_env_kept
+    from casfs.fingerprint import AUTO, gpus_known, job_env, job_env_kept
     from casfs.node import client, jobrun
     from casfs.node.tenant import load_tenants, own_tenant
 
@@ -144,9 +144,10 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     # Namespaces known now (named, or from the job's interpreter probed by an earlier
     # job): the mount process, if it is ours to start, reads them from the root while it
-    # starts. Else it starts while the job's interpreter is probed.
+    # starts. Else it starts while the job's interpreter is probed (and, on a GPU node,
+    # nvidia-smi asked: the fingerprints name the GPU).
     kept = job_env_kept(cmd, os.environ, args.python, cache=_probe_cache()) \
-        if args.namespace in (None, AUTO) else None
+        if args.namespace in (None, AUTO) and gpus_known() else None
     caches = _caches(names, args.namespace, lambda: kept if kept is not None else probe()) \
         if args.namespace not in (None, AUTO) or kept is not None else None
     if start is not None and caches is not None:
