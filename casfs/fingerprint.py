@@ -286,23 +286,27 @@ def job_env(cmd: Sequence[str] = (), env: Mapping[str, str] | None = None,
     ``cache``: a file keeping probe answers until the interpreter or a directory
     on its sys.path changes (casfs run and casfs env: in the node state dir).
     """
-    env = dict(os.environ if env is None else env)
-    interpreter = resolve_interpreter(cmd, env, python)
+    interpreter, keep = _probe_input(cmd, env, python)
     if interpreter is None:
         return JobEnv(None, None, None, {})
-    keep = tuple(sorted((k, v) for k, v in env.items() if k in _PROBE_ENV))
     return _probe(interpreter, keep, os.fspath(cache) if cache is not None else None)
+
+
+def _probe_input(cmd: Sequence[str], env: Mapping[str, str] | None, python: str | None
+                 ) -> tuple[str | None, tuple[tuple[str, str], ...]]:
+    """The job's interpreter and the environment its probe runs in."""
+    env = dict(os.environ if env is None else env)
+    keep = tuple(sorted((k, v) for k, v in env.items() if k in _PROBE_ENV))
+    return resolve_interpreter(cmd, env, python), keep
 
 
 def job_env_kept(cmd: Sequence[str] = (), env: Mapping[str, str] | None = None,
                  python: str | None = None, *, cache: str | os.PathLike[str]) -> JobEnv | None:
     """``job_env``'s answer without starting the interpreter: from ``cache``, if an earlier
     probe of the same interpreter and environment is still valid there; else None."""
-    env = dict(os.environ if env is None else env)
-    interpreter = resolve_interpreter(cmd, env, python)
+    interpreter, keep = _probe_input(cmd, env, python)
     if interpreter is None:
         return JobEnv(None, None, None, {})
-    keep = tuple(sorted((k, v) for k, v in env.items() if k in _PROBE_ENV))
     key = _probe_key(interpreter, keep)
     doc = _cached_probe(os.fspath(cache), key) if key else None
     try:
@@ -386,8 +390,8 @@ def _gpus() -> str | None:
     """Model and compute capability of every GPU, e.g. ``NVIDIA H200/9.0`` (nvidia-smi
     asked at most once every _GPUS_FOR seconds)."""
     global _gpus_seen
-    seen = _gpus_seen
-    if seen is not None and time.monotonic() - seen[0] < _GPUS_FOR:
+    seen = _gpus_standing()
+    if seen is not None:
         return seen[1]
     value = _query_gpus()
     _gpus_seen = (time.monotonic(), value)
@@ -397,9 +401,12 @@ def _gpus() -> str | None:
 def gpus_known() -> bool:
     """Whether a fingerprint naming the GPU is computed now without starting nvidia-smi
     (no nvidia-smi here, or an answer still standing)."""
+    return _gpus_standing() is not None or shutil.which("nvidia-smi") is None
+
+
+def _gpus_standing() -> tuple[float, str | None] | None:
     seen = _gpus_seen
-    return (seen is not None and time.monotonic() - seen[0] < _GPUS_FOR) \
-        or shutil.which("nvidia-smi") is None
+    return seen if seen is not None and time.monotonic() - seen[0] < _GPUS_FOR else None
 
 
 def _query_gpus() -> str | None:
