@@ -363,11 +363,17 @@ def _cuda_runtime(job: JobEnv) -> str | None:
     return ",".join(versions) or None
 
 
-def _nvidia_driver() -> str | None:
+def _read_small(path: str) -> str | None:
     try:
-        with open(_DRIVER_VERSION_FILE, encoding="utf-8", errors="replace") as f:
-            text = f.read(4096)
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return f.read(4096)
     except OSError:
+        return None
+
+
+def _nvidia_driver() -> str | None:
+    text = _read_small(_DRIVER_VERSION_FILE)
+    if text is None:
         return None
     # "NVRM version: NVIDIA UNIX [Open ]Kernel Module [for x86_64]  550.54.15  ..."
     for line in text.splitlines():
@@ -380,28 +386,103 @@ def _nvidia_driver() -> str | None:
 
 # nvidia-smi is a process that initialises the driver (slow without persistence mode),
 # and most families' fingerprints name the GPU: ``casfs run`` fingerprints ten of them,
-# one after the other, before its job starts. One answer stands this long (a reload of
-# casfsd after a reconfiguration asks again).
+# one after the other, before its job starts. One answer stands this long in a process
+# (a reload of casfsd after a reconfiguration asks again) ...
 _GPUS_FOR = 30.0
 _gpus_seen: tuple[float, str | None] | None = None
+# ... and, once a file is named (``keep_gpus_in``: casfs run and casfs env, in the node
+# state dir), across processes for as long as nothing it depends on changes: the boot,
+# the driver, the GPU devices this process sees (a container sees its own), nvidia-smi
+# itself. Every job after a node's first then names its namespaces without nvidia-smi.
+_gpus_file: str | None = None
+_BOOT_ID_FILE = "/proc/sys/kernel/random/boot_id"
+_DEV_DIR = "/dev"
+_GPUS_DIR = "/proc/driver/nvidia/gpus"
+_NVIDIA_DEV_RE = re.compile(r"nvidia\d+")
+
+
+def keep_gpus_in(path: str | os.PathLike[str] | None) -> None:
+    """Keep this process's nvidia-smi answer in ``path`` for the next ones (None: not)."""
+    global _gpus_file
+    _gpus_file = os.fspath(path) if path is not None else None
 
 
 def _gpus() -> str | None:
     """Model and compute capability of every GPU, e.g. ``NVIDIA H200/9.0`` (nvidia-smi
-    asked at most once every _GPUS_FOR seconds)."""
+    asked at most once every _GPUS_FOR seconds, or once a boot with ``keep_gpus_in``)."""
     global _gpus_seen
     seen = _gpus_standing()
     if seen is not None:
         return seen[1]
-    value = _query_gpus()
+    exe = shutil.which("nvidia-smi")
+    key = _gpus_key(exe) if exe is not None and _gpus_file is not None else None
+    kept = _kept_gpus(key) if key is not None else None
+    if kept is not None:
+        value = kept[0]
+    else:
+        value, answered = _query_gpus(exe)
+        if answered and key is not None:
+            _keep_gpus(key, value)
     _gpus_seen = (time.monotonic(), value)
     return value
 
 
 def gpus_known() -> bool:
     """Whether a fingerprint naming the GPU is computed now without starting nvidia-smi
-    (no nvidia-smi here, or an answer still standing)."""
-    return _gpus_standing() is not None or shutil.which("nvidia-smi") is None
+    (no nvidia-smi here, an answer still standing, or one kept for this boot)."""
+    if _gpus_standing() is not None:
+        return True
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return True
+    key = _gpus_key(exe) if _gpus_file is not None else None
+    return key is not None and _kept_gpus(key) is not None
+
+
+def _gpus_key(exe: str) -> str | None:
+    """What an nvidia-smi answer depends on (None: not known, so never kept)."""
+    boot = _read_small(_BOOT_ID_FILE)
+    if not boot:
+        return None
+    try:
+        st = os.stat(exe)
+        devices = sorted((n, os.stat(os.path.join(_DEV_DIR, n)).st_rdev)
+                         for n in os.listdir(_DEV_DIR) if _NVIDIA_DEV_RE.fullmatch(n))
+    except OSError:
+        return None
+    try:
+        gpus = sorted(os.listdir(_GPUS_DIR))
+    except OSError:
+        gpus = []
+    ident = [boot.strip(), _read_small(_DRIVER_VERSION_FILE), devices, gpus,
+             [exe, st.st_ino, st.st_size, st.st_mtime_ns]]
+    return blake3.blake3(json.dumps(ident).encode()).hexdigest()[:32]
+
+
+def _kept_gpus(key: str) -> tuple[str | None] | None:
+    """The answer kept for ``key``, as a 1-tuple (its value may be None: no GPU)."""
+    if _gpus_file is None:
+        return None
+    try:
+        with open(_gpus_file, "rb") as f:
+            doc = json.loads(f.read(1 << 16))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(doc, dict) or doc.get("key") != key:
+        return None
+    value = doc.get("gpus")
+    return (value,) if value is None or isinstance(value, str) else None
+
+
+def _keep_gpus(key: str, value: str | None) -> None:
+    from casfs.util.atomic import write_atomic
+
+    assert _gpus_file is not None
+    try:
+        os.makedirs(os.path.dirname(_gpus_file), exist_ok=True)
+        write_atomic(_gpus_file, json.dumps({"key": key, "gpus": value}).encode())
+    except OSError as e:
+        log.debug("GPU answer not kept in %s: %s", _gpus_file, e)
 
 
 def _gpus_standing() -> tuple[float, str | None] | None:
@@ -409,10 +490,10 @@ def _gpus_standing() -> tuple[float, str | None] | None:
     return seen if seen is not None and time.monotonic() - seen[0] < _GPUS_FOR else None
 
 
-def _query_gpus() -> str | None:
-    exe = shutil.which("nvidia-smi")
+def _query_gpus(exe: str | None) -> tuple[str | None, bool]:
+    """nvidia-smi's answer, and whether it answered (a failure is not kept: asked again)."""
     if exe is None:
-        return None
+        return None, False
     try:
         proc = subprocess.run(
             [exe, "--query-gpu=name,compute_cap", "--format=csv,noheader"],
@@ -423,14 +504,14 @@ def _query_gpus() -> str | None:
         )
     except (OSError, subprocess.SubprocessError) as exc:
         log.warning("nvidia-smi failed, GPU left out of the fingerprint: %s", exc)
-        return None
+        return None, False
     if proc.returncode != 0:
         log.warning("nvidia-smi exited %d, GPU left out of the fingerprint", proc.returncode)
-        return None
+        return None, False
     gpus = set()
     for line in proc.stdout.splitlines():
         name, _, cap = line.partition(",")
         if name.strip():
             gpus.add(f"{name.strip()}/{cap.strip()}")
     # A mixed node gets its own namespace: artifacts may target either model.
-    return ";".join(sorted(gpus)) or None
+    return ";".join(sorted(gpus)) or None, True

@@ -270,3 +270,58 @@ def test_the_gpu_is_asked_once_for_every_family(
     monkeypatch.setattr(fp, "_GPUS_FOR", 0.0)  # stale: asked again
     fp.fingerprint(named[0], job)
     assert len(calls.read_text().splitlines()) == 2
+
+
+def test_the_gpu_answer_is_kept_for_the_boot(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``casfs run``'s next job (a new process) names its namespaces without nvidia-smi:
+    the answer is kept beside the probe cache for as long as the boot, the driver, the
+    GPU devices seen and nvidia-smi itself stay the same; a failed answer is not kept."""
+    from casfs import fingerprint as fp
+
+    calls = tmp_path / "calls"
+    smi = tmp_path / "bin" / "nvidia-smi"
+    smi.parent.mkdir()
+    smi.write_text(f"#!/bin/sh\necho x >> {calls}\necho 'NVIDIA H200, 9.0'\n")
+    smi.chmod(0o755)
+    boot, dev = tmp_path / "boot_id", tmp_path / "dev"
+    boot.write_text("b1\n")
+    dev.mkdir()
+    monkeypatch.setenv("PATH", f"{smi.parent}:{os.environ['PATH']}")
+    monkeypatch.setattr(fp, "_BOOT_ID_FILE", str(boot))
+    monkeypatch.setattr(fp, "_DEV_DIR", str(dev))
+    monkeypatch.setattr(fp, "_gpus_file", None)
+
+    def new_process() -> None:  # what a process starts with
+        monkeypatch.setattr(fp, "_gpus_seen", None)
+        fp.keep_gpus_in(tmp_path / "state" / "run" / "gpus.json")
+
+    def asked() -> int:
+        return len(calls.read_text().splitlines()) if calls.exists() else 0
+
+    new_process()
+    assert not fp.gpus_known()
+    assert fp._gpus() == "NVIDIA H200/9.0" and asked() == 1
+    new_process()
+    assert fp.gpus_known()  # casfs run reads its namespaces ahead on this node now
+    assert fp._gpus() == "NVIDIA H200/9.0" and asked() == 1
+    for change in (lambda: boot.write_text("b2\n"),  # a reboot
+                   lambda: os.symlink("/dev/null", dev / "nvidia0")):  # a GPU seen
+        change()
+        new_process()
+        assert not fp.gpus_known()
+        before = asked()
+        fp._gpus()
+        assert asked() == before + 1
+    kept = (tmp_path / "state" / "run" / "gpus.json").read_bytes()
+    smi.write_text(f"#!/bin/sh\necho x >> {calls}\nexit 9\n")  # fails: asked again
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(fp.log, "warning", lambda *a: None)
+        for _ in range(2):
+            new_process()
+            assert not fp.gpus_known()
+            assert fp._gpus() is None
+    assert asked() == before + 3
+    assert (tmp_path / "state" / "run" / "gpus.json").read_bytes() == kept
+    monkeypatch.setattr(fp, "_gpus_seen", None)
+    fp.keep_gpus_in(None)

@@ -61,8 +61,13 @@ def _caches(names: list[str], namespace: str | None,
 
 
 def _probe_cache() -> Path:
-    """Where casfs run/env keep the job interpreter's probe (casfs.fingerprint)."""
-    return default_state_dir().absolute() / "run" / "probes.json"
+    """Where casfs run/env keep the job interpreter's probe (casfs.fingerprint), and
+    beside it the node's nvidia-smi answer (both valid while what they depend on is)."""
+    from casfs.fingerprint import keep_gpus_in
+
+    run = default_state_dir().absolute() / "run"
+    keep_gpus_in(run / "gpus.json")
+    return run / "probes.json"
 
 
 def cache_vars(paths: dict[str, str], job_env: dict[str, str] | os._Environ[str],
@@ -108,8 +113,9 @@ def cmd_env(args: argparse.Namespace) -> int:
     from casfs.fingerprint import job_env
     from casfs.node import client
 
+    probes = _probe_cache()
     caches = _caches(_families(args.family, args.namespace), args.namespace,
-                     lambda: job_env((), os.environ, args.python, cache=_probe_cache()))
+                     lambda: job_env((), os.environ, args.python, cache=probes))
     pid = args.pid or client.lease_pid_default()
     start = _preopened(host_config(args, for_run=False), caches) if args.start else None
     reply, _sock = client.lease(default_state_dir().absolute(), caches, pid, start=start)
@@ -139,14 +145,16 @@ def cmd_run(args: argparse.Namespace) -> int:
     state = default_state_dir().absolute()
     start = host_config(args, for_run=True) if args.mode == "fuse" else None
 
+    probes = _probe_cache()  # and the GPU's answer kept beside it from now on
+
     def probe() -> JobEnv:
-        return job_env(cmd, os.environ, args.python, cache=_probe_cache())
+        return job_env(cmd, os.environ, args.python, cache=probes)
 
     # Namespaces known now (named, or from the job's interpreter probed by an earlier
     # job): the mount process, if it is ours to start, reads them from the root while it
-    # starts. Else it starts while the job's interpreter is probed (and, on a GPU node,
-    # nvidia-smi asked: the fingerprints name the GPU).
-    kept = job_env_kept(cmd, os.environ, args.python, cache=_probe_cache()) \
+    # starts. Else it starts while the job's interpreter is probed (and, on a GPU node's
+    # first job, nvidia-smi asked: the fingerprints name the GPU).
+    kept = job_env_kept(cmd, os.environ, args.python, cache=probes) \
         if args.namespace in (None, AUTO) and gpus_known() else None
     caches = _caches(names, args.namespace, lambda: kept if kept is not None else probe()) \
         if args.namespace not in (None, AUTO) or kept is not None else None

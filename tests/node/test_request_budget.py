@@ -344,14 +344,23 @@ def test_a_named_namespace_is_read_while_the_mount_process_starts(
             assert manifests == [], paths  # the generation it served: nothing new to read
 
 
+@pytest.mark.parametrize("node", ["cpu", "gpu"])
 def test_an_auto_namespace_is_read_while_the_mount_process_starts_once_probed(
-        net: NetProxy, seaweed_server: Any, tmp_path: Path) -> None:
+        net: NetProxy, seaweed_server: Any, tmp_path: Path, node: str) -> None:
     """``casfs run`` with an ``auto`` namespace (the default) probes the job's
     interpreter; from the second job on the node the probe's answer is kept, so the
-    namespace is known before the mount process starts, which reads it ahead."""
+    namespace is known before the mount process starts, which reads it ahead. On a GPU
+    node (an nvidia-smi on PATH) its answer is kept too: asked by the first job only."""
     url = _url(net, tmp_path)
     net.delay = 0.05  # 100 ms RTT
     env = _env(tmp_path, "node", url, seaweed_server)
+    calls = tmp_path / "nvidia-smi-calls"
+    if node == "gpu":
+        smi = tmp_path / "bin" / "nvidia-smi"
+        smi.parent.mkdir()
+        smi.write_text(f"#!/bin/sh\necho x >> {calls}\necho 'NVIDIA H200, 9.0'\n")
+        smi.chmod(0o755)
+        env["PATH"] = f"{smi.parent}:{env['PATH']}"
     job = "import time; print(time.monotonic())"
     require_fuse()
     for run in ("probed", "kept"):
@@ -367,6 +376,8 @@ def test_an_auto_namespace_is_read_while_the_mount_process_starts_once_probed(
                            "serving namespaces under")
         if run == "kept":
             assert first.start < ready, (ready - first.start, first.target)
+    if node == "gpu":
+        assert len(calls.read_text().splitlines()) == 1
 
 
 def test_a_short_jobs_release_cancels_the_prefetch(
