@@ -144,6 +144,13 @@ def bench_tree(s: Settings, kernels: int, reps: int, floor: bool = True) -> Resu
         for k in range(len(passes)):  # rotate the order from round to round
             passes[(k + i) % len(passes)]()
     rmtree(work)
+    return summarize(runs, kernels, files, nbytes, can_drop=can_drop, floor=floor,
+                     counters=st)
+
+
+def summarize(runs: dict[str, list[dict[str, Any]]], kernels: int, files: int, nbytes: int,
+              *, can_drop: bool, floor: bool, counters: dict[str, Any]) -> Result:
+    """The rounds' medians, ratios and targets (tests/benchmarks/test_readpath.py)."""
 
     def secs(k: str) -> list[float]:
         return [r["seconds"] for r in runs[k]]
@@ -180,7 +187,7 @@ def bench_tree(s: Settings, kernels: int, reps: int, floor: bool = True) -> Resu
     cpu_us = {k: median([r["server_cpu_us_per_file"] for r in runs[k]])
               for k in ("warm", "floor_warm", "remount", "remount_noverify") if runs[k]}
     figures.update({f"{k}_server_cpu_us_per_file": v for k, v in cpu_us.items()})
-    if len(cpu_us) == 2:
+    if "warm" in cpu_us and "floor_warm" in cpu_us:
         ratios["warm_server_cpu_over_floor"] = ratio(cpu_us["warm"], cpu_us["floor_warm"], 2)
     per_round = {name: [ratio(a, b, 2) for a, b in zip(secs(x), secs(y), strict=False)]
                  for name, x, y in (("warm_over_plain_warm", "warm", "plain_warm"),
@@ -200,7 +207,7 @@ def bench_tree(s: Settings, kernels: int, reps: int, floor: bool = True) -> Resu
                   # (bare overlayfs alone is 1.23-1.31x a plain dir).
                   [Target("warm_server_cpu_over_floor", 1.5), Target("first_over_plain_cold", 3.0),
                    Target("overlay_warm_over_bare_overlay_warm", 1.05)],
-                  raw={**runs, "per_round_ratios": per_round, "last_counters": st,
+                  raw={**runs, "per_round_ratios": per_round, "last_counters": counters,
                        "drop_caches_works": can_drop}, notes=notes)
 
 
