@@ -106,6 +106,8 @@ class Request:
     status: int | None = None
     injected: bool = False  # answered by the proxy (503 SlowDown)
     down_bytes: int = 0  # response bytes
+    conn: int = 0  # the connection it came on (numbered from 1 as accepted)
+    fresh: bool = False  # the first request on its connection (it paid the handshake)
 
 
 @dataclass
@@ -258,6 +260,8 @@ class _Conn:
         self.close_after_drop = False
         self.cutting: tuple[int, int] | None = None  # (body bytes sent, reset after)
         self.current: Request | None = None  # the response being relayed is for this one
+        self.serial = 0
+        self.served = 0  # requests seen on it
 
 
 class NetProxy:
@@ -286,6 +290,7 @@ class NetProxy:
         self.port = port
         self._lock = threading.Lock()
         self._counts: dict[str, int] = {}
+        self._accepted = 0  # connections ever accepted (Request.conn)
         self._requests: list[Request] = []
         self.reset_counts()
         self._reset_armed = 0
@@ -418,7 +423,10 @@ class NetProxy:
         self._tasks.add(task)
         loop = asyncio.get_running_loop()
         conn = _Conn(self, cr, cw, loop.time())
-        self._add("connections")
+        with self._lock:
+            self._counts["connections"] += 1
+            self._accepted += 1
+            conn.serial = self._accepted
         workers: list[asyncio.Task[None]] = []
         try:
             try:
@@ -486,7 +494,9 @@ class NetProxy:
         method = parts[0].upper()
         target = parts[1] if len(parts) > 1 else "/"
         kind = request_kind(method, target, head.headers)
-        req = Request(kind, method, target, time.monotonic())
+        req = Request(kind, method, target, time.monotonic(), conn=conn.serial,
+                      fresh=conn.served == 0)
+        conn.served += 1
         with self._lock:
             self._counts[kind] += 1
             self._counts["requests"] += 1

@@ -160,23 +160,27 @@ class Publisher:
         objects collected: those entries go back to promotion (re-hashed from
         the upper file) instead of being named by a record that points at nothing.
         """
-        backend = self.gens.backend
+        backend, objects = self.gens.backend, self.gens.objects
+
+        def there(key: str) -> bool:  # stored here moments ago (a promotion): no HEAD
+            if objects.recently_stored(key):
+                return True
+            if backend.info(key) is None:
+                return False
+            backend.touch(key)
+            return True
+
         present = []
         packs: dict[str, bool] = {}  # pack digest -> exists (one HEAD per pack, not per entry)
         for e in pending:
             loc = parse_location(e.extras.get("pack")) if e.extras else None
             if loc is None:
-                key = object_key(e.digest)
-                ok = backend.info(key) is not None
-                if ok:
-                    backend.touch(key)
+                ok = there(object_key(e.digest))
             else:
                 if loc[0] not in packs:
-                    packs[loc[0]] = backend.info(pack_key(loc[0])) is not None
-                    if packs[loc[0]]:
-                        backend.touch(pack_key(loc[0]))
-                    else:
-                        self.gens.objects.forget_pack(loc[0])
+                    packs[loc[0]] = there(pack_key(loc[0]))
+                    if not packs[loc[0]]:
+                        objects.forget_pack(loc[0])
                 ok = packs[loc[0]]
             if not ok:
                 if loc is not None:  # re-promotion must not find the gone pack again

@@ -52,6 +52,10 @@ class Backend(Protocol):
     staging_dir: Path
     """A node-visible directory where complete files are staged before put_if_absent."""
 
+    remote: bool
+    """Each request is a round trip on a network (an object store): callers prefer one
+    request that settles a question to a check before it (a POSIX stat is cheap)."""
+
     def put_if_absent(self, key: str, staged: Path) -> bool:
         """Store the complete file ``staged`` as ``key`` unless ``key`` exists.
 
@@ -103,6 +107,8 @@ class Backend(Protocol):
 
 class LocalBackend:
     """A Backend over a POSIX directory."""
+
+    remote = False
 
     def __init__(self, root: Path) -> None:
         self.root = root

@@ -33,6 +33,7 @@ import os
 import stat
 import struct
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -74,6 +75,17 @@ MAX_WINDOW = 8 << 20
 # node fill. CASFS_MAX_OBJECT_BYTES changes it (every node should agree).
 DEFAULT_MAX_OBJECT_BYTES = 1 << 30
 RECENT_BYTES = 8 << 20  # ObjectStore.remember's bound
+PUT_FIRST_MAX = 1 << 20  # on a remote root, objects up to this size skip the HEAD (_put_known)
+# A key this process stored (or found sound) this recently needs no HEAD before a
+# record names it (casfs.promote.publisher): gc removes only what a mark condemned at
+# least its grace (24 h by default) before, and a publication checks the marks anyway.
+STORED_FRESH_S = 300.0
+STORED_KEPT = 100_000
+
+
+def _boottime() -> float:
+    """Seconds since boot, suspend included (a node suspended for a day has been away)."""
+    return time.clock_gettime(time.CLOCK_BOOTTIME)
 PACKED_BUFFER = 1 << 20  # a pack member up to this size is verified before it is served
 
 
@@ -214,6 +226,7 @@ class ObjectStore:
         self._recent: OrderedDict[str, bytes] = OrderedDict()  # see remember()
         self._recent_bytes = 0
         self._recent_lock = threading.Lock()
+        self._stored: OrderedDict[str, float] = OrderedDict()  # see stored()
         self._located = False
         self._locate_lock = threading.RLock()  # the locator reads manifests: it may miss too
 
@@ -296,14 +309,43 @@ class ObjectStore:
                 _, old = self._recent.popitem(last=False)
                 self._recent_bytes -= len(old)
 
+    def stored(self, key: str) -> None:
+        """Note that this process just stored ``key`` (or found it sound)."""
+        with self._recent_lock:
+            self._stored[key] = _boottime()
+            self._stored.move_to_end(key)
+            while len(self._stored) > STORED_KEPT:
+                self._stored.popitem(last=False)
+
+    def recently_stored(self, key: str) -> bool:
+        """Whether ``key`` was stored or found sound here within STORED_FRESH_S."""
+        at = self._stored.get(key)
+        return at is not None and _boottime() - at < STORED_FRESH_S
+
     def _put_known(self, digest: str, data: bytes) -> PutResult:
         key = object_key(digest)
+        if len(data) <= PUT_FIRST_MAX and getattr(self.backend, "remote", False):
+            # Over a network a HEAD is a round trip: new bytes (what publication mostly
+            # stores) go up at once as a create-only PUT, which finds an existing name
+            # itself; only then is that object checked, and repaired, as after a HEAD.
+            # (On a POSIX root the stat is cheap and spares compressing stored bytes.)
+            blob = self.encode(data)
+            if self._install(key, self._stage(blob), repair=False):
+                return PutResult(digest, len(data), True)
+            if self._sound(digest, len(data)):
+                return PutResult(digest, len(data), False)
+            return PutResult(digest, len(data), self._install(key, self._stage(blob),
+                                                              repair=True))
         exists = self.backend.info(key) is not None
         if exists and self._sound(digest, len(data)):
             return PutResult(digest, len(data), False)
+        return PutResult(digest, len(data),
+                         self._install(key, self._stage(self.encode(data)), repair=exists))
+
+    def _stage(self, blob: bytes) -> Path:
         with atomic.staged_file(self.backend.staging_dir, "obj-", 0o444, sync=False) as (f, tmp):
-            f.write(self.encode(data))
-        return PutResult(digest, len(data), self._install(key, tmp, repair=exists))
+            f.write(blob)
+        return tmp
 
     def put_file(self, path: Source) -> PutResult:
         """Store a local file's content. The caller checks the file did not change meanwhile."""
@@ -362,15 +404,20 @@ class ObjectStore:
         except ObjectMissingError:
             return False  # gc removed it meanwhile: write it again
         self.backend.touch(object_key(digest))
+        self.stored(object_key(digest))
         return True
 
     def _install(self, key: str, tmp: Path, *, repair: bool) -> bool:
         crashpoint("object-staged")
         if not repair:
-            return self.backend.put_if_absent(key, tmp)
+            created = self.backend.put_if_absent(key, tmp)
+            if created:
+                self.stored(key)
+            return created
         # A torn or corrupt object under this name: the name is content-addressed,
         # so replacing it with verified bytes is a repair, never a change.
         self.backend.replace(key, tmp)
+        self.stored(key)
         self.counters.inc("objects_repaired")
         log.warning("repaired damaged object %s", key)
         return True

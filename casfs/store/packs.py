@@ -201,6 +201,7 @@ def write_pack(store: ObjectStore, batch: list[tuple[str, bytes]]) -> dict[str, 
         put_pack_bytes(store, pack, body + tail, replace=True)
         store.counters.inc("packs_repaired")
         log.warning("repaired damaged pack %s", pack)
+    store.stored(pack_key(pack))
     store.counters.inc("packs_written")
     return {digest: (pack, o, length) for digest, o, length in members}
 

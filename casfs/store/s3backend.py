@@ -165,6 +165,8 @@ def _profile_endpoint() -> str:
 class S3Backend:
     """A Backend over ``s3://bucket/prefix``."""
 
+    remote = True
+
     def __init__(self, loc: S3Location, *, timeout: float = 20.0, retries: int = 2,
                  staging_dir: Path | None = None) -> None:
         import obstore

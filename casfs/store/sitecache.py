@@ -81,6 +81,8 @@ class SiteCachedBackend:
     Everything but ``open`` and ``read_range`` of ``CACHED_PREFIXES`` keys is the
     endpoint's signed backend, ``origin``, unchanged."""
 
+    remote = True
+
     def __init__(self, origin: S3Backend, cache_url: str, *, timeout: float = 20.0,
                  counters: Counters | None = None) -> None:
         import obstore

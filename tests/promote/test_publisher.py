@@ -36,10 +36,16 @@ def promote(root: SharedRoot, index: NodeIndex, path: str, data: bytes) -> Entry
 
 
 def test_objects_collected_while_pending_go_back_to_promotion(tmp_path: Path) -> None:
-    root, index, pub, tracker = setup(tmp_path)
+    root, index, _, tracker = setup(tmp_path)
     keep = promote(root, index, "a/keep", b"kept")
     lost = promote(root, index, "a/lost", b"collected by gc while this node was away")
     (root.path / object_key(lost.digest)).unlink()
+    # Published later by another process (the node was away): what it did not store
+    # itself moments ago is checked on the root.
+    root = SharedRoot.open(tmp_path / "root")
+    pub = Publisher(generations=root.generations(), index=index, key="ns", namespace="ns",
+                    counters=Counters(), rules=family_rules("triton"), fingerprint=None,
+                    max_bytes=None, on_lost=tracker.modified)
     out = pub.publish()
     assert out.ok and out.result is not None and out.result.added == 1
     snap = root.generations().entries("ns")
@@ -129,3 +135,31 @@ def test_a_young_record_with_a_missing_manifest_is_waited_for(tmp_path: Path) ->
     os.utime(key, (old, old))  # still missing long after: the record is damaged
     out = pub.publish()
     assert out.ok and out.result is not None and out.result.seq == 3
+
+
+def test_objects_this_process_just_stored_are_not_checked_again(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A promotion's objects and packs, published by the process that stored them
+    moments ago: no request asks whether they exist (a round trip each on S3)."""
+    from casfs.store import objects as objects_mod
+    from casfs.store.digests import digest_bytes
+    from casfs.store.packloc import pack_key
+    from casfs.store.packs import write_pack
+
+    root, index, pub, _ = setup(tmp_path)
+    loose = promote(root, index, "a/loose", b"loose bytes")
+    member = root.objects.encode(b"packed bytes")
+    d = digest_bytes(b"packed bytes")
+    loc = write_pack(root.objects, [(d, member)])[d]
+    index.add_promoted_many("ns", [Entry("a/packed", d, 12, 0o644, 1)], {d: loc},
+                            root.root_id)
+    asked: list[str] = []
+    info = root.backend.info
+    monkeypatch.setattr(root.backend, "info", lambda k: asked.append(k) or info(k))
+    out = pub.publish()
+    assert out.ok and out.result is not None and out.result.added == 2, out
+    assert not {object_key(loose.digest), pack_key(loc[0])} & set(asked), asked
+    assert pub.counters.get("promoted_objects_lost") == 0
+    # Later (or suspended past it) they are checked again.
+    monkeypatch.setattr(objects_mod, "STORED_FRESH_S", 0.0)
+    assert not root.objects.recently_stored(object_key(loose.digest))
