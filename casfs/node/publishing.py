@@ -440,8 +440,11 @@ class Publication:
         res = out.result
         if (res is not None and res.added) or not out.ok:  # wrote a generation, or failed
             ctx.counters.observe("publish_seconds", time.monotonic() - t0)
-        if res is not None and res.added:
-            self.refresh()  # serve (and report) the generation we just made
+        if res is not None and res.added and not final:
+            # Serve (and report) the generation we just made. Not at a release: nothing
+            # is served after it, and its reads (the probe, the record, the new part:
+            # ~5 round trips on the job's way out) are the next mount's, if one comes.
+            self.refresh()
         message, ok = out.message, out.ok
         if waiting:
             # Never "nothing to publish" while files wait: say what is stuck and why.

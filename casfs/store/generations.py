@@ -106,6 +106,11 @@ PART_READS = 8
 RECORDS_KEPT = 64
 # Seconds a LIST read beside the root's marker stands for the mount's own first LIST.
 LISTING_FRESH = 5.0
+# A publication finds the newest generation twice within a few round trips (for the
+# access profile it carries, then to build on it): the second probes forward from the
+# first's answer (one HEAD, not a LIST and a HEAD) and takes the record it read, for
+# this long. A lost race re-reads anyway: creating the record is what decides.
+NEWEST_FRESH = 5.0
 
 
 @dataclass
@@ -170,6 +175,9 @@ class GenerationStore:
         self._records: OrderedDict[tuple[str, int], tuple[str, Record]] = OrderedDict()
         # ns -> (when, the names a LIST of its generations gave): ``seed_listing``.
         self._listed: dict[str, tuple[float, list[str]]] = {}
+        # ns -> (newest seq found, when): NEWEST_FRESH; (ns, seq) -> when its record was read.
+        self._newest: dict[str, tuple[int, float]] = {}
+        self._read_at: dict[tuple[str, int], float] = {}
 
     # --- enumeration ------------------------------------------------------
     def namespaces(self) -> list[str]:
@@ -211,6 +219,11 @@ class GenerationStore:
         above it, is a rollback (reported once: ``rolled_back_generations``).
         """
         self.trust.check_namespace(ns)
+        known = self._newest.get(ns) if hint is None else None
+        if known is not None and time.monotonic() - known[1] < NEWEST_FRESH:
+            seq, ended = self._probe(ns, known[0])
+            if ended:  # (the time it was found stays: a LIST again after NEWEST_FRESH)
+                return seq
         gone = None
         seq = 0
         if hint is not None:
@@ -230,7 +243,14 @@ class GenerationStore:
         if gone is not None and seq < gone:
             self._rolled_back(ns, gone, f"generation {gone}, read before, is gone (the"
                               f" newest now is {seq or 'none'}); still serving what was read")
+        if seq:
+            self._newest[ns] = (seq, time.monotonic())
         return seq or None
+
+    def _fresh(self, ns: str, seq: int) -> bool:
+        """Whether ``ns@seq``'s record was read within NEWEST_FRESH (then it is taken)."""
+        at = self._read_at.get((ns, seq))
+        return at is not None and time.monotonic() - at < NEWEST_FRESH
 
     def _probe(self, ns: str, seq: int) -> tuple[int, bool]:
         """(the last seq present from ``seq`` on, whether the run ended within PROBE_STEPS)."""
@@ -283,14 +303,16 @@ class GenerationStore:
         rec = parse_record(data, ns, seq)
         kept_now = self._records  # threads share the store: a race only drops an entry
         kept_now[(ns, seq)] = (record_digest(data), rec)
+        self._read_at[(ns, seq)] = time.monotonic()
         while len(kept_now) > RECORDS_KEPT:
             with contextlib.suppress(KeyError):
-                kept_now.popitem(last=False)
+                gone, _ = kept_now.popitem(last=False)
+                self._read_at.pop(gone, None)
         return rec
 
     def latest(self, ns: str, hint: int | None = None) -> Record | None:
         seq = self.latest_seq(ns, hint)
-        return None if seq is None else self.record(ns, seq)
+        return None if seq is None else self.record(ns, seq, cached=self._fresh(ns, seq))
 
     def newest_snapshot(self, ns: str) -> Snapshot:
         """The newest generation's snapshot (empty when there is none): what registers
@@ -370,7 +392,7 @@ class GenerationStore:
              ) -> tuple[Record, Snapshot] | None:
         """Record ``seq`` and its snapshot, or None when passed over (noted)."""
         try:
-            rec = self.record(ns, seq)
+            rec = self.record(ns, seq, cached=for_publish and self._fresh(ns, seq))
             return rec, self._snapshot_of(rec)
         except UnreadableHereError as e:  # newer format, over a limit: not damage
             self._note(ns, seq, "newer_format_generations"
@@ -708,6 +730,7 @@ class GenerationStore:
             data = self.trust.seal(ns, record.to_json())
             if self.backend.create_exclusive(self._key(ns, record.seq), data):
                 result.seq = record.seq
+                self._newest[ns] = (record.seq, time.monotonic())
                 crashpoint("after-record")
                 self.heads.publish(ns, record.seq, data, record.created, node)
                 self._published(snap, record, new)
