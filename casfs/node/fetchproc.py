@@ -451,7 +451,11 @@ class FetchWorker:
         self._dead = [p for p in self._dead if p.poll() is None]
 
     def _spawn_locked(self) -> tuple[subprocess.Popen[bytes], socket.socket] | None:
-        parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        except OSError as e:  # out of fds: said in one line, tried again at the next need
+            log.error("cannot start the %s: %s", self.label, e)
+            return None
         level = logging.getLevelName(logging.getLogger().getEffectiveLevel()).lower()
         cmd = [*python_module(self.module), "--fd", str(child.fileno()), *self.args,
                "--threads", str(self.threads), "--parent", str(os.getpid())]

@@ -133,6 +133,9 @@ class ChildServer:
         while True:
             try:
                 msg = recv_msg(self.sock)
+            except ConnectionResetError:  # the mount process died (killed): its end reset
+                log.info("the mount process is gone: exiting")
+                msg = None
             except (OSError, ValueError) as e:
                 log.error("bad request stream: %s", e)
                 msg = None
