@@ -38,11 +38,15 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import io
+import json
 import logging
 import os
 import random
 import tempfile
+import threading
+from collections import OrderedDict
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -162,6 +166,73 @@ def _profile_endpoint() -> str:
     return ep if isinstance(ep, str) else ""
 
 
+# One client, with its connection pool, per process for each root, timeout and
+# environment: a host's namespaces and a worker's requests reuse warm connections (a
+# new one costs a round trip before its first request, two more with TLS), and the
+# credential chain is resolved once. Keyed on all that builds it, the AWS_* variables
+# and the AWS files' mtimes included: credentials or an endpoint changed in the
+# environment or in ~/.aws make a new client.
+_CLIENTS: OrderedDict[str, tuple[Any, dict[str, Any]]] = OrderedDict()
+_CLIENTS_KEPT = 16
+_CLIENTS_LOCK = threading.Lock()
+
+
+def _mtime(path: str) -> int | None:
+    try:
+        return os.stat(path).st_mtime_ns
+    except OSError:
+        return None
+
+
+def _client(loc: S3Location, timeout: float, retries: int) -> tuple[Any, dict[str, Any]]:
+    """The process's obstore S3Store for ``loc`` and its retry config (built once)."""
+    from obstore.store import S3Store
+
+    env = sorted((k, v) for k, v in os.environ.items() if k.startswith("AWS_") or k == "HOME")
+    files = [_mtime(os.environ.get(var) or os.path.expanduser(f"~/.aws/{name}"))
+             for var, name in (("AWS_CONFIG_FILE", "config"),
+                               ("AWS_SHARED_CREDENTIALS_FILE", "credentials"))]
+    key = hashlib.sha256(json.dumps([os.getpid(), loc.bucket, loc.prefix, loc.endpoint,
+                                     loc.region, timeout, retries, env, files]
+                                    ).encode()).hexdigest()
+    with _CLIENTS_LOCK:
+        kept = _CLIENTS.get(key)
+        if kept is not None:
+            _CLIENTS.move_to_end(key)
+            return kept
+    endpoint = (loc.endpoint or os.environ.get("AWS_ENDPOINT_URL_S3")
+                or os.environ.get("AWS_ENDPOINT_URL") or _profile_endpoint())
+    region = loc.region or os.environ.get("AWS_REGION") \
+        or os.environ.get("AWS_DEFAULT_REGION") or ""
+    cfg: Any = {}
+    if endpoint:
+        cfg["endpoint"] = endpoint
+        cfg["virtual_hosted_style_request"] = False
+    # keys in the environment come first in boto3's chain too; a region only a
+    # ~/.aws profile names (AWS itself, no endpoint) still needs boto3
+    provider = None if _env_has_keys() and (region or endpoint) else _credential_provider()
+    if region:
+        cfg["region"] = region
+    elif provider is None or "region" not in provider.config:
+        cfg["region"] = "us-east-1"
+    client: Any = {"allow_http": endpoint.startswith("http://"),
+                   "timeout": timedelta(seconds=timeout),
+                   "connect_timeout": timedelta(seconds=min(5.0, timeout))}
+    retry: Any = {"max_retries": retries, "retry_timeout": timedelta(seconds=timeout),
+                  "backoff": retry_backoff()}
+    try:
+        store = S3Store(loc.bucket, prefix=loc.prefix or None, config=cfg,
+                        client_options=client, retry_config=retry,
+                        credential_provider=provider)
+    except Exception as e:
+        raise _oserror(e) from None
+    with _CLIENTS_LOCK:
+        _CLIENTS[key] = (store, retry)
+        while len(_CLIENTS) > _CLIENTS_KEPT:
+            _CLIENTS.popitem(last=False)
+    return store, retry
+
+
 class S3Backend:
     """A Backend over ``s3://bucket/prefix``."""
 
@@ -170,41 +241,13 @@ class S3Backend:
     def __init__(self, loc: S3Location, *, timeout: float = 20.0, retries: int = 2,
                  staging_dir: Path | None = None) -> None:
         import obstore
-        from obstore.store import S3Store
+        from obstore import exceptions as ox
 
         self.loc = loc
         self.staging_dir = staging_dir or staging_dir_for(loc)
         self._ob = obstore
-        endpoint = (loc.endpoint or os.environ.get("AWS_ENDPOINT_URL_S3")
-                    or os.environ.get("AWS_ENDPOINT_URL") or _profile_endpoint())
-        region = loc.region or os.environ.get("AWS_REGION") \
-            or os.environ.get("AWS_DEFAULT_REGION") or ""
-        cfg: Any = {}
-        if endpoint:
-            cfg["endpoint"] = endpoint
-            cfg["virtual_hosted_style_request"] = False
-        # keys in the environment come first in boto3's chain too; a region only a
-        # ~/.aws profile names (AWS itself, no endpoint) still needs boto3
-        provider = None if _env_has_keys() and (region or endpoint) else _credential_provider()
-        if region:
-            cfg["region"] = region
-        elif provider is None or "region" not in provider.config:
-            cfg["region"] = "us-east-1"
-        client: Any = {"allow_http": endpoint.startswith("http://"),
-                  "timeout": timedelta(seconds=timeout),
-                  "connect_timeout": timedelta(seconds=min(5.0, timeout))}
-        retry: Any = {"max_retries": retries, "retry_timeout": timedelta(seconds=timeout),
-                      "backoff": retry_backoff()}
-        self.retry_config = retry
-        try:
-            self.store = S3Store(loc.bucket, prefix=loc.prefix or None, config=cfg,
-                                 client_options=client, retry_config=retry,
-                                 credential_provider=provider)
-        except Exception as e:
-            raise _oserror(e) from None
-        from obstore import exceptions as ox
-
         self._x = ox
+        self.store, self.retry_config = _client(loc, timeout, retries)
 
     def __repr__(self) -> str:
         return f"S3Backend({self.loc})"  # never the credentials

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 from netem import NetProxy
 
+from casfs.store import s3backend
 from casfs.store.s3backend import INIT_BACKOFF_S, S3Backend, retry_backoff
 from casfs.util.location import S3Location, parse_location
 
@@ -49,6 +50,7 @@ def test_retries_of_two_backends_do_not_line_up(monkeypatch: pytest.MonkeyPatch,
                 net.reset_counts()
                 loc = parse_location(f"s3://bkt/p?endpoint={net.endpoint}")
                 assert isinstance(loc, S3Location)
+                s3backend._CLIENTS.clear()  # each a node's own process: its own client
                 b = S3Backend(loc, timeout=10.0, retries=1, staging_dir=tmp_path)
                 want = b.retry_config["backoff"]["init_backoff"].total_seconds()
                 t0 = time.monotonic()
