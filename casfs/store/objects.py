@@ -75,6 +75,7 @@ MAX_WINDOW = 8 << 20
 # node fill. CASFS_MAX_OBJECT_BYTES changes it (every node should agree).
 DEFAULT_MAX_OBJECT_BYTES = 1 << 30
 RECENT_BYTES = 8 << 20  # ObjectStore.remember's bound
+PACKED_BUFFER = 1 << 20  # a pack member up to this size is verified before it is served
 PUT_FIRST_MAX = 1 << 20  # on a remote root, objects up to this size skip the HEAD (_put_known)
 # A key this process stored (or found sound) this recently needs no HEAD before a
 # record names it (casfs.promote.publisher): gc removes only what a mark condemned at
@@ -86,7 +87,6 @@ STORED_KEPT = 100_000
 def _boottime() -> float:
     """Seconds since boot, suspend included (a node suspended for a day has been away)."""
     return time.clock_gettime(time.CLOCK_BOOTTIME)
-PACKED_BUFFER = 1 << 20  # a pack member up to this size is verified before it is served
 
 
 def _tell(out: BinaryIO) -> int | None:
