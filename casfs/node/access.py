@@ -26,6 +26,7 @@ from casfs.node.rootlink import RootLink
 from casfs.promote.publisher import profile_options
 from casfs.store import profile, reads
 from casfs.store.entry import Entry
+from casfs.store.record import Record
 from casfs.util.counters import Counters
 
 log = logging.getLogger(__name__)
@@ -126,12 +127,13 @@ class Access:
         if self.prefetcher is not None:
             self.prefetcher.opened_many(digests)
 
-    def profile_options(self, published: list[Entry]) -> dict[str, Any]:
-        """The record's ``profile`` (casfs.promote.publisher.profile_options), in the
-        publishing thread of this process (no promotion worker)."""
+    def profile_options(self, published: list[Entry], base: Record | None
+                        ) -> dict[str, Any]:
+        """The record's ``profile`` (casfs.promote.publisher.profile_options), for a
+        publication in this process (no promotion worker)."""
         opened = self.recorder.paths()
         out = profile_options(self.link.gens(), self.cfg.namespace, opened, published,
-                              self.counters)
+                              self.counters, base)
         if out:
             self.recorder.mark_published(len(opened))
         return out

@@ -293,8 +293,8 @@ class Worker(ChildServer):
         opened = [str(p) for p in msg.get("opened") or []]
         profiled = [False]
 
-        def options(published: list[Any]) -> dict[str, Any]:
-            out = profile_options(sp.gens, sp.ns, opened, published, sp.counters)
+        def options(published: list[Any], base: Any) -> dict[str, Any]:
+            out = profile_options(sp.gens, sp.ns, opened, published, sp.counters, base)
             profiled[0] = bool(out)
             return out
 

@@ -18,6 +18,7 @@ files of two writers.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -45,6 +46,7 @@ from casfs.store.generations import (
 )
 from casfs.store.objects import object_key
 from casfs.store.packs import pack_key, parse_location
+from casfs.store.record import Record
 from casfs.util.counters import Counters
 
 log = logging.getLogger(__name__)
@@ -83,7 +85,8 @@ class Publisher:
         self.on_lost = on_lost  # called with a path whose promoted object disappeared
         self.last: PublishOutcome | None = None
         # Optional record keys for a publication of these entries (the access profile).
-        self.options_for: Callable[[list[Entry]], dict[str, Any]] | None = None
+        # Called with the entries and the record they are published on.
+        self.options_for: Callable[[list[Entry], Record | None], dict[str, Any]] | None = None
         # Entry -> first miss (ns since the epoch) of entries a job of this mount made:
         # their rows get compile seconds (casfs.promote.timing); None: no figures.
         self.first_miss: dict[str, int] | None = None
@@ -106,7 +109,8 @@ class Publisher:
                 fingerprint=self.fingerprint,
                 max_bytes=self.max_bytes,
                 select=self._select,
-                options=self.options_for(pending) if self.options_for is not None else None,
+                options=(functools.partial(self.options_for, pending)
+                         if self.options_for is not None else None),
             )
         except QuotaExceededError as e:
             self.counters.inc("publish_refused_quota")
@@ -272,15 +276,16 @@ class Publisher:
 
 
 def profile_options(gens: GenerationStore, namespace: str, opened: list[str],
-                    published: list[Entry], counters: Counters) -> dict[str, Any]:
-    """The record's ``profile``: the newest record's, merged with what the jobs opened
-    (``opened``) and the files published now (a cold run's hot set is what it wrote).
-    Any failure only drops the profile ({}), except a namespace this node must not
-    publish to (squatted, or written by a newer casfs): raised, for the publication
-    to refuse and say so once, not a "without a profile" warning before it."""
+                    published: list[Entry], counters: Counters, base: Record | None
+                    ) -> dict[str, Any]:
+    """The record's ``profile``: that of the record published on (``base``), merged
+    with what the jobs opened (``opened``) and the files published now (a cold run's
+    hot set is what it wrote). Any failure only drops the profile ({}), except a
+    namespace this node must not publish to (squatted, or written by a newer casfs):
+    raised, for the publication to refuse and say so once, not a "without a profile"
+    warning before it."""
     try:
-        rec = gens.latest(namespace)
-        old = rec.options.get("profile") if rec is not None else None
+        old = base.options.get("profile") if base is not None else None
         older: list[tuple[str, int]] = []
         runs = 0
         if isinstance(old, str):

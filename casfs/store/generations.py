@@ -36,12 +36,15 @@ here under their old names.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import random
+import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -111,6 +114,21 @@ LISTING_FRESH = 5.0
 # first's answer (one HEAD, not a LIST and a HEAD) and takes the record it read, for
 # this long. A lost race re-reads anyway: creating the record is what decides.
 NEWEST_FRESH = 5.0
+
+
+def _beside(fn: Callable[[], Any]) -> Callable[[], Any]:
+    """``fn()`` started in a thread now; the callable returned waits for its result
+    (raising what it raised)."""
+    fut: Future[Any] = Future()
+
+    def run() -> None:
+        try:
+            fut.set_result(fn())
+        except BaseException as e:  # handed to whoever waits
+            fut.set_exception(e)
+
+    threading.Thread(target=run, name="casfs-beside", daemon=True).start()
+    return fut.result
 
 
 @dataclass
@@ -660,7 +678,7 @@ class GenerationStore:
         deadline: float = 600.0,
         compact_deltas: int = COMPACT_DELTAS,
         select: Callable[[Snapshot, list[Entry]], list[Entry]] | None = None,
-        options: dict[str, Any] | None = None,
+        options: dict[str, Any] | Callable[[Record | None], dict[str, Any]] | None = None,
         requires: Iterable[str] = (),
     ) -> PublishResult:
         """Publish ``additions`` (whose objects must already be stored) as a new generation.
@@ -673,8 +691,10 @@ class GenerationStore:
         ``max_attempts`` races lost *without* the newest seq moving (a backend
         that says EEXIST for a record nobody can see), or ``deadline`` seconds,
         give up. Each retry reads only what changed (_snapshot_of). ``options``
-        are optional record keys (docs/format.md), ``requires`` the features a
-        reader must implement to read the new record (its parts included).
+        are optional record keys (docs/format.md), or what computes them from the
+        record built on (the first attempt's; in a thread while the manifest goes
+        up: an access profile is a read and a write of its own), ``requires`` the
+        features a reader must implement to read the new record (its parts included).
         """
         unsupported = set(requires) - SUPPORTED_FEATURES
         if unsupported:
@@ -691,10 +711,13 @@ class GenerationStore:
         stalled = 0
         give_up = time.monotonic() + deadline
         attempt = 0
+        computing: Callable[[], dict[str, Any]] | None = None
         while True:
             attempt += 1
             result = PublishResult(ns, None, attempts=attempt)
             newest, current, snap = self.newest_valid(ns, hint, for_publish=True)
+            if callable(options) and computing is None:
+                computing = _beside(functools.partial(options, current))
             new = self._merge(snap, wanted, result)
             if select is not None and new:
                 kept = select(snap, new)
@@ -719,7 +742,9 @@ class GenerationStore:
                                        compact_deltas)
             # A record keeps its parent's requirements: its parts may still need them.
             needs = set(requires) | set(current.requires if current else ())
-            record = replace(record, options=dict(options or {}), requires=tuple(sorted(needs)))
+            opts = computing() if computing is not None else options
+            assert not callable(opts)
+            record = replace(record, options=dict(opts or {}), requires=tuple(sorted(needs)))
             reused = self._save_condemned({e.digest for e in new if not packed(e)}
                                           | {p.digest for p in record.parts},
                                           packs_of(new))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -163,3 +164,37 @@ def test_objects_this_process_just_stored_are_not_checked_again(
     # Later (or suspended past it) they are checked again.
     monkeypatch.setattr(objects_mod, "STORED_FRESH_S", 0.0)
     assert not root.objects.recently_stored(object_key(loose.digest))
+
+
+def test_the_profile_is_computed_on_the_base_record_beside_the_manifests_upload(
+        tmp_path: Path) -> None:
+    """A record's options (the access profile: a read and a write of its own) come from
+    the record the publication builds on, computed while the manifest goes up, not
+    before it: one round trip saved on an object store."""
+    import threading
+
+    root, index, pub, _ = setup(tmp_path)
+    first = promote(root, index, "a/one", b"one")
+    assert pub.publish().ok
+    promote(root, index, "a/two", b"two")
+    part_stored = threading.Event()
+    put = root.backend.put_if_absent
+
+    def watched(key: str, staged: Path) -> bool:
+        created = put(key, staged)
+        part_stored.set()  # (the only object this publication stores: its manifest part)
+        return created
+
+    root.backend.put_if_absent = watched  # type: ignore[method-assign]
+    seen: list[Any] = []
+
+    def options(published: list[Entry], base: Any) -> dict[str, Any]:
+        seen.append((base.seq if base is not None else None, [e.path for e in published],
+                     part_stored.wait(5)))
+        return {}
+
+    pub.options_for = options
+    out = pub.publish()
+    assert out.ok and out.result is not None and out.result.seq == 2
+    assert seen == [(1, ["a/two"], True)], seen
+    assert first.digest
