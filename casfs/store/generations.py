@@ -737,6 +737,11 @@ class GenerationStore:
                     f" its bound of {max_bytes} bytes; nothing was published"
                 )
             seq = (newest or 0) + 1
+            if self._condemned is None:
+                self._condemned = Condemned(self.backend)
+            # The gc marks (a LIST, kept a while) read while the manifest goes up:
+            # _save_condemned takes them then.
+            _beside(self._condemned.digests)
             crashpoint("before-manifest")
             record = self._next_record(ns, seq, current, snap, new, node, fingerprint,
                                        compact_deltas)

@@ -170,22 +170,32 @@ def test_the_profile_is_computed_on_the_base_record_beside_the_manifests_upload(
         tmp_path: Path) -> None:
     """A record's options (the access profile: a read and a write of its own) come from
     the record the publication builds on, computed while the manifest goes up, not
-    before it: one round trip saved on an object store."""
+    before it, and the gc marks are listed meanwhile too: round trips saved on an
+    object store."""
     import threading
 
     root, index, pub, _ = setup(tmp_path)
     first = promote(root, index, "a/one", b"one")
     assert pub.publish().ok
     promote(root, index, "a/two", b"two")
-    part_stored = threading.Event()
-    put = root.backend.put_if_absent
+    pub.gens._condemned = None  # the marks not listed lately (they are kept a while)
+    part_stored, marks_listed = threading.Event(), threading.Event()
+    put, listing = root.backend.put_if_absent, root.backend.list
+    beside_marks: list[bool] = []
 
     def watched(key: str, staged: Path) -> bool:
+        beside_marks.append(marks_listed.wait(5))  # the gc marks are read meanwhile too
         created = put(key, staged)
         part_stored.set()  # (the only object this publication stores: its manifest part)
         return created
 
+    def listed(prefix: str) -> Any:
+        if prefix.startswith("gc/marks"):
+            marks_listed.set()
+        return listing(prefix)
+
     root.backend.put_if_absent = watched  # type: ignore[method-assign]
+    root.backend.list = listed  # type: ignore[method-assign]
     seen: list[Any] = []
 
     def options(published: list[Entry], base: Any) -> dict[str, Any]:
@@ -197,4 +207,5 @@ def test_the_profile_is_computed_on_the_base_record_beside_the_manifests_upload(
     out = pub.publish()
     assert out.ok and out.result is not None and out.result.seq == 2
     assert seen == [(1, ["a/two"], True)], seen
+    assert beside_marks == [True]
     assert first.digest
