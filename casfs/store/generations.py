@@ -109,10 +109,11 @@ PART_READS = 8
 RECORDS_KEPT = 64
 # Seconds a LIST read beside the root's marker stands for the mount's own first LIST.
 LISTING_FRESH = 5.0
-# A publication finds the newest generation twice within a few round trips (for the
-# access profile it carries, then to build on it): the second probes forward from the
-# first's answer (one HEAD, not a LIST and a HEAD) and takes the record it read, for
-# this long. A lost race re-reads anyway: creating the record is what decides.
+# A record read, or a newest seq found, this recently is taken again for a publication:
+# the promotion round that just located packs in the served record does not make the
+# publication built on it read it again, and a second look for the newest probes
+# forward from the first's answer (one HEAD, not a LIST and a HEAD). A lost race
+# re-reads anyway: creating the record is what decides.
 NEWEST_FRESH = 5.0
 
 
