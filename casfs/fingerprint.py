@@ -430,13 +430,18 @@ def _gpus() -> str | None:
 def gpus_known() -> bool:
     """Whether a fingerprint naming the GPU is computed now without starting nvidia-smi
     (no nvidia-smi here, an answer still standing, or one kept for this boot)."""
+    global _gpus_seen
     if _gpus_standing() is not None:
         return True
     exe = shutil.which("nvidia-smi")
     if exe is None:
         return True
     key = _gpus_key(exe) if _gpus_file is not None else None
-    return key is not None and _kept_gpus(key) is not None
+    kept = _kept_gpus(key) if key is not None else None
+    if kept is None:
+        return False
+    _gpus_seen = (time.monotonic(), kept[0])  # the fingerprints take it from here
+    return True
 
 
 def _gpus_key(exe: str) -> str | None:
