@@ -29,7 +29,6 @@ import sys
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 from casfs import __version__, families
@@ -37,6 +36,7 @@ from casfs.daemon import config as dconfig
 from casfs.daemon.controlsock import ControlServer, ServerLimits, take_daemon_lock
 from casfs.daemon.jobs import JobsSocket
 from casfs.daemon.notify import Notifier
+from casfs.daemon.signals import SignalRelay
 from casfs.daemon.supervisor import QUERY_TIMEOUT, Supervisor
 from casfs.errors import CasfsError
 from casfs.node import logfmt
@@ -134,12 +134,12 @@ class Daemon:
             adopt=True,  # a restarted casfsd adopts the running mount processes
             hold=True)  # a crashed fuse mode worker's connection is served on
 
-    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+    def _on_signal(self, signum: int) -> None:
         if not self.stop_requested.is_set():
             log.info("%s: stopping", signal.Signals(signum).name)
         self.stop_requested.set()
 
-    def _on_usr2(self, signum: int, frame: FrameType | None) -> None:
+    def _on_usr2(self, signum: int) -> None:
         if not self.stop_requested.is_set():
             log.info("SIGUSR2: re-executing casfsd; the mounts serve on")
             self.reexec_requested = True
@@ -151,7 +151,7 @@ class Daemon:
 
         return self.reexec_requested or sdjob.restart_pending()
 
-    def _on_hup(self, signum: int, frame: FrameType | None) -> None:
+    def _on_hup(self, signum: int) -> None:
         self.reload_requested.set()  # the supervision loop reloads (Daemon.reload)
 
     def _tick(self) -> None:
@@ -258,16 +258,16 @@ class Daemon:
     def run(self) -> int:
         from casfs.node.worker import check_fuse
 
-        for s in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(s, self._on_signal)
-        signal.signal(signal.SIGHUP, self._on_hup)
-        signal.signal(signal.SIGUSR2, self._on_usr2)
         # FUSE (/dev/fuse, the 'fuse' extra's pyfuse3) only where a mount needs it: a node
         # whose mounts are all dir mode, with no on-demand mount process, runs without.
         if _needs_fuse(self.cfg):
             check_fuse()
         _raise_fd_limit()  # every open jobs-socket connection is a file descriptor
         lock_fd = take_daemon_lock(self.cfg.run_dir)
+        # Handled in a thread, never in a signal handler (casfs.daemon.signals: a handler
+        # setting stop_requested deadlocked against the main loop's wait on it).
+        signals = SignalRelay({signal.SIGTERM: self._on_signal, signal.SIGINT: self._on_signal,
+                               signal.SIGHUP: self._on_hup, signal.SIGUSR2: self._on_usr2})
         control = metrics = jobs = None
         sup = self.supervisor
         try:
@@ -335,6 +335,7 @@ class Daemon:
                 jobs.close()
             os.close(lock_fd)
             self.notifier.close()
+            signals.close()
 
 
 def _raise_fd_limit() -> None:

@@ -275,7 +275,7 @@ def test_sighup_reloads_and_does_not_stop(tmp_path: Path, daemon_of: Callable[..
     d, _ = daemon_of([mount("a", tmp_path)])
     reloaded = threading.Event()
     d.reload = lambda: reloaded.set()  # type: ignore[method-assign]
-    d._on_hup(signal.SIGHUP, None)
+    d._on_hup(signal.SIGHUP)
     assert not d.stop_requested.is_set()
     t = threading.Thread(target=d.supervisor.run, args=(d.stop_requested,),
                          kwargs={"tick": d._tick})
