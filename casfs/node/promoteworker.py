@@ -10,11 +10,12 @@ mount process a retried round, never its FUSE connection.
 Requests (one thread each; the mount process sends one at a time per namespace):
 
     {"op": "promote", "id", "root": {spec}, "ns", "upper", "family", "scratch",
-     "packs", "max_seq", "paths": [rel, ...]}
+     "packs", "max_seq", "paths": [rel, ...], "newest": [seq, when] | null}
         -> {"ok": true, "promoted", "bytes", "deferred", "errors", "last_error",
             "events": [["f", rel, seen_at] | ["m", rel], ...], "counters": {...}}
     {"op": "publish", "id", "root", "ns", "family", "scratch", "fingerprint",
-     "max_bytes", "opened": [path, ...]}
+     "max_bytes", "opened": [path, ...], "newest": [seq, when] | null}
+        ("newest": the newest generation the mount found, at CLOCK_MONOTONIC ``when``)
         -> {"ok": true, "published": bool, "message", "result": {...} | null,
             "lost": [path, ...], "profiled": bool, "counters": {...}}
     {"op": "reads", "id", "root", "ns", "node", "paths", "time", "until"}
@@ -239,6 +240,9 @@ class Worker(ChildServer):
         sp: _Namespace | None = None
         try:
             sp = self.space(msg["root"], str(msg["ns"]))
+            newest = msg.get("newest")
+            if isinstance(newest, list) and len(newest) == 2:
+                sp.gens.note_newest(sp.ns, int(newest[0]), float(newest[1]))
             op = msg["op"]
             out = (self.prepare(sp, msg) if op == "prepare" else
                    self.promote(sp, msg) if op == "promote" else

@@ -178,7 +178,7 @@ class WorkerTransport:
         msg = {"op": "promote", "root": ctx.link.spec, "ns": cfg.namespace,
                "upper": str(cfg.writable_dir), "family": cfg.family,
                "scratch": list(cfg.scratch_patterns), "packs": cfg.packs,
-               "max_seq": ctx.lower.max_seq, "paths": paths}
+               "max_seq": ctx.lower.max_seq, "paths": paths, "newest": self._newest()}
         try:
             reply = self._call(msg)
         except WorkerBugError as e:
@@ -209,6 +209,14 @@ class WorkerTransport:
         res.last_error = str(reply.get("last_error", "")) or res.last_error
         return True
 
+    def _newest(self) -> list[float] | None:
+        """[seq, when] of the newest generation this mount found (its refresh, every
+        refresh_interval): the worker's publication builds on it without a LIST and a HEAD
+        (casfs.store.generations.PUBLISH_FRESH)."""
+        link = self.ctx.link
+        known = link.gens().newest_known(self.ctx.cfg.namespace) if link.root else None
+        return [known[0], known[1]] if known else None
+
     def publish(self, pub: Publisher) -> PublishOutcome:
         """Publication in the worker: the outcome as Publisher.publish's."""
         ctx = self.ctx
@@ -217,7 +225,7 @@ class WorkerTransport:
         msg = {"op": "publish", "root": ctx.link.spec, "ns": cfg.namespace,
                "family": cfg.family, "scratch": list(cfg.scratch_patterns),
                "fingerprint": pub.fingerprint, "max_bytes": pub.max_bytes, "opened": opened,
-               "first_miss": pub.first_miss}
+               "first_miss": pub.first_miss, "newest": self._newest()}
         try:
             reply = self._call(msg)
         except CasfsError as e:  # the worker died twice or hung: retried next interval

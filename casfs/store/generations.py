@@ -115,6 +115,13 @@ LISTING_FRESH = 5.0
 # forward from the first's answer (one HEAD, not a LIST and a HEAD). A lost race
 # re-reads anyway: creating the record is what decides.
 NEWEST_FRESH = 5.0
+# A publication builds on the newest seq found this recently (by this process, or by the
+# mount process that sent it: note_newest) without looking again, and on that record if
+# read this recently: creating the record is what decides, a newer generation makes it
+# fail and the retry looks, so a stale answer costs a retry, never a lost or wrong one.
+# The mount's refresh (every 30 s) keeps its answer this fresh: a release publishes
+# without the LIST and the HEAD (two round trips after the job).
+PUBLISH_FRESH = 45.0
 
 
 def _beside(fn: Callable[[], Any]) -> Callable[[], Any]:
@@ -266,10 +273,27 @@ class GenerationStore:
             self._newest[ns] = (seq, time.monotonic())
         return seq or None
 
-    def _fresh(self, ns: str, seq: int) -> bool:
-        """Whether ``ns@seq``'s record was read within NEWEST_FRESH (then it is taken)."""
+    def _fresh(self, ns: str, seq: int, within: float = NEWEST_FRESH) -> bool:
+        """Whether ``ns@seq``'s record was read within ``within`` s (then it is taken)."""
         at = self._read_at.get((ns, seq))
-        return at is not None and time.monotonic() - at < NEWEST_FRESH
+        return at is not None and time.monotonic() - at < within
+
+    def newest_known(self, ns: str) -> tuple[int, float] | None:
+        """(the newest seq of ``ns`` this store found, when: CLOCK_MONOTONIC), or None."""
+        return self._newest.get(ns)
+
+    def note_newest(self, ns: str, seq: int, at: float) -> None:
+        """Another process of this node found ``ns@seq`` the newest at ``at`` (its
+        CLOCK_MONOTONIC: the same clock): kept unless this store knows better."""
+        known = self._newest.get(ns)
+        if seq > 0 and at <= time.monotonic() and (known is None or (seq, at) > known):
+            self._newest[ns] = (seq, at)
+
+    def _recent_newest(self, ns: str) -> int | None:
+        known = self._newest.get(ns)
+        if known is not None and time.monotonic() - known[1] < PUBLISH_FRESH:
+            return known[0]
+        return None
 
     def _probe(self, ns: str, seq: int) -> tuple[int, bool]:
         """(the last seq present from ``seq`` on, whether the run ended within PROBE_STEPS)."""
@@ -375,6 +399,8 @@ class GenerationStore:
         GenerationStore.readable).
         """
         mine = self._latest.get(ns)  # what this store served last (kept on a rollback)
+        if newest is None and for_publish and hint is None:
+            newest = self._recent_newest(ns)  # PUBLISH_FRESH: the create decides
         if newest is None:
             newest = self.latest_seq(ns, hint)
         head = self.heads.newest(ns) if self.heads.enabled(ns) else None
@@ -411,7 +437,7 @@ class GenerationStore:
              ) -> tuple[Record, Snapshot] | None:
         """Record ``seq`` and its snapshot, or None when passed over (noted)."""
         try:
-            rec = self.record(ns, seq, cached=for_publish and self._fresh(ns, seq))
+            rec = self.record(ns, seq, cached=for_publish and self._fresh(ns, seq, PUBLISH_FRESH))
             return rec, self._snapshot_of(rec)
         except UnreadableHereError as e:  # newer format, over a limit: not damage
             self._note(ns, seq, "newer_format_generations"

@@ -357,3 +357,48 @@ def test_an_s3_open_reads_beside_its_marker(s3_url: str) -> None:
         raise OSError("reset by peer")
 
     assert SharedRoot.open(s3_url, beside=broken).beside is None
+
+
+def test_a_publication_builds_on_the_newest_the_mount_found(root: SharedRoot) -> None:
+    """The mount process sends the promotion worker the newest generation it found and
+    when (note_newest): the publication creates the next record without a LIST or a HEAD
+    for it; an answer older than PUBLISH_FRESH, or from the future, is not taken; a stale
+    one (another node published meanwhile) costs a retry, never an entry."""
+    import time
+
+    from casfs.store import generations as gmod
+
+    root.generations().publish("ns", store_files(root, {"a": b"1"}), node="other")
+    other = root.generations()
+    worker = GenerationStore(SharedRoot.open(root.path))
+    looked: list[str] = []
+    backend = worker.backend
+    real_list, real_info = backend.list, backend.info
+
+    def counting_list(prefix: str) -> list[str]:
+        looked.append(f"list {prefix}")
+        return real_list(prefix)
+
+    def counting_info(key: str) -> object:
+        if "/generations/" in key:
+            looked.append(f"head {key}")
+        return real_info(key)
+
+    backend.list = counting_list  # type: ignore[method-assign]
+    backend.info = counting_info  # type: ignore[method-assign]
+    worker.note_newest("ns", 1, time.monotonic() + 60)  # the future: not taken
+    assert worker.newest_known("ns") is None
+    worker.note_newest("ns", 1, time.monotonic() - gmod.PUBLISH_FRESH - 1)  # too old
+    assert worker.publish("ns", store_files(root, {"b": b"2"}), node="n").seq == 2
+    assert [x for x in looked if "generations" in x], looked  # it looked
+    looked.clear()
+    other.publish("ns", store_files(root, {"c": b"3"}), node="other")  # seq 3
+    worker.note_newest("ns", 3, time.monotonic())
+    assert worker.publish("ns", store_files(root, {"d": b"4"}), node="n").seq == 4
+    assert not [x for x in looked if "generations" in x], looked
+    # Stale: the mount last saw 4, another node published 5 since.
+    other.publish("ns", store_files(root, {"e": b"5"}), node="other")
+    worker.note_newest("ns", 4, time.monotonic())
+    assert worker.publish("ns", store_files(root, {"f": b"6"}), node="n").seq == 6
+    assert set(SharedRoot.open(root.path).generations().entries("ns").entries) == \
+        {"a", "b", "c", "d", "e", "f"}
