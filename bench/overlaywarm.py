@@ -105,7 +105,7 @@ def bare(src: Path, work: Path, out: dict[str, list[dict[str, Any]]],
     for recording."""
     from casfs.view.opens import FanotifyOpens
 
-    with _hand_overlay(str(src), work / "bare", "") as mnt:
+    with hand_overlay(str(src), work / "bare", "") as mnt:
         reader(mnt)
         out["bare_overlay_warm"].append(reader(mnt))
         if not fanotify:
@@ -125,7 +125,7 @@ def bare(src: Path, work: Path, out: dict[str, list[dict[str, Any]]],
 
 
 @contextlib.contextmanager
-def _hand_overlay(lowers: str, work: Path, opts: str) -> Iterator[Path]:
+def hand_overlay(lowers: str, work: Path, opts: str) -> Iterator[Path]:
     """An overlay over ``lowers`` (a lowerdir= value) with ``opts``, a throwaway upper."""
     for d in ("u", "w", "m"):
         rmtree(work / d)
@@ -236,7 +236,7 @@ def _fresh_node(root: Path, ns: str, work: Path, i: int, options: bool,
                 for key, lowers in ((f"opt_{name}", f"{links}:{fuse}"),
                                     (f"optnofuse_{name}", str(links))):
                     try:
-                        with _hand_overlay(lowers, work / "hand", opts) as mnt:
+                        with hand_overlay(lowers, work / "hand", opts) as mnt:
                             out.setdefault(f"first_{key}", []).append(reader(mnt))
                             out.setdefault(key, []).append(reader(mnt))
                     except OSError as e:
