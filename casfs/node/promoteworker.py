@@ -10,7 +10,8 @@ mount process a retried round, never its FUSE connection.
 Requests (one thread each; the mount process sends one at a time per namespace):
 
     {"op": "promote", "id", "root": {spec}, "ns", "upper", "family", "scratch",
-     "packs", "max_seq", "paths": [rel, ...], "newest": [seq, when] | null}
+     "packs", "max_seq", "paths": [rel, ...], "newest": [seq, when] | null,
+     "record": the max_seq record as the mount read it | null}
         -> {"ok": true, "promoted", "bytes", "deferred", "errors", "last_error",
             "events": [["f", rel, seen_at] | ["m", rel], ...], "counters": {...}}
     {"op": "publish", "id", "root", "ns", "family", "scratch", "fingerprint",
@@ -136,15 +137,22 @@ class _Namespace:
         self.ns = ns
         self.located = -1  # the generation whose pack locations this process read
 
-    def locate(self, seq: int) -> None:
+    def locate(self, seq: int, record: str | None = None) -> None:
         """Learn where packs hold the served generation's objects (the mount process
         knows from the manifests it ingested; this process reads them once per new
-        generation): a round then reuses those packs instead of writing the bytes again."""
+        generation): a round then reuses those packs instead of writing the bytes again.
+        ``record``: that generation's record as the mount read it (no GET of it)."""
         if seq <= self.located:
             return
         try:
+            if record is not None and seq > 0:
+                try:
+                    self.gens.note_record(self.ns, seq, record.encode())
+                except (CasfsError, ValueError):
+                    record = None  # read from the root, as without it
             if seq > 0:  # that generation's record and parts: no LIST, no probing for it
-                self.gens.snapshot(self.gens.record(self.ns, seq))  # registers pack locations
+                rec = self.gens.record(self.ns, seq, cached=record is not None)
+                self.gens.snapshot(rec)  # registers pack locations
             self.located = seq
         except (CasfsError, OSError) as e:
             log.warning("cannot read pack locations of %s: %s", self.ns, e)
@@ -273,7 +281,8 @@ class Worker(ChildServer):
 
     def promote(self, sp: _Namespace, msg: dict[str, Any]) -> dict[str, Any]:
         ns, idx = sp.ns, self.index()
-        sp.locate(int(msg["max_seq"]))
+        record = msg.get("record")
+        sp.locate(int(msg["max_seq"]), record if isinstance(record, str) else None)
         tracker = _RoundTracker([str(p) for p in msg["paths"]])
         p = Promoter(
             upper=Path(msg["upper"]), objects=sp.root.objects, index=idx, key=ns,

@@ -108,6 +108,7 @@ class WorkerTransport:
     def __init__(self, ctx: Context) -> None:
         self.ctx = ctx
         self._lock = threading.Lock()  # one round per namespace at a time
+        self._record_sent = -1  # the served generation whose record the worker was sent
         promoteproc.shared(ctx.cfg.state_dir)  # started now: a first round does not wait
 
     def _call(self, msg: dict[str, Any]) -> dict[str, Any]:
@@ -178,7 +179,8 @@ class WorkerTransport:
         msg = {"op": "promote", "root": ctx.link.spec, "ns": cfg.namespace,
                "upper": str(cfg.writable_dir), "family": cfg.family,
                "scratch": list(cfg.scratch_patterns), "packs": cfg.packs,
-               "max_seq": ctx.lower.max_seq, "paths": paths, "newest": self._newest()}
+               "max_seq": ctx.lower.max_seq, "paths": paths, "newest": self._newest(),
+               "record": self._served_record(ctx.lower.max_seq)}
         try:
             reply = self._call(msg)
         except WorkerBugError as e:
@@ -216,6 +218,19 @@ class WorkerTransport:
         link = self.ctx.link
         known = link.gens().newest_known(self.ctx.cfg.namespace) if link.root else None
         return [known[0], known[1]] if known else None
+
+    def _served_record(self, seq: int) -> str | None:
+        """The served generation's record as this mount read it, once per generation:
+        the worker's first round learns the packs from its parts without reading it
+        (a round trip after the job)."""
+        link = self.ctx.link
+        if seq <= self._record_sent or seq <= 0 or link.root is None:
+            return None
+        data = link.gens().known_record(self.ctx.cfg.namespace, seq)
+        if data is None:
+            return None
+        self._record_sent = seq
+        return data.decode()
 
     def publish(self, pub: Publisher) -> PublishOutcome:
         """Publication in the worker: the outcome as Publisher.publish's."""

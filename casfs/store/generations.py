@@ -289,6 +289,18 @@ class GenerationStore:
         if seq > 0 and at <= time.monotonic() and (known is None or (seq, at) > known):
             self._newest[ns] = (seq, at)
 
+    def known_record(self, ns: str, seq: int) -> bytes | None:
+        """The record ``ns@seq`` as this store read it (re-serialised), or None."""
+        kept = self._records.get((ns, seq))
+        return kept[1].to_json() if kept is not None else None
+
+    def note_record(self, ns: str, seq: int, data: bytes) -> None:
+        """Record ``ns@seq`` as another process of this node read and checked it (the
+        mount process, for its promotion worker): parsed and kept as if read here now."""
+        rec = parse_record(data, ns, seq)
+        self._records[(ns, seq)] = (record_digest(data), rec)
+        self._read_at[(ns, seq)] = time.monotonic()
+
     def _recent_newest(self, ns: str) -> int | None:
         known = self._newest.get(ns)
         if known is not None and time.monotonic() - known[1] < PUBLISH_FRESH:

@@ -420,7 +420,8 @@ def test_a_writing_jobs_release_reads_nothing_twice(
     listed once, no HEAD before a small object's PUT or of a pack this node just PUT, and
     no reads for serving the new generation (nothing is served after a release), no look
     for the newest generation the mount knows. It was 22 requests, 17 after the job here,
-    with the base record read three times; then 12 with a LIST and a HEAD for the newest."""
+    with the base record read three times; then 12 with a LIST and a HEAD for the newest
+    and the served record read by the worker."""
     url = _url(net, tmp_path)
     _run(tmp_path, "writer", url, seaweed_server, "budget", sys.executable, "-c", WRITE_JOB,
          "3", "A")
@@ -438,7 +439,10 @@ def test_a_writing_jobs_release_reads_nothing_twice(
     # the worker): no LIST and no HEAD for it (PUBLISH_FRESH; creating the record decides).
     looked = [q for q in after if q.kind in ("list", "head") and "generations" in q.target]
     assert not looked, [(q.kind, q.target) for q in after]
+    # ... and the served generation's record is the mount's, sent along: not read again.
+    assert not [q for q in after if q.kind == "get" and "/generations/" in q.target], \
+        [(q.kind, q.target) for q in after]
     put = {q.target for q in after if q.kind == "put" and "/generations/" not in q.target}
     assert not [q for q in after if q.kind == "head" and q.target in put], \
         [(q.kind, q.target) for q in after]
-    assert len(after) <= 10, [(q.kind, q.target[-50:]) for q in after]
+    assert len(after) <= 9, [(q.kind, q.target[-50:]) for q in after]

@@ -402,3 +402,30 @@ def test_a_publication_builds_on_the_newest_the_mount_found(root: SharedRoot) ->
     assert worker.publish("ns", store_files(root, {"f": b"6"}), node="n").seq == 6
     assert set(SharedRoot.open(root.path).generations().entries("ns").entries) == \
         {"a", "b", "c", "d", "e", "f"}
+
+
+def test_a_record_read_by_the_mount_is_taken_by_its_worker(root: SharedRoot) -> None:
+    """known_record / note_record: the mount process hands the served record to its
+    promotion worker, which then reads it nowhere; what does not parse is refused."""
+    from casfs.errors import CasfsError
+
+    gens = root.generations()
+    gens.publish("ns", store_files(root, {"a": b"1"}), node="n")
+    reader = GenerationStore(SharedRoot.open(root.path))
+    assert reader.known_record("ns", 1) is None
+    rec = reader.record("ns", 1)
+    data = reader.known_record("ns", 1)
+    assert data is not None
+    worker = GenerationStore(SharedRoot.open(root.path))
+    worker.note_record("ns", 1, data)
+
+    def no_reads(key: str) -> object:
+        raise AssertionError(f"read {key}")
+
+    worker.backend.open = no_reads  # type: ignore[method-assign]
+    got = worker.record("ns", 1, cached=True)
+    assert (got.seq, got.parts, got.options) == (rec.seq, rec.parts, rec.options)
+    with pytest.raises((CasfsError, ValueError)):
+        worker.note_record("ns", 2, b'{"not": "a record"}')
+    with pytest.raises((CasfsError, ValueError)):
+        worker.note_record("ns", 2, data)  # another seq's record: refused
