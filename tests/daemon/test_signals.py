@@ -17,6 +17,7 @@ SCRIPT = textwrap.dedent("""
     from casfs.daemon.signals import SignalRelay
 
     ev = threading.Event()
+    before = signal.getsignal(signal.SIGTERM)
     if sys.argv[1] == "relay":
         relay = SignalRelay({signal.SIGTERM: lambda s: ev.set()})
     else:  # what casfsd did: the work in the Python signal handler
@@ -27,7 +28,7 @@ SCRIPT = textwrap.dedent("""
     print("set" if ev.wait(10) else "not set", flush=True)
     if sys.argv[1] == "relay":
         relay.close()
-        assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+        assert signal.getsignal(signal.SIGTERM) == before
         assert signal.set_wakeup_fd(-1) == -1
 """)
 
@@ -72,6 +73,7 @@ def test_every_signal_reaches_its_handler_and_a_failing_one_does_not_stop_the_re
         if signum == signal.SIGUSR2:
             done.set()
 
+    before = signal.getsignal(signal.SIGHUP)  # (ignored under nohup)
     relay = SignalRelay({signal.SIGHUP: boom, signal.SIGUSR1: note, signal.SIGUSR2: note})
     try:
         with caplog.at_level("ERROR", logger="casfs.daemon.signals"):
@@ -83,4 +85,4 @@ def test_every_signal_reaches_its_handler_and_a_failing_one_does_not_stop_the_re
         relay.close()
     assert seen == [signal.SIGUSR1, signal.SIGUSR2]
     assert any("handling SIGHUP" in r.getMessage() for r in caplog.records)
-    assert signal.getsignal(signal.SIGHUP) == signal.SIG_DFL
+    assert signal.getsignal(signal.SIGHUP) == before  # put back
