@@ -116,6 +116,7 @@ def _run(o: Opened, cfg: MountConfig, whole: bool) -> None:
             newest = gens.latest_seq(ns)
             got = None
             if newest is not None and whole:
+                _read_profile_ahead(root, gens, ns, newest)
                 _, rec, snap = gens.newest_valid(ns, newest=newest)
                 got = (rec, snap)
             o.newest = (newest, got)
@@ -131,6 +132,18 @@ def _run(o: Opened, cfg: MountConfig, whole: bool) -> None:
         t = threading.Timer(FRESH + 1.0, _drop, args=(o,))
         t.daemon = True
         t.start()
+
+
+def _read_profile_ahead(root: SharedRoot, gens: GenerationStore, ns: str, seq: int) -> None:
+    """Record ``seq`` now (newest_valid takes it), and its access profile read beside
+    its manifest parts: the prefetch's plan, which a job's first opens wait for, reads
+    it next (a round trip after the parts). A damaged record is newest_valid's to skip."""
+    try:
+        digest = gens.record(ns, seq).options.get("profile")
+    except (CasfsError, OSError):
+        return
+    if isinstance(digest, str):
+        root.objects.read_ahead(digest)
 
 
 def _drop(o: Opened) -> None:

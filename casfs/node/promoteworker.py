@@ -135,9 +135,7 @@ class _Namespace:
         self.root = root
         self.gens = root.generations()
         self.ns = ns
-        self.timeout = float(spec.get("timeout", 10.0))
         self.located = -1  # the generation whose pack locations this process read
-        self._profile: threading.Thread | None = None  # its profile, fetched beside
 
     def locate(self, seq: int, record: str | None = None) -> None:
         """Learn where packs hold the served generation's objects (the mount process
@@ -162,28 +160,10 @@ class _Namespace:
 
     def _fetch_profile(self, digest: object) -> None:
         """The served record's access profile, read beside its parts and the round's
-        writes: the publication that follows merges onto it (profile_options), and it
-        was a round trip of its own after the pack's PUT. Verified bytes, kept in the
-        object store's memory (remember); a failure leaves publication to read it."""
-        if not isinstance(digest, str):
-            return
-        objects = self.root.objects
-
-        def fetch() -> None:
-            try:
-                objects.remember(digest, objects.get_bytes(digest))
-            except (CasfsError, OSError, ValueError) as e:
-                log.debug("%s: profile %s not read ahead: %s", self.ns, digest, e)
-
-        self._profile = threading.Thread(target=fetch, name="profile", daemon=True)
-        self._profile.start()
-
-    def profile_fetched(self) -> None:
-        """Wait (bounded) for the profile read ahead, if one is in flight: reading it
-        again beside it would be a second request for the same bytes."""
-        t, self._profile = self._profile, None
-        if t is not None:
-            t.join(self.timeout)
+        writes (ObjectStore.read_ahead): the publication that follows merges onto it
+        (profile_options), and it was a round trip of its own after the pack's PUT."""
+        if isinstance(digest, str):
+            self.root.objects.read_ahead(digest)
 
     def counters_delta(self) -> dict[str, int]:
         with self.lock:
@@ -335,7 +315,6 @@ class Worker(ChildServer):
         profiled = [False]
 
         def options(published: list[Any], base: Any) -> dict[str, Any]:
-            sp.profile_fetched()
             out = profile_options(sp.gens, sp.ns, opened, published, sp.counters, base)
             profiled[0] = bool(out)
             return out

@@ -449,7 +449,9 @@ class GenerationStore:
              ) -> tuple[Record, Snapshot] | None:
         """Record ``seq`` and its snapshot, or None when passed over (noted)."""
         try:
-            rec = self.record(ns, seq, cached=for_publish and self._fresh(ns, seq, PUBLISH_FRESH))
+            # A record read moments ago is taken (a reader: NEWEST_FRESH, as latest()).
+            rec = self.record(ns, seq, cached=self._fresh(
+                ns, seq, PUBLISH_FRESH if for_publish else NEWEST_FRESH))
             return rec, self._snapshot_of(rec)
         except UnreadableHereError as e:  # newer format, over a limit: not damage
             self._note(ns, seq, "newer_format_generations"

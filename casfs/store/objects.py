@@ -75,6 +75,7 @@ MAX_WINDOW = 8 << 20
 # node fill. CASFS_MAX_OBJECT_BYTES changes it (every node should agree).
 DEFAULT_MAX_OBJECT_BYTES = 1 << 30
 RECENT_BYTES = 8 << 20  # ObjectStore.remember's bound
+AHEAD_WAIT = 30.0  # the longest a read waits for the same object's read_ahead
 PACKED_BUFFER = 1 << 20  # a pack member up to this size is verified before it is served
 PUT_FIRST_MAX = 1 << 20  # on a remote root, objects up to this size skip the HEAD (_put_known)
 # A key this process stored (or found sound) this recently needs no HEAD before a
@@ -226,6 +227,7 @@ class ObjectStore:
         self._recent: OrderedDict[str, bytes] = OrderedDict()  # see remember()
         self._recent_bytes = 0
         self._recent_lock = threading.Lock()
+        self._ahead: dict[str, threading.Event] = {}  # see read_ahead()
         self._stored: OrderedDict[str, float] = OrderedDict()  # see stored()
         self._located = False
         self._locate_lock = threading.RLock()  # the locator reads manifests: it may miss too
@@ -308,6 +310,30 @@ class ObjectStore:
             while self._recent_bytes > RECENT_BYTES:
                 _, old = self._recent.popitem(last=False)
                 self._recent_bytes -= len(old)
+
+    def read_ahead(self, digest: str) -> None:
+        """Start reading small object ``digest`` in a thread (a profile beside the
+        manifest parts it comes with, not after them: a round trip); a read of it
+        meanwhile waits for that one instead of sending its own, then takes its verified
+        bytes (kept as ``remember`` keeps them). A failure only leaves the read to it."""
+        with self._recent_lock:
+            if digest in self._recent or digest in self._ahead:
+                return
+            done = self._ahead[digest] = threading.Event()
+
+        def run() -> None:
+            try:
+                buf = io.BytesIO()
+                self._get_into(digest, None, buf)
+                self.remember(digest, buf.getvalue())
+            except Exception as e:  # (CasfsError, OSError, a bad digest): the reader's
+                log.debug("read ahead of %s: %s", digest, e)
+            finally:
+                with self._recent_lock:
+                    self._ahead.pop(digest, None)
+                done.set()
+
+        threading.Thread(target=run, name="casfs-read-ahead", daemon=True).start()
 
     def stored(self, key: str) -> None:
         """Note that this process just stored ``key`` (or found it sound)."""
@@ -559,6 +585,10 @@ class ObjectStore:
         """
         with self._recent_lock:
             known = self._recent.get(digest)
+            ahead = self._ahead.get(digest) if known is None else None
+        if ahead is not None and ahead.wait(AHEAD_WAIT):  # bounded: its GET is
+            with self._recent_lock:
+                known = self._recent.get(digest)
         if known is not None and (expected_size is None or expected_size == len(known)):
             out.write(known)
             return len(known)

@@ -4,6 +4,7 @@ the access profile that publication merges onto, read beside the record's parts.
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 from casfs.node.promoteworker import _Activity, _Namespace
@@ -34,8 +35,11 @@ def test_the_profile_is_read_while_the_parts_are(tmp_path: Path) -> None:
 
     sp.root.backend.open = counting  # type: ignore[method-assign]
     sp.locate(1)
-    sp.profile_fetched()
-    assert object_key(digest) in opened, opened  # read during the round's locate
+    deadline = time.monotonic() + 5  # read during the round's locate, in a thread
+    while object_key(digest) not in opened and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert object_key(digest) in opened, opened
+    time.sleep(0.1)  # its bytes kept
     opened.clear()
     assert profile.decode(sp.root.objects.get_bytes(digest)) == ([("k/a", 1)], 1)
     assert opened == []  # publication's read of it: no request
@@ -57,7 +61,6 @@ def test_the_served_record_sent_by_the_mount_is_not_read(tmp_path: Path) -> None
 
     sp.root.backend.open = counting  # type: ignore[method-assign]
     sp.locate(1, sent.decode())
-    sp.profile_fetched()
     assert sp.located == 1
     assert not [k for k in opened if "/generations/" in k], opened
     # A record that does not parse is read from the root instead, as without one.
