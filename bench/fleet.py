@@ -46,8 +46,9 @@ for the remaining phases: replication must keep every read correct),
 ``s3-stall`` (the gateway SIGSTOPped for ``--stall-s`` seconds from the moment
 the first job begins to read: reads in flight wait on it), ``s3-stall-at-start``
 (the same from the nodes' launch: mounts start against a hung root),
-``resets`` (``--share`` of responses, 5 %, cut mid-body and the connection
-reset) and ``slowdown`` (``--share`` of requests answered 503 SlowDown). Each
+``resets`` (``--share`` of responses, 5 %, cut 64 bytes into the body and the
+connection reset: records and small objects too) and ``slowdown`` (``--share``
+of requests answered 503 SlowDown). Each
 job reads the whole tree in passes until one pass reads every file correctly
 (the fault has cleared and the node serves again) or a deadline. The
 invariant, checked per read: correct bytes or ENOENT (a miss), never another
@@ -657,6 +658,9 @@ def faults(work: Path, n: int, kernels: int, rtt_ms: float, stall_s: float,
 
             for net in nets:
                 net.reset_share = share if phase == "resets" else 0.0
+                # Cut after 64 bytes: records and small objects (a few hundred bytes)
+                # are cut too, not only bodies over the default 1 KiB (packs, parts).
+                net.reset_after = 64
                 net.slowdown_share = share if phase == "slowdown" else 0.0
             try:
                 rs = fleet.casfs_round(pub["namespace"], n, f"fault-{phase}",

@@ -19,9 +19,11 @@ pre-opened: nothing to overlap, and a dead NFS mount is call_bounded's business.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -113,10 +115,14 @@ def _run(o: Opened, cfg: MountConfig, whole: bool) -> None:
             gens.seed_listing(ns, root.beside)
         o.root, o.gens = root, gens
         try:
+            # The listed newest's record is read beside the HEAD past it (a second
+            # connection, warm from the marker's read): a round trip of a fresh
+            # node's start. A lagging LIST wastes that one read.
+            guess = _record_beside(gens, ns, gens.seeded_newest(ns) if whole else None)
             newest = gens.latest_seq(ns)
             got = None
             if newest is not None and whole:
-                _read_profile_ahead(root, gens, ns, newest)
+                _read_profile_ahead(root, gens, ns, newest, guess())
                 _, rec, snap = gens.newest_valid(ns, newest=newest)
                 got = (rec, snap)
             o.newest = (newest, got)
@@ -134,14 +140,40 @@ def _run(o: Opened, cfg: MountConfig, whole: bool) -> None:
         t.start()
 
 
-def _read_profile_ahead(root: SharedRoot, gens: GenerationStore, ns: str, seq: int) -> None:
-    """Record ``seq`` now (newest_valid takes it), and its access profile read beside
-    its manifest parts: the prefetch's plan, which a job's first opens wait for, reads
-    it next (a round trip after the parts). A damaged record is newest_valid's to skip."""
-    try:
-        digest = gens.record(ns, seq).options.get("profile")
-    except (CasfsError, OSError):
-        return
+def _record_beside(gens: GenerationStore, ns: str, seq: int | None
+                   ) -> Callable[[], Record | None]:
+    """Record ``ns@seq`` read in a thread now; the callable waits for it (None: no
+    ``seq``, or it failed: newest_valid reads and judges it again)."""
+    if seq is None:
+        return lambda: None
+    got: list[Record] = []
+
+    def read() -> None:
+        with contextlib.suppress(CasfsError, OSError):
+            got.append(gens.record(ns, seq))
+
+    t = threading.Thread(target=read, name="casfs-preopen-record", daemon=True)
+    t.start()
+
+    def wait() -> Record | None:
+        t.join()  # bounded by the root's request timeout
+        return got[0] if got else None
+
+    return wait
+
+
+def _read_profile_ahead(root: SharedRoot, gens: GenerationStore, ns: str, seq: int,
+                        rec: Record | None) -> None:
+    """Record ``seq`` now (``rec`` if that is it; newest_valid takes it), and its access
+    profile read beside its manifest parts: the prefetch's plan, which a job's first
+    opens wait for, reads it next (a round trip after the parts). A damaged record is
+    newest_valid's to skip."""
+    if rec is None or rec.seq != seq:
+        try:
+            rec = gens.record(ns, seq)
+        except (CasfsError, OSError):
+            return
+    digest = rec.options.get("profile")
     if isinstance(digest, str):
         root.objects.read_ahead(digest)
 

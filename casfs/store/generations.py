@@ -124,6 +124,19 @@ NEWEST_FRESH = 5.0
 PUBLISH_FRESH = 45.0
 
 
+def _seq_names(names: Iterable[str]) -> list[int]:
+    """The seqs among a generations directory's names, sorted."""
+    out = []
+    for name in names:
+        # seq_name pads to SEQ_WIDTH digits and grows past 10**12 - 1 (which a
+        # record planted at 999999999999 brings about): every name seq_name makes,
+        # else gc, verify and `generations` would not see the newest generations.
+        if len(name) >= SEQ_WIDTH and name.isascii() and name.isdigit() \
+                and name == seq_name(int(name)):
+            out.append(int(name))
+    return sorted(out)
+
+
 def _beside(fn: Callable[[], Any]) -> Callable[[], Any]:
     """``fn()`` started in a thread now; the callable returned waits for its result
     (raising what it raised)."""
@@ -221,20 +234,21 @@ class GenerationStore:
         LISTING_FRESH seconds."""
         self._listed[ns] = (time.monotonic(), names)
 
+    def seeded_newest(self, ns: str) -> int | None:
+        """The newest seq of the seeded listing (no request; it stays for ``seqs``), or
+        None: a guess, to read its record while the HEAD past it runs."""
+        seeded = self._listed.get(ns)
+        if seeded is None or time.monotonic() - seeded[0] >= LISTING_FRESH:
+            return None
+        got = _seq_names(seeded[1])
+        return got[-1] if got else None
+
     def seqs(self, ns: str) -> list[int]:
         check_name(ns)
-        out = []
         seeded = self._listed.pop(ns, None)
-        for name in (seeded[1] if seeded is not None
-                     and time.monotonic() - seeded[0] < LISTING_FRESH
-                     else self.backend.list(f"namespaces/{ns}/generations")):
-            # seq_name pads to SEQ_WIDTH digits and grows past 10**12 - 1 (which a
-            # record planted at 999999999999 brings about): every name seq_name makes,
-            # else gc, verify and `generations` would not see the newest generations.
-            if len(name) >= SEQ_WIDTH and name.isascii() and name.isdigit() \
-                    and name == seq_name(int(name)):
-                out.append(int(name))
-        return sorted(out)
+        return _seq_names(seeded[1] if seeded is not None
+                          and time.monotonic() - seeded[0] < LISTING_FRESH
+                          else self.backend.list(f"namespaces/{ns}/generations"))
 
     def latest_seq(self, ns: str, hint: int | None = None) -> int | None:
         """Newest seq. With ``hint`` (a seq known to exist) probe forward instead of listing.

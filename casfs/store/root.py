@@ -159,15 +159,17 @@ class SharedRoot:
             doc = parse_marker(json.dumps(marker).encode(), str(loc))
             return cls._with_cache(loc, doc, counters, tenants, backend, timeout)
         # The marker is one small GET: a server that cannot answer it within
-        # open_timeout is treated as down now (the caller retries later). A 503 or a
-        # reset is retried within that bound (retry_timeout = open_timeout): one
-        # SlowDown must not make a fresh node serve nothing until its next retry.
-        probe = backend if open_timeout is None or open_timeout >= timeout \
-            else S3Backend(loc, timeout=open_timeout, retries=2)
+        # open_timeout is treated as down now (the caller retries later); a 503 or a
+        # reset is retried within that bound: one SlowDown must not make a fresh node
+        # serve nothing until its next retry. On the root's own client (the bound is a
+        # wait here, not a second client): its connection is then a warm one in the
+        # pool the next requests share (two requests can go together without a
+        # handshake, the marker's and the LIST's beside it).
+        bound = open_timeout if open_timeout is not None and open_timeout < timeout \
+            else None
         got = _Beside(beside, backend) if beside is not None else None
         try:
-            with probe.open(MARKER) as f:
-                raw = f.read(1 << 16)
+            raw = _read_marker(backend, bound)
         except FileNotFoundError:
             if not create:
                 raise StoreFormatError(f"no casfs shared root at {loc} (run `casfs init`)") \
@@ -204,6 +206,34 @@ class SharedRoot:
 
     def generations(self) -> GenerationStore:
         return GenerationStore(self)
+
+
+def _read_marker(backend: Backend, bound: float | None) -> bytes:
+    """The marker's bytes; with ``bound``, TimeoutError after that many seconds (the
+    read goes on in its thread until the client's own timeout, harmlessly)."""
+    def read() -> bytes:
+        with backend.open(MARKER) as f:
+            return f.read(1 << 16)
+
+    if bound is None:
+        return read()
+    out: list[bytes] = []
+    err: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            out.append(read())
+        except BaseException as e:  # raised to the caller below
+            err.append(e)
+
+    t = threading.Thread(target=run, name="casfs-open-marker", daemon=True)
+    t.start()
+    t.join(bound)
+    if err:
+        raise err[0]
+    if not out:
+        raise TimeoutError(f"no answer within {bound:g}s")
+    return out[0]
 
 
 class _Beside:
