@@ -314,16 +314,18 @@ def test_a_named_namespace_is_read_while_the_mount_process_starts(
         net: NetProxy, seaweed_server: Any, tmp_path: Path) -> None:
     """``casfs run --namespace`` needs no probe of the job: the node's mount process it
     starts reads the namespace from the root (marker and LIST, the HEAD past the
-    newest, the record, its manifest) while it imports what serving needs, not after
-    the lease (casfs.node.preopen); each once. A node that has an index reads no
-    record ahead: it may hold that generation already."""
+    newest beside its record, its manifest beside its profile) while it imports what
+    serving needs, not after the lease (casfs.node.preopen); each once. A node that
+    has an index reads no record ahead: it may hold that generation already."""
     url = _url(net, tmp_path)
     _run(tmp_path, "writer", url, seaweed_server, "budget", sys.executable, "-c", WRITE_JOB,
          "3", "K")
     job = "import time; print(time.monotonic())"
     net.delay = 0.05  # 100 ms RTT: the reads take longer than the mount process's start
-    base = SharedRoot.open(url).generations().record("budget", 1).base.digest
+    rec1 = SharedRoot.open(url).generations().record("budget", 1)
+    base = rec1.base.digest
     manifest = f"/objects/{base[:2]}/{base[2:]}"
+    prof = str(rec1.options["profile"])
     for run in ("fresh", "warm"):
         net.reset_counts()
         r = _run(tmp_path, "node", url, seaweed_server, "budget", sys.executable, "-c", job)
@@ -340,6 +342,17 @@ def test_a_named_namespace_is_read_while_the_mount_process_starts(
                                "serving namespaces under")
             assert before[0].start < ready, (ready - before[0].start, paths)
             assert len(manifests) == 1, paths
+            # Two at a time on the connections the marker and the LIST opened: the HEAD
+            # past the listed newest beside that record's GET, then its manifest beside
+            # its access profile (each was a round trip of its own).
+            head = next(q for q in before if q.method == "HEAD")
+            rec = next(q for q in before if q.method == "GET" and "/generations/" in q.target)
+            man = next(q for q in before if q.target.split("?")[0].endswith(manifest))
+            pro = next(q for q in before if q.target.split("?")[0].endswith(prof[2:]))
+            for a, b in ((head, rec), (man, pro)):
+                assert a.end is not None and b.end is not None
+                assert a.start < b.end and b.start < a.end, (a, b)
+            assert not head.fresh and not rec.fresh, (head, rec)
         else:
             assert manifests == [], paths  # the generation it served: nothing new to read
 
