@@ -142,6 +142,9 @@ def _files(at: Path) -> None:
 
 @pytest.mark.expect_log(
     r"worker pid \d+ killed by signal 9; restarting: a new process serves its connection",
+    # on_demand: the lease holders are SIGKILLed at the end, which is a killed job's end
+    # (said if the host sees it before casfsd stops: a race of the teardown).
+    r"a job was killed: \d+ files it may have been writing are not published",
 )
 @pytest.mark.parametrize("where", ["configured", "overlay", "on_demand"])
 def test_killed_worker_connection_is_served_on(daemons: Callable[..., Daemon],
