@@ -23,9 +23,8 @@ def _published(tmp_path: Path) -> tuple[Path, str]:
     return tmp_path / "root", prof.digest
 
 
-def test_the_profile_is_read_while_the_parts_are(tmp_path: Path) -> None:
-    path, digest = _published(tmp_path)
-    sp = _Namespace({"root": str(path)}, "ns", _Activity())
+def _opens(sp: _Namespace) -> list[str]:
+    """The keys ``sp``'s backend reads from now on."""
     opened: list[str] = []
     real = sp.root.backend.open
 
@@ -34,6 +33,13 @@ def test_the_profile_is_read_while_the_parts_are(tmp_path: Path) -> None:
         return real(key)
 
     sp.root.backend.open = counting  # type: ignore[method-assign]
+    return opened
+
+
+def test_the_profile_is_read_while_the_parts_are(tmp_path: Path) -> None:
+    path, digest = _published(tmp_path)
+    sp = _Namespace({"root": str(path)}, "ns", _Activity())
+    opened = _opens(sp)
     sp.locate(1)
     deadline = time.monotonic() + 5  # read during the round's locate, in a thread
     while object_key(digest) not in opened and time.monotonic() < deadline:
@@ -52,14 +58,7 @@ def test_the_served_record_sent_by_the_mount_is_not_read(tmp_path: Path) -> None
     sent = mount.known_record("ns", 1)
     assert sent is not None
     sp = _Namespace({"root": str(path)}, "ns", _Activity())
-    opened: list[str] = []
-    real = sp.root.backend.open
-
-    def counting(key: str) -> object:
-        opened.append(key)
-        return real(key)
-
-    sp.root.backend.open = counting  # type: ignore[method-assign]
+    opened = _opens(sp)
     sp.locate(1, sent.decode())
     assert sp.located == 1
     assert not [k for k in opened if "/generations/" in k], opened
