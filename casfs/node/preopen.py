@@ -118,7 +118,8 @@ def _run(o: Opened, cfg: MountConfig, whole: bool) -> None:
             # The listed newest's record is read beside the HEAD past it (a second
             # connection, warm from the marker's read): a round trip of a fresh
             # node's start. A lagging LIST wastes that one read.
-            guess = _record_beside(gens, ns, gens.seeded_newest(ns) if whole else None)
+            guess = _record_beside(gens, ns, gens.seeded_newest(ns) if whole else None,
+                                   cfg.fetch_timeout)
             newest = gens.latest_seq(ns)
             got = None
             if newest is not None and whole:
@@ -140,10 +141,11 @@ def _run(o: Opened, cfg: MountConfig, whole: bool) -> None:
         t.start()
 
 
-def _record_beside(gens: GenerationStore, ns: str, seq: int | None
+def _record_beside(gens: GenerationStore, ns: str, seq: int | None, timeout: float
                    ) -> Callable[[], Record | None]:
-    """Record ``ns@seq`` read in a thread now; the callable waits for it (None: no
-    ``seq``, or it failed: newest_valid reads and judges it again)."""
+    """Record ``ns@seq`` read in a thread now; the callable waits for it, at most
+    ``timeout`` s (None: no ``seq``, it failed or is still running: newest_valid reads
+    and judges it again)."""
     if seq is None:
         return lambda: None
     got: list[Record] = []
@@ -156,7 +158,7 @@ def _record_beside(gens: GenerationStore, ns: str, seq: int | None
     t.start()
 
     def wait() -> Record | None:
-        t.join()  # bounded by the root's request timeout
+        t.join(timeout)
         return got[0] if got else None
 
     return wait
