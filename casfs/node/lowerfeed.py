@@ -20,6 +20,7 @@ from casfs.errors import CasfsError
 from casfs.families import CacheRules
 from casfs.index.memtree import MemLowerTree, StagedLowerTree
 from casfs.index.node_index import NodeIndex
+from casfs.node import preopen
 from casfs.node.config import MountConfig
 from casfs.node.rootlink import RootLink
 from casfs.store.entry import Entry
@@ -110,7 +111,14 @@ class LowerFeed:
         if ahead is not None and (not known or (ahead[0] or 0) >= known):
             newest, got = ahead
         else:  # (below what this node served: probed from it, so a rollback is reported)
+            # A first attach (casfsd's leases): the listed newest's record beside the
+            # HEAD past it, then its profile beside its parts, as a pre-open does.
+            guess = None if known else gens.read_listed_newest(self.cfg.namespace,
+                                                               self.cfg.fetch_timeout)
             newest, got = gens.latest_seq(self.cfg.namespace, hint=known or None), None
+            if guess is not None and newest is not None:
+                preopen.read_profile_ahead(self.link.root, gens, self.cfg.namespace, newest,
+                                           guess())
         if newest is None or newest <= known:
             return None  # nothing new: no manifest is read
         # newest_valid validates the whole generation before any of it is served.

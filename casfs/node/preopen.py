@@ -19,11 +19,9 @@ pre-opened: nothing to overlap, and a dead NFS mount is call_bounded's business.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -115,15 +113,13 @@ def _run(o: Opened, cfg: MountConfig, whole: bool) -> None:
             gens.seed_listing(ns, root.beside)
         o.root, o.gens = root, gens
         try:
-            # The listed newest's record is read beside the HEAD past it (a second
-            # connection, warm from the marker's read): a round trip of a fresh
-            # node's start. A lagging LIST wastes that one read.
-            guess = _record_beside(gens, ns, gens.seeded_newest(ns) if whole else None,
-                                   cfg.fetch_timeout)
+            # The listed newest's record read beside the HEAD past it (a second
+            # connection, warm from the marker's read): a round trip of a fresh start.
+            guess = gens.read_listed_newest(ns, cfg.fetch_timeout) if whole else None
             newest = gens.latest_seq(ns)
             got = None
             if newest is not None and whole:
-                _read_profile_ahead(root, gens, ns, newest, guess())
+                read_profile_ahead(root, gens, ns, newest, guess() if guess else None)
                 _, rec, snap = gens.newest_valid(ns, newest=newest)
                 got = (rec, snap)
             o.newest = (newest, got)
@@ -141,30 +137,7 @@ def _run(o: Opened, cfg: MountConfig, whole: bool) -> None:
         t.start()
 
 
-def _record_beside(gens: GenerationStore, ns: str, seq: int | None, timeout: float
-                   ) -> Callable[[], Record | None]:
-    """Record ``ns@seq`` read in a thread now; the callable waits for it, at most
-    ``timeout`` s (None: no ``seq``, it failed or is still running: newest_valid reads
-    and judges it again)."""
-    if seq is None:
-        return lambda: None
-    got: list[Record] = []
-
-    def read() -> None:
-        with contextlib.suppress(CasfsError, OSError):
-            got.append(gens.record(ns, seq))
-
-    t = threading.Thread(target=read, name="casfs-preopen-record", daemon=True)
-    t.start()
-
-    def wait() -> Record | None:
-        t.join(timeout)
-        return got[0] if got else None
-
-    return wait
-
-
-def _read_profile_ahead(root: SharedRoot, gens: GenerationStore, ns: str, seq: int,
+def read_profile_ahead(root: SharedRoot, gens: GenerationStore, ns: str, seq: int,
                         rec: Record | None) -> None:
     """Record ``seq`` now (``rec`` if that is it; newest_valid takes it), and its access
     profile read beside its manifest parts: the prefetch's plan, which a job's first

@@ -243,6 +243,30 @@ class GenerationStore:
         got = _seq_names(seeded[1])
         return got[-1] if got else None
 
+    def read_listed_newest(self, ns: str, timeout: float) -> Callable[[], Record | None]:
+        """Start reading the record the seeded listing names newest, in a thread: beside
+        the HEAD past it that ``latest_seq`` sends next (a round trip of a fresh start);
+        a newest_valid soon after takes it. The callable waits for it at most ``timeout``
+        s; None: nothing seeded, the read failed or is still running (read again then).
+        A LIST that lags wastes that one read."""
+        seq = self.seeded_newest(ns)
+        if seq is None:
+            return lambda: None
+        got: list[Record] = []
+
+        def read() -> None:
+            with contextlib.suppress(CasfsError, OSError):
+                got.append(self.record(ns, seq))
+
+        t = threading.Thread(target=read, name="casfs-listed-newest", daemon=True)
+        t.start()
+
+        def wait() -> Record | None:
+            t.join(timeout)
+            return got[0] if got else None
+
+        return wait
+
     def seqs(self, ns: str) -> list[int]:
         check_name(ns)
         seeded = self._listed.pop(ns, None)

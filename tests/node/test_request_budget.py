@@ -393,6 +393,40 @@ def test_an_auto_namespace_is_read_while_the_mount_process_starts_once_probed(
         assert len(calls.read_text().splitlines()) == 1
 
 
+def test_a_first_attach_without_a_pre_open_reads_two_at_a_time(
+        net: NetProxy, seaweed_server: Any, tmp_path: Path) -> None:
+    """A namespace attached with nothing read ahead (an ``auto`` namespace's first job on
+    a node, as casfsd's leases): the lower feed sends the HEAD past the listed newest
+    beside that record's GET, and the record's access profile beside its manifest."""
+    url = _url(net, tmp_path)
+    require_fuse()
+    job = [sys.executable, "-m", "casfs.cli.main", "run", "--family", "triton", "--python",
+           sys.executable, "--", sys.executable, "-c"]
+    w = subprocess.run([*job, WRITE_JOB, "3", "A"], env=_env(tmp_path, "writer", url,
+                       seaweed_server), capture_output=True, text=True, timeout=600)
+    assert w.returncode == 0, w.stderr[-4000:]
+    net.delay = 0.05  # 100 ms RTT: what overlaps is plain to see
+    net.reset_counts()
+    r = subprocess.run([*job, "import time; print(time.monotonic())"],
+                       env=_env(tmp_path, "fresh", url, seaweed_server), capture_output=True,
+                       text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-4000:]
+    started = float(r.stdout.split()[-1])
+    before = [q for q in net.requests() if q.start < started]
+    gens = [q for q in before if "/generations/" in q.target.split("?")[0]]
+    heads = [q for q in gens if q.method == "HEAD"]
+    records = [q for q in gens if q.method == "GET"]
+    assert len(heads) == 1 and len(records) == 1, [(q.method, q.target) for q in before]
+    ns = records[0].target.split("/namespaces/")[1].split("/")[0]
+    rec = SharedRoot.open(url).generations().record(ns, 1)
+    prof, base = str(rec.options["profile"]), rec.base.digest
+    man = next(q for q in before if q.target.split("?")[0].endswith(base[2:]))
+    pro = next(q for q in before if q.target.split("?")[0].endswith(prof[2:]))
+    for a, b in ((heads[0], records[0]), (man, pro)):
+        assert a.end is not None and b.end is not None
+        assert a.start < b.end and b.start < a.end, (a, b)
+
+
 def test_a_short_jobs_release_cancels_the_prefetch(
         net: NetProxy, seaweed_server: Any, tmp_path: Path) -> None:
     """A job shorter than its namespace's whole prefetch: the release cancels the wave
