@@ -117,8 +117,10 @@ class LowerFeed:
                                                                self.cfg.fetch_timeout)
             newest, got = gens.latest_seq(self.cfg.namespace, hint=known or None), None
             if guess is not None and newest is not None:
-                preopen.read_profile_ahead(self.link.root, gens, self.cfg.namespace, newest,
-                                           guess())
+                listed = guess()  # (waited for: newest_valid takes it, not a second GET)
+                if self.cfg.prefetch:  # the profile is the prefetch's
+                    preopen.read_profile_ahead(self.link.root, gens, self.cfg.namespace,
+                                               newest, listed)
         if newest is None or newest <= known:
             return None  # nothing new: no manifest is read
         # newest_valid validates the whole generation before any of it is served.

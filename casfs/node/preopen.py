@@ -119,7 +119,9 @@ def _run(o: Opened, cfg: MountConfig, whole: bool) -> None:
             newest = gens.latest_seq(ns)
             got = None
             if newest is not None and whole:
-                read_profile_ahead(root, gens, ns, newest, guess() if guess else None)
+                listed = guess() if guess else None  # (newest_valid takes it if newest)
+                if cfg.prefetch:  # the profile is the prefetch's
+                    read_profile_ahead(root, gens, ns, newest, listed)
                 _, rec, snap = gens.newest_valid(ns, newest=newest)
                 got = (rec, snap)
             o.newest = (newest, got)
