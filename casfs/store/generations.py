@@ -46,7 +46,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, cast
 
 from casfs import __version__
 from casfs.errors import (
@@ -137,9 +137,9 @@ def _seq_names(names: Iterable[str]) -> list[int]:
     return sorted(out)
 
 
-def _beside(fn: Callable[[], Any]) -> Callable[[], Any]:
+def _beside(fn: Callable[[], Any]) -> Callable[..., Any]:
     """``fn()`` started in a thread now; the callable returned waits for its result
-    (raising what it raised)."""
+    (raising what it raised; given a timeout, TimeoutError after it)."""
     fut: Future[Any] = Future()
 
     def run() -> None:
@@ -252,18 +252,13 @@ class GenerationStore:
         seq = self.seeded_newest(ns)
         if seq is None:
             return lambda: None
-        got: list[Record] = []
-
-        def read() -> None:
-            with contextlib.suppress(CasfsError, OSError):
-                got.append(self.record(ns, seq))
-
-        t = threading.Thread(target=read, name="casfs-listed-newest", daemon=True)
-        t.start()
+        reading = _beside(functools.partial(self.record, ns, seq))
 
         def wait() -> Record | None:
-            t.join(timeout)
-            return got[0] if got else None
+            try:
+                return cast(Record, reading(timeout))
+            except Exception:  # (TimeoutError too) newest_valid reads it, and says why
+                return None
 
         return wait
 
