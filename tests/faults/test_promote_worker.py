@@ -257,3 +257,37 @@ def test_scratch_alone_is_no_worker_round(tmp_path: Path,
     finally:
         svc.close()
         promoteproc.stop(cfg.state_dir)
+
+
+def test_a_publication_with_nothing_promoted_asks_no_worker(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A release with nothing promoted (a job that wrote nothing, or wrote scratch only)
+    sends the worker no publication: a short job's release waited for a worker still
+    starting to say "nothing to publish". Once something is promoted, it does."""
+    cfg = MountConfig(name="t", family="generic", namespace="testns",
+                      mountpoint=tmp_path / "mnt", root=tmp_path / "root",
+                      state_dir=tmp_path / "state")
+    svc = MountService(cfg, hosted=True)  # in this process: no FUSE session needed
+    sent: list[str] = []
+    real = promoteproc.shared(cfg.state_dir)
+    call = real.call
+
+    def counting(msg: dict[str, Any], *a: Any, **kw: Any) -> dict[str, Any]:
+        sent.append(str(msg["op"]))
+        return call(msg, *a, **kw)
+
+    monkeypatch.setattr(real, "call", counting)
+    try:
+        out = svc.publish_once(final=True)
+        assert out["ok"] and out["message"] == "nothing to publish", out
+        assert "publish" not in sent, sent
+        (cfg.writable_dir / "k").write_bytes(b"kernel")
+        svc.tracker.modified("k")
+        assert svc.promote_once(final=True) == 1
+        out = svc.publish_once(final=True)
+        assert out["ok"] and out["added"] == 1, out
+        assert sent.count("publish") == 1, sent
+    finally:
+        svc.close()
+        promoteproc.stop(cfg.state_dir)
+    assert set(_published(tmp_path / "root")) == {"k"}
