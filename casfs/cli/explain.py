@@ -26,9 +26,11 @@ from casfs.fingerprint import Fingerprint
 __all__ = ["NEAREST", "Related", "cmd_explain", "hint", "register", "related"]
 
 
-def hint(gens: Any, fp: Fingerprint, tenant: str | None = None) -> str | None:
-    """One line for ``casfs run`` when nothing was restored, or None if nothing is related."""
-    _, others = related(gens, fp, tenant)
+def hint(gens: Any, fp: Fingerprint, tenant: str | None = None,
+         latest: dict[str, Any] | None = None) -> str | None:
+    """One line for ``casfs run`` when nothing was restored, or None if nothing is related.
+    ``latest``: the newest records already read (casfs.cli.nearest.newest_records)."""
+    _, others = related(gens, fp, tenant, latest=latest)
     if not others:
         return None
     return (f"{fp.family}: nothing restored: {fp.namespace} had no generation;"

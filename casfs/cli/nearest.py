@@ -8,6 +8,7 @@ Used by ``casfs explain``, ``casfs run``'s hint and its miss causes
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,6 +17,7 @@ from casfs.errors import CasfsError
 from casfs.fingerprint import Fingerprint, differences
 
 NEAREST = 3
+READS = 8  # namespaces' newest records read at once (each a LIST, a HEAD and a GET)
 
 
 @dataclass
@@ -52,26 +54,49 @@ def related(gens: Any, fp: Fingerprint, tenant: str | None = None,
     """
     from casfs.tenants import split_store_namespace
 
+    if latest is None:
+        latest = newest_records(gens, {fp.family}, tenant)
     mine: Related | None = None
     others: list[Related] = []
-    for ns in gens.namespaces() if latest is None else sorted(latest):
-        owner, bare = split_store_namespace(ns)
-        if bare.rsplit("-", 1)[0] != fp.family or (
-                tenant is not None and owner not in (None, tenant)):
-            continue
-        try:
-            rec = gens.latest(ns) if latest is None else latest[ns]
-        except CasfsError:
-            continue
-        if rec is None:
+    for ns in sorted(latest):
+        if not _ours(ns, {fp.family}, tenant) or (rec := latest[ns]) is None:
             continue
         ingredients = {k: v for k, v in (rec.fingerprint or {}).items()
                        if k in families.get(fp.family).ingredients}
         r = Related(ns, rec.seq, rec.entries, differences(fp.ingredients, ingredients),
                     known=bool(ingredients), record=rec)
-        if ns == exclude or (exclude is None and bare == fp.namespace):
+        if ns == exclude or (exclude is None and split_store_namespace(ns)[1] == fp.namespace):
             mine = r
         else:
             others.append(r)
     others.sort(key=lambda r: (not r.known, len(r.differs), -(r.seq or 0)))
     return mine, others[:limit]
+
+
+def _ours(ns: str, fams: set[str], tenant: str | None) -> bool:
+    from casfs.tenants import split_store_namespace
+
+    owner, bare = split_store_namespace(ns)
+    return bare.rsplit("-", 1)[0] in fams and (tenant is None or owner in (None, tenant))
+
+
+def newest_records(gens: Any, fams: set[str], tenant: str | None = None
+                   ) -> dict[str, Any]:
+    """The newest record of each namespace of ``fams`` (``tenant``'s and legacy ones; None
+    where it has none or cannot be read), from one LIST of the root's namespaces.
+
+    Read ``READS`` at a time: ``casfs run`` asks after its job (its summary's hints and
+    miss causes), and one after the other a root of tens of namespaces cost a second
+    per 15 of them at 20 ms RTT."""
+    names = [ns for ns in gens.namespaces() if _ours(ns, fams, tenant)]
+
+    def one(ns: str) -> Any:
+        try:
+            return gens.latest(ns)
+        except CasfsError:
+            return None
+
+    if len(names) < 2:
+        return {ns: one(ns) for ns in names}
+    with ThreadPoolExecutor(min(READS, len(names)), thread_name_prefix="casfs-newest") as pool:
+        return dict(zip(names, pool.map(one, names), strict=True))

@@ -211,9 +211,10 @@ def cmd_run(args: argparse.Namespace) -> int:
                 print(f"casfs: {summary.summary_line(fam, st)}", file=sys.stderr)
         if idle:
             print(f"casfs: not used by this job: {', '.join(idle)}", file=sys.stderr)
-        for line in summary.miss_hints(jc.caches, stats):
+        look = summary.RootLook(jc.caches, stats)
+        for line in summary.miss_hints(look):
             print(f"casfs: {line}", file=sys.stderr)
-        causes = summary.miss_causes(jc.caches, stats)
+        causes = summary.miss_causes(look)
         for mc in causes.values():
             if (line := mc.line()) is not None:
                 print(f"casfs: {line}", file=sys.stderr)

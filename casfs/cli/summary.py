@@ -86,53 +86,78 @@ def unused(st: dict[str, Any] | None) -> bool:
                            "open_lower", "copy_up"))
 
 
-def miss_hints(caches: list[dict[str, Any]],
-                stats: list[tuple[str, dict[str, Any] | None]]) -> list[str]:
+class RootLook:
+    """What the summary reads from the shared root after the job: the root opened once,
+    the newest record of each namespace of the families it asks about read once, at
+    once (casfs.cli.nearest.newest_records). The hints and the miss causes of several
+    families each listed the root and read every related namespace one after the other:
+    a second or more after the job at 20 ms RTT, before casfs run returned its status.
+
+    Hints go to the families the job used and restored nothing for (one the job never
+    looked in is said "not used by this job", not hinted); causes to those whose mount
+    named missed entries. Both are a courtesy: a root that cannot be read gives none."""
+
+    def __init__(self, caches: list[dict[str, Any]],
+                 stats: list[tuple[str, dict[str, Any] | None]]) -> None:
+        pairs = [(c, st) for c, (_, st) in zip(caches, stats, strict=False)
+                 if st is not None and c.get("ingredients")]
+        self.hinted = [c for c, st in pairs
+                       if not st.get("restored_entries") and not unused(st)]
+        self.missed = [(c, st) for c, st in pairs if st.get("missed_entries")]
+        self._read: tuple[Any, str, dict[str, Any]] | None = None
+
+    def read(self) -> tuple[Any, str, dict[str, Any]]:
+        """(the root's generations, this user's tenant, the newest records); raises
+        CasfsError or OSError when the root cannot be read."""
+        if self._read is None:
+            from casfs.cli.nearest import newest_records
+            from casfs.node.tenant import load_tenants, own_tenant
+            from casfs.store.root import SharedRoot
+
+            gens = SharedRoot.open(default_root()).generations()
+            tenant = own_tenant(load_tenants()).id
+            fams = {str(c["family"]) for c in self.hinted} | {
+                str(c["family"]) for c, _ in self.missed}
+            self._read = (gens, tenant, newest_records(gens, fams, tenant))
+        return self._read
+
+
+def miss_hints(look: RootLook) -> list[str]:
     """One line per family that restored nothing while related namespaces exist."""
+    if not look.hinted:
+        return []
     from casfs.cli.explain import hint
     from casfs.fingerprint import Fingerprint
-    from casfs.node.tenant import load_tenants, own_tenant
-    from casfs.store.root import SharedRoot
 
-    todo = [c for c, (_, st) in zip(caches, stats, strict=False)
-            if st is not None and not st.get("restored_entries") and c.get("ingredients")]
-    if not todo:
-        return []
     try:
-        gens = SharedRoot.open(default_root()).generations()
-        tenant = own_tenant(load_tenants()).id
-        out = [hint(gens, Fingerprint(c["family"], c["ingredients"]), tenant) for c in todo]
+        gens, tenant, latest = look.read()
+        out = [hint(gens, Fingerprint(c["family"], c["ingredients"]), tenant, latest)
+               for c in look.hinted]
     except (CasfsError, OSError):
         return []  # a hint is a courtesy: never a failure of the run
     return [line for line in out if line]
 
 
-def miss_causes(caches: list[dict[str, Any]],
-                stats: list[tuple[str, dict[str, Any] | None]]) -> dict[str, Any]:
+def miss_causes(look: RootLook) -> dict[str, Any]:
     """Per family whose mount named missed entries: where they exist among the family's
     other namespaces, or that none holds them (casfs.cli.misscause.MissCauses)."""
+    if not look.missed:
+        return {}  # (and their modules not imported: ~20 ms after every job)
     from casfs.cli.misscause import causes
     from casfs.fingerprint import Fingerprint
     from casfs.node.compiletime import NAMED_CAP
-    from casfs.node.tenant import load_tenants, own_tenant
-    from casfs.store.root import SharedRoot
 
-    todo = [(c, st) for c, (_, st) in zip(caches, stats, strict=False)
-            if st is not None and st.get("missed_entries") and c.get("ingredients")]
-    if not todo:
-        return {}
     out: dict[str, Any] = {}
     try:
-        gens = SharedRoot.open(default_root()).generations()
-        tenant = own_tenant(load_tenants()).id
+        gens, tenant, latest = look.read()
     except (CasfsError, OSError):
         return out  # a courtesy, like the hints: never a failure of the run
-    for c, st in todo:
+    for c, st in look.missed:
         named = [str(n) for n in st["missed_entries"]]
         try:
             out[c["family"]] = causes(
                 gens, Fingerprint(c["family"], c["ingredients"]), named, tenant=tenant,
-                state_dir=default_state_dir().absolute(),
+                state_dir=default_state_dir().absolute(), latest=latest,
                 # past the cap, the count says how many went unnamed
                 total=(st.get("counters", {}).get("entries_missed")
                        if len(named) >= NAMED_CAP else None))
