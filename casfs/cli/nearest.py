@@ -93,7 +93,7 @@ def newest_records(gens: Any, fams: set[str], tenant: str | None = None
     def one(ns: str) -> Any:
         try:
             return gens.latest(ns)
-        except CasfsError:
+        except (CasfsError, OSError):  # damaged, gone, or not ours to read (0700): left out
             return None
 
     if len(names) < 2:

@@ -53,10 +53,16 @@ def test_one_namespace_is_read_in_this_thread() -> None:
     assert newest_records(gens, {"vllm"}) == {}
 
 
-def test_a_read_that_fails_otherwise_is_raised() -> None:
+def test_an_unreadable_namespace_is_left_out_and_a_bug_is_raised() -> None:
     class Broken(_Gens):
         def latest(self, ns: str) -> Any:
-            raise OSError("permission denied")
+            if ns == "triton-0001":
+                raise PermissionError(13, "Permission denied")  # another user's, 0700
+            if ns == "triton-0003":
+                raise KeyError(ns)
+            return f"record of {ns}"
 
-    with pytest.raises(OSError):
-        newest_records(Broken(["triton-0001", "triton-0002"], meet=1), {"triton"})
+    got = newest_records(Broken(["triton-0001", "triton-0002"], meet=1), {"triton"})
+    assert got == {"triton-0001": None, "triton-0002": "record of triton-0002"}
+    with pytest.raises(KeyError):
+        newest_records(Broken(["triton-0002", "triton-0003"], meet=1), {"triton"})
