@@ -14,6 +14,7 @@ from blake3 import blake3
 from waiting import wait_until
 
 from casfs.errors import CasfsError, CorruptObjectError, ObjectMissingError
+from casfs.index import objcache
 from casfs.index.node_index import NodeIndex
 from casfs.index.objcache import LocalObjectCache, fill_file, object_path
 from casfs.store.entry import Entry
@@ -555,3 +556,16 @@ def test_the_caches_of_one_process_share_its_idle_fd_bound(
     caches[1].close()  # a namespace released: the other may keep the whole bound
     keep_idle(caches[0])
     assert caches[0].shared_fds() == (4, 4)
+
+
+@pytest.mark.parametrize("size", [0, 1, 16_000, objcache.MAP_ABOVE, objcache.MAP_ABOVE + 1,
+                                  3 * objcache.MAP_ABOVE + 5])
+def test_hash_file_reads_small_files_and_maps_large_ones(tmp_path: Path, size: int) -> None:
+    """The first-open check's hash: the file's blake3 and the identity hashed, whether it
+    was read (most cache files) or mapped (above MAP_ABOVE)."""
+    data = os.urandom(size)
+    path = tmp_path / "obj"
+    path.write_bytes(data)
+    digest, st = objcache.hash_file(path)
+    assert digest == blake3(data).hexdigest()
+    assert (st.st_ino, st.st_size) == (path.stat().st_ino, size)
