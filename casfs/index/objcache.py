@@ -345,6 +345,9 @@ class LocalObjectCache:
         self._counters = counters
         self.verify_first_open = verify_first_open
         self._verified: dict[str, tuple[int, int, int]] = {}  # digest -> trusted identity
+        # Told the digests each prefetch wave's answer installed (outside the lock): overlay
+        # mode links them while the rest arrives (casfs.view.overlay.EarlyLinks).
+        self.installed_hook: Callable[[list[str]], None] | None = None
         self._lock = threading.Lock()  # guards pins, fills, touches; held for eviction unlinks
         self._evict_lock = threading.Lock()
         self._pins: Counter[str] = Counter()
@@ -541,12 +544,15 @@ class LocalObjectCache:
             # for the fill instead of hashing the file meanwhile.
             filling = digest in self._fills
         try:
-            if filling or not self._usable(digest, path, size):
+            filled = filling or not self._usable(digest, path, size)
+            if filled:
                 self._fill_coalesced(digest, size, path)
             self._touch(digest, size)
         except BaseException:
             self.unpin(digest)
             raise
+        if filled:
+            self._installed([digest])
         return str(path)
 
     def pinned(self, digest: str) -> int:
@@ -615,6 +621,11 @@ class LocalObjectCache:
             return True
         with self._lock:
             return self._verified.get(digest) == (st.st_ino, st.st_mtime_ns, st.st_size)
+
+    def _installed(self, digests: list[str]) -> None:
+        hook = self.installed_hook
+        if hook is not None:
+            hook(digests)
 
     def _remember(self, digest: str, ident: tuple[int, int, int] | None = None) -> None:
         if ident is None:
@@ -745,6 +756,8 @@ class LocalObjectCache:
             if error is not None:
                 failed += 1
             self._end_fill(digest, fill, error)
+            if error is None:
+                self._installed([digest])
 
         def progressed() -> None:
             now = time.monotonic()
@@ -763,6 +776,7 @@ class LocalObjectCache:
             if st is not None and ident == (st.st_ino, st.st_mtime_ns, st.st_size):
                 self._remember(digest, ident)
                 filled[digest] = (size, time.time_ns())
+                self._installed([digest])
                 return True
             return False
 
@@ -891,6 +905,7 @@ class LocalObjectCache:
                  bad: list[tuple[str, BaseException]]) -> None:
             nonlocal failed
             now = time.time_ns()
+            got: list[str] = []
             with self._lock:
                 for digest, ident in ok:
                     size, fill = mine.get(digest, (0, None))
@@ -900,6 +915,7 @@ class LocalObjectCache:
                     # that identity (an open checks it with its fstat).
                     self._verified[digest] = ident
                     filled[digest] = (size, now)
+                    got.append(digest)
                     if self._fills.get(digest) is fill:
                         del self._fills[digest]
                     fill.done.set()
@@ -912,6 +928,8 @@ class LocalObjectCache:
                         del self._fills[digest]
                     fill.error = error
                     fill.done.set()
+            if got:
+                self._installed(got)
 
         def progressed() -> None:
             now = time.monotonic()

@@ -174,8 +174,10 @@ def build_links(
     *,
     dir_mode: int = 0o777,
     owner: tuple[int, int] | None = None,
+    early: EarlyLinks | None = None,
 ) -> LinkReport:
-    """Fill ``links`` (emptied first) with the entries whose objects are local.
+    """Fill ``links`` (emptied first, unless ``early`` began it: what that made counts
+    as made here, untouched) with the entries whose objects are local.
 
     ``local_path(entry)`` is the cached object's path or None; ``present(entry,
     path)`` returns bytes to write instead of a link (a family rewrites the
@@ -192,12 +194,11 @@ def build_links(
     one. Never wider: a 0777 directory here became a world-writable key directory
     in the tenant's cache (issue 21).
     """
-    import shutil
     from concurrent.futures import ThreadPoolExecutor
 
-    shutil.rmtree(links, ignore_errors=True)
-    links.mkdir(parents=True)
-    _own(links, dir_mode, owner)
+    done = early.done if early is not None else {}
+    if early is None:
+        _reset(links, dir_mode, owner)
     # One task per top-level directory (a Triton or Inductor key dir), a few at once:
     # a fresh node makes thousands of inodes here right after its fetch, and each is a
     # syscall that waits on the disk's metadata (0.1-0.9 ms on ext4 here) with the
@@ -219,6 +220,17 @@ def build_links(
                 d = os.path.dirname(d)
 
         for e in group:
+            generated = done.get(e.path)
+            if generated is not None:  # made early (its directories too)
+                if generated:
+                    rep.generated += 1
+                else:
+                    rep.linked += 1
+                d = os.path.dirname(e.path)
+                while d not in made:
+                    made.add(d)
+                    d = os.path.dirname(d)
+                continue
             src = local_path(e)
             if src is None:
                 absent(e.path)
@@ -226,17 +238,10 @@ def build_links(
             parent = os.path.dirname(e.path)
             if parent not in made:
                 _mkdirs(links, parent, made, dir_mode, owner)
-            target = links / e.path
-            data = present(e, src) if present is not None else None
             try:
-                if data is not None:
-                    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, e.mode & 0o777)
-                    with os.fdopen(fd, "wb") as f:
-                        f.write(data)
-                    os.utime(target, ns=(e.mtime_ns, e.mtime_ns))
+                if _link_one(links, e, src, present):
                     rep.generated += 1
                 else:
-                    os.link(src, target)
                     rep.linked += 1
             except OSError as err:  # EXDEV, EMLINK, a vanished object: FUSE serves it
                 log.debug("not linking %s: %s", e.path, err)
@@ -260,6 +265,105 @@ def build_links(
         except OSError as err:  # no xattrs here: the directory stays merged
             log.debug("not sealing %s: %s", d, err)
     return rep
+
+
+def _reset(links: Path, dir_mode: int, owner: tuple[int, int] | None) -> None:
+    import shutil
+
+    shutil.rmtree(links, ignore_errors=True)
+    links.mkdir(parents=True)
+    _own(links, dir_mode, owner)
+
+
+def _link_one(links: Path, e: Entry, src: str,
+              present: Callable[[Entry, str], bytes | None] | None) -> bool:
+    """Put ``e`` into ``links``: its presented bytes written (True) or its object
+    linked (False). A file begun and not finished is removed: a name in ``links``
+    is served as it is, above the FUSE layer."""
+    target = links / e.path
+    data = present(e, src) if present is not None else None
+    if data is None:
+        os.link(src, target)
+        return False
+    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, e.mode & 0o777)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.utime(target, ns=(e.mtime_ns, e.mtime_ns))
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(target)
+        raise
+    return True
+
+
+class EarlyLinks:
+    """A links dir begun while a fresh node's prefetch installs the namespace (overlay
+    mode's warm wait): each object the prefetch installs is linked (or its file
+    generated) at once, in a thread, so the final ``build_links(early=...)`` after the
+    wait finds most of the tree made and only seals it and adds the rest.
+
+    Measured on a fresh node (4,800 files, local root): the links layer took 0.46 s
+    after warm-ready, one inode or link at a time on the disk; made beside the
+    prefetch's installs it overlaps them. Nothing here decides what is served: an
+    entry that fails or never arrives is left to the final pass."""
+
+    def __init__(self, links: Path, entries: Iterable[Entry],
+                 local_path: Callable[[Entry], str | None],
+                 present: Callable[[Entry, str], bytes | None] | None = None, *,
+                 dir_mode: int = 0o777, owner: tuple[int, int] | None = None) -> None:
+        import queue
+        import threading
+
+        _reset(links, dir_mode, owner)
+        self.links = links
+        self._local_path = local_path
+        self._present = present
+        self._dir_mode, self._owner = dir_mode, owner
+        self._made: set[str] = {""}
+        self.done: dict[str, bool] = {}  # path -> generated (else linked), once made
+        self._queue: queue.SimpleQueue[list[str] | None] = queue.SimpleQueue()
+        # ``entries`` is read in the thread (an index walk's read transaction is the
+        # thread's that iterates it), while the prefetch starts.
+        self._thread = threading.Thread(target=self._run, args=(entries,),
+                                        name="links-early", daemon=True)
+        self._thread.start()
+
+    def installed(self, digests: list[str]) -> None:
+        """Objects now local and verified (LocalObjectCache's install hook)."""
+        self._queue.put(digests)
+
+    def stop(self) -> None:
+        """No more announcements: the thread links what it was told, then ends."""
+        self._queue.put(None)
+
+    def join(self) -> None:
+        """Wait for that (before the final pass runs)."""
+        self._thread.join()
+
+    def _run(self, entries: Iterable[Entry]) -> None:
+        by_digest: dict[str, list[Entry]] = {}
+        try:
+            for e in entries:
+                by_digest.setdefault(e.digest, []).append(e)
+        except Exception as err:  # the final pass reads the tree itself, and says why
+            log.debug("links not begun early: %s", err)
+        while (batch := self._queue.get()) is not None:
+            for digest in batch:
+                for e in by_digest.pop(digest, ()):
+                    try:
+                        self._one(e)
+                    except Exception as err:  # the final pass tries it again
+                        log.debug("not linking %s early: %s", e.path, err)
+
+    def _one(self, e: Entry) -> None:
+        src = self._local_path(e)
+        if src is None:
+            return
+        parent = os.path.dirname(e.path)
+        if parent not in self._made:
+            _mkdirs(self.links, parent, self._made, self._dir_mode, self._owner)
+        self.done[e.path] = _link_one(self.links, e, src, self._present)
 
 
 def _own(p: Path, dir_mode: int, owner: tuple[int, int] | None) -> None:

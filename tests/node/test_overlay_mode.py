@@ -115,6 +115,8 @@ def test_wait_warm_links_the_hot_set(cluster: dict[str, Any], tmp_path: Path) ->
     assert c["prefetched_files"] == 5 and c["warm_waits"] == 1
     assert "warm_wait_timeouts" not in c
     assert c["overlay_linked"] == 5  # every hot file, none of the cold one
+    # linked as the prefetch installed them, during the wait (EarlyLinks), not after it
+    assert c["overlay_linked_early"] == 5
     # casfs run --wait-warm's prewarm: one lookup of each linked file through the
     # overlay; the hot dirs are sealed, so none reaches the FUSE layer
     links = b.state / "overlay" / "testns" / "links"

@@ -22,9 +22,13 @@ def _entry(path: str, i: int) -> Entry:
     return Entry(path=path, digest=f"{i:064x}", size=3, mode=0o644, mtime_ns=1_000_000_000 * i)
 
 
-@pytest.mark.parametrize("threads", [1, 4])
+@pytest.mark.parametrize(("threads", "early"), [(1, "none"), (4, "none"), (4, "half"),
+                                                (1, "all")])
 def test_links_generated_and_sealed_as_one_task_would(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, threads: int) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, threads: int, early: str) -> None:
+    """``early``: an EarlyLinks (overlay mode's warm wait) was told of none, half or all
+    of the objects as a prefetch installed them, and the final pass completed it: the
+    same tree, each file made once."""
     monkeypatch.setattr(overlay, "LINK_THREADS", threads)
     objs = tmp_path / "objs"
     objs.mkdir()
@@ -44,11 +48,29 @@ def test_links_generated_and_sealed_as_one_task_would(
         p = objs / e.digest
         return str(p) if p.exists() else None
 
+    presented: list[str] = []
+
     def present(e: Entry, src: str) -> bytes | None:
+        presented.append(e.path)
         return b"generated:" + e.path.encode() if e.path.endswith("f2") else None
 
     links = tmp_path / "links"
-    rep = overlay.build_links(links, iter(entries), local_path, present, dir_mode=0o755)
+    (links / "stale").mkdir(parents=True)  # a dead process's: emptied first either way
+    begun = None
+    if early != "none":
+        begun = overlay.EarlyLinks(links, iter(entries), local_path, present, dir_mode=0o755)
+        told = [e.digest for e in entries if early == "all" or int(e.digest, 16) % 2]
+        begun.installed(told[:7])
+        begun.installed([*told[7:], "f" * 64])  # one no entry names
+        begun.stop()
+        begun.join()
+        # announced and local: made now; announced but not local (k07/f1): left
+        assert set(begun.done) == {e.path for e in entries
+                                   if e.digest in told and e.path not in remote}
+    rep = overlay.build_links(links, iter(entries), local_path, present, dir_mode=0o755,
+                              early=begun)
+    assert sorted(presented) == sorted(e.path for e in entries if e.path not in remote)
+    assert not (links / "stale").exists()
 
     assert (rep.absent, rep.generated, rep.linked) == (2, 40, len(entries) - 2 - 40)
     for e in entries:
@@ -69,3 +91,21 @@ def test_links_generated_and_sealed_as_one_task_would(
     assert rep.sealed_dirs == len(sealed)
     assert not whiteout.is_opaque(str(links))  # the top always merges with FUSE
     assert all(oct(os.stat(links / d).st_mode & 0o777) == oct(0o755) for d in every_dir)
+
+
+def test_a_generated_file_not_finished_is_not_left(tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """A name in ``links`` is served as it is, above the FUSE layer: a generated file
+    whose write or times failed is removed, and the entry is left to FUSE."""
+    src = tmp_path / "obj"
+    src.write_bytes(b"obj")
+    e = _entry("k/grp.json", 1)
+
+    def no_utime(*a: object, **kw: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(overlay.os, "utime", no_utime)
+    links = tmp_path / "links"
+    rep = overlay.build_links(links, [e], lambda _: str(src), lambda _e, _s: b"generated")
+    assert (rep.absent, rep.generated, rep.linked) == (1, 0, 0)
+    assert not (links / "k" / "grp.json").exists()

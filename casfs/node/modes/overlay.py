@@ -24,6 +24,7 @@ from typing import Any
 
 import trio
 
+from casfs.errors import CasfsError
 from casfs.node import control, guard
 from casfs.node.modes.base import Busy, Serving, Unchanged, ViewParts, remove_beneath
 from casfs.store.entry import Entry
@@ -155,11 +156,21 @@ class OverlayServer:
                 self._resume()
                 await how.background(nursery)
                 return
+            early = None
             if cfg.wait_warm > 0:
-                await trio.to_thread.run_sync(how.wait_warm, cfg.wait_warm)
+                early = await trio.to_thread.run_sync(self._link_early)
+                try:
+                    await trio.to_thread.run_sync(how.wait_warm, cfg.wait_warm)
+                finally:
+                    if early is not None:
+                        if self.parts.cache.installed_hook == early.installed:
+                            self.parts.cache.installed_hook = None
+                        early.stop()
             if how.stopping():  # stopped while waiting: never mount, never say READY
                 await trio.sleep_forever()
-            await trio.to_thread.run_sync(self._mount)
+            if early is not None:
+                await trio.to_thread.run_sync(early.join)  # all it was told, linked
+            await trio.to_thread.run_sync(self._mount, early)
             await how.background(nursery)
 
         async def shutdown() -> None:
@@ -185,7 +196,33 @@ class OverlayServer:
         log.info("%s: serving the overlay at %s again", self.parts.cfg.name,
                  self.parts.cfg.mountpoint)
 
-    def _mount(self) -> None:
+    def _cached_path(self, e: Entry) -> str | None:
+        """The local object of ``e`` if it has ``e``'s size: a damaged local copy is
+        never linked (the FUSE layer refetches it)."""
+        path = str(self.parts.cache.path_of(e.digest))
+        try:
+            return path if os.stat(path).st_size == e.size else None
+        except OSError:
+            return None
+
+    def _link_early(self) -> overlay.EarlyLinks | None:
+        """The links dir begun now: what the warm wait's prefetch installs is linked as
+        it lands (casfs.view.overlay.EarlyLinks), then ``_mount`` completes it. None if
+        it cannot begin (``_mount`` then builds it whole, as without it)."""
+        p = self.parts
+        if p.cache.installed_hook is not None:
+            return None  # (one namespace per overlay process: never expected)
+        try:
+            early = overlay.EarlyLinks(self.paths.links, p.lower.walk(), self._cached_path,
+                                       p.presenter(), dir_mode=p.lower_dir_mode,
+                                       owner=p.tenant_owner)
+        except (CasfsError, OSError) as e:
+            log.warning("%s: links layer not begun during the warm wait: %s", p.cfg.name, e)
+            return None
+        p.cache.installed_hook = early.installed
+        return early
+
+    def _mount(self, early: overlay.EarlyLinks | None = None) -> None:
         p = self.parts
         paths = self.paths
         t0 = time.monotonic()
@@ -194,16 +231,13 @@ class OverlayServer:
         entries = p.lower.walk() if local else iter(())  # a fresh node: nothing to link
 
         def local_path(e: Entry) -> str | None:
-            if e.digest not in local:
-                return None
-            path = str(p.cache.path_of(e.digest))
-            try:  # a damaged local copy is never linked (the FUSE layer refetches it)
-                return path if os.stat(path).st_size == e.size else None
-            except OSError:
-                return None
+            return self._cached_path(e) if e.digest in local else None
 
         rep = overlay.build_links(paths.links, entries, local_path, present,
-                                  dir_mode=p.lower_dir_mode, owner=p.tenant_owner)
+                                  dir_mode=p.lower_dir_mode, owner=p.tenant_owner,
+                                  early=early)
+        if early is not None:
+            p.counters.inc("overlay_linked_early", len(early.done))
         p.counters.inc("overlay_linked", rep.linked)
         p.counters.inc("overlay_generated", rep.generated)
         p.counters.inc("overlay_sealed_dirs", rep.sealed_dirs)
