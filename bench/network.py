@@ -196,6 +196,13 @@ def _unmount_under(path: Path) -> None:
         subprocess.run(["umount", "-l", mp], capture_output=True, check=False)
 
 
+def _machine_busy() -> float:
+    """Seconds the machine's CPUs were busy since boot (/proc/stat: all but idle, iowait)."""
+    fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+    ticks = [int(x) for x in fields]
+    return (sum(ticks[:8]) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")
+
+
 class _TreeCpu:
     """CPU of the processes whose command line names ``marker`` (a node's mount process
     and workers, which ``casfs run`` does not reap), sampled every 0.1 s until ``stop``;
@@ -343,19 +350,26 @@ class Bed:
                        CASFS_MOUNT_BASE=str(node / "mnt"))
         return env
 
-    def _cpu(self) -> tuple[float, float, float]:
+    def _cpu(self) -> tuple[float, float, float, float]:
         """CPU seconds so far: reaped children (a node: casfs run, its mount process and
-        workers, the job), this process (the proxy's thread; the rest waits), SeaweedFS."""
+        workers, the job), this process (the proxy's thread; the rest waits), SeaweedFS,
+        and the whole machine's busy time (/proc/stat: every process and kernel thread)."""
         from bench.common import proc_cpu
 
         ch = resource.getrusage(resource.RUSAGE_CHILDREN)
         assert self.srv.proc is not None
-        return ch.ru_utime + ch.ru_stime, time.process_time(), proc_cpu(self.srv.proc.pid)
+        return (ch.ru_utime + ch.ru_stime, time.process_time(), proc_cpu(self.srv.proc.pid),
+                _machine_busy())
 
-    def _cpu_since(self, before: tuple[float, float, float]) -> dict[str, float]:
+    def _cpu_since(self, before: tuple[float, float, float, float]) -> dict[str, float]:
         now = self._cpu()
-        return {k: round(b - a, 2) for k, a, b in zip(("node", "proxy", "server"), before, now,
-                                                     strict=True)}
+        out = {k: round(b - a, 2) for k, a, b in zip(("node", "proxy", "server", "machine"),
+                                                     before, now, strict=True)}
+        # The node's share of the machine's busy time: no process counted twice (the
+        # per-process split below can be: overlay mode's mount process is both reaped by
+        # casfs run and sampled by _TreeCpu), and its kernel threads' work included.
+        out["node_machine"] = round(out["machine"] - out["proxy"] - out["server"], 2)
+        return out
 
     def _casfs_run(self, node: Path, ns: str, job: list[str], report: Path,
                    extra: tuple[str, ...] = ()
@@ -406,7 +420,7 @@ class Bed:
         cpu = self._cpu_since(cpu0)
         cpu["casfs_run_and_job"] = cpu["node"]
         cpu["mount"] = round(tree.stop(), 2)
-        cpu["node"] = round(cpu["node"] + cpu["mount"], 2)
+        cpu["node"] = round(cpu["node"] + cpu["mount"], 2)  # (see node_machine)
         counts, reqs = self.net.counts(), self.net.requests()
         self.net.reset_counts()
         self.net.delay = 0.0
@@ -521,10 +535,10 @@ def measure(work: Path, runs: int, rtt_ms: float, kernels: int = KERNELS,
                 "casfs_over_plain": round(c / pl, 1),
                 "casfs_read_s": _med([x["job"]["read_s"] for x in d["casfs"]]),
                 "casfs_cpu_s": {k: _med([x["cpu_s"][k] for x in d["casfs"]])
-                                for k in ("node", "casfs_run_and_job", "mount", "proxy",
-                                          "server")},
+                                for k in ("node", "node_machine", "casfs_run_and_job",
+                                          "mount", "proxy", "server")},
                 "copy_restore_cpu_s": {k: _med([x["cpu_s"][k] for x in d["copy_restore"]])
-                                       for k in ("node", "proxy", "server")},
+                                       for k in ("node", "node_machine", "proxy", "server")},
                 "copy_restore_get_unpack_s": _med([x["job"]["restore_s"]
                                                    for x in d["copy_restore"]]),
                 "plain_read_s": _med([x["job"]["read_s"] for x in d["plain"]]),
