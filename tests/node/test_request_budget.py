@@ -153,13 +153,11 @@ def test_a_fresh_node_costs_one_request_per_50_files(
     # root that is down). It was read three times.
     markers = [q for q in reqs if q.target.split("?")[0].endswith("/casfs.json")]
     assert len(markers) <= 2, [(q.method, q.target) for q in markers]
-    # The mount's first LIST of the namespace's generations goes beside its marker
-    # read (one round trip, not two, before it serves), and is its only one.
+    # The mount's LIST of the namespace's generations is its only one (that it goes
+    # beside the marker's read is checked at 100 ms RTT, where a loaded machine's
+    # scheduling cannot pull the two apart: test_a_named_namespace_is_read_while...).
     lists = [q for q in reqs if "list-type=2" in q.target and "%2Fgenerations" in q.target]
     assert len(lists) == 1, [q.target for q in lists]
-    first = min(markers, key=lambda q: q.start)
-    assert _max_in_flight([first, lists[0]]) == 2, [
-        (round(q.start, 3), round(q.end or 0, 3), q.target) for q in (first, lists[0])]
     read = json.loads(r.stdout.strip().splitlines()[-1])
     assert read["files"] == files
     kinds = {k: v for k, v in counts.items() if v and k in (
@@ -349,7 +347,9 @@ def test_a_named_namespace_is_read_while_the_mount_process_starts(
             rec = next(q for q in before if q.method == "GET" and "/generations/" in q.target)
             man = next(q for q in before if q.target.split("?")[0].endswith(manifest))
             pro = next(q for q in before if q.target.split("?")[0].endswith(prof[2:]))
-            for a, b in ((head, rec), (man, pro)):
+            # ... and before them the root's marker beside the LIST (one round trip).
+            marker = next(q for q in before if q.target.split("?")[0].endswith("/casfs.json"))
+            for a, b in ((marker, lists[0]), (head, rec), (man, pro)):
                 assert a.end is not None and b.end is not None
                 assert a.start < b.end and b.start < a.end, (a, b)
             assert not head.fresh and not rec.fresh, (head, rec)
