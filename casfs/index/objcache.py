@@ -345,8 +345,9 @@ class LocalObjectCache:
         self._counters = counters
         self.verify_first_open = verify_first_open
         self._verified: dict[str, tuple[int, int, int]] = {}  # digest -> trusted identity
-        # Told the digests each prefetch wave's answer installed (outside the lock): overlay
-        # mode links them while the rest arrives (casfs.view.overlay.EarlyLinks).
+        # Told the digests each fill installs (a prefetch wave's answer, a read-ahead's,
+        # a fetch), outside the lock: overlay mode's warm wait links them while the rest
+        # arrives (casfs.view.overlay.EarlyLinks).
         self.installed_hook: Callable[[list[str]], None] | None = None
         self._lock = threading.Lock()  # guards pins, fills, touches; held for eviction unlinks
         self._evict_lock = threading.Lock()
