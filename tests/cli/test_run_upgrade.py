@@ -64,6 +64,10 @@ def test_a_newer_casfs_run_leases_from_the_running_host_then_starts_its_own(
         wait_until(lambda: _host_pid(state) is not None, "the first job's host", timeout=60)
         old = _host_pid(state)
         assert old is not None
+        # The first job runs (its file is written) before the second one looks for it:
+        # the host serves before the job's command starts.
+        wait_until(lambda: any((tmp_path / "ns").glob("*/upg/one.txt")), "the first job",
+                   timeout=60)
         with open(site / "casfs" / "__init__.py", "a") as f:
             f.write("\n# an upgrade, installed while a job runs\n")
         two = run("two", 'cat "$CASFS_CACHE_DIR/one.txt" && echo two > "$CASFS_CACHE_DIR/two.txt"')
