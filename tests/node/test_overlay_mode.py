@@ -47,6 +47,7 @@ def test_overlay_mode(cluster: dict[str, Any], tmp_path: Path) -> None:
     st = b.ask(w, "stats")["counters"]
     assert st["overlay_linked"] == 1  # K0's object; the rest comes through FUSE
     assert st["overlay_sealed_dirs"] == 1  # K0/ is wholly local: not merged with FUSE
+    assert "overlay_synced" not in st  # no warm wait installed anything: nothing to sync
     for rel, data in files.items():
         assert (mnt / rel).read_bytes() == data
 
@@ -117,6 +118,9 @@ def test_wait_warm_links_the_hot_set(cluster: dict[str, Any], tmp_path: Path) ->
     assert c["overlay_linked"] == 5  # every hot file, none of the cold one
     # linked as the prefetch installed them, during the wait (EarlyLinks), not after it
     assert c["overlay_linked_early"] == 5
+    # what the wait installed is written to disk beside the job, not at its unmount
+    wait_until(lambda: b.ask(w, "stats")["counters"].get("overlay_synced") == 1,
+               "the fetched objects synced after mount-ready")
     # casfs run --wait-warm's prewarm: one lookup of each linked file through the
     # overlay; the hot dirs are sealed, so none reaches the FUSE layer
     links = b.state / "overlay" / "testns" / "links"
