@@ -43,7 +43,7 @@ def _build(cfg: HostConfig, replace: bool = False,
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
-    fresh = not any(a in ("--replace", "--adopt") or a.startswith("--adopt=") for a in args)
+    fresh = worker.fresh_start(args)
     return worker.run_child("casfs-host", args, _loader(fresh), _build)
 
 

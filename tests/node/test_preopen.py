@@ -130,3 +130,22 @@ def test_a_failed_preopen_is_the_mounts_failure(tmp_path: Path) -> None:
     with pytest.raises(Exception) as e:
         o.result(30.0)
     assert "127.0.0.1" in str(e.value) or "reach" in str(e.value), e.value
+
+
+def test_a_mount_process_reads_its_namespace_while_it_imports(s3_root: str,
+                                                              tmp_path: Path) -> None:
+    """A mount process of its own (``casfs run`` in dir or overlay mode) begins its
+    namespace's reads before importing what serving needs (casfs.node.worker's loader),
+    and its mount takes them."""
+    import dataclasses
+
+    from casfs.node import worker
+
+    _publish(s3_root, "own", {"a": b"1"})
+    cfg = dataclasses.replace(_cfg(s3_root, tmp_path, "own"), mode="dir", name="own")
+    w = worker.spawn(cfg)
+    try:
+        assert (cfg.mountpoint / "a").read_bytes() == b"1"
+    finally:
+        stats = w.stop()
+    assert stats is not None and stats["counters"].get("root_preopened") == 1, stats
