@@ -18,12 +18,13 @@ Used by ``casfs run`` (the summary's line and ``--report``: the job's misses) an
 from __future__ import annotations
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from casfs import __version__, families
-from casfs.cli.nearest import Related, related
+from casfs.cli.nearest import READS, Related, related
 from casfs.errors import CasfsError
 from casfs.fingerprint import Fingerprint
 from casfs.index.entrynames import EntryNameIndex
@@ -133,16 +134,32 @@ def causes(gens: Any, fp: Fingerprint, missed: list[str], *, tenant: str | None,
         index = entry_index(gens, fp.family, state_dir)
     parts_before = index.parts_read
     holding: list[tuple[Related, set[str]]] = []
-    for r in others[:MAX_NAMESPACES]:
+    todo = others[:MAX_NAMESPACES]
+
+    def read(r: Related) -> set[str] | bool:
+        """What ``r`` holds of ``names``; False: not read (past the budget); True:
+        unreadable (damaged, collected meanwhile, another tenant's 0700)."""
         if time.monotonic() - t0 > budget_s:
-            break
-        out.checked += 1
+            return False
         try:
-            held = set(index.names(r.record).holding(names))
-        except (CasfsError, OSError):  # OSError: another tenant's (0700), or gone
-            out.unreadable += 1  # damaged or collected meanwhile: said as "of N read"
+            return set(index.names(r.record).holding(names))
+        except (CasfsError, OSError):
+            return True
+
+    # READS at a time, nearest first (a cold node reads each one's manifest: at 20 ms RTT
+    # 16 one after the other held `casfs run`'s exit ~0.3 s); past the budget none starts.
+    if len(todo) < 2:
+        results = [read(r) for r in todo]
+    else:
+        with ThreadPoolExecutor(min(READS, len(todo)), thread_name_prefix="casfs-causes") as pool:
+            results = list(pool.map(read, todo))
+    for r, held in zip(todo, results, strict=True):
+        if held is False:
             continue
-        if held:
+        out.checked += 1
+        if held is True:
+            out.unreadable += 1  # said as "of N read"
+        elif held:
             holding.append((r, held))
     left = set(names)
     while holding:

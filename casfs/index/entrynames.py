@@ -26,6 +26,7 @@ import hashlib
 import json
 import logging
 import sys
+import threading
 from array import array
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -84,6 +85,7 @@ class EntryNameIndex:
         self.rules_id = rules_id
         self.entry_of = entry_of
         self.parts_read = 0  # manifest parts read (the cost: none when the cache is current)
+        self._count_lock = threading.Lock()  # namespaces are read several at a time
 
     def names(self, rec: Record) -> EntryNames:
         """The entry names of generation ``rec`` (raises CasfsError if unreadable)."""
@@ -102,7 +104,8 @@ class EntryNameIndex:
     def _hashes(self, parts: Iterable[Any]) -> list[int]:
         names: set[str] = set()
         for part in parts:
-            self.parts_read += 1
+            with self._count_lock:
+                self.parts_read += 1
             for e in self.gens.part_entries(part):
                 entry = self.entry_of(e.path)
                 if entry is not None and len(names) < MAX_NAMES:

@@ -111,6 +111,31 @@ def test_bounded_namespaces_and_time(three: dict[str, Any],
         mc.line())
 
 
+def test_the_namespaces_are_read_at_once(three: dict[str, Any]) -> None:
+    """A cold node reads each related namespace's manifest: several at a time, not one
+    after the other (a barrier only both reads reach together)."""
+    import threading
+
+    from casfs.cli.misscause import entry_index
+
+    gens = three["root"].generations()
+    real = entry_index(gens, "triton", None)
+    meet = threading.Barrier(2, timeout=10)
+
+    class Meeting:
+        parts_read = 0
+
+        def names(self, rec: Any) -> Any:
+            meet.wait()
+            return real.names(rec)
+
+    mc = causes(gens, three["mine"], [K[1], K[4]], tenant=None, state_dir=None,
+                index=Meeting())  # type: ignore[arg-type]
+    assert (mc.checked, mc.unreadable, mc.nowhere) == (2, 0, [])
+    assert [(h.where.namespace, h.entries) for h in mc.held] == [
+        (three["near"], [K[1]]), (three["far"], [K[4]])]
+
+
 def test_past_the_name_cap_the_line_says_how_many_went_unnamed() -> None:
     from casfs.cli.misscause import MissCauses
 
