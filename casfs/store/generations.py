@@ -203,6 +203,9 @@ class GenerationStore:
         # re-reading the base on every publish.
         self._parts: OrderedDict[str, list[Entry]] = OrderedDict()
         self._cached_entries = 0
+        # Held for the cache's own updates only, never across a read: parts are read
+        # several at a time (casfs.cli.misscause's namespaces, the mount's threads).
+        self._parts_lock = threading.Lock()
         self._noted: set[tuple[str, int, str]] = set()
         self._latest: dict[str, Snapshot] = {}  # ns -> newest snapshot seen (_snapshot_of)
         self._condemned: Condemned | None = None
@@ -619,21 +622,24 @@ class GenerationStore:
     def part_entries(self, part: Part, read: list[Entry] | None = None) -> list[Entry]:
         """``part``'s rows, checked and cached; ``read``: its rows already read and
         decoded (``_read_parts``), else they are read here."""
-        cached = self._parts.get(part.digest)
-        if cached is not None:
-            self._parts.move_to_end(part.digest)
-        else:
-            cached = read if read is not None else manifest.load(
-                self.objects, part.digest, part.size)[1]
-            if len(cached) != part.entries:
-                raise HostileManifestError(
-                    f"manifest {part.digest}: {len(cached)} entries, record says {part.entries}"
-                )
-            self._parts[part.digest] = cached
-            self._cached_entries += len(cached)
-            for e in cached:  # packed objects: where their bytes live (casfs.store.packs)
-                if e.extras and "pack" in e.extras:
-                    self.objects.locate(e.digest, e.extras["pack"])
+        with self._parts_lock:
+            cached = self._parts.get(part.digest)
+            if cached is not None:
+                self._parts.move_to_end(part.digest)
+                return cached
+        cached = read if read is not None else manifest.load(
+            self.objects, part.digest, part.size)[1]
+        if len(cached) != part.entries:
+            raise HostileManifestError(
+                f"manifest {part.digest}: {len(cached)} entries, record says {part.entries}"
+            )
+        for e in cached:  # packed objects: where their bytes live (casfs.store.packs)
+            if e.extras and "pack" in e.extras:
+                self.objects.locate(e.digest, e.extras["pack"])
+        with self._parts_lock:
+            if part.digest not in self._parts:  # (another thread's read of it may be in)
+                self._parts[part.digest] = cached
+                self._cached_entries += len(cached)
             while self._cached_entries > PART_CACHE_ENTRIES and len(self._parts) > 1:
                 _, old = self._parts.popitem(last=False)
                 self._cached_entries -= len(old)

@@ -429,3 +429,46 @@ def test_a_record_read_by_the_mount_is_taken_by_its_worker(root: SharedRoot) -> 
         worker.note_record("ns", 2, b'{"not": "a record"}')
     with pytest.raises((CasfsError, ValueError)):
         worker.note_record("ns", 2, data)  # another seq's record: refused
+
+
+def test_a_part_evicted_by_another_thread_while_found_is_no_error(
+        root: SharedRoot, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The parsed-parts cache is shared by threads reading parts at once (the miss
+    causes' namespaces): another thread's read evicting the part this one just found
+    waits for the cache's lock, instead of making this one's update fail (KeyError)."""
+    import threading
+    from collections import OrderedDict
+    from typing import Any
+
+    from casfs.store import generations
+
+    gens = root.generations()
+    parts = []
+    for ns in ("pa", "pb"):
+        put = root.objects.put_bytes(ns.encode())
+        gens.publish(ns, [Entry("k/x", put.digest, put.size, 0o644, 1)], node="n")
+        parts += gens.record(ns, 1).parts
+    monkeypatch.setattr(generations, "PART_CACHE_ENTRIES", 1)  # an insert evicts the other
+    evicted = threading.Event()
+    other: list[threading.Thread] = []
+
+    class Racy(OrderedDict):  # type: ignore[type-arg]
+        armed = False
+
+        def get(self, key: Any, default: Any = None) -> Any:
+            found = super().get(key, default)
+            if found is not None and self.armed:  # found: now another thread reads one
+                self.armed = False
+                t = threading.Thread(target=lambda: (gens.part_entries(parts[1]),
+                                                     evicted.set()))
+                other.append(t)
+                t.start()
+                evicted.wait(1.0)  # its eviction of this part, unless a lock holds it off
+            return found
+
+    gens._parts = Racy()
+    gens.part_entries(parts[0])
+    gens._parts.armed = True
+    assert [e.path for e in gens.part_entries(parts[0])] == ["k/x"]
+    other[0].join(10)
+    assert evicted.is_set() and list(gens._parts) == [parts[1].digest]
