@@ -66,7 +66,9 @@ class Opened:
     def result(self, timeout: float) -> SharedRoot:
         """The opened root; its opening's error, or TimeoutError after ``timeout``."""
         if not self.done.wait(timeout):
-            raise TimeoutError(f"opening {self.key[0]}: no answer within {timeout:g} s")
+            # worded as the bounded open's (rootlink): one line for an operator to grep
+            root, ns, tenant = self.key
+            raise TimeoutError(f"root-open:{root}:{tenant}:{ns}: no answer within {timeout:g} s")
         if self.error is not None:
             raise self.error
         assert self.root is not None

@@ -115,6 +115,17 @@ def test_a_preopen_never_taken_is_dropped(s3_root: str, tmp_path: Path,
     assert preopen._key(cfg) not in preopen._opened
 
 
+def test_an_unanswered_preopen_reads_as_the_bounded_opens_timeout(tmp_path: Path) -> None:
+    """A pre-open still waiting at the mount's bound fails in the words of the mount's
+    own bounded open (`root-open:<root>:<tenant>:<namespace>: no answer within`): an
+    operator greps for one line whichever path opened the root."""
+    o = preopen.Opened(("s3://b/p?endpoint=http://h:1", "ns", "alice"))
+    with pytest.raises(TimeoutError) as e:
+        o.result(0.01)
+    assert str(e.value) == ("root-open:s3://b/p?endpoint=http://h:1:alice:ns: "
+                            "no answer within 0.01 s")
+
+
 def test_a_failed_preopen_is_the_mounts_failure(tmp_path: Path) -> None:
     """Nobody answers at the endpoint: the mount's connect gets the opening's error
     (and serves local state, as when it opens the root itself)."""
