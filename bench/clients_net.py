@@ -18,6 +18,11 @@ import`` (no delay: publication is not what is measured). Then, per run,
 interleaved so a change of machine load hits both alike:
 
 * **local warm**: the workload on that local directory (a warm local cache);
+* **copy-restore**: what casfs replaces: one GET of a tar.zst of that cache
+  (uploaded beforehand) through the same delayed network, unpacked into an
+  empty directory (bench/network.py's restore: boto3, ``zstd -dc | tar -x``),
+  then the workload on it, timed together: the floor a fresh node's start is
+  held to besides the local warm cache it does not have;
 * **casfs, fresh node**: ``casfs run --family inductor -- <workload>`` with an
   empty state dir across the delayed network, timed from launching ``casfs
   run`` to its exit (mount, the job, the final publication, unmount), its
@@ -33,7 +38,7 @@ interleaved so a change of machine load hits both alike:
   deploy/slurm and deploy/kubernetes jobs do with ``casfs env``.
 
 Prints one JSON document: medians, every run's figures, requests by kind, the
-casfs/local-warm ratios (the target: within 1.1x) and whether every run hit
+casfs/local-warm ratios (the target: within 1.1x), casfs/copy-restore, and whether every run hit
 the cache and computed the same output. A ratio, never an assertion.
 """
 
@@ -57,6 +62,7 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 BUCKET = "casfs-bench"
+ARCHIVE = "copy/cache.tar.zst"  # the copy-restore row's archive of the local cold cache
 
 
 CACHE_VARS = {"inductor": "TORCHINDUCTOR_CACHE_DIR", "triton": "TRITON_CACHE_DIR",
@@ -170,6 +176,37 @@ class Bed:
         r["process_s"] = round(time.monotonic() - t0, 3)
         return r
 
+    def archive(self, local: Path) -> None:
+        """The local cache as a copy script keeps it: one tar.zst in the bucket."""
+        tar = self.work / "cache.tar.zst"
+        subprocess.run(f"tar -C '{local}' -cf - . | zstd -q -3 -T0 -o '{tar}'", shell=True,
+                       check=True)
+        from bench.network import upload
+
+        upload(self.srv, tar, BUCKET, ARCHIVE)
+        tar.unlink()
+
+    def copy_restore(self, node: Path, delay: float) -> dict[str, Any]:
+        """The archive restored into an empty directory through the delayed network, then
+        the workload on it; ``process_s`` spans both (``restore_s``: the restore alone)."""
+        cache = node / "cache"
+        self.net.delay = delay
+        self.net.reset_counts()
+        t0 = time.monotonic()
+        p = subprocess.run([sys.executable, str(REPO / "bench" / "network.py"), "--restore-job",
+                            self.net.endpoint, BUCKET, ARCHIVE, str(cache)], env=self.env(),
+                           cwd=REPO, capture_output=True, text=True, timeout=900, check=True)
+        restored = time.monotonic() - t0
+        counts = self.net.reset_counts()
+        self.net.delay = 0.0
+        job = subprocess.run(self.client.workload, env=self.env(cache=cache), cwd=REPO,
+                             capture_output=True, text=True, timeout=3600, check=True)
+        r = self.client.parse(job.stdout)
+        r.update(process_s=round(time.monotonic() - t0, 3), restore_s=round(restored, 3),
+                 got_bytes=json.loads(p.stdout.strip().splitlines()[-1])["got_bytes"],
+                 requests=_kinds(counts))
+        return r
+
     def publish(self, local: Path) -> None:
         """Publish the cold cache: ``casfs import`` of the one family's directory;
         several families (vLLM): a cold ``casfs run`` on a node of its own (no delay)."""
@@ -272,10 +309,15 @@ def measure(work: Path, runs: int, rtt_ms: float, c: Client) -> dict[str, Any]:
         print("bench.clients_net: local cold", file=sys.stderr, flush=True)
         cold = bed.local(local)
         bed.publish(local)
-        rows: dict[str, list[dict[str, Any]]] = {"local_warm": [], "casfs": []}
+        bed.archive(local)
+        rows: dict[str, list[dict[str, Any]]] = {"local_warm": [], "copy_restore": [],
+                                                 "casfs": []}
         for i in range(runs):
             print(f"bench.clients_net: run {i + 1}/{runs}", file=sys.stderr, flush=True)
             rows["local_warm"].append(bed.local(local))
+            node = work / f"copy-{i}"
+            rows["copy_restore"].append(bed.copy_restore(node, rtt_ms / 2000))
+            shutil.rmtree(node, ignore_errors=True)
             node = work / f"node-{i}"
             run = bed.casfsd if c.casfsd else bed.casfs
             rows["casfs"].append(run(node, rtt_ms / 2000))
@@ -286,7 +328,7 @@ def measure(work: Path, runs: int, rtt_ms: float, c: Client) -> dict[str, Any]:
     def med(kind: str, key: str) -> float:
         return round(statistics.median(r[key] for r in rows[kind]), 3)
 
-    every = rows["local_warm"] + rows["casfs"]
+    every = rows["local_warm"] + rows["copy_restore"] + rows["casfs"]
     return {
         "client": c.name, "mode": c.mode, "wait_warm": c.wait_warm,
         "node": ("casfsd, on-demand" if c.on_demand else "casfsd") if c.casfsd else "casfs run",
@@ -303,6 +345,10 @@ def measure(work: Path, runs: int, rtt_ms: float, c: Client) -> dict[str, Any]:
         "casfs_over_local_warm_compile": round(
             med("casfs", "compile_s") / med("local_warm", "compile_s"), 2),
         "target": 1.1,
+        "copy_restore_process_s": med("copy_restore", "process_s"),
+        "copy_restore_restore_s": med("copy_restore", "restore_s"),
+        "casfs_over_copy_restore_process": round(
+            med("casfs", "process_s") / med("copy_restore", "process_s"), 2),
         "all_hit": all(r["misses"] == 0 and r["hits"] > 0 for r in every),
         "same_output": len({r["checksum"] for r in every} | {cold["checksum"]}) == 1,
         "casfs_requests": [r["requests"] for r in rows["casfs"]],

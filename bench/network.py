@@ -152,8 +152,9 @@ def read_tree(root: Path) -> dict[str, Any]:
             "read_s": round(time.perf_counter() - t0, 4), "mono": [mono0, time.monotonic()]}
 
 
-def _copy_restore_job(endpoint: str, key: str, dest: Path) -> dict[str, Any]:
-    """One GET of the tar.zst streamed into ``zstd -dc | tar -x``, then the read."""
+def restore(endpoint: str, bucket: str, key: str, dest: Path) -> dict[str, Any]:
+    """What a copy script does: one GET of a tar.zst streamed into ``zstd -dc | tar -x``
+    (boto3, as such scripts use). bench/clients_net.py restores a client's cache so."""
     t0 = time.perf_counter()
     import boto3
     from botocore.config import Config
@@ -164,7 +165,7 @@ def _copy_restore_job(endpoint: str, key: str, dest: Path) -> dict[str, Any]:
     p = subprocess.Popen(f"zstd -q -dc | tar -C '{dest}' -xf -", shell=True,
                          stdin=subprocess.PIPE)
     assert p.stdin is not None
-    body = s3.get_object(Bucket=BUCKET, Key=key)["Body"]
+    body = s3.get_object(Bucket=bucket, Key=key)["Body"]
     got = 0
     for chunk in body.iter_chunks(1 << 20):
         p.stdin.write(chunk)
@@ -172,9 +173,25 @@ def _copy_restore_job(endpoint: str, key: str, dest: Path) -> dict[str, Any]:
     p.stdin.close()
     if p.wait() != 0:
         raise RuntimeError("zstd | tar failed")
-    t_restore = time.perf_counter() - t0
+    return {"import_s": round(t_import, 3), "restore_s": round(time.perf_counter() - t0, 3),
+            "got_bytes": got}
+
+
+def upload(srv: Any, path: Path, bucket: str, key: str) -> None:
+    """``path`` into the bucket, straight to the server (tests/seaweed.py's; no delay)."""
+    import boto3
+
+    e = srv.env()
+    boto3.client("s3", endpoint_url=srv.endpoint, aws_access_key_id=e["AWS_ACCESS_KEY_ID"],
+                 aws_secret_access_key=e["AWS_SECRET_ACCESS_KEY"],
+                 region_name="us-east-1").upload_file(str(path), bucket, key)
+
+
+def _copy_restore_job(endpoint: str, key: str, dest: Path) -> dict[str, Any]:
+    """The restore, then the read."""
+    got = restore(endpoint, BUCKET, key, dest)
     out = read_tree(dest)
-    out.update(import_s=round(t_import, 3), restore_s=round(t_restore, 3), got_bytes=got)
+    out.update(got)
     return out
 
 
@@ -315,10 +332,7 @@ class Bed:
         subprocess.run(f"tar -C '{self.src}' -cf - . | zstd -q -3 -T0 -o '{archive}'",
                        shell=True, check=True)
         self.archive_bytes = archive.stat().st_size
-        import boto3
-
-        boto3.client("s3", endpoint_url=self.srv.endpoint, **self._creds()).upload_file(
-            str(archive), BUCKET, "copy/tree.tar.zst")
+        upload(self.srv, archive, BUCKET, "copy/tree.tar.zst")
         archive.unlink()
         self.seq = 0
         # `casfs init` first, as docs say for S3: a node's first open of a root that does
@@ -327,11 +341,6 @@ class Bed:
         # job's files are not published (exit 0)
         subprocess.run([sys.executable, "-m", "casfs.cli.main", "init", self.env()["CASFS_ROOT"]],
                        env=self.env(), cwd=REPO, check=True, capture_output=True, timeout=300)
-
-    def _creds(self) -> dict[str, str]:
-        e = self.srv.env()
-        return {"aws_access_key_id": e["AWS_ACCESS_KEY_ID"],
-                "aws_secret_access_key": e["AWS_SECRET_ACCESS_KEY"], "region_name": "us-east-1"}
 
     def close(self) -> None:
         self.net.stop()
@@ -598,6 +607,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--write-tree-job", type=int, metavar="KERNELS", help=argparse.SUPPRESS)
     ap.add_argument("--read-tree-job", nargs="?", const="", help=argparse.SUPPRESS)
     ap.add_argument("--copy-restore-job", nargs=2, help=argparse.SUPPRESS)
+    ap.add_argument("--restore-job", nargs=4, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.write_tree_job is not None:
         files, nbytes = write_tree(Path(os.environ["TRITON_CACHE_DIR"]), args.write_tree_job)
@@ -605,6 +615,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.read_tree_job is not None:
         print(json.dumps(read_tree(Path(args.read_tree_job or os.environ["TRITON_CACHE_DIR"]))))
+        return 0
+    if args.restore_job:  # ENDPOINT BUCKET KEY DEST
+        endpoint, bucket, key, dest = args.restore_job
+        print(json.dumps(restore(endpoint, bucket, key, Path(dest))))
         return 0
     if args.copy_restore_job:
         print(json.dumps(_copy_restore_job(args.copy_restore_job[0], "copy/tree.tar.zst",
