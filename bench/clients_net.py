@@ -60,6 +60,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bench.common import scratch_fs, warn_scratch_fs
+
 REPO = Path(__file__).resolve().parent.parent
 BUCKET = "casfs-bench"
 ARCHIVE = "copy/cache.tar.zst"  # the copy-restore row's archive of the local cold cache
@@ -302,6 +304,8 @@ class Bed:
 
 
 def measure(work: Path, runs: int, rtt_ms: float, c: Client) -> dict[str, Any]:
+    fs = scratch_fs(work)  # where the nodes create their files: see scratch_fs
+    warn_scratch_fs(fs)
     bed = Bed(work, c)
     try:
         local = work / "local"
@@ -334,7 +338,7 @@ def measure(work: Path, runs: int, rtt_ms: float, c: Client) -> dict[str, Any]:
         "node": ("casfsd, on-demand" if c.on_demand else "casfsd") if c.casfsd else "casfs run",
         "workload": c.workload[2:], "rtt_ms": rtt_ms,
         "runs": runs,
-        "cpus": os.cpu_count(),
+        "cpus": os.cpu_count(), "workdir_fs": fs,
         "local_cold_process_s": cold["process_s"],
         "local_warm_process_s": med("local_warm", "process_s"),
         "casfs_process_s": med("casfs", "process_s"),

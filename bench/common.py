@@ -237,5 +237,36 @@ def du_bytes(path: Path) -> tuple[int, int]:
     return apparent, allocated
 
 
+def scratch_fs(path: Path) -> dict[str, Any]:
+    """The filesystem ``path`` lies on: type, source, and for ext4 whether it keeps a
+    journal (None where that is not known). An ext4 without one (this VM's root) checks
+    every inode it is about to hand out against the ones deleted in the last minutes
+    (``recently_deleted``), so after a run's churn each file created costs several times
+    more and swings with the minute; a node's disk keeps a journal: ``--workdir`` on such a
+    filesystem gives the figures a node would see (docs/performance.md)."""
+    dev = os.stat(path).st_dev
+    fstype, source = "?", "?"
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            left, _, right = line.partition(" - ")
+            major, minor = left.split()[2].split(":")
+            if os.makedev(int(major), int(minor)) == dev:
+                fstype, source = right.split()[:2]  # the last match: the top mount
+    journal: bool | None = None
+    if fstype == "ext4":
+        task = Path("/sys/fs/ext4") / os.path.basename(os.path.realpath(source)) / "journal_task"
+        with contextlib.suppress(OSError):
+            journal = task.read_text().strip() != "<none>"
+    return {"path": str(path), "fstype": fstype, "source": source, "journal": journal}
+
+
+def warn_scratch_fs(fs: dict[str, Any]) -> None:
+    """One line on stderr when ``fs`` (scratch_fs) makes file creation unlike a node's."""
+    if fs["fstype"] == "ext4" and fs["journal"] is False:
+        log(f"{fs['path']} is on ext4 without a journal ({fs['source']}): every file"
+            " created there scans recently deleted inodes, and the figures swing with"
+            " the minute; --workdir on a journaled filesystem gives a node's")
+
+
 def log(msg: str) -> None:
     print(f"bench: {msg}", file=sys.stderr, flush=True)

@@ -517,7 +517,11 @@ def _med(xs: list[float]) -> float:
 def measure(work: Path, runs: int, rtt_ms: float, kernels: int = KERNELS,
             casfs_src: Path = REPO, reader_args: tuple[str, ...] = ()) -> dict[str, Any]:
     delays = {f"{rtt_ms:g}ms": rtt_ms / 2000, "0.1ms": 0.0}
+    from bench.common import scratch_fs, warn_scratch_fs  # (this file runs as the jobs too)
+
     t_start = time.perf_counter()
+    fs = scratch_fs(work)  # where the nodes create their files: see scratch_fs
+    warn_scratch_fs(fs)
     bed = Bed(work, kernels, casfs_src, reader_args)
     raw: dict[str, dict[str, list[Any]]] = {
         name: {"casfs": [], "copy_restore": [], "plain": [], "publish": []} for name in delays}
@@ -566,7 +570,7 @@ def measure(work: Path, runs: int, rtt_ms: float, kernels: int = KERNELS,
             "tree": {"kernels": kernels, "files": bed.files, "bytes": bed.nbytes,
                      "tar_zst_bytes": bed.archive_bytes},
             "runs": runs, "rtt_ms": rtt_ms, "cpus": os.cpu_count(),
-            "reader_args": list(reader_args),
+            "reader_args": list(reader_args), "workdir_fs": fs,
             "loadavg_end": os.getloadavg()[0], "seconds": round(time.perf_counter() - t_start),
             "summary": summary, "raw": raw}
 
