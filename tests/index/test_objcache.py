@@ -569,3 +569,21 @@ def test_hash_file_reads_small_files_and_maps_large_ones(tmp_path: Path, size: i
     digest, st = objcache.hash_file(path)
     assert digest == blake3(data).hexdigest()
     assert (st.st_ino, st.st_size) == (path.stat().st_ino, size)
+
+
+def test_a_fills_done_event_wakes_waiters_before_and_after_it_is_set() -> None:
+    """_Done makes its Event only for a waiter: one waiting when it is set wakes, one
+    coming after returns at once, and a wait with a timeout ends unset."""
+    d = objcache._Done()
+    assert not d.is_set() and d.wait(0.01) is False
+    woke: list[bool] = []
+    t = threading.Thread(target=lambda: woke.append(d.wait(10)))
+    t.start()
+    while d._event is None:  # the waiter made its Event
+        threading.Event().wait(0.001)
+    d.set()
+    t.join(10)
+    assert woke == [True] and d.is_set() and d.wait() is True
+    late = objcache._Done()
+    late.set()
+    assert late.wait(0) is True and late._event is None  # no Event for nobody
