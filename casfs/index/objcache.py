@@ -877,15 +877,6 @@ class LocalObjectCache:
             return False
         return stat.S_ISREG(st.st_mode) and st.st_size == size
 
-    def trusted_file(self, digest: str, size: int) -> str | None:
-        """The cache file of ``digest`` if this process verified one of ``size`` bytes
-        (no I/O: the whole-namespace prefetch's links are made as the worker's answers
-        land); None otherwise (ask the disk)."""
-        ident = self._verified.get(digest)
-        if ident is None or ident[2] != size:
-            return None
-        return f"{self._dir}/{digest[:2]}/{digest[2:]}"
-
     def trusted_digest(self, digest: str) -> bool:
         """Whether this process verified a file of ``digest`` already (no I/O: the
         prefetch plans without the objects it has; an open still checks the file)."""

@@ -280,7 +280,7 @@ def _link_one(links: Path, e: Entry, src: str,
     """Put ``e`` into ``links``: its presented bytes written (True) or its object
     linked (False). A file begun and not finished is removed: a name in ``links``
     is served as it is, above the FUSE layer."""
-    target = f"{links}/{e.path}"  # (no pathlib: once per file of a fresh node's fetch)
+    target = links / e.path
     data = present(e, src) if present is not None else None
     if data is None:
         os.link(src, target)

@@ -200,11 +200,7 @@ class OverlayServer:
 
     def _cached_path(self, e: Entry) -> str | None:
         """The local object of ``e`` if it has ``e``'s size: a damaged local copy is
-        never linked (the FUSE layer refetches it). One this process verified (a
-        prefetch's, just installed) is taken without a stat."""
-        trusted = self.parts.cache.trusted_file(e.digest, e.size)
-        if trusted is not None:
-            return trusted
+        never linked (the FUSE layer refetches it)."""
         path = str(self.parts.cache.path_of(e.digest))
         try:
             return path if os.stat(path).st_size == e.size else None
