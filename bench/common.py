@@ -260,12 +260,35 @@ def scratch_fs(path: Path) -> dict[str, Any]:
     return {"path": str(path), "fstype": fstype, "source": source, "journal": journal}
 
 
+@contextlib.contextmanager
+def journaled_scratch(parent: Path | None, size: int = 16 << 30) -> Iterator[Path]:
+    """A fresh ext4 with a journal, loop-mounted for one benchmark (needs root): where
+    a node's files would be created (a sparse image in ``parent``; removed after)."""
+    base = Path(tempfile.mkdtemp(prefix="casfs-bench-scratch-", dir=parent))
+    img, mnt = base / "ext4.img", base / "mnt"
+    try:
+        with open(img, "wb") as f:
+            f.truncate(size)
+        subprocess.run(["mkfs.ext4", "-q", "-F", str(img)], check=True, capture_output=True)
+        mnt.mkdir()
+        subprocess.run(["mount", "-o", "loop", str(img), str(mnt)], check=True,
+                       capture_output=True)
+        try:
+            yield mnt
+        finally:
+            if subprocess.run(["umount", str(mnt)], capture_output=True).returncode != 0:
+                subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+    finally:
+        rmtree(base)
+
+
 def warn_scratch_fs(fs: dict[str, Any]) -> None:
     """One line on stderr when ``fs`` (scratch_fs) makes file creation unlike a node's."""
     if fs["fstype"] == "ext4" and fs["journal"] is False:
         log(f"{fs['path']} is on ext4 without a journal ({fs['source']}): every file"
             " created there scans recently deleted inodes, and the figures swing with"
-            " the minute; --workdir on a journaled filesystem gives a node's")
+            " the minute; --journaled-scratch (or --workdir on a journaled filesystem)"
+            " gives a node's")
 
 
 def log(msg: str) -> None:

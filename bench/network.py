@@ -37,6 +37,7 @@ launch). Speed goals are ratios here, never assertions in tests.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -600,6 +601,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rtt-ms", type=float, default=20.0)
     ap.add_argument("--kernels", type=int, default=KERNELS)
     ap.add_argument("--json", type=Path, help="also write the document here")
+    ap.add_argument("--journaled-scratch", action="store_true",
+                    help="run on a fresh journaled ext4, loop-mounted for the run (root), as"
+                         " a node's disk: this VM's root ext4 has no journal (bench.common)")
     ap.add_argument("--workdir", type=Path)
     ap.add_argument("--raw", action="store_true", help="print every run's figures too")
     ap.add_argument("--reader-args", default="", metavar="ARGS",
@@ -628,7 +632,13 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(_copy_restore_job(args.copy_restore_job[0], "copy/tree.tar.zst",
                                            Path(args.copy_restore_job[1]))))
         return 0
-    with tempfile.TemporaryDirectory(prefix="casfs-bench-net-", dir=args.workdir) as tmp:
+    from bench.common import journaled_scratch
+
+    with contextlib.ExitStack() as stack:
+        parent = (stack.enter_context(journaled_scratch(args.workdir))
+                  if args.journaled_scratch else args.workdir)
+        tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="casfs-bench-net-",
+                                                              dir=parent))
         doc = measure(Path(tmp), 1 if args.quick else args.runs, args.rtt_ms, args.kernels,
                       args.casfs_src.resolve(), tuple(shlex.split(args.reader_args)))
     if args.json:

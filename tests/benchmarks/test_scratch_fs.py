@@ -51,3 +51,17 @@ def test_a_journal_is_seen_or_its_absence(ext4: Callable[[str, bool], Path],
 def test_other_filesystems_have_no_journal_figure() -> None:
     got = scratch_fs(Path("/dev/shm"))
     assert got["fstype"] == "tmpfs" and got["journal"] is None
+
+
+def test_a_journaled_scratch_is_mounted_for_the_run_and_gone_after(tmp_path: Path) -> None:
+    from fusehelpers import mounted
+
+    from bench.common import journaled_scratch
+
+    with journaled_scratch(tmp_path, 64 << 20) as d:
+        got = scratch_fs(d)
+        assert got["fstype"] == "ext4" and got["journal"] is True
+        (d / "f").write_bytes(b"x")
+        held = d
+    assert not mounted(held)
+    assert list(tmp_path.iterdir()) == []  # the image and its mount point removed
