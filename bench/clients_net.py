@@ -38,8 +38,10 @@ interleaved so a change of machine load hits both alike:
   deploy/slurm and deploy/kubernetes jobs do with ``casfs env``.
 
 Prints one JSON document: medians, every run's figures, requests by kind, the
-casfs/local-warm ratios (the target: within 1.1x), casfs/copy-restore, and whether every run hit
-the cache and computed the same output. A ratio, never an assertion.
+casfs/local-warm ratios (the target: within 1.1x) and casfs/copy-restore, the
+filesystem the nodes wrote on (``workdir_fs``; ``--journaled-scratch``: a fresh
+journaled ext4, as a node's disk), and whether every run hit the cache and
+computed the same output. A ratio, never an assertion.
 """
 
 from __future__ import annotations

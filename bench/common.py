@@ -242,8 +242,9 @@ def scratch_fs(path: Path) -> dict[str, Any]:
     journal (None where that is not known). An ext4 without one (this VM's root) checks
     every inode it is about to hand out against the ones deleted in the last minutes
     (``recently_deleted``), so after a run's churn each file created costs several times
-    more and swings with the minute; a node's disk keeps a journal: ``--workdir`` on such a
-    filesystem gives the figures a node would see (docs/performance.md)."""
+    more and swings with the minute. A node's disk keeps a journal: ``journaled_scratch``
+    (or ``--workdir`` on such a filesystem) gives the figures a node would see
+    (docs/performance.md, "A node's disk keeps a journal")."""
     dev = os.stat(path).st_dev
     fstype, source = "?", "?"
     with open("/proc/self/mountinfo") as f:
