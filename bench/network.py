@@ -1,7 +1,10 @@
 """A fresh node across a network (issue 23): casfs against copy-restore at 20 ms RTT.
 
-Usage: ``python -m bench.network [--runs 3] [--quick] [--rtt-ms 20] [--json FILE]``
-(also ``bench/run --only network``: opt-in, not in the default set).
+Usage: ``python -m bench.network [--runs 3] [--quick] [--rtt-ms 20]
+[--journaled-scratch] [--json FILE]`` (also ``bench/run --only network``: opt-in,
+not in the default set). ``--journaled-scratch``: the nodes write on a fresh
+journaled ext4, as a node's disk (this VM's root ext4 has none, which makes
+every file created dearer: bench.common.scratch_fs; the JSON's ``workdir_fs``).
 
 The shared root is an S3 root on SeaweedFS behind tests/netem.py's proxy, which
 adds a one-way delay both ways (20 ms RTT; beside it 0 delay, ~0.1 ms through
