@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import logging
 import os
 import signal
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -16,6 +18,8 @@ from casfs.errors import CasfsError, DaemonUnavailableError, UsageError
 from casfs.node import control
 from casfs.node.config import MountConfig
 from casfs.util.defaults import default_root, default_state_dir
+
+log = logging.getLogger(__name__)
 
 
 def make_config(args: argparse.Namespace, family: str, mountpoint: Path,
@@ -139,10 +143,10 @@ def cmd_umount(args: argparse.Namespace) -> int:
     return 0
 
 
-def prewarm(workers: list[Any]) -> None:
+def prewarm(workers: list[Any], stop: threading.Event | None = None) -> None:
     """--wait-warm: the mounts are warm-ready; look the linked hot set up once through
     each overlay (from here, the job's side), so the job's first touch runs at warm
-    speed (casfs.view.overlay.prewarm)."""
+    speed (casfs.view.overlay.prewarm). ``stop`` set: no more of it."""
     from casfs.node.guard import mounts_at
     from casfs.view import overlay
 
@@ -152,7 +156,28 @@ def prewarm(workers: list[Any]) -> None:
         if top and top[0].fstype == "overlay":  # not a mount that fell back to fuse
             links = overlay.links_of(top[0].options)  # a successor's are its own
             if links is not None:
-                overlay.prewarm(links, cfg.mountpoint)
+                overlay.prewarm(links, cfg.mountpoint, stop)
+
+
+class Prewarm:
+    """``prewarm`` in a thread, beside the job's start; ``stop`` ends it (the job ended:
+    its mounts go next) and waits for it."""
+
+    def __init__(self, workers: list[Any]) -> None:
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(workers,),
+                                        name="casfs-prewarm", daemon=True)
+        self._thread.start()
+
+    def _run(self, workers: list[Any]) -> None:
+        try:
+            prewarm(workers, self._stop)
+        except Exception as e:  # a head start only: the job looks its files up itself
+            log.debug("prewarm: %s", e)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from casfs import families
 from casfs.cli import summary
-from casfs.cli.mounts import make_config, prewarm
+from casfs.cli.mounts import Prewarm, make_config
 from casfs.cli.options import family_opts, mount_opts
 from casfs.cli.output import emit_json
 from casfs.errors import CasfsError, UsageError
@@ -179,8 +179,11 @@ def cmd_run(args: argparse.Namespace) -> int:
                       default_families=(list(families.DEFAULT_DAEMON) if args.family is None
                                         else None),
                       verbose=args.verbose)
-    if jc.workers and args.mode == "overlay" and args.wait_warm:
-        prewarm(jc.workers)
+    # The linked hot set looked up through each overlay beside the job's start (its
+    # interpreter's, its imports': tens of ms to seconds), not before it: a name the
+    # job reaches first it looks up itself, as it would without.
+    warming = Prewarm(jc.workers) if (jc.workers and args.mode == "overlay"
+                                      and args.wait_warm) else None
     env = dict(os.environ)
     env.update(cache_vars(jc.paths, env, args.companions))
     if jc.lease is not None:
@@ -198,6 +201,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             rc = proc.wait()
         finally:
             job_ended = time.time()
+            if warming is not None:
+                warming.stop()
             for s, h in old.items():
                 signal.signal(s, h)
     except OSError as e:  # as a shell: 127 not found, 126 found but not runnable

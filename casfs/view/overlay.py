@@ -53,6 +53,7 @@ import dataclasses
 import errno
 import logging
 import os
+import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -384,17 +385,20 @@ def _mkdirs(links: Path, rel: str, made: set[str], dir_mode: int,
     made.add(rel)
 
 
-def prewarm(links: Path, mountpoint: Path) -> int:
+def prewarm(links: Path, mountpoint: Path, stop: threading.Event | None = None) -> int:
     """Look up every linked file through the overlay once (lstat): a launcher's step
     between warm-ready and the job's start, from the job's side, never the mount
     process's (it does not touch its own mount). A new overlay mount builds its
     dentries and inodes on each name's first lookup (~4.6 us a file here, a third
     of a warm read); done here, the job's first touch runs at warm speed. Linked
     directories are sealed (opaque), so these lookups never reach the FUSE layer.
-    Returns the number of files looked up; errors (a file deleted meanwhile) skip."""
+    Returns the number of files looked up; errors (a file deleted meanwhile) skip.
+    ``stop`` set: no further directory is looked at."""
     n = 0
     top = str(links)
     for dirpath, _, names in os.walk(top):
+        if stop is not None and stop.is_set():
+            break
         rel = os.path.relpath(dirpath, top)
         base = str(mountpoint) if rel == "." else os.path.join(mountpoint, rel)
         # Listed too: a directory merged with the FUSE layer (the root, a partly local
