@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from typing import Protocol
 
 from casfs.index import keyspace as ks
-from casfs.index.tree import DIR, LowerNode, walk
+from casfs.index.tree import DIR, LowerNode
 from casfs.store.entry import Entry
 from casfs.store.generations import RELOCATE
 
@@ -58,6 +58,7 @@ class MemLowerTree:
         self._dirs = set(dirs)
         self._dirs.add("")
         self._kids: dict[str, list[str]] | None = None
+        self._order: list[str] | None = None  # every file's path, in walk order
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
@@ -97,8 +98,18 @@ class MemLowerTree:
                 for n in names)
 
     def walk(self, dirpath: str = "") -> Iterator[Entry]:
-        """Every file under ``dirpath``, depth first, in name order."""
-        return walk(self, dirpath)
+        """Every file under ``dirpath``, depth first, in name order: the paths sorted by
+        their components once (a fresh node's prefetch plan, its links layer and the
+        final pass each walk the whole tree; a walk by listings was 5x slower)."""
+        order = self._order
+        if order is None:
+            order = sorted(self._entries, key=lambda p: p.split("/"))
+            self._order = order  # (two threads may sort it at once: the same list)
+        entries = self._entries
+        if dirpath:
+            pre = dirpath + "/"
+            return (served_form(entries[p]) for p in order if p.startswith(pre))
+        return (served_form(entries[p]) for p in order)
 
 
 class _SeqTree(Protocol):

@@ -877,6 +877,20 @@ class LocalObjectCache:
             return False
         return stat.S_ISREG(st.st_mode) and st.st_size == size
 
+    def local_digests(self) -> set[str]:
+        """Digests of every object in the local cache: one listing of its fan-out dirs,
+        not a stat per object (a fresh node's cache is empty: one failed listing)."""
+        out: set[str] = set()
+        try:
+            fans = list(os.scandir(self._dir))
+        except FileNotFoundError:
+            return out
+        for fan in fans:
+            if len(fan.name) == 2 and fan.is_dir(follow_symlinks=False):
+                with os.scandir(fan.path) as it:
+                    out.update(fan.name + f.name for f in it if len(f.name) == 62)
+        return out
+
     def trusted_digest(self, digest: str) -> bool:
         """Whether this process verified a file of ``digest`` already (no I/O: the
         prefetch plans without the objects it has; an open still checks the file)."""

@@ -152,7 +152,7 @@ class Access:
         return [p for p, _ in paths]
 
     def start_prefetch(self, cache: LocalObjectCache, hot_set: Callable[[], list[str]],
-                       paced: bool = True) -> None:
+                       paced: bool = True, on_idle: Callable[[], None] | None = None) -> None:
         cfg = self.cfg
         if not cfg.prefetch or self.prefetcher is not None or self.link.root is None:
             return
@@ -162,7 +162,7 @@ class Access:
             max_bytes=min(cfg.cache_max_bytes, 4 << 30) // 2,
             origin=self.origin, paced=paced,
             # never more than half the local cache: a larger namespace stays lazy
-            budget=min(cfg.prefetch_budget, cfg.cache_max_bytes // 2))
+            budget=min(cfg.prefetch_budget, cfg.cache_max_bytes // 2), on_idle=on_idle)
         self.prefetcher.start(hot_set)
 
     def wait_warm(self, timeout: float) -> bool | None:

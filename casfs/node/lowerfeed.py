@@ -43,6 +43,7 @@ class FeedListener(Protocol):
 
 class LowerFeed:
     INDEX_CHUNK = 8192  # rows per write transaction while serving: stop is checked between
+    INDEX_HOLD = 10.0  # seconds a held start waits for index_now at most (see start)
 
     def __init__(self, cfg: MountConfig, rules: CacheRules, index: NodeIndex, link: RootLink,
                  counters: Counters) -> None:
@@ -57,6 +58,7 @@ class LowerFeed:
         self._may_stage = True
         self._staged: tuple[Record, list[list[Entry]], MemLowerTree] | None = None
         self._stop_indexing = threading.Event()
+        self._index_now = threading.Event()  # see start(held=...)
         self._replaced_pending: set[str] = set()
         # Paths an ingest added while serving: the view drops the kernel's negative
         # dentries for them once they are served (casfs.view.op_base.lower_added).
@@ -73,10 +75,22 @@ class LowerFeed:
             self._indexer = threading.Thread(target=self._write_staged_rows,
                                              name=f"casfs-index-{cfg.namespace}", daemon=True)
 
-    def start(self) -> None:
-        """Start writing the staged generation's rows (if any) in the background."""
+    def start(self, held: bool = False) -> None:
+        """Start writing the staged generation's rows (if any) in the background.
+
+        ``held``: not before ``index_now`` (at most INDEX_HOLD seconds): a fresh node's
+        whole-namespace prefetch plans by walking the staged generation in memory (a
+        walk of LMDB's rows is several times slower), and the rows' CPU is not taken
+        from its installs on a small node. Lookups are answered from memory meanwhile;
+        whoever needs the rows (a refresh, ``wait_indexed``) asks for them at once."""
+        if not held:
+            self._index_now.set()
         if self._indexer is not None:
             self._indexer.start()
+
+    def index_now(self) -> None:
+        """Write the rows now (a held start's wait ends)."""
+        self._index_now.set()
 
     # --- reading generations -----------------------------------------------------
     def _initial_seq(self) -> int:
@@ -183,6 +197,7 @@ class LowerFeed:
         """The indexer thread: the staged generation's rows into LMDB, then its state."""
         assert self._staged is not None
         rec, parts, _ = self._staged
+        self._index_now.wait(self.INDEX_HOLD)
         ns, t0 = self.cfg.namespace, time.monotonic()
         try:
             self._staged[2].index_dirs()  # before the job's first listing needs it
@@ -208,12 +223,14 @@ class LowerFeed:
 
     def wait_indexed(self, timeout: float | None = None) -> bool:
         """Whether the served generation's rows are in LMDB (waits up to ``timeout``)."""
+        self.index_now()
         return self.lower.indexed.wait(timeout) and not self.lower.staged
 
     # --- refresh -------------------------------------------------------------------
     def refresh(self) -> dict[str, Any]:
         """Serve the newest generation if it is newer; {"ok", "served_seq"} or the error."""
         # A newer generation is added to the rows: the staged one's must be written first.
+        self.index_now()
         self.lower.indexed.wait()
         # One refresh at a time (the periodic one, publish's, the control command's):
         # a second one could report the new seq before the first told the view which
@@ -254,5 +271,6 @@ class LowerFeed:
     def close(self) -> None:
         """Stop the indexer (at most one chunk more: then the index may be closed)."""
         self._stop_indexing.set()
+        self.index_now()
         if self._indexer is not None and self._indexer.is_alive():
             self._indexer.join()

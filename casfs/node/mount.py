@@ -218,7 +218,7 @@ class MountService:
             if n:
                 log.info("%s: %d upper files from before are awaiting promotion", cfg.name, n)
         self.feed.listener = self.server
-        self.feed.start()
+        self.feed.start(held=cfg.prefetch)  # until the prefetch's plan or fetch ends
 
     def _keep_view_state(self, hosted: bool) -> None:
         """A fuse mode mount of its own, or an overlay mode one's FUSE layer on the plain
@@ -383,7 +383,9 @@ class MountService:
     def start_prefetch(self, paced: bool = True) -> None:
         self.publication.prepare()  # served now: the promotion worker's root, meanwhile
         self.access.start_prefetch(self.cache, lambda: self.access.hot_set(self.served_seq),
-                                   paced)
+                                   paced, on_idle=self.feed.index_now)
+        if self.access.prefetcher is None:
+            self.feed.index_now()
 
     def wait_warm(self, timeout: float) -> None:
         """Hold mount-ready until the hot set is local, at most ``timeout`` seconds.

@@ -69,6 +69,7 @@ class Prefetcher:
         origin: float | None = None,
         paced: bool = True,
         budget: int = 0,
+        on_idle: Callable[[], None] | None = None,
     ) -> None:
         self.cache = cache
         self.lower = lower
@@ -95,6 +96,9 @@ class Prefetcher:
         self._running = 0
         self.finished = threading.Event()  # every worker ended: warm, bounded or stopped
         self.warm_ready_s: float | None = None
+        # Called once when the prefetch no longer needs the node to itself: a lazy one
+        # once planned, a whole-namespace one once ended (the mount's index rows wait).
+        self._on_idle = on_idle
 
     def start(self, load_paths: Callable[[], list[str]]) -> None:
         """Read the hot set (``load_paths``, off the caller's thread) and fetch it."""
@@ -113,6 +117,14 @@ class Prefetcher:
             self._plan_and_start(load_paths)
         finally:
             self.cache.bulk_planned()
+            if not self._waves or self._running == 0:  # lazy, or no worker started
+                self._idle()
+
+    def _idle(self) -> None:
+        with self._lock:
+            fn, self._on_idle = self._on_idle, None
+        if fn is not None:
+            fn()
 
     def _plan_and_start(self, load_paths: Callable[[], list[str]]) -> None:
         try:
@@ -160,9 +172,12 @@ class Prefetcher:
         rest.sort(key=lambda e: e.path.split("/"))
         order: list[Entry] = []
         seen: set[str] = set()
+        listed = self.cache.local_digests()  # (a fresh node: none, and no stat per file)
         for e in [*self._todo, *rest]:
             # What the node has already (a remount) is verified by its first open, as before.
-            if e.digest not in seen and not self.cache.on_node(e.digest, e.size):
+            if e.digest not in seen and not (
+                    (e.digest in listed or self.cache.trusted_digest(e.digest))
+                    and self.cache.on_node(e.digest, e.size)):
                 seen.add(e.digest)
                 order.append(e)
         self._todo = []
@@ -248,6 +263,7 @@ class Prefetcher:
             log.info("prefetch: warm-ready %.2fs after the mount's start (%d files,"
                      " %d bytes)", self.warm_ready_s, len(self._prefetched), self._bytes)
         if last:
+            self._idle()
             self.finished.set()
 
     def _one(self, e: Entry) -> None:

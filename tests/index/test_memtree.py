@@ -96,3 +96,31 @@ def test_staged_tree_switches_to_lmdb(tmp_path: Path) -> None:
         assert staged.lookup("z") is DIR
     finally:
         ix.close()
+
+
+def test_memory_walk_is_the_listing_walks_order(tmp_path: Path) -> None:
+    """The sorted walk visits files depth first in name order, as a walk by listings and
+    LMDB's rows do: names sorting around "/" ('-' and '.' before it, 'b' after) too."""
+    from casfs.index.tree import walk
+
+    root = SharedRoot.open(tmp_path / "root", create=True)
+    gens = root.generations()
+    names = ["a.b", "a/c", "a-b/x", "a/b.c", "a/b/d", "ab", "a/b-", "a0/z", "A/q", "a/b/c/e"]
+    gens.publish("ns", [put(root, n, n.encode()) for n in names], node="n1")
+    _, rec, snap = gens.newest_valid("ns")
+    assert rec is not None
+    ix = NodeIndex.open(tmp_path / "state")
+    try:
+        for part in rec.parts:
+            ix.add_entries("ns", rec.seq, gens.part_entries(part))
+        db = ix.lower_tree("ns", rec.seq)
+        mem = MemLowerTree(snap.entries, snap.dirs)
+        got = [e.path for e in mem.walk()]
+        assert got == [e.path for e in walk(mem, "")] == [e.path for e in db.walk()]
+        assert got.index("a/c") < got.index("a-b/x") < got.index("a.b")  # not string order
+        assert sorted(got) == sorted(names)
+        assert [e.path for e in mem.walk("a")] == [e.path for e in walk(mem, "a")] == \
+            ["a/b/c/e", "a/b/d", "a/b-", "a/b.c", "a/c"]
+        assert [e.path for e in mem.walk()] == got  # again, from the kept order
+    finally:
+        ix.close()

@@ -73,6 +73,7 @@ def test_stopped_indexing_records_no_state_and_is_redone(tmp_path: Path,
     monkeypatch.setattr(LowerFeed, "INDEX_CHUNK", 1)
     monkeypatch.setattr(NodeIndex, "add_entries", slow)
     svc = MountService(config(tmp_path), hosted=True)
+    svc.feed.index_now()  # (held for the prefetch, which a mount not serving never starts)
     assert started.wait(10)
     svc.close()  # stops the indexer between two rows, then returns
     assert svc.lower.staged  # never switched: its rows are incomplete
@@ -84,3 +85,26 @@ def test_stopped_indexing_records_no_state_and_is_redone(tmp_path: Path,
         assert sum(1 for _ in again.index.lower_tree("testns", 2).walk()) == N
     finally:
         again.close()
+
+
+def test_a_held_index_waits_for_the_prefetch_or_a_reader(tmp_path: Path) -> None:
+    """A mount whose prefetch plans from the staged generation in memory writes its rows
+    once asked: not at construction; at once for wait_indexed (or the prefetch's end)."""
+    publish(tmp_path / "root")
+    svc = MountService(config(tmp_path), hosted=True)
+    try:
+        assert svc.lower.staged
+        time.sleep(0.3)
+        assert svc.lower.staged and svc.index.ns_state("testns") is None  # held
+        assert svc.wait_indexed(30) and not svc.lower.staged
+        assert svc.index.ns_state("testns") is not None
+    finally:
+        svc.close()
+    other = tmp_path / "other"
+    publish(other / "root")
+    svc = MountService(config(other), hosted=True)
+    try:
+        svc.start_prefetch()  # a small namespace, fetched whole: rows after it ends
+        assert svc.lower.indexed.wait(5) and not svc.lower.staged  # (not the 10 s hold)
+    finally:
+        svc.close()

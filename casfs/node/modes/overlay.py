@@ -229,7 +229,7 @@ class OverlayServer:
         paths = self.paths
         t0 = time.monotonic()
         present = p.presenter()
-        local = self._local_digests()  # one listing, not a stat per entry
+        local = p.cache.local_digests()  # one listing, not a stat per entry
         entries = p.lower.walk() if local else iter(())  # a fresh node: nothing to link
 
         def local_path(e: Entry) -> str | None:
@@ -331,19 +331,6 @@ class OverlayServer:
             else:
                 overlay.unmount(self.parts.cfg.mountpoint)
             self._mounted = False
-
-    def _local_digests(self) -> set[str]:
-        """Digests of every object in the local cache (a listing of its fan-out dirs)."""
-        out: set[str] = set()
-        try:
-            fans = list(os.scandir(self.parts.cache.directory))
-        except FileNotFoundError:
-            return out
-        for fan in fans:
-            if len(fan.name) == 2 and fan.is_dir(follow_symlinks=False):
-                with os.scandir(fan.path) as it:
-                    out.update(fan.name + f.name for f in it if len(f.name) == 62)
-        return out
 
     def close(self) -> None:
         self.ops.close_idle()
