@@ -410,6 +410,10 @@ class LocalObjectCache:
     def path_of(self, digest: str) -> Path:
         return object_path(self.directory, digest)
 
+    def file_of(self, digest: str) -> str:
+        """``path_of`` as a string, without pathlib (per file of a fresh node's links)."""
+        return f"{self._dir}/{digest[:2]}/{digest[2:]}"
+
     # --- ObjectFetcher ------------------------------------------------------
 
     def fetch(self, entry: Entry) -> str:

@@ -201,7 +201,7 @@ class OverlayServer:
     def _cached_path(self, e: Entry) -> str | None:
         """The local object of ``e`` if it has ``e``'s size: a damaged local copy is
         never linked (the FUSE layer refetches it)."""
-        path = str(self.parts.cache.path_of(e.digest))
+        path = self.parts.cache.file_of(e.digest)
         try:
             return path if os.stat(path).st_size == e.size else None
         except OSError:
