@@ -161,7 +161,10 @@ def prewarm(workers: list[Any], stop: threading.Event | None = None) -> None:
 
 class Prewarm:
     """``prewarm`` in a thread, beside the job's start; ``stop`` ends it (the job ended:
-    its mounts go next) and waits for it."""
+    its mounts go next) and waits for it, briefly: a lookup stuck in a mount that no
+    longer answers must not hold the job's exit (the thread is a daemon)."""
+
+    JOIN = 1.0  # seconds
 
     def __init__(self, workers: list[Any]) -> None:
         self._stop = threading.Event()
@@ -177,7 +180,7 @@ class Prewarm:
 
     def stop(self) -> None:
         self._stop.set()
-        self._thread.join()
+        self._thread.join(self.JOIN)
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
