@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from casfs.index.memtree import MemLowerTree, StagedLowerTree
 from casfs.index.node_index import NodeIndex
@@ -37,17 +40,27 @@ def published(tmp_path: Path) -> tuple[SharedRoot, list[str]]:
     return root, paths
 
 
-def test_memory_tree_answers_as_lmdb_rows_do(tmp_path: Path) -> None:
-    root, paths = published(tmp_path)
+@contextlib.contextmanager
+def both_trees(tmp_path: Path, root: SharedRoot) -> Iterator[tuple[MemLowerTree, Any]]:
+    """The newest generation of "ns" in memory and as LMDB rows."""
     gens = root.generations()
     _, rec, snap = gens.newest_valid("ns")
-    assert rec is not None and len(rec.parts) > 1  # several parts, merged
+    assert rec is not None
     ix = NodeIndex.open(tmp_path / "state")
     try:
         for part in rec.parts:
             ix.add_entries("ns", rec.seq, gens.part_entries(part))
-        db = ix.lower_tree("ns", rec.seq)
-        mem = MemLowerTree(snap.entries, snap.dirs)
+        yield MemLowerTree(snap.entries, snap.dirs), ix.lower_tree("ns", rec.seq)
+    finally:
+        ix.close()
+
+
+def test_memory_tree_answers_as_lmdb_rows_do(tmp_path: Path) -> None:
+    root, paths = published(tmp_path)
+    gens = root.generations()
+    _, rec, _ = gens.newest_valid("ns")
+    assert rec is not None and len(rec.parts) > 1  # several parts, merged
+    with both_trees(tmp_path, root) as (mem, db):
         for p in paths:
             assert mem.lookup(p) == db.lookup(p), p
             assert list(mem.children(p)) == list(db.children(p)), p
@@ -57,8 +70,6 @@ def test_memory_tree_answers_as_lmdb_rows_do(tmp_path: Path) -> None:
         grp = mem.lookup("g/__grp__k.json")
         assert isinstance(grp, Entry) and grp.extras == {"relocate": 2}
         assert mem.lookup("p") == db.lookup("p") and mem.lookup("p").extras is None  # type: ignore[union-attr]
-    finally:
-        ix.close()
 
 
 def test_memory_tree_is_a_copy(tmp_path: Path) -> None:
@@ -107,14 +118,7 @@ def test_memory_walk_is_the_listing_walks_order(tmp_path: Path) -> None:
     gens = root.generations()
     names = ["a.b", "a/c", "a-b/x", "a/b.c", "a/b/d", "ab", "a/b-", "a0/z", "A/q", "a/b/c/e"]
     gens.publish("ns", [put(root, n, n.encode()) for n in names], node="n1")
-    _, rec, snap = gens.newest_valid("ns")
-    assert rec is not None
-    ix = NodeIndex.open(tmp_path / "state")
-    try:
-        for part in rec.parts:
-            ix.add_entries("ns", rec.seq, gens.part_entries(part))
-        db = ix.lower_tree("ns", rec.seq)
-        mem = MemLowerTree(snap.entries, snap.dirs)
+    with both_trees(tmp_path, root) as (mem, db):
         got = [e.path for e in mem.walk()]
         assert got == [e.path for e in walk(mem, "")] == [e.path for e in db.walk()]
         assert got.index("a/c") < got.index("a-b/x") < got.index("a.b")  # not string order
@@ -122,5 +126,3 @@ def test_memory_walk_is_the_listing_walks_order(tmp_path: Path) -> None:
         assert [e.path for e in mem.walk("a")] == [e.path for e in walk(mem, "a")] == \
             ["a/b/c/e", "a/b/d", "a/b-", "a/b.c", "a/c"]
         assert [e.path for e in mem.walk()] == got  # again, from the kept order
-    finally:
-        ix.close()
