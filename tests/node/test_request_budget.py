@@ -352,7 +352,12 @@ def test_a_named_namespace_is_read_while_the_mount_process_starts(
             for a, b in ((marker, lists[0]), (head, rec), (man, pro)):
                 assert a.end is not None and b.end is not None
                 assert a.start < b.end and b.start < a.end, (a, b)
-            assert not head.fresh and not rec.fresh, (head, rec)
+            # On the pool the marker and the LIST warmed: never both on new connections
+            # (a second client, or none kept). One of the pair may find the pool one
+            # short: the HTTP client returns a finished request's connection to its pool
+            # from its own runtime thread, and on loaded cores that can lag the next
+            # request by a moment (CI, 2 workers: the record's GET on a third connection).
+            assert not (head.fresh and rec.fresh), (head, rec)
         else:
             assert manifests == [], paths  # the generation it served: nothing new to read
 
