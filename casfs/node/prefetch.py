@@ -168,8 +168,7 @@ class Prefetcher:
                 log.info("prefetch: the namespace is over the prefetch budget (%d bytes):"
                          " lazy", self.budget)
                 return False
-            rest.append(e)
-        rest.sort(key=lambda e: e.path.split("/"))
+            rest.append(e)  # (every walk yields depth first, in name order)
         order: list[Entry] = []
         seen: set[str] = set()
         listed = self.cache.local_digests()  # (a fresh node: none, and no stat per file)
