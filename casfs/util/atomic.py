@@ -145,12 +145,14 @@ def replace_file(tmp: Path, target: Path, *, sync: bool = True) -> None:
         fsync_dir(target.parent)
 
 
-def write_atomic(target: str | os.PathLike[str], data: bytes, *, mode: int = 0o644) -> None:
-    """Durably replace ``target`` with ``data``."""
+def write_atomic(target: str | os.PathLike[str], data: bytes, *, mode: int = 0o644,
+                 sync: bool = True) -> None:
+    """Durably replace ``target`` with ``data``; ``sync`` False: atomically only (a
+    reader sees the old file or the new one whole; a system crash may keep the old)."""
     target = Path(target)
-    with staged_file(target.parent, "w-", mode) as (f, tmp):
+    with staged_file(target.parent, "w-", mode, sync=sync) as (f, tmp):
         f.write(data)
-    replace_file(tmp, target)
+    replace_file(tmp, target, sync=sync)
 
 
 def create_exclusive(target: str | os.PathLike[str], data: bytes, staging_dir: Path) -> bool:

@@ -49,6 +49,30 @@ def test_sync_filesystem_runs(tmp_path: Path) -> None:
     sync_filesystem(tmp_path)  # syncfs(2) on a real directory: no error
 
 
+def test_the_mount_registry_is_written_whole_without_waiting_on_the_disk(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A running mount's registry entry is replaced atomically but not fsynced: on a
+    fresh node's journaled disk that fsync waited ~65 ms behind the fetched namespace's
+    writeback, between the overlay's mount and READY. What needs to survive a crash
+    (a durable write_atomic) still syncs."""
+    import os
+
+    from casfs.node import control
+    from casfs.util.atomic import write_atomic
+
+    synced: list[int] = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(fd), real_fsync(fd))[1])
+    run = tmp_path / "run"
+    control.write_registry(run, "m", {"name": "m", "pid": os.getpid(), "mountpoint": "/x"})
+    control.write_registry(run, "m", {"name": "m", "pid": os.getpid(), "mountpoint": "/y"})
+    assert synced == []
+    assert [e["mountpoint"] for e in control.registered(run)] == ["/y"]
+    assert sorted(p.name for p in run.iterdir()) == ["m.json", "m.json.lock"]  # no temp left
+    write_atomic(tmp_path / "durable", b"x")
+    assert len(synced) == 2  # the file, then its directory
+
+
 @pytest.mark.expect_log(
     r"rejected object: object \w+: truncated header",
     r"repaired damaged object ",
