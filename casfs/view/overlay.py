@@ -197,16 +197,26 @@ def build_links(
     """
     from concurrent.futures import ThreadPoolExecutor
 
+    rep = LinkReport()
+    made: set[str] = set()
     done = early.done if early is not None else {}
     if early is None:
         _reset(links, dir_mode, owner)
+    else:  # what it made is made (its directories too): only counted here
+        made |= early.made
     # One task per top-level directory (a Triton or Inductor key dir), a few at once:
     # a fresh node makes thousands of inodes here right after its fetch, and each is a
     # syscall that waits on the disk's metadata (0.1-0.9 ms on ext4 here) with the
     # GIL released. No two tasks touch one directory: the top's own files are a task.
     groups: dict[str, list[Entry]] = {}
     for e in entries:  # read here: the index's read transaction is this thread's
-        groups.setdefault(e.path.split("/", 1)[0] if "/" in e.path else "", []).append(e)
+        generated = done.get(e.path)
+        if generated is None:
+            groups.setdefault(e.path.split("/", 1)[0] if "/" in e.path else "", []).append(e)
+        elif generated:
+            rep.generated += 1
+        else:
+            rep.linked += 1
 
     def link_group(group: list[Entry]) -> tuple[LinkReport, set[str], set[str]]:
         made: set[str] = {""}
@@ -221,17 +231,6 @@ def build_links(
                 d = os.path.dirname(d)
 
         for e in group:
-            generated = done.get(e.path)
-            if generated is not None:  # made early (its directories too)
-                if generated:
-                    rep.generated += 1
-                else:
-                    rep.linked += 1
-                d = os.path.dirname(e.path)
-                while d not in made:
-                    made.add(d)
-                    d = os.path.dirname(d)
-                continue
             src = local_path(e)
             if src is None:
                 absent(e.path)
@@ -249,8 +248,6 @@ def build_links(
                 absent(e.path)
         return rep, made, partial
 
-    rep = LinkReport()
-    made: set[str] = set()
     partial: set[str] = set()
     with ThreadPoolExecutor(LINK_THREADS, thread_name_prefix="links") as pool:
         for r, m, p in pool.map(link_group, groups.values()):
@@ -343,6 +340,11 @@ class EarlyLinks:
     def join(self) -> None:
         """Wait for that (before the final pass runs)."""
         self._thread.join()
+
+    @property
+    def made(self) -> set[str]:
+        """The directories made (relative; "" the top), once joined."""
+        return self._made
 
     def _run(self, entries: Iterable[Entry]) -> None:
         by_digest: dict[str, list[Entry]] = {}
