@@ -29,7 +29,7 @@ from casfs.node import logfmt
 from casfs.node.config import HostConfig, MountConfig, dump_config, load_config
 from casfs.util import owned
 from casfs.util.child import CHILD_CWD, child_env, python_module
-from casfs.util.fdwait import readable
+from casfs.util.fdwait import readable, wait_exit
 
 log = logging.getLogger(__name__)
 
@@ -102,7 +102,7 @@ class Worker:
         if self.proc.poll() is None:
             self.proc.terminate()
             try:
-                self.proc.wait(timeout)
+                wait_exit(self.proc, timeout)
             except subprocess.TimeoutExpired:
                 log.error("%s: mount process did not stop in %.0fs; killing it",
                           self.cfg.name, timeout)
