@@ -90,6 +90,7 @@ class RootLink:
             self.error = None
             if not self.root.is_local:  # the fetch worker's open need not GET it again
                 self.spec["marker"] = self.root.marker
+                self._prepare_worker()
             # A packed object fetched before any manifest was read this run (a
             # restarted mount serving its indexed generation): learn where packs
             # hold it from the namespace's newest generation, once.
@@ -104,6 +105,24 @@ class RootLink:
             self.counters.inc("root_unavailable")
             log.error("%s: shared root unavailable, serving local state only: %s",
                       cfg.name, e)
+
+    def _prepare_worker(self) -> None:
+        """Have the fetch worker open this object store root now, in the background,
+        while the mount builds and plans (its client's setup, no request: the marker
+        goes with the spec); a fresh node's first whole-namespace fetch waited for it.
+        A failure is only logged: the first fill opens it again."""
+        if not fetchproc.enabled():
+            return
+        msg = {"op": "prepare", "root": self.spec, "ns": self.cfg.namespace}
+
+        def run() -> None:
+            try:
+                fetch_worker(self.cfg).call(msg, lambda: None, self.counters)
+            except (CasfsError, OSError) as e:
+                log.debug("%s: preparing the fetch worker: %s", self.cfg.name, e)
+
+        threading.Thread(target=run, name=f"casfs-fetch-prepare-{self.cfg.namespace}",
+                         daemon=True).start()
 
     def ensure(self) -> SharedRoot | None:
         """The handle, opened again first if it is not there (and may be retried)."""
