@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import blake3
 
@@ -56,31 +56,57 @@ INSTALL_THREADS = 2
 INSTALL_BATCH = 64
 
 
+V = TypeVar("V")
+
+
+class OpenOnce(Generic[V]):
+    """What a worker opens per key (a root spec and a namespace), made once: a request
+    for a key still being opened (a ``prepare``, then the first fill or round) waits
+    for that opening instead of making its own. ``keep``: at most this many, the least
+    recently used dropped first (None: all)."""
+
+    def __init__(self, keep: int | None = None) -> None:
+        self._lock = threading.Lock()
+        self._made: dict[str, V] = {}
+        self._opening: dict[str, threading.Lock] = {}
+        self._keep = keep
+
+    def get(self, key: str, make: Callable[[], V]) -> V:
+        with self._lock:
+            got = self._made.pop(key, None)
+            if got is not None:
+                self._made[key] = got  # the most recently used last
+                return got
+            opening = self._opening.setdefault(key, threading.Lock())
+        with opening:
+            try:
+                with self._lock:
+                    got = self._made.get(key)
+                if got is None:
+                    got = make()
+                with self._lock:
+                    got = self._made.setdefault(key, got)
+                    while self._keep is not None and len(self._made) > self._keep:
+                        self._made.pop(next(iter(self._made)))
+            finally:
+                with self._lock:
+                    self._opening.pop(key, None)
+        return got
+
+
 class _Roots:
     """Shared roots by (spec, namespace): a namespace's pack locations load once."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._roots: dict[str, Any] = {}
-        self._opening: dict[str, threading.Lock] = {}  # one open of a root at a time
+        self._roots: OpenOnce[Any] = OpenOnce()
         self._sent: dict[str, dict[str, int]] = {}
 
     def get(self, spec: dict[str, Any], namespace: str) -> tuple[str, Any]:
         import json
 
         key = json.dumps([spec, namespace], sort_keys=True)
-        with self._lock:
-            root = self._roots.get(key)
-            opening = self._opening.setdefault(key, threading.Lock())
-        if root is None:
-            with opening:  # a request behind a ``prepare`` waits for its open, not a second
-                with self._lock:
-                    root = self._roots.get(key)
-                if root is None:
-                    root = _open_root(spec, namespace)
-                    with self._lock:
-                        self._roots[key] = root
-        return key, root
+        return key, self._roots.get(key, lambda: _open_root(spec, namespace))
 
     def counters_delta(self, key: str, root: Any) -> dict[str, int]:
         """Counters moved since the last reply for this root (the mount adds them to its own)."""

@@ -49,7 +49,7 @@ from typing import Any, cast
 from casfs import families
 from casfs.errors import CasfsError
 from casfs.index.node_index import NodeIndex
-from casfs.node.fetchworker import ChildServer, start_child
+from casfs.node.fetchworker import ChildServer, OpenOnce, start_child
 from casfs.promote.promoter import Promoter
 from casfs.promote.publisher import Publisher, profile_options
 from casfs.store.backend import Backend
@@ -181,8 +181,10 @@ class Worker(ChildServer):
         self._lock = threading.Lock()
         self._busy = threading.Condition(self._lock)  # a request is in flight
         self._index: NodeIndex | None = None
-        self._spaces: dict[str, _Namespace] = {}
-        self._opening: dict[str, threading.Lock] = {}  # a namespace's opening in progress
+        # One opening per namespace: requests that come together (a release's two
+        # records, beside a prepare still reading the marker) wait for it, not each
+        # read the marker again; released namespaces' caches go past MAX_SPACES.
+        self._spaces: OpenOnce[_Namespace] = OpenOnce(keep=MAX_SPACES)
         self.activity = _Activity()
         self._inflight: dict[int, int] = {}  # request id -> activity count last reported
 
@@ -223,27 +225,8 @@ class Worker(ChildServer):
             return self._index
 
     def space(self, spec: dict[str, Any], ns: str) -> _Namespace:
-        key = json.dumps([spec, ns], sort_keys=True)
-        with self._lock:
-            sp = self._spaces.pop(key, None)
-            if sp is not None:
-                self._spaces[key] = sp  # the most recently used last
-                return sp
-            opening = self._opening.setdefault(key, threading.Lock())
-        # One opening per namespace: requests that come together (a release's two
-        # records, beside a prepare still reading the marker) wait for it, not each
-        # read the marker again.
-        with opening:
-            with self._lock:
-                sp = self._spaces.get(key)
-            if sp is None:
-                sp = _Namespace(spec, ns, self.activity)
-            with self._lock:
-                sp = self._spaces.setdefault(key, sp)
-                self._opening.pop(key, None)
-                while len(self._spaces) > MAX_SPACES:  # released namespaces' caches go
-                    self._spaces.pop(next(iter(self._spaces)))
-        return sp
+        return self._spaces.get(json.dumps([spec, ns], sort_keys=True),
+                                lambda: _Namespace(spec, ns, self.activity))
 
     def run(self, msg: dict[str, Any]) -> None:
         rid = msg.get("id")
