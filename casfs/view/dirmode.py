@@ -15,7 +15,7 @@ promotion and publication are the same as in the FUSE mode; two things differ:
   file whose size and mtime_ns equal its lower entry's is the published file
   (restore sets that mtime; a job writing other bytes gets its own mtime).
   Promotion asks ``RestoreStamps.unchanged`` before hashing.
-- writes are observed through inotify (watchdog) instead of FUSE handlers.
+- writes are observed through inotify (casfs.view.inowatch) instead of FUSE handlers.
   inotify cannot tell a read open from a write open, so a file counts as
   open for writing from its first IN_MODIFY to its IN_CLOSE_WRITE.
 """
@@ -31,23 +31,6 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
-from watchdog.events import (
-    DirCreatedEvent,
-    DirDeletedEvent,
-    DirMovedEvent,
-    FileClosedEvent,
-    FileCreatedEvent,
-    FileDeletedEvent,
-    FileModifiedEvent,
-    FileMovedEvent,
-    FileOpenedEvent,
-    FileSystemEvent,
-    FileSystemEventHandler,
-    FileSystemMovedEvent,
-)
-from watchdog.observers import Observer
-from watchdog.observers.api import BaseObserver
-
 from casfs.errors import CasfsError
 from casfs.index.tree import LowerTree
 from casfs.promote.tracker import WriteTracker
@@ -55,6 +38,7 @@ from casfs.store.entry import Entry
 from casfs.util import beneath
 from casfs.util.atomic import temp_name, write_atomic
 from casfs.util.counters import Counters
+from casfs.view.inowatch import TreeWatch
 from casfs.view.lower import ObjectFetcher
 
 log = logging.getLogger(__name__)
@@ -285,75 +269,63 @@ def lstats(directory: Path, rels: Iterable[str]) -> dict[str, os.stat_result]:
     return out
 
 
-class _Handler(FileSystemEventHandler):
-    """Feeds inotify events into the WriteTracker (paths relative to the directory)."""
+class _Handler:
+    """Feeds the watch's events (casfs.view.inowatch) into the WriteTracker."""
 
-    def __init__(self, directory: Path, tracker: WriteTracker,
+    def __init__(self, tracker: WriteTracker,
                  on_open: Callable[[str], object] | None = None) -> None:
-        self.directory = str(directory)
         self.tracker = tracker
         self.on_open = on_open
         self.writing: set[str] = set()
 
-    def _rel(self, path: str | bytes) -> str | None:
-        p = os.fsdecode(path)
-        rel = os.path.relpath(p, self.directory)
-        return None if rel.startswith("..") or rel == "." else rel
+    def opened(self, rel: str) -> None:  # IN_OPEN: retention by use, profiles
+        if self.on_open is not None:
+            self.on_open(rel)
 
-    def on_any_event(self, event: FileSystemEvent) -> None:
-        rel = self._rel(event.src_path)
-        if rel is None:
-            return
-        if isinstance(event, FileOpenedEvent):  # IN_OPEN: retention by use, profiles
-            if self.on_open is not None:
-                self.on_open(rel)
-        elif isinstance(event, FileModifiedEvent):
-            if rel not in self.writing:
-                self.writing.add(rel)
-                self.tracker.opened_for_write(rel)
-            else:
-                self.tracker.modified(rel)
-        elif isinstance(event, FileClosedEvent):  # IN_CLOSE_WRITE
-            if rel in self.writing:
-                self.writing.discard(rel)
-                self.tracker.closed_for_write(rel)
-            else:
-                self.tracker.modified(rel)
-        elif isinstance(event, FileCreatedEvent | DirCreatedEvent):
+    def written(self, rel: str) -> None:
+        if rel not in self.writing:
+            self.writing.add(rel)
+            self.tracker.opened_for_write(rel)
+        else:
             self.tracker.modified(rel)
-        elif isinstance(event, FileSystemMovedEvent):
-            dest = self._rel(event.dest_path)
-            if rel in self.writing:
-                self.writing.discard(rel)
-                if dest is not None:
-                    self.writing.add(dest)
-            if dest is None:
-                self.tracker.removed(rel)
-            else:
-                self.tracker.renamed(rel, dest)
-        elif isinstance(event, FileDeletedEvent) or event.event_type == "deleted":
+
+    def closed(self, rel: str) -> None:  # IN_CLOSE_WRITE
+        if rel in self.writing:
             self.writing.discard(rel)
-            self.tracker.removed(rel)
+            self.tracker.closed_for_write(rel)
+        else:
+            self.tracker.modified(rel)
+
+    def created(self, rel: str) -> None:
+        self.tracker.modified(rel)
+
+    def moved(self, src: str, dest: str) -> None:
+        prefix = src + "/"
+        for p in [p for p in self.writing if p == src or p.startswith(prefix)]:
+            self.writing.discard(p)
+            self.writing.add(dest + p[len(src):])
+        self.tracker.renamed(src, dest)
+
+    def removed(self, rel: str) -> None:  # a directory: with everything in it
+        prefix = rel + "/"
+        self.writing.difference_update([p for p in self.writing
+                                        if p == rel or p.startswith(prefix)])
+        self.tracker.removed(rel)
+
+    def overflowed(self) -> None:
+        """Events were lost: whatever was being written may have been closed since."""
+        for rel in self.writing:
+            self.tracker.closed_for_write(rel)
+        self.writing.clear()
 
 
 def watch(directory: Path, tracker: WriteTracker,
-          on_open: Callable[[str], object] | None = None) -> BaseObserver:
-    """Start watching ``directory`` recursively; the caller stops and joins the observer.
+          on_open: Callable[[str], object] | None = None) -> TreeWatch:
+    """Start watching ``directory`` recursively; the caller stops and joins the watch.
 
     ``on_open(rel)``: a file was opened (any mode, any process: inotify's
-    IN_OPEN, which the watch receives anyway; this process's own reads too)."""
-    observer = Observer()
-    # Only the events the handler uses reach this process: watchdog would otherwise
-    # subscribe to IN_CLOSE_NOWRITE (every read) and, without on_open, IN_OPEN.
-    wanted: list[type[FileSystemEvent]] = [
-        FileModifiedEvent, FileClosedEvent, FileCreatedEvent, DirCreatedEvent,
-        FileMovedEvent, DirMovedEvent, FileDeletedEvent, DirDeletedEvent]
-    if on_open is not None:
-        wanted.append(FileOpenedEvent)
-    observer.schedule(_Handler(directory, tracker, on_open), str(directory), recursive=True,
-                      event_filter=wanted)
-    observer.start()
-    return observer
+    IN_OPEN; this process's own reads too)."""
+    return TreeWatch(directory, _Handler(tracker, on_open), opens=on_open is not None).start()
 
 
 def _open_fds() -> Iterator[tuple[str, str]]:
