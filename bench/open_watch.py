@@ -1,5 +1,5 @@
 """What recording opens costs in overlay mode (fanotify, casfs.view.opens) and dir mode
-(inotify IN_OPEN through watchdog, casfs.view.dirmode.watch).
+(inotify IN_OPEN, casfs.view.dirmode.watch: casfs.view.inowatch).
 
     python -m bench.open_watch [--files 4000] [--rounds 5]
 
@@ -10,7 +10,7 @@ times by a child process (bench.clients read), warm, in one run:
 - ``fanotify``: FAN_OPEN on the overlay mount with ignore marks (one event per
   file per epoch: casfs's setting); first round = the epoch's first opens;
 - ``fanotify_no_ignore``: every open is an event (what ignore marks save);
-- ``inotify``: a watchdog observer with IN_OPEN on the lower directory read
+- ``inotify``: casfs.view.inowatch with IN_OPEN on the lower directory read
   directly (dir mode's watch; it receives IN_OPEN whether recorded or not).
 
 Prints one JSON object: files/s per round and mode (ratios to ``none``),

@@ -51,9 +51,7 @@ class _Collect(logging.Handler):
 def _ours(line: str) -> bool:
     """A tapped line from casfs's own loggers (``__main__``: a casfs module run with -m).
 
-    Other libraries' lines are theirs, as in this process (_Collect): e.g. watchdog's
-    "queue_events() called when the thread is inactive", an ERROR it logs when a dir-mode
-    mount stops its observer while the emitter thread is between two reads."""
+    Other libraries' lines are theirs, as in this process (_Collect)."""
     logger = line.split("\t", 2)[1] if line.count("\t") >= 2 else ""
     return logger.startswith("casfs") or logger == "__main__"
 

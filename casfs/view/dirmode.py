@@ -319,13 +319,30 @@ class _Handler:
         self.writing.clear()
 
 
+class _Unwatched:
+    def stop(self) -> None:
+        pass
+
+    def join(self, timeout: float | None = None) -> None:
+        pass
+
+
 def watch(directory: Path, tracker: WriteTracker,
-          on_open: Callable[[str], object] | None = None) -> TreeWatch:
+          on_open: Callable[[str], object] | None = None) -> TreeWatch | _Unwatched:
     """Start watching ``directory`` recursively; the caller stops and joins the watch.
 
     ``on_open(rel)``: a file was opened (any mode, any process: inotify's
-    IN_OPEN; this process's own reads too)."""
-    return TreeWatch(directory, _Handler(tracker, on_open), opens=on_open is not None).start()
+    IN_OPEN; this process's own reads too). If inotify refuses (e.g. EMFILE:
+    fs.inotify.max_user_instances reached on a busy node), the mount goes on
+    unwatched: its writes are found by the rescans (overlay mode's every few
+    seconds, every mode's at publish and shutdown), never an error to the job."""
+    try:
+        return TreeWatch(directory, _Handler(tracker, on_open),
+                         opens=on_open is not None).start()
+    except OSError as e:
+        log.warning("not watching %s for writes: %s (fs.inotify.max_user_instances?); "
+                    "its files are promoted from rescans only", directory, e)
+        return _Unwatched()
 
 
 def _open_fds() -> Iterator[tuple[str, str]]:

@@ -59,12 +59,18 @@ IN_ISDIR = 0x40000000
 MASK = IN_MODIFY | IN_CLOSE_WRITE | IN_MOVED_FROM | IN_MOVED_TO | IN_CREATE | IN_DELETE | IN_ONLYDIR
 _EVENT = struct.Struct("iIII")  # wd, mask, cookie, len; then len bytes of NUL-padded name
 READ_BYTES = 1 << 16
+READS = 16  # at most this many reads a drain (~30,000 events)
 # While events flow the reader sleeps GATHER_S after each drain. A drain of more
 # than BUSY_EVENTS (a burst a tenth of the kernel's default queue, 16,384) reads
 # again at once instead, so the queue never fills while it sleeps.
 GATHER_S = 0.05
 BUSY_EVENTS = 1600
 PAIR_WAIT_MS = 5  # how long a move's second half may trail its first in the queue
+# Watches are counted against root's fs.inotify.max_user_watches, node-wide: a tenant
+# making directories by the million must not use them all up for everyone else
+# (systemd's path units, other mounts). Beyond this many, directories go unwatched
+# and their files are found by the rescans.
+MAX_WATCHES = 1 << 15
 
 
 class Sink(Protocol):
@@ -103,6 +109,7 @@ class TreeWatch:
         self._base = -1
         self._paths: dict[int, str] = {}  # wd -> directory, relative ("" is the root)
         self._wds: dict[str, int] = {}
+        self._warned = False  # about running out of watches: once per tree
         self._stop_r, self._stop_w = os.pipe2(os.O_CLOEXEC)
         self._thread = threading.Thread(target=self._run, name="casfs-tree-watch", daemon=True)
 
@@ -163,21 +170,23 @@ class TreeWatch:
 
     # --- events ----------------------------------------------------------------------
     def _read(self, wait_ms: int = 0) -> list[tuple[int, int, int, bytes]]:
-        """Every event queued now (after waiting up to ``wait_ms`` for the first)."""
+        """The events queued now, up to READS reads (after waiting up to ``wait_ms``
+        for the first)."""
         if wait_ms and not select.select([self._fd], [], [], wait_ms / 1000)[0]:
             return []
         out: list[tuple[int, int, int, bytes]] = []
-        while True:
+        for _ in range(READS):  # writers faster than this thread: dispatch, then go on
             try:
                 buf = os.read(self._fd, READ_BYTES)
             except BlockingIOError:
-                return out
+                break
             off = 0
             while off + _EVENT.size <= len(buf):
                 wd, mask, cookie, n = _EVENT.unpack_from(buf, off)
                 name = buf[off + _EVENT.size:off + _EVENT.size + n].rstrip(b"\0")
                 off += _EVENT.size + n
                 out.append((wd, mask, cookie, name))
+        return out
 
     def _drain(self) -> int:
         events = self._read()
@@ -265,6 +274,9 @@ class TreeWatch:
         stack = [top]
         while stack:
             rel = stack.pop()
+            if len(self._wds) >= MAX_WATCHES and rel not in self._wds:
+                self._unwatched(rel, f"{MAX_WATCHES} directories watched already")
+                continue
             try:
                 fd = (os.open(f"/proc/self/fd/{self._base}", os.O_RDONLY | os.O_DIRECTORY
                               | os.O_CLOEXEC) if rel == "" else
@@ -277,10 +289,8 @@ class TreeWatch:
                                               self.mask)
                 if wd < 0:
                     err = ctypes.get_errno()
-                    if err in (errno.ENOSPC, errno.ENOMEM):
-                        log.warning("not watching %s/%s: %s (fs.inotify.max_user_watches; "
-                                    "the periodic rescan still finds its files)",
-                                    self.directory, rel, os.strerror(err))
+                    self._unwatched(rel, os.strerror(err) + (
+                        " (fs.inotify.max_user_watches)" if err == errno.ENOSPC else ""))
                     continue
                 old = self._paths.get(wd)
                 if old is not None and self._wds.get(old) == wd:
@@ -301,6 +311,15 @@ class TreeWatch:
                     self.sink.created(child)
                 if is_dir:
                     stack.append(child)
+
+    def _unwatched(self, rel: str, why: str) -> None:
+        if not self._warned:
+            self._warned = True
+            log.warning("watching %s: %s/%s and further directories not watched: %s; "
+                        "their files are promoted from rescans", self.directory,
+                        self.directory, rel, why)
+        else:
+            log.debug("not watching %s/%s: %s", self.directory, rel, why)
 
     def _subtree(self, rel: str) -> list[str]:
         prefix = rel + "/"

@@ -238,3 +238,46 @@ def test_the_dir_mode_handler_feeds_the_tracker(tmp_path: Path) -> None:
     finally:
         w.stop()
         w.join(5)
+
+
+@pytest.mark.expect_log(r"not watching .* for writes: .*Too many open files")
+def test_a_node_out_of_inotify_instances_mounts_unwatched(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """inotify_init1 failing (EMFILE: fs.inotify.max_user_instances, 128 by default,
+    reached by a node's other watchers) is a warning, not a failed mount."""
+    import ctypes
+    import errno
+
+    class NoInstances:
+        def inotify_init1(self, flags: int) -> int:
+            ctypes.set_errno(errno.EMFILE)
+            return -1
+
+    monkeypatch.setattr(inowatch, "libc", lambda: NoInstances())
+    with pytest.raises(OSError, match="Too many open files"):
+        TreeWatch(tmp_path, Record()).start()
+    w = dirmode.watch(tmp_path, WriteTracker())
+    w.stop()
+    w.join(1)
+    assert not isinstance(w, TreeWatch)
+
+
+@pytest.mark.expect_log(r"and further directories not watched: 3 directories watched")
+def test_a_tenant_cannot_use_up_roots_inotify_watches(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Watches count against root's node-wide limit: a tree gets at most MAX_WATCHES,
+    one warning, and the rest goes unwatched (found by the rescans)."""
+    monkeypatch.setattr(inowatch, "MAX_WATCHES", 3)
+    for i in range(6):
+        (tmp_path / f"d{i}").mkdir()
+    rec = Record()
+    w = TreeWatch(tmp_path, rec).start()
+    try:
+        assert len(w._wds) == 3 and "" in w._wds
+        (tmp_path / "new").mkdir()
+        _write(tmp_path / "new" / "f")
+        wait_idle(w)
+        assert len(w._wds) == 3 and ("created", "new") in rec.calls
+    finally:
+        w.stop()
+        w.join(5)
