@@ -66,11 +66,20 @@ READS = 16  # at most this many reads a drain (~30,000 events)
 GATHER_S = 0.05
 BUSY_EVENTS = 1600
 PAIR_WAIT_MS = 5  # how long a move's second half may trail its first in the queue
-# Watches are counted against root's fs.inotify.max_user_watches, node-wide: a tenant
-# making directories by the million must not use them all up for everyone else
-# (systemd's path units, other mounts). Beyond this many, directories go unwatched
-# and their files are found by the rescans.
-MAX_WATCHES = 1 << 15
+
+
+def watch_budget() -> int:
+    """Watches one tree may hold: an eighth of fs.inotify.max_user_watches. Watches
+    count against root's limit, node-wide: a tenant making directories by the
+    million must not use them all up for everyone else (systemd's path units, the
+    node's other mounts). Beyond it, directories go unwatched and their files are
+    found by the rescans. (The kernel's default limit is 1% of memory's worth, at
+    most 1,048,576: 131,072 directories a tree; 192,540 on this 24 GiB machine.)"""
+    try:
+        with open("/proc/sys/fs/inotify/max_user_watches") as f:
+            return max(1024, int(f.read()) // 8)
+    except (OSError, ValueError):
+        return 1024
 
 
 class Sink(Protocol):
@@ -110,6 +119,7 @@ class TreeWatch:
         self._paths: dict[int, str] = {}  # wd -> directory, relative ("" is the root)
         self._wds: dict[str, int] = {}
         self._warned = False  # about running out of watches: once per tree
+        self._budget = watch_budget()
         self._stop_r, self._stop_w = os.pipe2(os.O_CLOEXEC)
         self._thread = threading.Thread(target=self._run, name="casfs-tree-watch", daemon=True)
 
@@ -274,8 +284,8 @@ class TreeWatch:
         stack = [top]
         while stack:
             rel = stack.pop()
-            if len(self._wds) >= MAX_WATCHES and rel not in self._wds:
-                self._unwatched(rel, f"{MAX_WATCHES} directories watched already")
+            if len(self._wds) >= self._budget and rel not in self._wds:
+                self._unwatched(rel, f"{self._budget} directories watched already")
                 continue
             try:
                 fd = (os.open(f"/proc/self/fd/{self._base}", os.O_RDONLY | os.O_DIRECTORY

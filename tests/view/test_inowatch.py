@@ -265,9 +265,12 @@ def test_a_node_out_of_inotify_instances_mounts_unwatched(
 @pytest.mark.expect_log(r"and further directories not watched: 3 directories watched")
 def test_a_tenant_cannot_use_up_roots_inotify_watches(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Watches count against root's node-wide limit: a tree gets at most MAX_WATCHES,
-    one warning, and the rest goes unwatched (found by the rescans)."""
-    monkeypatch.setattr(inowatch, "MAX_WATCHES", 3)
+    """Watches count against root's node-wide limit: a tree gets at most its budget
+    (an eighth of fs.inotify.max_user_watches), one warning, and the rest goes
+    unwatched (found by the rescans)."""
+    limit = int(Path("/proc/sys/fs/inotify/max_user_watches").read_text())
+    assert inowatch.watch_budget() == max(1024, limit // 8)
+    monkeypatch.setattr(inowatch, "watch_budget", lambda: 3)
     for i in range(6):
         (tmp_path / f"d{i}").mkdir()
     rec = Record()
