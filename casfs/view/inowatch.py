@@ -120,6 +120,7 @@ class TreeWatch:
         self._wds: dict[str, int] = {}
         self._warned = False  # about running out of watches: once per tree
         self._budget = watch_budget()
+        self._lock = threading.Lock()
         self._stop_r, self._stop_w = os.pipe2(os.O_CLOEXEC)
         self._thread = threading.Thread(target=self._run, name="casfs-tree-watch", daemon=True)
 
@@ -133,15 +134,15 @@ class TreeWatch:
                 raise OSError(errno.ENOENT, f"cannot watch {self.directory}")
         except BaseException:
             self._close()
-            for fd in (self._stop_r, self._stop_w):
-                os.close(fd)
             raise
         self._thread.start()
         return self
 
     def stop(self) -> None:
-        with contextlib.suppress(OSError):
-            os.write(self._stop_w, b"!")
+        with self._lock:  # never a write to an fd number the thread closed and reused
+            if self._stop_w >= 0:
+                with contextlib.suppress(OSError):
+                    os.write(self._stop_w, b"!")
 
     def join(self, timeout: float | None = None) -> None:
         if self._thread.is_alive():
@@ -151,39 +152,41 @@ class TreeWatch:
         return self._thread.is_alive()
 
     def _close(self) -> None:
-        for fd in (self._fd, self._base):
-            if fd >= 0:
-                with contextlib.suppress(OSError):
-                    os.close(fd)
-        self._fd = self._base = -1
+        with self._lock:
+            for fd in (self._fd, self._base, self._stop_r, self._stop_w):
+                if fd >= 0:
+                    with contextlib.suppress(OSError):
+                        os.close(fd)
+            self._fd = self._base = self._stop_r = self._stop_w = -1
 
     def _run(self) -> None:
-        poll = select.poll()
-        poll.register(self._fd, select.POLLIN)
-        poll.register(self._stop_r, select.POLLIN)
+        # poll, not select: the mount process may hold fds past select's 1,024
+        either = select.poll()
+        either.register(self._fd, select.POLLIN)
+        either.register(self._stop_r, select.POLLIN)
+        stopped = select.poll()
+        stopped.register(self._stop_r, select.POLLIN)
         try:
             while True:
-                ready = {fd for fd, _ in poll.poll()}
-                if self._stop_r in ready:
+                if any(fd == self._stop_r for fd, _ in either.poll()):
                     return
                 # events are flowing: gather, rather than be woken per event
-                if (self._drain() < BUSY_EVENTS
-                        and select.select([self._stop_r], [], [], GATHER_S)[0]):
+                if self._drain() < BUSY_EVENTS and stopped.poll(GATHER_S * 1000):
                     return
         except Exception:  # a bug here must not take the mount down
             log.exception("watching %s stopped", self.directory)
         finally:
             self._close()
-            for fd in (self._stop_r, self._stop_w):
-                with contextlib.suppress(OSError):
-                    os.close(fd)
 
     # --- events ----------------------------------------------------------------------
     def _read(self, wait_ms: int = 0) -> list[tuple[int, int, int, bytes]]:
         """The events queued now, up to READS reads (after waiting up to ``wait_ms``
         for the first)."""
-        if wait_ms and not select.select([self._fd], [], [], wait_ms / 1000)[0]:
-            return []
+        if wait_ms:
+            p = select.poll()
+            p.register(self._fd, select.POLLIN)
+            if not p.poll(wait_ms):
+                return []
         out: list[tuple[int, int, int, bytes]] = []
         for _ in range(READS):  # writers faster than this thread: dispatch, then go on
             try:

@@ -222,6 +222,18 @@ def test_stop_is_prompt_while_events_flow(tree) -> None:
     w.stop()
     w.join(5)
     assert not w.is_alive() and time.monotonic() - t0 < inowatch.GATHER_S * 4
+    # its fds are closed, and a later stop writes to none (the number may be reused:
+    # a byte written there would land in some other file of the mount process)
+    r, wfd = os.pipe()
+    try:
+        assert w._stop_w == -1 and w._fd == -1
+        w.stop()
+        os.set_blocking(r, False)
+        with pytest.raises(BlockingIOError):
+            os.read(r, 1)
+    finally:
+        os.close(r)
+        os.close(wfd)
 
 
 def test_the_dir_mode_handler_feeds_the_tracker(tmp_path: Path) -> None:
