@@ -307,3 +307,34 @@ def test_a_tenant_cannot_use_up_roots_inotify_watches(
     finally:
         w.stop()
         w.join(5)
+
+
+def test_a_directory_filled_and_renamed_into_place_is_tracked_at_its_new_path(
+        tmp_path: Path) -> None:
+    """Triton's and Inductor's way: a temp dir made, filled and renamed into place,
+    often all before the reader's next batch (its creation read after the rename:
+    the walk then finds it at its new path only). Either way the tracker ends with
+    the final paths dirty and no temp path."""
+    tracker = WriteTracker()
+    w = dirmode.watch(tmp_path, tracker)
+    try:
+        for i in range(20):
+            tmp = tmp_path / f".tmp.{i}"
+            tmp.mkdir()
+            for j in range(3):
+                (tmp / f"k{j}").write_bytes(b"x" * 100)
+            os.rename(tmp, tmp_path / f"key{i}")
+            if i % 5 == 0:
+                time.sleep(inowatch.GATHER_S * 1.5)  # some land after a drain, some in one
+        assert isinstance(w, TreeWatch)
+        wait_idle(w)
+        dirty = set(tracker.quiet(0.0))
+        assert {f"key{i}/k{j}" for i in range(20) for j in range(3)} <= dirty
+        assert not any(p.startswith(".tmp") for p in dirty)
+        assert {f"key{i}" for i in range(20)} <= set(w._wds)
+        (tmp_path / "key7" / "late").write_bytes(b"y")
+        wait_idle(w)
+        assert "key7/late" in tracker.quiet(0.0)
+    finally:
+        w.stop()
+        w.join(5)
