@@ -20,9 +20,10 @@ outside the tree. A directory moved out of the tree has its watches removed
 (their events would otherwise be named as if inside).
 
 What the kernel's queue cannot carry (IN_Q_OVERFLOW: more than
-max_queued_events unread) is recovered by walking the tree again: every
-file is reported created and every file being written as closed, which
-makes the promoter look at all of them (it skips what is unchanged).
+max_queued_events unread) is recovered by walking the tree again (at most
+once per ``OVERFLOW_WALK_S``): every file is reported created and every file
+being written as closed, which makes the promoter look at all of them (it
+skips what is unchanged).
 """
 
 from __future__ import annotations
@@ -66,6 +67,10 @@ READS = 16  # at most this many reads a drain (~30,000 events)
 GATHER_S = 0.05
 BUSY_EVENTS = 1600
 PAIR_WAIT_MS = 5  # how long a move's second half may trail its first in the queue
+# At most one walk of the whole tree per this long, however often the queue overflows
+# (a tarball of 100,000 files unpacked into a dir-mode cache overflows it again and
+# again: a walk each time would be quadratic); one due meanwhile waits its turn.
+OVERFLOW_WALK_S = 2.0
 
 
 def watch_budget() -> int:
@@ -114,6 +119,9 @@ class TreeWatch:
         self.events = 0  # events read, and the reads that found them (for tests, status)
         self.drains = 0
         self.overflows = 0
+        self.walks = 0  # walks of the whole tree after an overflow
+        self._walk_due: float | None = None
+        self._last_walk = -OVERFLOW_WALK_S
         self._fd = -1
         self._base = -1
         self._paths: dict[int, str] = {}  # wd -> directory, relative ("" is the root)
@@ -168,8 +176,14 @@ class TreeWatch:
         stopped.register(self._stop_r, select.POLLIN)
         try:
             while True:
-                if any(fd == self._stop_r for fd, _ in either.poll()):
+                due = self._walk_due
+                wait = None if due is None else max(0.0, (due - time.monotonic()) * 1000)
+                ready = either.poll(wait)
+                if any(fd == self._stop_r for fd, _ in ready):
                     return
+                self._walk_if_due()
+                if not ready:
+                    continue
                 # events are flowing: gather, rather than be woken per event
                 if self._drain() < BUSY_EVENTS and stopped.poll(GATHER_S * 1000):
                     return
@@ -274,8 +288,19 @@ class TreeWatch:
 
     def _overflowed(self) -> None:
         self.overflows += 1
-        log.warning("watching %s: the kernel's event queue overflowed (events lost): "
-                    "every file there is looked at again", self.directory)
+        if self._walk_due is None:
+            self._walk_due = max(time.monotonic(), self._last_walk + OVERFLOW_WALK_S)
+        self._walk_if_due()
+
+    def _walk_if_due(self) -> None:
+        if self._walk_due is None or time.monotonic() < self._walk_due:
+            return
+        self._walk_due = None
+        self._last_walk = time.monotonic()
+        self.walks += 1
+        log.warning("watching %s: the kernel's event queue overflowed (events lost; %d "
+                    "overflows, %d walks): every file there is looked at again",
+                    self.directory, self.overflows, self.walks)
         self.sink.overflowed()
         self._add_tree("", report=True)
 

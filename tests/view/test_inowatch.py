@@ -27,6 +27,7 @@ class Record:
 
     def __init__(self) -> None:
         self.calls: list[tuple[str, ...]] = []
+        self.walked: list[float] = []
 
     def opened(self, rel: str) -> None:
         self.calls.append(("opened", rel))
@@ -46,8 +47,9 @@ class Record:
     def removed(self, rel: str) -> None:
         self.calls.append(("removed", rel))
 
-    def overflowed(self) -> None:
+    def overflowed(self) -> None:  # called at each walk after an overflow
         self.calls.append(("overflowed",))
+        self.walked.append(time.monotonic())
 
     def paths(self, kind: str) -> set[str]:
         return {c[1] for c in self.calls if c[0] == kind}
@@ -149,9 +151,11 @@ def test_a_symlink_is_never_followed_out_of_the_tree(tree, tmp_path: Path) -> No
 
 
 @pytest.mark.expect_log(r"the kernel's event queue overflowed")
-def test_lost_events_are_recovered_by_a_walk(tmp_path: Path) -> None:
+def test_lost_events_are_recovered_by_a_walk(tmp_path: Path,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
     """A real IN_Q_OVERFLOW: the watch's queue made 8 events deep (the limit is read
-    when an inotify instance is made), then 200 files written during one gather."""
+    when an inotify instance is made), then 200 files written during one gather; then
+    overflows again at once: its walk waits OVERFLOW_WALK_S after the first."""
     if os.geteuid() != 0:
         pytest.skip("setting fs.inotify.max_queued_events needs root")
     d = tmp_path / "tree"
@@ -173,6 +177,7 @@ def test_lost_events_are_recovered_by_a_walk(tmp_path: Path) -> None:
 
     rec = Record()
     tracker = WriteTracker()
+    monkeypatch.setattr(inowatch, "OVERFLOW_WALK_S", 0.6)
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(inowatch, "libc", lambda: ShortQueue())
         w = TreeWatch(d, rec).start()
@@ -183,9 +188,18 @@ def test_lost_events_are_recovered_by_a_walk(tmp_path: Path) -> None:
             time.sleep(0.2)  # its IN_MODIFY read: open for writing
             for i in range(200):
                 _write(d / "sub" / f"f{i}")
-            wait_idle(w)
-        assert w.overflows >= 1 and ("overflowed",) in rec.calls
+            _settle(w)
+        assert w.overflows >= 1 and w.walks >= 1 and ("overflowed",) in rec.calls
         assert {f"sub/f{i}" for i in range(200)} <= rec.paths("created")
+        walks = w.walks
+        (d / "sub2").mkdir()
+        for i in range(200):
+            _write(d / "sub2" / f"g{i}")
+        _settle(w)
+        assert w.walks > walks and len(rec.walked) == w.walks
+        assert {f"sub2/g{i}" for i in range(200)} <= rec.paths("created")
+        gaps = [b - a for a, b in zip(rec.walked, rec.walked[1:], strict=False)]
+        assert min(gaps) >= 0.6 - 0.01, gaps  # never two walks within OVERFLOW_WALK_S
     finally:
         w.stop()
         w.join(5)
@@ -196,6 +210,15 @@ def test_lost_events_are_recovered_by_a_walk(tmp_path: Path) -> None:
     h.overflowed()
     assert not tracker.has_writers("sub/open_for_writing") and not h.writing
     assert "sub/open_for_writing" in tracker.quiet(0.0)
+
+
+def _settle(w: TreeWatch) -> None:
+    """Until no walk is due and no event came for a while."""
+    deadline = time.monotonic() + 10
+    while True:
+        wait_idle(w)
+        if w._walk_due is None or time.monotonic() > deadline:
+            return
 
 
 def test_events_are_read_in_batches_not_one_wakeup_each(tree) -> None:
