@@ -299,6 +299,9 @@ class _Handler:
     def created(self, rel: str) -> None:
         self.tracker.modified(rel)
 
+    def changed(self, rel: str) -> None:  # a chmod is no open for writing: no close follows
+        self.tracker.modified(rel)
+
     def moved(self, src: str, dest: str) -> None:
         prefix = src + "/"
         for p in [p for p in self.writing if p == src or p.startswith(prefix)]:

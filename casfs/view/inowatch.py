@@ -46,6 +46,7 @@ from casfs.util.libc import libc
 log = logging.getLogger(__name__)
 
 IN_MODIFY = 0x2
+IN_ATTRIB = 0x4
 IN_CLOSE_WRITE = 0x8
 IN_OPEN = 0x20
 IN_MOVED_FROM = 0x40
@@ -57,7 +58,8 @@ IN_IGNORED = 0x8000
 IN_ONLYDIR = 0x1000000
 IN_ISDIR = 0x40000000
 
-MASK = IN_MODIFY | IN_CLOSE_WRITE | IN_MOVED_FROM | IN_MOVED_TO | IN_CREATE | IN_DELETE | IN_ONLYDIR
+MASK = (IN_MODIFY | IN_ATTRIB | IN_CLOSE_WRITE | IN_MOVED_FROM | IN_MOVED_TO | IN_CREATE
+        | IN_DELETE | IN_ONLYDIR)
 _EVENT = struct.Struct("iIII")  # wd, mask, cookie, len; then len bytes of NUL-padded name
 READ_BYTES = 1 << 16
 READS = 16  # at most this many reads a drain (~30,000 events)
@@ -94,6 +96,7 @@ class Sink(Protocol):
     def written(self, rel: str) -> None: ...
     def closed(self, rel: str) -> None: ...
     def created(self, rel: str) -> None: ...
+    def changed(self, rel: str) -> None: ...  # its mode or times (chmod, utime)
     def moved(self, src: str, dest: str) -> None: ...
     def removed(self, rel: str) -> None: ...
     def overflowed(self) -> None: ...
@@ -283,6 +286,8 @@ class TreeWatch:
                 sink.closed(rel)
             elif mask & IN_DELETE:
                 sink.removed(rel)
+            elif mask & IN_ATTRIB:
+                sink.changed(rel)
             elif mask & IN_OPEN:
                 sink.opened(rel)
 

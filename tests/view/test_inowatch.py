@@ -41,6 +41,9 @@ class Record:
     def created(self, rel: str) -> None:
         self.calls.append(("created", rel))
 
+    def changed(self, rel: str) -> None:
+        self.calls.append(("changed", rel))
+
     def moved(self, src: str, dest: str) -> None:
         self.calls.append(("moved", src, dest))
 
@@ -281,6 +284,11 @@ def test_the_dir_mode_handler_feeds_the_tracker(tmp_path: Path) -> None:
         os.remove(tmp_path / "d" / "b")
         wait_idle(w)
         assert "a" in opened and "d/b" not in tracker.quiet(0.0)
+        tracker.forget("a")
+        assert "a" not in tracker.quiet(0.0)
+        os.chmod(tmp_path / "a", 0o755)  # a mode change is promoted again, and no writer
+        wait_idle(w)
+        assert "a" in tracker.quiet(0.0) and not tracker.has_writers("a")
     finally:
         w.stop()
         w.join(5)
