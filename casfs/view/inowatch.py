@@ -122,6 +122,7 @@ class TreeWatch:
         self.events = 0  # events read, and the reads that found them (for tests, status)
         self.drains = 0
         self.overflows = 0
+        self.errors = 0  # events a sink failed on
         self.walks = 0  # walks of the whole tree after an overflow
         self._walk_due: float | None = None
         self._last_walk = -OVERFLOW_WALK_S
@@ -237,59 +238,70 @@ class TreeWatch:
         return f"{d}/{leaf}" if d else leaf
 
     def _dispatch(self, events: list[tuple[int, int, int, bytes]]) -> None:
-        sink = self.sink
         arrivals: dict[int, int] = {}  # cookie -> index of its IN_MOVED_TO
         for i, (_, mask, cookie, _) in enumerate(events):
             if mask & IN_MOVED_TO:
                 arrivals[cookie] = i
-        taken: set[int] = set()
-        for i, (wd, mask, cookie, name) in enumerate(events):
-            if mask & IN_Q_OVERFLOW:
-                self._overflowed()
-                continue
-            if mask & IN_IGNORED:  # the watch is gone (its directory deleted, or removed)
-                d = self._paths.pop(wd, None)
-                if d is not None and self._wds.get(d) == wd:
-                    del self._wds[d]
-                continue
+        taken: set[int] = set()  # IN_MOVED_TOs handled with their IN_MOVED_FROM
+        for i in range(len(events)):
             if i in taken:
                 continue
-            rel = self._rel(wd, name)
-            if rel is None:
-                continue
-            is_dir = bool(mask & IN_ISDIR)
-            if mask & IN_MOVED_FROM:
-                j = arrivals.get(cookie)
-                dest = self._rel(events[j][0], events[j][3]) if j is not None and j > i else None
-                if j is not None and j > i:
-                    taken.add(j)
-                if dest is None:  # moved out of the tree
-                    if is_dir:
-                        self._unwatch(rel)
-                    sink.removed(rel)
-                else:
-                    sink.moved(rel, dest)
-                    if is_dir and rel in self._wds:
-                        self._rename(rel, dest)
-                    elif is_dir:  # moved before its creation was read: never watched
-                        self._add_tree(dest, report=True)
-            elif mask & (IN_CREATE | IN_MOVED_TO):  # IN_MOVED_TO here: moved in from outside
-                sink.created(rel)
+            try:
+                self._event(events, i, arrivals, taken)
+            except Exception:  # a sink's bug (a recording that failed): the next event goes on
+                self.errors += 1
+                if self.errors == 1 or self.errors % 1000 == 0:
+                    log.exception("watching %s: an event not handled (%d so far)",
+                                  self.directory, self.errors)
+
+    def _event(self, events: list[tuple[int, int, int, bytes]], i: int,
+               arrivals: dict[int, int], taken: set[int]) -> None:
+        sink = self.sink
+        wd, mask, cookie, name = events[i]
+        if mask & IN_Q_OVERFLOW:
+            self._overflowed()
+            return
+        if mask & IN_IGNORED:  # the watch is gone (its directory deleted, or removed)
+            d = self._paths.pop(wd, None)
+            if d is not None and self._wds.get(d) == wd:
+                del self._wds[d]
+            return
+        rel = self._rel(wd, name)
+        if rel is None:
+            return
+        is_dir = bool(mask & IN_ISDIR)
+        if mask & IN_MOVED_FROM:
+            j = arrivals.get(cookie)
+            dest = self._rel(events[j][0], events[j][3]) if j is not None and j > i else None
+            if j is not None and j > i:
+                taken.add(j)
+            if dest is None:  # moved out of the tree
                 if is_dir:
-                    self._add_tree(rel, report=True)
-            elif is_dir:
-                if mask & IN_DELETE:
-                    sink.removed(rel)
-            elif mask & IN_MODIFY:
-                sink.written(rel)
-            elif mask & IN_CLOSE_WRITE:
-                sink.closed(rel)
-            elif mask & IN_DELETE:
+                    self._unwatch(rel)
                 sink.removed(rel)
-            elif mask & IN_ATTRIB:
-                sink.changed(rel)
-            elif mask & IN_OPEN:
-                sink.opened(rel)
+            else:
+                sink.moved(rel, dest)
+                if is_dir and rel in self._wds:
+                    self._rename(rel, dest)
+                elif is_dir:  # moved before its creation was read: never watched
+                    self._add_tree(dest, report=True)
+        elif mask & (IN_CREATE | IN_MOVED_TO):  # IN_MOVED_TO here: moved in from outside
+            sink.created(rel)
+            if is_dir:
+                self._add_tree(rel, report=True)
+        elif is_dir:
+            if mask & IN_DELETE:
+                sink.removed(rel)
+        elif mask & IN_MODIFY:
+            sink.written(rel)
+        elif mask & IN_CLOSE_WRITE:
+            sink.closed(rel)
+        elif mask & IN_DELETE:
+            sink.removed(rel)
+        elif mask & IN_ATTRIB:
+            sink.changed(rel)
+        elif mask & IN_OPEN:
+            sink.opened(rel)
 
     def _overflowed(self) -> None:
         self.overflows += 1
