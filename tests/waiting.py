@@ -38,3 +38,16 @@ def wait_until(pred: Callable[[], Any], what: str, timeout: float = DEADLINE, *,
         if time.monotonic() > deadline:
             pytest.fail(f"timed out after {timeout:.0f}s waiting for {what}")
         time.sleep(interval)
+
+
+def wait_idle(watch: Any, quiet: float = 0.2, timeout: float = 10.0) -> None:
+    """Until ``watch`` (casfs.view.inowatch.TreeWatch) has read no event for ``quiet``
+    seconds: what it will see of what a test just did has been dispatched."""
+    deadline = time.monotonic() + timeout
+    seen, since = watch.events, time.monotonic()
+    while time.monotonic() < deadline:
+        time.sleep(0.02)
+        if watch.events != seen:
+            seen, since = watch.events, time.monotonic()
+        elif time.monotonic() - since >= quiet:
+            return

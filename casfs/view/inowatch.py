@@ -397,14 +397,3 @@ class TreeWatch:
             self._paths.pop(wd, None)
             libc().inotify_rm_watch(self._fd, wd)
 
-
-def wait_idle(watch: TreeWatch, quiet: float = 0.2, timeout: float = 10.0) -> None:
-    """For tests: until ``watch`` has read no event for ``quiet`` seconds."""
-    deadline = time.monotonic() + timeout
-    seen, since = watch.events, time.monotonic()
-    while time.monotonic() < deadline:
-        time.sleep(0.02)
-        if watch.events != seen:
-            seen, since = watch.events, time.monotonic()
-        elif time.monotonic() - since >= quiet:
-            return

@@ -17,9 +17,11 @@ from __future__ import annotations
 
 import os
 
+from waiting import wait_idle
+
 from casfs.promote.tracker import WriteTracker
 from casfs.view import dirmode
-from casfs.view.inowatch import TreeWatch, wait_idle
+from casfs.view.inowatch import TreeWatch
 from tests.users import open_tmp, real_users
 
 

@@ -16,10 +16,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from waiting import wait_idle
 
 from casfs.promote.tracker import WriteTracker
 from casfs.view import dirmode, inowatch
-from casfs.view.inowatch import TreeWatch, wait_idle
+from casfs.view.inowatch import TreeWatch
 
 
 class Record:
