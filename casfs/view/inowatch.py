@@ -5,8 +5,9 @@ promoter needs (casfs.view.dirmode's ``_Handler``: writes, closes, creates,
 moves, deletes, and in dir mode opens). Why not watchdog's observer: its
 reader sleeps in poll(), and the kernel wakes a poller on every event it
 queues, a wakeup paid in the writer's own syscalls. A Triton put queues ~7
-events: watched that way, overlay writes took 1.55-1.6x a bare overlayfs,
-unwatched ~1.05x (docs/performance.md, "Overlay writes: the upper's watch").
+events: watched that way, overlay writes took 1.45x a bare overlayfs, with
+this watch 1.21x, unwatched 1.1-1.15x (docs/performance.md, "Overlay writes:
+the upper's watch, read in batches").
 Here, while events flow, the reader sleeps ``GATHER_S`` between reads (the
 queue fills with no one to wake) and drains it whole, as casfs.view.opens
 does for fanotify. The promoter waits seconds for a file to be stable, so a
