@@ -290,15 +290,14 @@ class TreeWatch:
             sink.created(rel)
             if is_dir:
                 self._add_tree(rel, report=True)
+        elif mask & IN_DELETE:  # a file, or a directory with everything in it
+            sink.removed(rel)
         elif is_dir:
-            if mask & IN_DELETE:
-                sink.removed(rel)
+            return  # a directory's own opens and attribute changes: nothing to promote
         elif mask & IN_MODIFY:
             sink.written(rel)
         elif mask & IN_CLOSE_WRITE:
             sink.closed(rel)
-        elif mask & IN_DELETE:
-            sink.removed(rel)
         elif mask & IN_ATTRIB:
             sink.changed(rel)
         elif mask & IN_OPEN:
