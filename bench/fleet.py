@@ -64,6 +64,7 @@ import errno
 import hashlib
 import json
 import os
+import shlex
 import signal
 import statistics
 import subprocess
@@ -125,10 +126,13 @@ def _one_pass(root: Path, expected: dict[str, list[Any]]) -> dict[str, Any]:
             "max_open_s": round(slowest[1], 3), "slowest": slowest[0]}
 
 
-def check_job(expected_file: str, until_s: float, started: str = "") -> dict[str, Any]:
+def check_job(expected_file: str, until_s: float, started: str = "", write: int = 0,
+              first: int = 0) -> dict[str, Any]:
     """Read every expected file; with ``until_s`` > 0, pass again until a pass reads
     every file correctly or ``until_s`` seconds went by. ``started``: a directory in
-    which the job leaves a file as its first read begins (faults start on it)."""
+    which the job leaves a file as its first read begins (faults start on it).
+    ``write`` > 0: then write that many new kernels of its own (numbered from
+    ``first``), as a job that compiled a few does; casfs publishes them at release."""
     root = Path(os.environ["TRITON_CACHE_DIR"])
     expected = json.loads(Path(expected_file).read_text())
     if started:
@@ -142,7 +146,15 @@ def check_job(expected_file: str, until_s: float, started: str = "") -> dict[str
             break
         time.sleep(1.0)
     clean = passes[-1]["ok"] == len(expected)
+    wrote = None
+    if write > 0:
+        from network import write_tree  # bench/network.py, beside this script
+
+        t = time.monotonic()
+        files, nbytes = write_tree(root, write, first)
+        wrote = {"files": files, "bytes": nbytes, "s": round(time.monotonic() - t, 3)}
     return {"files": len(expected), "passes": len(passes), "clean_at_end": clean,
+            "wrote": wrote,
             "clean_after_s": round(passes[-1]["mono"][1] - start, 2) if clean else None,
             "first": passes[0], "ok": sum(p["ok"] for p in passes),
             "miss": sum(p["miss"] for p in passes), "wrong": sum(p["wrong"] for p in passes),
@@ -208,7 +220,8 @@ class _MountCpu:
 
 class Fleet:
     def __init__(self, work: Path, kernels: int, rtt_ms: float, volumes: int = 3,
-                 casfs_src: Path = REPO, site_cache: bool = False) -> None:
+                 casfs_src: Path = REPO, site_cache: bool = False,
+                 run_args: tuple[str, ...] = ()) -> None:
         sys.path.insert(0, str(REPO / "tests"))
         sys.path.insert(0, str(REPO))
         from seaweed_cluster import SeaweedCluster
@@ -217,6 +230,7 @@ class Fleet:
 
         self.work = work
         self.src = casfs_src  # the casfs the nodes run (PYTHONPATH and cwd)
+        self.run_args = run_args  # the nodes' casfs run options (--mode overlay ...)
         self.kernels = kernels
         self.delay = rtt_ms / 2000
         # --site-cache: the bucket lets unsigned callers read the root's objects and packs
@@ -331,10 +345,14 @@ class Fleet:
 
     def casfs_round(self, ns: str, n: int, tag: str, until_s: float = 0.0,
                     fetch_timeout: float = 10.0, refresh_s: float | None = None,
-                    during: Any = None, cached: bool = False) -> list[dict[str, Any]]:
+                    during: Any = None, cached: bool = False, write: int = 0,
+                    expected: Path | None = None) -> list[dict[str, Any]]:
         """N fresh nodes at once, each ``casfs run`` + the check job; ``during(t0)`` is
         called in a thread right after they were launched (the fault schedule).
-        ``cached``: their roots read objects and packs through the site cache."""
+        ``cached``: their roots read objects and packs through the site cache.
+        ``write``: each job then adds that many kernels of its own (node i numbered
+        from ``kernels + i * write``), published as its ``casfs run`` ends.
+        ``expected``: what the jobs read (default: the published tree)."""
         from bench.network import _unmount_under
 
         nets = self._nets(n)
@@ -361,8 +379,10 @@ class Fleet:
             for i, nd in enumerate(nodes):
                 nd.mkdir(parents=True)
                 cmd = [sys.executable, "-m", "casfs.cli.main", "run", "--family", "triton",
-                       "--namespace", ns, *extra, "--", sys.executable, SCRIPT, "--check-job",
-                       str(self.expected_file), str(until_s), str(self.started)]
+                       "--namespace", ns, *self.run_args, *extra,
+                       "--report", str(nd / "report.json"), "--", sys.executable, SCRIPT,
+                       "--check-job", str(expected or self.expected_file), str(until_s),
+                       str(self.started), str(write), str(self.kernels + i * write)]
                 with open(nd / "out", "wb") as out, open(nd / "err", "wb") as err:
                     p = subprocess.Popen(cmd, env=self.env(nd, nets[i], cached), cwd=self.src,
                                          stdout=out,
@@ -403,6 +423,11 @@ class Fleet:
             except (IndexError, ValueError):
                 r["job"] = None
                 r["stderr"] = (nd / "err").read_text()[-2000:]
+            try:
+                report = json.loads((nd / "report.json").read_text())
+                r["published"] = sum(f.get("published", 0) for f in report["families"])
+            except (OSError, ValueError, KeyError, TypeError):
+                r["published"] = None
             r["cpu_mount_s"] = round(mount_cpu.get(i, 0.0), 2)
             r["cpu_s"] = round(r["cpu_run_and_job_s"] + r["cpu_mount_s"], 2)
             c = nets[i].counts()
@@ -411,6 +436,35 @@ class Fleet:
             r["bytes_up"] = c["bytes_up"]
             r["connections"] = c["connections"]
         return results
+
+    def check_published(self, ns: str, write: int, rs: list[dict[str, Any]], tag: str
+                        ) -> dict[str, Any]:
+        """After a round whose N jobs each added ``write`` kernels: each node published
+        its own, and none was lost to another's publication at the same moment (one
+        namespace, N publishers at once): a fresh node reads the tree and all of them."""
+        from bench.network import FILES_PER_KERNEL, kernel_files
+
+        expected = json.loads(self.expected_file.read_text())
+        for i in range(len(rs)):
+            for k in range(self.kernels + i * write, self.kernels + (i + 1) * write):
+                for rel, data in kernel_files(k, "/unused"):
+                    expected[rel] = _expect(rel, data)
+        path = self.work / f"{tag}-expected.json"
+        path.write_text(json.dumps(expected))
+        vr = self.casfs_round(ns, 1, f"{tag}-verify", expected=path)
+        want = write * FILES_PER_KERNEL
+        published = [r.get("published") for r in rs]
+        problems = [f"node {i}: published {p} files, not {want}"
+                    for i, p in enumerate(published) if p != want]
+        problems += [f"a fresh node after them: {b}"
+                     for b in _check_invariants(vr, len(expected), 10.0)]
+        job = vr[0].get("job") or {}
+        return {"files_per_node": want, "published_per_node": published,
+                "write_s_p50": _pct([((r.get("job") or {}).get("wrote") or {}).get("s", 0.0)
+                                     for r in rs], 0.5),
+                "fresh_node_read": {"files": len(expected),
+                                    "ok": job.get("first", {}).get("ok")},
+                "problems": problems}
 
     def copy_restore_round(self, n: int) -> list[dict[str, Any]]:
         nets = self._nets(n)
@@ -470,13 +524,16 @@ def _expected(src: Path) -> dict[str, list[Any]]:
     for dirpath, _dirs, names in os.walk(src):
         for name in names:
             p = Path(dirpath) / name
-            rel = str(p.relative_to(src))
-            data = p.read_bytes()
-            if name.startswith("__grp__"):
-                out[rel] = ["grp", sorted(json.loads(data)["child_paths"])]
-            else:
-                out[rel] = [hashlib.sha256(data).hexdigest(), len(data)]
+            out[str(p.relative_to(src))] = _expect(name, p.read_bytes())
     return out
+
+
+def _expect(name: str, data: bytes) -> list[Any]:
+    """What the check job compares a file with: its hash and size, or for a group
+    file (absolute paths, relocated per node) its children's names."""
+    if os.path.basename(name).startswith("__grp__"):
+        return ["grp", sorted(json.loads(data)["child_paths"])]
+    return [hashlib.sha256(data).hexdigest(), len(data)]
 
 
 def _sum_kinds(rs: list[dict[str, Any]]) -> dict[str, int]:
@@ -546,9 +603,13 @@ def site_cache_round(fleet: Fleet, n: int) -> dict[str, Any]:
 
 def measure(work: Path, ns_list: list[int], kernels: int, rtt_ms: float,
             copy_restore: bool = True, casfs_src: Path = REPO,
-            site_cache: bool = False) -> dict[str, Any]:
+            site_cache: bool = False, write: int = 1,
+            run_args: tuple[str, ...] = ()) -> dict[str, Any]:
+    """``write``: kernels each node's job adds after its read (published at its end,
+    all N into the one namespace at once); checked by a fresh node afterwards."""
     t_start = time.perf_counter()
-    fleet = Fleet(work, kernels, rtt_ms, casfs_src=casfs_src, site_cache=site_cache)
+    fleet = Fleet(work, kernels, rtt_ms, casfs_src=casfs_src, site_cache=site_cache,
+                  run_args=run_args)
     rows: dict[str, Any] = {}
     try:
         for n in ns_list:
@@ -556,11 +617,18 @@ def measure(work: Path, ns_list: list[int], kernels: int, rtt_ms: float,
             pub = fleet.publish()
             print(f"bench.fleet: N={n}: {n} fresh nodes", file=sys.stderr, flush=True)
             srv0 = fleet.cluster.cpu_seconds()
-            rs = fleet.casfs_round(pub["namespace"], n, f"n{n}")
+            rs = fleet.casfs_round(pub["namespace"], n, f"n{n}", write=write)
             srv_cpu = fleet.cluster.cpu_seconds() - srv0
             bad = _check_invariants(rs, fleet.files, 10.0)
             if bad:
                 raise RuntimeError("; ".join(bad))
+            publishing = None
+            if write:
+                print(f"bench.fleet: N={n}: a fresh node reads what they published",
+                      file=sys.stderr, flush=True)
+                publishing = fleet.check_published(pub["namespace"], write, rs, f"n{n}")
+                if publishing["problems"]:
+                    raise RuntimeError("; ".join(publishing["problems"]))
             walls = [r["wall_s"] for r in rs]
             total = _sum_kinds(rs)
             row: dict[str, Any] = {
@@ -579,6 +647,7 @@ def measure(work: Path, ns_list: list[int], kernels: int, rtt_ms: float,
                 "files_per_request": round(fleet.files * n / max(1, total["total"]), 2),
                 "bytes_down_per_node": round(statistics.mean(r["bytes_down"] for r in rs)),
                 "publish_s": pub["wall_s"],
+                "publishing": publishing,
             }
             if copy_restore:
                 print(f"bench.fleet: N={n}: {n} copy-restores", file=sys.stderr, flush=True)
@@ -616,8 +685,12 @@ def measure(work: Path, ns_list: list[int], kernels: int, rtt_ms: float,
                      "tar_zst_bytes": fleet.archive_bytes},
             "cluster": "1 weed master (-defaultReplication=001), 3 weed volume, 1 weed filer,"
                        " 1 weed s3; one tests/netem.py proxy per node",
-            "read_path": "a real casfs run per node (FUSE mount, fetch workers): the job opens"
-                         " and reads every file through the mount and checks its bytes",
+            "read_path": "a real casfs run per node (its mount process, fetch workers;"
+                         f" options {list(run_args) or 'none: fuse mode'}): the job opens"
+                         " and reads every file through the mount and checks its bytes,"
+                         f" then adds {write} kernel(s) of its own ({write * 8} files),"
+                         " published as its casfs run ends: N publishers at once",
+            "write_files_per_node": write * 8,
             "rtt_ms": rtt_ms, "cpus": os.cpu_count(), "casfs_src": str(casfs_src),
             "casfs_rev": _rev(casfs_src),
             "n_64": "not run: needs a machine with more cores (each node's mount process"
@@ -699,6 +772,54 @@ def faults(work: Path, n: int, kernels: int, rtt_ms: float, stall_s: float,
 PHASES = ("volume-kill", "s3-stall", "s3-stall-at-start", "resets", "slowdown")
 
 
+def plot(docs: list[tuple[str, dict[str, Any]]], path: Path) -> None:
+    """Job time and requests against N, one line per document (``label``, a measure()
+    JSON), copy-restore from the first that has it (matplotlib: the bench extra)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import NullFormatter, ScalarFormatter
+
+    fig, (t_ax, r_ax) = plt.subplots(1, 2, figsize=(12, 4.2))
+    cr_drawn = False
+    for label, doc in docs:
+        rows = sorted(doc["rows"].values(), key=lambda r: r["nodes"])
+        ns = [r["nodes"] for r in rows]
+        line = t_ax.plot(ns, [r["casfs_p50_s"] for r in rows], marker="o",
+                         label=f"casfs p50, {label}")[0]
+        t_ax.plot(ns, [r["casfs_p99_s"] for r in rows], marker="^", linestyle="--",
+                  color=line.get_color(), label=f"casfs p99, {label}")
+        t_ax.plot(ns, [r["cpu_bound_s"] for r in rows], linestyle=":",
+                  color=line.get_color(), label=f"its CPU alone on {doc['cpus']} cores")
+        r_ax.plot(ns, [r["requests_per_node"] for r in rows], marker="o",
+                  color=line.get_color(), label=f"casfs per node, {label}")
+        r_ax.plot(ns, [r["requests_total"]["total"] for r in rows], marker="^",
+                  linestyle="--", color=line.get_color(), label=f"casfs all nodes, {label}")
+        if not cr_drawn and all("copy_restore_p50_s" in r for r in rows):
+            cr_drawn = True
+            t_ax.plot(ns, [r["copy_restore_p50_s"] for r in rows], marker="s", color="grey",
+                      label="copy-restore p50 (one tar.zst GET)")
+            r_ax.plot(ns, [r["copy_restore_requests_total"] for r in rows], marker="s",
+                      color="grey", label="copy-restore, all nodes")
+    doc = docs[0][1]
+    t_ax.set(xlabel="nodes starting at once (N)", ylabel="seconds, launch to exit",
+             title=f"a fresh node's job: reads {doc['tree']['files']:,} files, publishes"
+                   f" {doc.get('write_files_per_node', 0)}; {doc['rtt_ms']:g} ms RTT")
+    r_ax.set(xlabel="nodes starting at once (N)", ylabel="requests to the root",
+             title="requests (every kind)")
+    for ax in (t_ax, r_ax):
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xticks(ns, [str(n) for n in ns])
+        ax.yaxis.set_major_formatter(ScalarFormatter())
+        ax.yaxis.set_minor_formatter(NullFormatter())
+        ax.legend(fontsize=7)
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="bench.fleet", description=__doc__.split("\n\n")[0])
     ap.add_argument("--nodes", default=None,
@@ -717,15 +838,30 @@ def main(argv: list[str] | None = None) -> int:
                     help="--faults: share of responses reset / answered 503 (default 0.05)")
     ap.add_argument("--fetch-timeout", type=float, default=10.0)
     ap.add_argument("--refresh-interval", type=float, default=5.0)
+    ap.add_argument("--write-kernels", type=int, default=1,
+                    help="kernels (x 8 files) each node's job adds and publishes after"
+                         " its read, all nodes at once (default 1; 0: read only)")
+    ap.add_argument("--reader-args", default="",
+                    help="the nodes' casfs run options, e.g. '--mode overlay --wait-warm 60'")
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--plot", type=Path, help="draw time and requests against N (PNG)")
+    ap.add_argument("--plot-from", nargs="+", metavar="LABEL=JSON",
+                    help="only draw --plot from earlier --json documents")
     ap.add_argument("--casfs-src", type=Path, default=REPO,
                     help="run casfs from this source tree (default: this checkout)")
     ap.add_argument("--workdir", type=Path)
     ap.add_argument("--check-job", nargs="+", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.check_job:
-        print(json.dumps(check_job(args.check_job[0], float(args.check_job[1]),
-                                   *args.check_job[2:3])))
+        a = args.check_job
+        print(json.dumps(check_job(a[0], float(a[1]), *a[2:3],
+                                   *(int(x) for x in a[3:5]))))
+        return 0
+    if args.plot_from:
+        if not args.plot:
+            ap.error("--plot-from needs --plot")
+        plot([(x.split("=", 1)[0], json.loads(Path(x.split("=", 1)[1]).read_text()))
+              for x in args.plot_from], args.plot)
         return 0
     with tempfile.TemporaryDirectory(prefix="casfs-bench-fleet-", dir=args.workdir) as tmp:
         if args.faults:
@@ -736,10 +872,13 @@ def main(argv: list[str] | None = None) -> int:
         else:
             doc = measure(Path(tmp), [int(x) for x in (args.nodes or "1,4,16").split(",")],
                           args.kernels or 600, args.rtt_ms, not args.no_copy_restore,
-                          args.casfs_src.resolve(), args.site_cache)
+                          args.casfs_src.resolve(), args.site_cache, args.write_kernels,
+                          tuple(shlex.split(args.reader_args)))
     text = json.dumps(doc, indent=1)
     if args.json:
         args.json.write_text(text + "\n")
+    if args.plot and not args.faults:
+        plot([(" ".join(shlex.split(args.reader_args)) or "fuse", doc)], args.plot)
     print(text)
     return 1 if doc.get("problems") else 0
 

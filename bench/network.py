@@ -117,11 +117,12 @@ def kernel_files(i: int, cache_dir: str) -> list[tuple[str, bytes]]:
     return out
 
 
-def write_tree(dest: Path, kernels: int) -> tuple[int, int]:
+def write_tree(dest: Path, kernels: int, start: int = 0) -> tuple[int, int]:
     """Write the tree as Triton's FileCacheManager.put does: each file into
-    ``<KEY>/tmp.pid_<pid>_<id>/``, then ``os.replace``d into ``<KEY>/``, group last."""
+    ``<KEY>/tmp.pid_<pid>_<id>/``, then ``os.replace``d into ``<KEY>/``, group last.
+    Kernels ``start`` .. ``start + kernels - 1`` (a fleet's nodes each add their own)."""
     files = nbytes = 0
-    for i in range(kernels):
+    for i in range(start, start + kernels):
         kf = kernel_files(i, str(dest))
         kdir = dest / kf[0][0].split("/")[0]
         kdir.mkdir(parents=True, exist_ok=True)
