@@ -432,8 +432,11 @@ class Fleet:
             try:
                 report = json.loads((nd / "report.json").read_text())
                 r["published"] = sum(f.get("published", 0) for f in report["families"])
+                r["races_lost"] = sum(f.get("publish_races_lost", 0)
+                                      for f in report["families"])
+                r["publish_s"] = report.get("timings", {}).get("publish_s")
             except (OSError, ValueError, KeyError, TypeError):
-                r["published"] = None
+                r["published"] = r["races_lost"] = r["publish_s"] = None
             r["cpu_mount_s"] = round(mount_cpu.get(i, 0.0), 2)
             r["cpu_s"] = round(r["cpu_run_and_job_s"] + r["cpu_mount_s"], 2)
             c = nets[i].counts()
@@ -466,6 +469,8 @@ class Fleet:
                      for b in _check_invariants(vr, len(expected), 10.0)]
         job = vr[0].get("job") or {}
         return {"files_per_node": want, "published_per_node": published,
+                "races_lost_per_node": [r.get("races_lost") for r in rs],
+                "release_s_per_node": [r.get("publish_s") for r in rs],
                 "write_s_p50": _pct([((r.get("job") or {}).get("wrote") or {}).get("s", 0.0)
                                      for r in rs], 0.5),
                 "fresh_node_read": {"files": len(expected),

@@ -198,6 +198,8 @@ def write_report(path: Path, cmd: list[str], rc: int, caches: list[dict[str, Any
             "errors": sum(v for k, v in cnt.items()
                           if k.endswith(("_errors", "_timeouts")) or k == "rejections"),
             "conflicts": cnt.get("publish_conflicts", 0),
+            # publication attempts that found their seq taken by another node (retried)
+            "publish_races_lost": cnt.get("publish_races_lost", 0),
             "conflict_paths": (st or {}).get("conflict_paths", [])[:10],
             # seconds from the mount's start: the job could start / the hot set was local
             "mount_ready_s": (st or {}).get("mount_ready_s"),

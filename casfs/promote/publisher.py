@@ -148,6 +148,8 @@ class Publisher:
                 self.counters.inc("files_published", res.added)
                 self.counters.inc("replaced_published", res.replaced)
             self.counters.inc("publish_conflicts", res.conflicts)
+            if res.attempts > 1:  # another node made each seq first: how contended it is
+                self.counters.inc("publish_races_lost", res.attempts - 1)
             out = PublishOutcome(
                 True,
                 f"{self.namespace}@{res.seq}: +{res.added} files, {res.already} already"

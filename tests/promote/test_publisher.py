@@ -209,3 +209,33 @@ def test_the_profile_is_computed_on_the_base_record_beside_the_manifests_upload(
     assert seen == [(1, ["a/two"], True)], seen
     assert beside_marks == [True]
     assert first.digest
+
+
+def test_a_lost_publication_race_is_retried_and_counted(tmp_path: Path) -> None:
+    """Another node takes the seq this publication was about to create: the publisher
+    builds on that node's generation, publishes the next one, and counts the lost race
+    (``publish_races_lost``: how contended a namespace is, for operators and the fleet
+    bench)."""
+    root, index, pub, _ = setup(tmp_path)
+    promote(root, index, "K/ours", b"ours")
+    other = SharedRoot.open(tmp_path / "root")
+    theirs = other.objects.put_bytes(b"theirs")
+    backend = pub.gens.backend
+    create = backend.create_exclusive
+    raced: list[str] = []
+
+    def create_after_the_other_node(key: str, data: bytes) -> bool:
+        if "/generations/" in key and not raced:  # the other node's record lands first
+            raced.append(key)
+            other.generations().publish(
+                "ns", [Entry("K/theirs", theirs.digest, theirs.size, 0o644, 1)], node="other")
+        return bool(create(key, data))
+
+    backend.create_exclusive = create_after_the_other_node  # type: ignore[method-assign]
+    out = pub.publish()
+    assert raced, "the publication never created a record"
+    assert out.ok and out.result is not None
+    assert out.result.attempts == 2
+    assert pub.counters.get("publish_races_lost") == 1
+    snap = SharedRoot.open(tmp_path / "root").generations().entries("ns").entries
+    assert set(snap) == {"K/ours", "K/theirs"}  # neither lost to the other
