@@ -96,6 +96,11 @@ class Backend(Protocol):
         """Names directly under the directory-like ``prefix`` (no trailing '/')."""
         ...
 
+    def list_after(self, prefix: str, after: str) -> Iterator[str]:
+        """``list(prefix)``'s names that sort after ``after``: on an object store one
+        request from there (S3's start-after), not the whole directory."""
+        ...
+
     def delete(self, key: str) -> None:
         """Remove ``key``; absent is not an error."""
         ...
@@ -210,6 +215,9 @@ class LocalBackend:
         except (FileNotFoundError, NotADirectoryError):
             return iter(())
         return iter(sorted(names))
+
+    def list_after(self, prefix: str, after: str) -> Iterator[str]:
+        return (n for n in self.list(prefix) if n > after)
 
     def _parent_fd(self, key: str) -> tuple[int, str]:
         """A directory fd on ``key``'s parent, reached below the root without following

@@ -98,6 +98,11 @@ MISSING_GRACE = 600.0
 # latest_seq probes forward at most this many seqs before listing instead (a run of
 # planted records above the newest must not cost one request each, without end).
 PROBE_STEPS = 64
+# On an object store, a probe that found this many newer seqs lists the rest from there
+# (one LIST with start-after, then a HEAD past its last) instead of a HEAD each: a node
+# k records behind (a refresh, a publisher that lost a race to a fleet's others) pays
+# ~4 round trips, not k + 1 (docs/fleet.md, "Publishing at once").
+PROBE_BEFORE_LIST = 2
 # Parsed manifest parts kept in memory (LRU), in entries: bounds a daemon's RSS.
 PART_CACHE_ENTRIES = 400_000
 # A generation's manifest parts not cached yet are read this many at once (a base and
@@ -344,11 +349,18 @@ class GenerationStore:
         return None
 
     def _probe(self, ns: str, seq: int) -> tuple[int, bool]:
-        """(the last seq present from ``seq`` on, whether the run ended within PROBE_STEPS)."""
-        for _ in range(PROBE_STEPS):
+        """(the last seq present from ``seq`` on, whether the run ended within PROBE_STEPS).
+
+        A listing never ends the run by itself (a LIST may lag behind creates): the
+        HEAD past its last does."""
+        for step in range(1, PROBE_STEPS + 1):
             if self.backend.info(self._key(ns, seq + 1)) is None:
                 return seq, True
             seq += 1
+            if step == PROBE_BEFORE_LIST and self.backend.remote:
+                listed = _seq_names(self.backend.list_after(f"namespaces/{ns}/generations",
+                                                            seq_name(seq)))
+                seq = max(seq, listed[-1]) if listed else seq
         return seq, False
 
     def _rolled_back(self, ns: str, seq: int, why: str,
@@ -792,10 +804,11 @@ class GenerationStore:
         give_up = time.monotonic() + deadline
         attempt = 0
         computing: Callable[[], dict[str, Any]] | None = None
+        later: int | None = None  # after a lost race: the newest seq found since
         while True:
             attempt += 1
             result = PublishResult(ns, None, attempts=attempt)
-            newest, current, snap = self.newest_valid(ns, hint, for_publish=True)
+            newest, current, snap = self.newest_valid(ns, hint, for_publish=True, newest=later)
             if callable(options) and computing is None:
                 computing = _beside(functools.partial(options, current))
             new = self._merge(snap, wanted, result)
@@ -850,7 +863,12 @@ class GenerationStore:
                     ns, record.seq, result.added, result.added_bytes, result.conflicts, attempt,
                 )
                 return result
-            # Another node won this seq: re-read from there and retry.
+            # Another node won this seq (or says so: a create refused for a record
+            # nobody can see is looked at, the stalled count below). Full jitter,
+            # growing to ~1 s: a herd of publishers spreads out; then the newest from
+            # there is the retry's (found once: newest_valid probing again was k+2
+            # more HEADs, k newer records, at every lost race of a fleet's start).
+            time.sleep(random.uniform(0, min(1.0, 0.01 * 2 ** min(attempt, 7))))
             hint = record.seq
             later = self.latest_seq(ns, hint)
             stalled = stalled + 1 if later is None or later <= (newest or 0) else 0
@@ -858,8 +876,6 @@ class GenerationStore:
                 raise PublishError(
                     f"namespace {ns}: lost the publication race {attempt} times"
                     f" ({stalled} without the namespace advancing)")
-            # Full jitter, growing to ~1 s: a herd of publishers spreads out.
-            time.sleep(random.uniform(0, min(1.0, 0.01 * 2 ** min(attempt, 7))))
 
     def _save_condemned(self, digests: set[str], packs: set[str]) -> dict[str, bytes | None]:
         """Write again each object or pack the record will name that a gc mark condemns.

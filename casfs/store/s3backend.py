@@ -367,6 +367,19 @@ class S3Backend:
         names.update(o["path"][cut:] for o in res["objects"])
         return iter(sorted(n for n in names if n and "/" not in n))
 
+    def list_after(self, prefix: str, after: str) -> Iterator[str]:
+        p = _check_key(prefix.strip("/"))
+        names: set[str] = set()
+        try:  # recursive, from ``after`` on: a name's first segment is what list() gives
+            for chunk in self._ob.list(self.store, p + "/", offset=f"{p}/{after}",
+                                       chunk_size=1000):
+                names.update(o["path"][len(p) + 1:].split("/", 1)[0] for o in chunk)
+        except (FileNotFoundError, self._x.NotFoundError):
+            return iter(())
+        except Exception as e:
+            raise _oserror(e) from None
+        return iter(sorted(n for n in names if n > after))
+
     def delete(self, key: str) -> None:
         _check_key(key)
         try:

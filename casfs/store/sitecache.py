@@ -224,6 +224,9 @@ class SiteCachedBackend:
     def list(self, prefix: str) -> Iterator[str]:
         return self.origin.list(prefix)
 
+    def list_after(self, prefix: str, after: str) -> Iterator[str]:
+        return self.origin.list_after(prefix, after)
+
     def delete(self, key: str) -> None:
         self.origin.delete(key)
 

@@ -14,6 +14,7 @@ from casfs.promote.publisher import Publisher
 from casfs.promote.tracker import WriteTracker
 from casfs.store.entry import Entry
 from casfs.store.objects import object_key
+from casfs.store.record import seq_name
 from casfs.store.root import SharedRoot
 from casfs.util.counters import Counters
 
@@ -231,11 +232,26 @@ def test_a_lost_publication_race_is_retried_and_counted(tmp_path: Path) -> None:
                 "ns", [Entry("K/theirs", theirs.digest, theirs.size, 0o644, 1)], node="other")
         return bool(create(key, data))
 
+    info = backend.info
+    looked: list[str] = []
+
+    def counted_info(key: str) -> Any:
+        if "/generations/" in key:
+            looked.append(key)
+        return info(key)
+
     backend.create_exclusive = create_after_the_other_node  # type: ignore[method-assign]
+    backend.info = counted_info  # type: ignore[method-assign]
     out = pub.publish()
     assert raced, "the publication never created a record"
     assert out.ok and out.result is not None
     assert out.result.attempts == 2
     assert pub.counters.get("publish_races_lost") == 1
+    # Round trips a lost race costs: the seq it lost and the ones past it are looked at
+    # once, not again by the retry's read (at a fleet's start, N publishers at once paid
+    # k+2 HEADs twice per lost race, k newer records). Seq 1, which both went for: once
+    # before the create, once after (a create refused for a record nobody can see must
+    # not pass for a race lost); seq 2 once.
+    assert looked == [f"namespaces/ns/generations/{seq_name(s)}" for s in (1, 1, 2)], looked
     snap = SharedRoot.open(tmp_path / "root").generations().entries("ns").entries
     assert set(snap) == {"K/ours", "K/theirs"}  # neither lost to the other

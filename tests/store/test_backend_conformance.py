@@ -139,6 +139,20 @@ def test_list_and_delete(backend: Backend) -> None:
     backend.delete("namespaces/b/generations/1")  # absent: not an error
 
 
+def test_list_after_gives_the_names_past_one(backend: Backend) -> None:
+    """What a publisher that lost a race reads: the records newer than the one it lost
+    (casfs.store.generations), in one request on an object store."""
+    for seq in (3, 1, 12, 2, 10):
+        assert backend.create_exclusive(f"namespaces/b/generations/{seq:012d}", b"x")
+    assert backend.create_exclusive("namespaces/b/generationsx", b"x")  # beside, not under
+    gens = "namespaces/b/generations"
+    assert list(backend.list_after(gens, f"{2:012d}")) == [f"{s:012d}" for s in (3, 10, 12)]
+    assert list(backend.list_after(gens, f"{12:012d}")) == []
+    assert list(backend.list_after(gens, "")) == list(backend.list(gens))
+    assert list(backend.list_after("namespaces", "a")) == ["b"]  # names, not keys
+    assert list(backend.list_after("namespaces/none", "")) == []
+
+
 def test_keys_cannot_escape_the_root(backend: Backend) -> None:
     with pytest.raises(ValueError):
         backend.open("../outside")

@@ -13,6 +13,7 @@ from casfs.families import rules as family_rules
 from casfs.promote.importer import import_tree
 from casfs.store.entry import Entry
 from casfs.store.generations import COMPACT_DELTAS, GenerationStore, check_name
+from casfs.store.record import seq_name
 from casfs.store.root import SharedRoot
 
 
@@ -272,6 +273,31 @@ def test_publish_gives_up_after_bounded_attempts(
     monkeypatch.setattr("casfs.store.generations.time.sleep", lambda s: None)
     with pytest.raises(PublishError, match="lost the publication race 3 times"):
         gens.publish("ns", store_files(root, {"a": b"1"}), node="n", max_attempts=3)
+
+
+@pytest.mark.parametrize("lagging", [False, True])
+def test_a_store_records_behind_lists_them_instead_of_a_head_each(
+    root: SharedRoot, monkeypatch: pytest.MonkeyPatch, lagging: bool
+) -> None:
+    """On an object store, a node 17 records behind (a refresh; a publisher that lost a
+    race to a fleet's others) finds the newest in 4 HEADs and a LIST, not 18 HEADs in a
+    row; a LIST that lags behind the creates is probed past, one HEAD each."""
+    a = root.generations()
+    for i in range(20):
+        a.publish("ns", store_files(root, {f"k{i}": b"%d" % i}), node="a")
+    b = GenerationStore(SharedRoot.open(root.path))
+    backend = b.backend
+    heads: list[int] = []
+    lists: list[str] = []
+    info, list_after = backend.info, backend.list_after
+    monkeypatch.setattr(backend, "remote", True)
+    monkeypatch.setattr(backend, "info", lambda k: heads.append(int(k.rsplit("/", 1)[1]))
+                        or info(k))
+    monkeypatch.setattr(backend, "list_after", lambda p, after: lists.append(after) or (
+        iter(()) if lagging else list_after(p, after)))
+    assert b.latest_seq("ns", hint=3) == 20
+    assert lists == [seq_name(5)]
+    assert heads == ([3, 4, 5, *range(6, 22)] if lagging else [3, 4, 5, 21])
 
 
 def test_generation_store_sees_other_writers(root: SharedRoot) -> None:
