@@ -802,7 +802,7 @@ def plot(docs: list[tuple[str, dict[str, Any]]], path: Path) -> None:
         t_ax.plot(ns, [r["casfs_p99_s"] for r in rows], marker="^", linestyle="--",
                   color=line.get_color(), label=f"casfs p99, {label}")
         t_ax.plot(ns, [r["cpu_bound_s"] for r in rows], linestyle=":",
-                  color=line.get_color(), label=f"its CPU alone on {doc['cpus']} cores")
+                  color=line.get_color(), label=f"its CPU alone on {doc['cpus']} cores, {label}")
         r_ax.plot(ns, [r["requests_per_node"] for r in rows], marker="o",
                   color=line.get_color(), label=f"casfs per node, {label}")
         r_ax.plot(ns, [r["requests_total"]["total"] for r in rows], marker="^",

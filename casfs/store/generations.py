@@ -64,6 +64,7 @@ from casfs.errors import (
 )
 from casfs.store import manifest
 from casfs.store.backend import Backend, NotRegularFileError
+from casfs.store.digests import digest_bytes
 from casfs.store.entry import Entry
 from casfs.store.freshness import JUNK_SCAN, Head, Heads, RolledBackError, record_digest
 from casfs.store.marks import Condemned
@@ -103,6 +104,12 @@ PROBE_STEPS = 64
 # k records behind (a refresh, a publisher that lost a race to a fleet's others) pays
 # ~4 round trips, not k + 1 (docs/fleet.md, "Publishing at once").
 PROBE_BEFORE_LIST = 2
+# A manifest part this store put this recently is taken as stored: a publication that
+# lost a race writes the same delta part again (its entries are the same), and on an
+# object store that create-only PUT, refused, was then checked (two requests a lost
+# race). A part a gc condemned meanwhile is still written again (_save_condemned).
+PART_STORED_FRESH = 60.0
+PARTS_STORED_KEPT = 64
 # Parsed manifest parts kept in memory (LRU), in entries: bounds a daemon's RSS.
 PART_CACHE_ENTRIES = 400_000
 # A generation's manifest parts not cached yet are read this many at once (a base and
@@ -225,6 +232,8 @@ class GenerationStore:
         # ns -> (newest seq found, when): NEWEST_FRESH; (ns, seq) -> when its record was read.
         self._newest: dict[str, tuple[int, float]] = {}
         self._read_at: dict[tuple[str, int], float] = {}
+        # a manifest part's digest -> when this store put it: PART_STORED_FRESH
+        self._parts_stored: OrderedDict[str, float] = OrderedDict()
 
     # --- enumeration ------------------------------------------------------
     def namespaces(self) -> list[str]:
@@ -1029,7 +1038,14 @@ class GenerationStore:
 
     def _store_part(self, entries: list[Entry], kind: str) -> Part:
         data = manifest.encode(entries, kind)
+        digest = digest_bytes(data)
+        at = self._parts_stored.get(digest)
+        if at is not None and time.monotonic() - at < PART_STORED_FRESH:
+            return Part(digest, len(data), len(entries))
         res = self.objects.put_bytes(data)
+        self._parts_stored[res.digest] = time.monotonic()
+        while len(self._parts_stored) > PARTS_STORED_KEPT:
+            self._parts_stored.popitem(last=False)
         return Part(res.digest, res.size, len(entries))
 
     # --- pins -------------------------------------------------------------

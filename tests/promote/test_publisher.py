@@ -220,6 +220,9 @@ def test_a_lost_publication_race_is_retried_and_counted(tmp_path: Path) -> None:
     root, index, pub, _ = setup(tmp_path)
     promote(root, index, "K/ours", b"ours")
     other = SharedRoot.open(tmp_path / "root")
+    first = other.objects.put_bytes(b"first")  # the namespace has a generation already
+    other.generations().publish(
+        "ns", [Entry("K/first", first.digest, first.size, 0o644, 1)], node="other")
     theirs = other.objects.put_bytes(b"theirs")
     backend = pub.gens.backend
     create = backend.create_exclusive
@@ -240,8 +243,17 @@ def test_a_lost_publication_race_is_retried_and_counted(tmp_path: Path) -> None:
             looked.append(key)
         return info(key)
 
+    objects = pub.gens.objects
+    put_bytes = objects.put_bytes
+    puts: list[bytes] = []
+
+    def counted_put(data: bytes) -> Any:
+        puts.append(data)
+        return put_bytes(data)
+
     backend.create_exclusive = create_after_the_other_node  # type: ignore[method-assign]
     backend.info = counted_info  # type: ignore[method-assign]
+    objects.put_bytes = counted_put  # type: ignore[method-assign]
     out = pub.publish()
     assert raced, "the publication never created a record"
     assert out.ok and out.result is not None
@@ -249,9 +261,11 @@ def test_a_lost_publication_race_is_retried_and_counted(tmp_path: Path) -> None:
     assert pub.counters.get("publish_races_lost") == 1
     # Round trips a lost race costs: the seq it lost and the ones past it are looked at
     # once, not again by the retry's read (at a fleet's start, N publishers at once paid
-    # k+2 HEADs twice per lost race, k newer records). Seq 1, which both went for: once
+    # k+2 HEADs twice per lost race, k newer records). Seq 2, which both went for: once
     # before the create, once after (a create refused for a record nobody can see must
-    # not pass for a race lost); seq 2 once.
-    assert looked == [f"namespaces/ns/generations/{seq_name(s)}" for s in (1, 1, 2)], looked
+    # not pass for a race lost); seq 3 once.
+    assert looked == [f"namespaces/ns/generations/{seq_name(s)}" for s in (2, 2, 3)], looked
+    # its manifest part (the same entries both times) went up once, not again at the retry
+    assert len(puts) == 1, [len(p) for p in puts]
     snap = SharedRoot.open(tmp_path / "root").generations().entries("ns").entries
-    assert set(snap) == {"K/ours", "K/theirs"}  # neither lost to the other
+    assert set(snap) == {"K/first", "K/ours", "K/theirs"}  # neither lost to the other
