@@ -618,6 +618,8 @@ def measure(work: Path, ns_list: list[int], kernels: int, rtt_ms: float,
             run_args: tuple[str, ...] = ()) -> dict[str, Any]:
     """``write``: kernels each node's job adds after its read (published at its end,
     all N into the one namespace at once); checked by a fresh node afterwards."""
+    from bench.network import FILES_PER_KERNEL
+
     t_start = time.perf_counter()
     fleet = Fleet(work, kernels, rtt_ms, casfs_src=casfs_src, site_cache=site_cache,
                   run_args=run_args)
@@ -699,9 +701,10 @@ def measure(work: Path, ns_list: list[int], kernels: int, rtt_ms: float,
             "read_path": "a real casfs run per node (its mount process, fetch workers;"
                          f" options {list(run_args) or 'none: fuse mode'}): the job opens"
                          " and reads every file through the mount and checks its bytes,"
-                         f" then adds {write} kernel(s) of its own ({write * 8} files),"
+                         f" then adds {write} kernel(s) of its own"
+                         f" ({write * FILES_PER_KERNEL} files),"
                          " published as its casfs run ends: N publishers at once",
-            "write_files_per_node": write * 8,
+            "write_files_per_node": write * FILES_PER_KERNEL,
             "rtt_ms": rtt_ms, "cpus": os.cpu_count(), "casfs_src": str(casfs_src),
             "casfs_rev": _rev(casfs_src),
             "n_64": "not run: needs a machine with more cores (each node's mount process"
