@@ -728,9 +728,9 @@ def measure(work: Path, ns_list: list[int], kernels: int, rtt_ms: float,
 
 def faults(work: Path, n: int, kernels: int, rtt_ms: float, stall_s: float,
            fetch_timeout: float, refresh_s: float, phases: list[str], share: float = 0.05,
-           casfs_src: Path = REPO) -> dict[str, Any]:
+           casfs_src: Path = REPO, run_args: tuple[str, ...] = ()) -> dict[str, Any]:
     t_start = time.perf_counter()
-    fleet = Fleet(work, kernels, rtt_ms, casfs_src=casfs_src)
+    fleet = Fleet(work, kernels, rtt_ms, casfs_src=casfs_src, run_args=run_args)
     out: dict[str, Any] = {}
     problems: list[str] = []
     try:
@@ -790,6 +790,7 @@ def faults(work: Path, n: int, kernels: int, rtt_ms: float, stall_s: float,
     finally:
         fleet.close()
     return {"what": "bench.fleet --faults", "tree": {"kernels": kernels, "files": fleet.files},
+            "run_args": list(run_args),
             "nodes": n, "rtt_ms": rtt_ms, "stall_s": stall_s, "fetch_timeout": fetch_timeout,
             "refresh_interval": refresh_s, "share": share, "cpus": os.cpu_count(),
             "seconds": round(time.perf_counter() - t_start), "phases": out,
@@ -903,7 +904,7 @@ def main(argv: list[str] | None = None) -> int:
             doc = faults(Path(tmp), int((args.nodes or "4").split(",")[0]),
                          args.kernels or 150, args.rtt_ms, args.stall_s, args.fetch_timeout,
                          args.refresh_interval, args.phases.split(","), args.share,
-                         args.casfs_src.resolve())
+                         args.casfs_src.resolve(), tuple(shlex.split(args.reader_args)))
         else:
             doc = measure(Path(tmp), [int(x) for x in (args.nodes or "1,4,16").split(",")],
                           args.kernels or 600, args.rtt_ms, not args.no_copy_restore,

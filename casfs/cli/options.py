@@ -52,8 +52,9 @@ def mount_opts(p: argparse.ArgumentParser) -> None:
                    metavar="S",
                    help="overlay mode: start the job only once the namespace's access"
                         " profile (its hot set) is on the node, so the kernel serves it"
-                        " natively; at most S seconds (default 60), then with what is"
-                        " local")
+                        " natively; at most S seconds (default 60; a shared root"
+                        " unreachable at the start is waited for within them), then"
+                        " with what is local")
     p.add_argument("--namespace", "-n", help="explicit namespace (default: auto)")
     p.add_argument("--name", help="mount name (default: the family)")
     p.add_argument("--stable-after", type=float, default=D.stable_after, metavar="S")

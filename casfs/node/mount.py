@@ -79,6 +79,7 @@ log = logging.getLogger(__name__)
 
 # dir mode handover: how long past its shutdown_timeout a predecessor may take to exit.
 LEAVE_MARGIN = 15.0
+ROOT_WAIT_POLL_S = 0.25  # a warm wait's look for a root unavailable at the start (stop)
 USE_TICK_S = 15.0  # how often a mount checks whether its read record is due (casfs.node.usage)
 
 
@@ -394,9 +395,18 @@ class MountService:
         hot set natively (the links layer is fixed for the life of the mount).
         Nothing runs on the mount yet: the bandwidth bound is lifted until the
         wait ends; on timeout the job starts with what is local and the rest
-        keeps arriving in the background (served by the FUSE layer)."""
+        keeps arriving in the background (served by the FUSE layer).
+
+        A shared root unavailable at the start is waited for within the same
+        ``timeout`` (opened again every ROOT_RETRY_AFTER s): an overlay mounted
+        over nothing would answer each name the job looks up with a miss for the
+        life of the mount (overlayfs keeps the negative dentry when the FUSE layer
+        gains the name later), so a 30 s stall at the start cost the whole cache."""
+        deadline = time.monotonic() + timeout
+        if self.link.root is None:
+            self._wait_for_root(deadline)
         self.start_prefetch(paced=False)
-        if self.access.wait_warm(timeout) is None:
+        if self.access.wait_warm(max(0.0, deadline - time.monotonic())) is None:
             return
         # The hot set's cache rows (one LRU touch per object fetched) and counters are
         # written now, while nothing runs, not by the first timer tick beside the job.
@@ -404,6 +414,24 @@ class MountService:
             self.flush_counters()
         except Exception:  # the periodic flush tries again
             log.exception("%s: flushing counters after the warm wait failed", self.cfg.name)
+
+    def _wait_for_root(self, deadline: float) -> None:
+        """Until ``deadline``: open the root and serve its newest generation (a refresh)."""
+        name, t0 = self.cfg.name, time.monotonic()
+        self.counters.inc("warm_waits_for_root")
+        log.warning("%s: shared root unavailable at the start: waiting up to %.0fs for it"
+                    " (wait_warm) before mounting", name, deadline - t0)
+        while not self.access.stopping:
+            if self.refresh_once().get("ok"):  # each open bounded (ROOT_OPEN_TIMEOUT)
+                log.info("%s: shared root available after %.1fs of the warm wait", name,
+                         time.monotonic() - t0)
+                return
+            left = deadline - time.monotonic()
+            if left <= 0:
+                log.warning("%s: shared root still unavailable after %.1fs: mounting with"
+                            " what is local", name, time.monotonic() - t0)
+                return
+            time.sleep(min(ROOT_WAIT_POLL_S, left))
 
     def stop_prefetch(self) -> None:
         """Cancel the background fetches (prefetch, read-ahead): the namespace goes."""
