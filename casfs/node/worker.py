@@ -251,8 +251,16 @@ def start_process(module: str, cfg: Any, cfg_json: str, *, where: str,
             if fd is not None:
                 os.close(fd)
     send_config(cfg_w, cfg_json)
+    slow = None
+    wait_warm = getattr(cfg, "wait_warm", 0.0)
+    if wait_warm and not replace and adopt is None:
+        # Said where the job's output goes: a warm wait may hold its start for long.
+        slow = (SLOW_START_NOTE_S, lambda: print(
+            f"casfs: {cfg.name}: waiting for the cache to be local before the job starts"
+            f" (at most {wait_warm:g}s, --wait-warm; log: {log_path or 'stderr'})",
+            file=sys.stderr, flush=True))
     try:
-        line = _read_line(r, ready_timeout, proc)
+        line = _read_line(r, ready_timeout, proc, slow)
     finally:
         os.close(r)
     if line != "READY":
@@ -277,13 +285,21 @@ def start_process(module: str, cfg: Any, cfg_json: str, *, where: str,
     return Worker(cfg, proc, stats_out, log_path, life_w)
 
 
-def _read_line(fd: int, timeout: float, proc: subprocess.Popen[bytes]) -> str:
+def _read_line(fd: int, timeout: float, proc: subprocess.Popen[bytes],
+               slow: tuple[float, Callable[[], None]] | None = None) -> str:
+    """The child's first line (READY, or why not); ``slow``: (seconds, what to call once
+    if no line came within them)."""
     buf = b""
-    deadline = time.monotonic() + timeout
+    t0 = time.monotonic()
+    deadline = t0 + timeout
     while b"\n" not in buf:
-        left = deadline - time.monotonic()
+        now = time.monotonic()
+        left = deadline - now
         if left <= 0:
             return f"not ready after {timeout:.0f}s"
+        if slow is not None and now - t0 >= slow[0]:
+            slow[1]()
+            slow = None
         if readable(fd, min(left, 0.5)):
             chunk = os.read(fd, 4096)
             if not chunk:
@@ -330,6 +346,7 @@ class _Service(Protocol):  # built by ``build(cfg)``, or ``build(cfg, replace=Tr
 
 
 HANDOVER_EXIT = 9  # casfs.node.handover.HandoverUnavailable.exit_code
+SLOW_START_NOTE_S = 5.0  # a warm wait this long without READY is said on stderr, once
 FD_LIMIT_MAX = 1 << 20  # what a mount process lifts its soft RLIMIT_NOFILE to, at most
 
 
