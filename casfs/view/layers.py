@@ -113,6 +113,7 @@ class Layers:
         self._nlink: dict[str, tuple[tuple[int, ...], int]] = {}
         self.upper_dir = Path(upper_dir)
         self.failed = FailedPaths()  # lower paths whose object failed: absent for now
+        self.hide_failed = True  # False: they stay shown (OpsBase.stable_names)
         self.upper_dir.mkdir(parents=True, exist_ok=True)
         # A new view of the namespace: deletions made by earlier ones end here.
         unswept: list[str] = []
@@ -433,7 +434,7 @@ class Layers:
         An upper entry at ``path`` itself does not count (the question is
         whether lower ``path`` would show once that entry is gone).
         """
-        if path in self.failed:
+        if self.hide_failed and path in self.failed:
             return False
         if not path:
             return True
@@ -508,7 +509,7 @@ class Layers:
         ``resolve``): callers must not change the list.
         """
         # Not while any lower object failed: a failure shows again when it expires.
-        if node.upper is None and not len(self.failed):
+        if node.upper is None and not (self.hide_failed and len(self.failed)):
             key = (self._changes, self.lower_version, self.failed.version)
             hit = self._listings.get(node.path)
             if hit is not None and hit[0] == key:
@@ -537,7 +538,8 @@ class Layers:
             upper,
             lower_iter,
             whiteouts=whiteouts,
-            lower_hidden=lambda name: join(node.path, name) in self.failed,
+            lower_hidden=((lambda name: join(node.path, name) in self.failed)
+                          if self.hide_failed else (lambda name: False)),
         )
 
     def subdir_count(self, node: Node) -> int:

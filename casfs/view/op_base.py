@@ -206,8 +206,16 @@ class OpsBase(pyfuse3.Operations):
         presenter: Presenter | None = None,
         dir_nlink: bool = True,
         quota: NamespaceQuota | None = None,
+        stable_names: bool = False,
     ) -> None:
         super().__init__()
+        # A name once shown keeps its inode and stays shown (overlay mode's FUSE layer,
+        # an overlayfs lower: overlayfs answers ESTALE, for the life of its dentry, when
+        # a lower dentry it holds stops revalidating). A lower object that fails to
+        # fetch then fails the open (ENOENT, a miss), not the lookup, and is not
+        # invalidated or given a new inode; a retry within FailedPaths' window misses
+        # at once, as a hidden path would.
+        self.stable_names = stable_names
         # Directories' link count: 2 + subdirectories (exact), or 1 ("unknown", as
         # overlayfs shows a merged directory): overlay mode's FUSE layer, where
         # counting would list every child directory on the overlay's first listing.
@@ -218,6 +226,7 @@ class OpsBase(pyfuse3.Operations):
         # member's directory never makes another's cache writes fail.
         self.share_bits = share_bits
         self.layers = Layers(lower, Path(upper_dir), counters)
+        self.layers.hide_failed = not stable_names
         # The tenant's bounds (casfs.view.quota): entries are charged by the layers,
         # bytes where they are written; None: nothing counted.
         self.quota = quota

@@ -36,7 +36,8 @@ class CopyUpOps(OpsBase):
             self.layers.failed.add(path, permanent=isinstance(exc, CorruptObjectError))
             self.counters.inc("fetch_errors")
             log.warning("lower object for %r unavailable, serving a miss: %s", path, exc)
-        self.inodes.detach(path)  # a file re-created here gets a fresh inode
+        if not self.stable_names:
+            self.inodes.detach(path)  # a file re-created here gets a fresh inode
         return Miss(path)
 
 
@@ -50,6 +51,8 @@ class CopyUpOps(OpsBase):
         is not hidden, and the next open joins the fill instead of missing
         again; if nothing arrived for STALL seconds the path is hidden for a while.
         """
+        if self.stable_names and path in self.layers.failed:
+            raise Miss(path)  # failed a moment ago (shown still, see stable_names): no wait
         if self.on_lower_miss is not None:
             self.on_lower_miss(path, entry)
         lock = threading.Lock()
@@ -87,7 +90,8 @@ class CopyUpOps(OpsBase):
             self.counters.inc("fetch_slow")
             log.info("fetch of %r still running after %.0fs: a miss for now, finishing in"
                      " the background", path, self.fetch_timeout)
-            self.inodes.detach(path)
+            if not self.stable_names:
+                self.inodes.detach(path)
             raise Miss(path)
         self.counters.inc("fetch_timeouts")
         raise self._lower_failed(

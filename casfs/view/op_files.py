@@ -211,7 +211,8 @@ class FileOps(CopyUpOps):
         except Miss as miss:
             # The kernel holds no lock on the parent during open, so waiting for the
             # invalidation is safe: the caller's next stat already sees ENOENT.
-            await self._invalidate_entry_now(miss.path)
+            if not self.stable_names:
+                await self._invalidate_entry_now(miss.path)
             raise err(errno.ENOENT) from None
 
     @fuse_errors

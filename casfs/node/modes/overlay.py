@@ -58,7 +58,7 @@ class OverlayServer:
             parts.lower, parts.cache, self.paths.fuse_upper, parts.tracker, parts.counters,
             fetch_timeout=cfg.fetch_timeout, replaced=parts.is_replaced,
             presenter=parts.relocator, dir_nlink=False, root_mode=parts.root_mode,
-            lower_dir_mode=parts.lower_dir_mode)
+            lower_dir_mode=parts.lower_dir_mode, stable_names=True)
         self.ops.lower_owner = parts.tenant_owner  # as the links layer's: the tenant's
         self._mounted = False
         self._watcher: Any = None
