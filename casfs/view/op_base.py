@@ -56,7 +56,8 @@ def _fuse_error(ops: Any, name: str, e: Exception) -> pyfuse3.FUSEError:
     """The one rule for what leaves a handler: a Miss is ENOENT (its entry dropped
     from the kernel), an OSError keeps its errno, anything else is a bug: EIO."""
     if isinstance(e, Miss):
-        ops._invalidate_entry(e.path)
+        if not ops.stable_names:  # (overlay mode's FUSE layer keeps its names)
+            ops._invalidate_entry(e.path)
         return pyfuse3.FUSEError(errno.ENOENT)
     if isinstance(e, OSError):
         return pyfuse3.FUSEError(e.errno or errno.EIO)
@@ -216,6 +217,11 @@ class OpsBase(pyfuse3.Operations):
         # invalidated or given a new inode; a retry within FailedPaths' window misses
         # at once, as a hidden path would.
         self.stable_names = stable_names
+        if stable_names:
+            # Read-only: no writes to cache. And the kernel must take a replaced path's
+            # new size from getattr for the same inode (with the writeback cache it keeps
+            # its own size for a cached inode: see replaced_changed).
+            self.enable_writeback_cache = False
         # Directories' link count: 2 + subdirectories (exact), or 1 ("unknown", as
         # overlayfs shows a merged directory): overlay mode's FUSE layer, where
         # counting would list every child directory on the overlay's first listing.
@@ -492,6 +498,15 @@ class OpsBase(pyfuse3.Operations):
             ino = self.inodes.find(path)
             if ino is None:
                 continue  # the kernel never looked it up: nothing to forget
+            if self.stable_names:
+                # Same inode, new bytes: its attributes and pages are dropped (no
+                # writeback cache here: the next getattr's size holds), its dentry kept.
+                try:
+                    pyfuse3.invalidate_inode(ino)
+                except OSError as e:
+                    if e.errno != errno.ENOENT:
+                        log.warning("invalidating %r: %s", path, e)
+                continue
             _in_trio_thread(self.inodes.detach, path)  # the table belongs to that thread
             try:
                 pyfuse3.invalidate_inode(ino)

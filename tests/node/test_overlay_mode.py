@@ -181,3 +181,37 @@ def test_casfs_run_stops_its_overlay_processes_at_once(tmp_path: Path) -> None:
     assert proc.returncode == 0, err[-3000:]
     assert len(set(reached.read_text().split())) == 2  # two processes, one line each
     assert "triton" in err and "inductor" in err  # each family's summary line
+
+
+def test_a_replaced_file_refreshed_under_the_overlay_never_reads_estale(
+        cluster: dict[str, Any], tmp_path: Path) -> None:
+    """A replaced path (the CUDA ComputeCache's ``index``, rewritten in place) served
+    through the overlay's FUSE layer, then a newer version published and refreshed
+    under the mounted overlay: reads give a whole version, never ESTALE. (The FUSE
+    layer gave the path a new inode and invalidated its entry, which overlayfs, holding
+    the old lower dentry, answered with ESTALE for the overlay's life.)"""
+    if (why := overlay.unavailable_reason()) is not None:
+        pytest.skip(why)
+    a, b = cluster["a"], cluster["b"]
+    w = a.mount(family="cuda", mountpoint=cluster["mnt"] / "a")
+    (w.cfg.mountpoint / "index").write_bytes(b"v1" * 100)
+    a.stop(w)
+    assert "index" in published(cluster["root"])
+
+    w = b.mount(family="cuda", mode="overlay", prefetch=False)  # served by the FUSE layer
+    mnt = w.cfg.mountpoint
+    assert (mnt / "index").read_bytes() == b"v1" * 100
+    st = b.ask(w, "stats")["counters"]
+    assert st.get("overlay_linked", 0) == 0  # nothing local at mount: not in the links
+
+    wa = a.mount(family="cuda", mountpoint=cluster["mnt"] / "a")
+    (wa.cfg.mountpoint / "index").write_bytes(b"version-2" * 300)  # longer
+    a.stop(wa)
+    assert published(cluster["root"])["index"].size == 9 * 300
+    assert b.ask(w, "refresh")["ok"]
+    for _ in range(3):
+        data = (mnt / "index").read_bytes()  # an OSError (ESTALE) fails the test
+        assert data in (b"v1" * 100, b"version-2" * 300), data[:40]
+        assert os.stat(mnt / "index").st_size == len(data)
+    assert data == b"version-2" * 300  # the newest version, replaced in place
+    b.stop(w)
