@@ -51,6 +51,66 @@ WAVE_BYTES = 128 << 20
 DEFAULT_BUDGET = 128 << 20  # MountOptions.prefetch_budget's default
 
 
+def not_on_node(cache: LocalObjectCache, entries: list[Entry]) -> list[Entry]:
+    """``entries`` whose objects the node lacks, one per digest, in order. (What the node
+    has already, a remount's, is verified by its first open, as before.)"""
+    order: list[Entry] = []
+    seen: set[str] = set()
+    listed = cache.local_digests()  # (a fresh node: none, and no stat per file)
+    for e in entries:
+        if e.digest not in seen and not (
+                (e.digest in listed or cache.trusted_digest(e.digest))
+                and cache.on_node(e.digest, e.size)):
+            seen.add(e.digest)
+            order.append(e)
+    return order
+
+
+def waves(cache: LocalObjectCache, order: list[Entry]
+          ) -> tuple[list[list[tuple[str, int]]], int]:
+    """``order``'s objects as fill_packs waves of at most WAVE_BYTES, a pack's objects
+    all in the wave of its first (each pack read once), and how many packs."""
+    pack_bytes: dict[str, int] = {}
+    locs = [cache.pack_of(e.digest) for e in order]
+    for e, loc in zip(order, locs, strict=True):
+        if loc is not None:
+            pack_bytes[loc[0]] = pack_bytes.get(loc[0], 0) + e.size
+    wave_of: dict[str, int] = {}  # pack (or a loose object's digest) -> its wave
+    n, size = 0, 0
+    for e, loc in zip(order, locs, strict=True):
+        key = e.digest if loc is None else loc[0]
+        if key in wave_of:
+            continue
+        cost = e.size if loc is None else pack_bytes[key]
+        if size and size + cost > WAVE_BYTES:
+            n, size = n + 1, 0
+        size += cost
+        wave_of[key] = n
+    out: list[list[tuple[str, int]]] = [[] for _ in range(n + 1)] if order else []
+    for e, loc in zip(order, locs, strict=True):
+        out[wave_of[e.digest if loc is None else loc[0]]].append((e.digest, e.size))
+    return out, len(pack_bytes)
+
+
+def fill_whole(cache: LocalObjectCache, entries: list[Entry], counters: Counters,
+               threads: int = 2) -> None:
+    """Bring every object of ``entries`` onto the node in fill_packs waves (``threads``
+    at once): dir mode copies a whole namespace into its directory, and one object
+    after another was a round trip a file (1,200 files: 32 s at 20 ms RTT). Failures
+    are left to the caller's own fetch of each (a miss there, as before)."""
+    todo = waves(cache, not_on_node(cache, entries))[0]
+    if not todo:
+        return
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(min(threads, len(todo)), thread_name_prefix="fill-whole") as pool:
+        for filled, failed in pool.map(cache.fill_packs, todo):
+            counters.inc("restore_bulk_filled", filled)
+            if failed:
+                counters.inc("restore_bulk_failed", failed)
+    counters.inc("restore_bulk_waves", len(todo))
+
+
 def in_prefetch_thread() -> bool:
     return bool(getattr(_local, "prefetch", False))
 
@@ -169,40 +229,13 @@ class Prefetcher:
                          " lazy", self.budget)
                 return False
             rest.append(e)  # (every walk yields depth first, in name order)
-        order: list[Entry] = []
-        seen: set[str] = set()
-        listed = self.cache.local_digests()  # (a fresh node: none, and no stat per file)
-        for e in [*self._todo, *rest]:
-            # What the node has already (a remount) is verified by its first open, as before.
-            if e.digest not in seen and not (
-                    (e.digest in listed or self.cache.trusted_digest(e.digest))
-                    and self.cache.on_node(e.digest, e.size)):
-                seen.add(e.digest)
-                order.append(e)
+        order = not_on_node(self.cache, [*self._todo, *rest])
         self._todo = []
-        pack_bytes: dict[str, int] = {}
-        locs = [self.cache.pack_of(e.digest) for e in order]
-        for e, loc in zip(order, locs, strict=True):
-            if loc is not None:
-                pack_bytes[loc[0]] = pack_bytes.get(loc[0], 0) + e.size
-        wave_of: dict[str, int] = {}  # pack (or a loose object's digest) -> its wave
-        n, size = 0, 0
-        for e, loc in zip(order, locs, strict=True):
-            key = e.digest if loc is None else loc[0]
-            if key in wave_of:
-                continue
-            cost = e.size if loc is None else pack_bytes[key]
-            if size and size + cost > WAVE_BYTES:
-                n, size = n + 1, 0
-            size += cost
-            wave_of[key] = n
-        self._waves = [[] for _ in range(n + 1)] if order else []
-        for e, loc in zip(order, locs, strict=True):
-            self._waves[wave_of[e.digest if loc is None else loc[0]]].append((e.digest, e.size))
+        self._waves, packs = waves(self.cache, order)
         with self._lock:
             self._bytes = sum(e.size for e in order)
         log.info("prefetch: the whole namespace, %d files, %d bytes, %d packs, in %d waves",
-                 len(order), self._bytes, len(pack_bytes), len(self._waves))
+                 len(order), self._bytes, packs, len(self._waves))
         return True
 
     def _work_waves(self) -> None:

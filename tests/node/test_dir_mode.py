@@ -171,3 +171,17 @@ def test_dir_mode_second_signal_does_not_cut_the_final_publication(
     assert w.proc.returncode == 0
     ns = SharedRoot.open(cluster["root"]).generations().entries("testns")
     assert len(ns.entries) == 1000
+
+
+def test_a_restore_is_cut_into_runs_the_local_cache_holds() -> None:
+    """dir mode fetches a run of entries whole, then copies it: each run at most its bound
+    (a quarter of the local cache), in order, nothing left out; an entry over the bound
+    is a run of its own."""
+    from casfs.node.modes.directory import _parts
+    from casfs.store.entry import Entry
+
+    es = [Entry(f"k{i}", "0" * 64, size, 0o644, 1) for i, size in enumerate([4, 4, 3, 9, 1, 1])]
+    runs = _parts(es, 8)
+    assert [[e.path for e in r] for r in runs] == [["k0", "k1"], ["k2"], ["k3"], ["k4", "k5"]]
+    assert all(sum(e.size for e in r) <= 8 or len(r) == 1 for r in runs)
+    assert _parts([], 8) == []

@@ -19,13 +19,26 @@ from typing import Any
 
 import trio
 
-from casfs.node import control
+from casfs.node import control, prefetch
 from casfs.node.modes.base import Busy, Serving, Unchanged, ViewParts, remove_beneath
 from casfs.store.entry import Entry
 from casfs.util.crashpoint import pausepoint
 from casfs.view import dirmode, session
 
 log = logging.getLogger(__name__)
+
+
+def _parts(entries: list[Entry], most: int) -> list[list[Entry]]:
+    """``entries`` in order, cut into runs of at most ``most`` bytes (one at least)."""
+    out: list[list[Entry]] = []
+    size = most + 1
+    for e in entries:
+        if size + e.size > most:
+            out.append([])
+            size = 0
+        out[-1].append(e)
+        size += e.size
+    return out
 
 
 class DirServer:
@@ -84,9 +97,15 @@ class DirServer:
         p = self.parts
         cfg = p.cfg
         fresh = [e for e in p.lower.walk() if e.path not in self._offered]
-        written = dirmode.restore(cfg.mountpoint, fresh, p.cache, p.counters,
-                                  self.restore_stamps, present=p.presenter(),
-                                  owner=p.tenant_owner, refused=self._refused)
+        written: list[Entry] = []
+        # A quarter of the local cache at a time: its objects brought onto the node
+        # first (packs read whole, many at once), then copied, each found local. (One
+        # object fetched after another was a round trip a file.)
+        for part in _parts(fresh, max(prefetch.WAVE_BYTES, cfg.cache_max_bytes // 4)):
+            prefetch.fill_whole(p.cache, part, p.counters)
+            written += dirmode.restore(cfg.mountpoint, part, p.cache, p.counters,
+                                       self.restore_stamps, present=p.presenter(),
+                                       owner=p.tenant_owner, refused=self._refused)
         # Offered = now in the directory; a failed fetch is tried again on the next refresh.
         self._offered.update(dirmode.lstats(cfg.mountpoint, [e.path for e in fresh]))
         # Restored files are published already: record them so promotion skips them.
