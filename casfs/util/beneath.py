@@ -151,6 +151,16 @@ def walk(base: int, rel: str) -> Iterator[str]:
                 yield f"{d}/{name}"
 
 
+def names(base: int, rel: str) -> list[str]:
+    """The names in the directory ``rel`` beneath ``base`` ("" for ``base`` itself)."""
+    fd = (open_read(base, rel, os.O_DIRECTORY) if rel else
+          os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=base))
+    try:
+        return os.listdir(fd)
+    finally:
+        os.close(fd)
+
+
 def create(base: int, rel: str, mode: int = 0o600) -> int:
     """A new file, for writing; EEXIST if anything is there (a symlink included)."""
     return open(base, rel, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
@@ -227,6 +237,25 @@ def link(src: str | os.PathLike[str], base: int, rel: str, *,
             return
         with parent(src_dir_fd, os.fspath(src)) as (sfd, sleaf):
             os.link(sleaf, leaf, src_dir_fd=sfd, dst_dir_fd=dfd, follow_symlinks=False)
+
+
+def create_unnamed(dirfd: int, mode: int = 0o600) -> int | None:
+    """An unnamed file (O_TMPFILE) in the directory ``dirfd`` (an fd from here), open
+    for writing; None where the file system has none (the caller names a temp file)."""
+    try:
+        return os.open(".", os.O_TMPFILE | os.O_WRONLY | os.O_CLOEXEC, mode, dir_fd=dirfd)
+    except OSError as e:
+        if e.errno in (errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL):
+            return None
+        raise
+
+
+def link_unnamed(fd: int, dirfd: int, leaf: str) -> None:
+    """Name the unnamed file ``fd`` ``leaf`` in the directory ``dirfd``: EEXIST if
+    anything is there (linkat never follows nor replaces its new name)."""
+    if "/" in leaf or leaf in ("", ".", ".."):
+        raise OSError(errno.EINVAL, "not a plain name", leaf)
+    os.link(_proc(fd), leaf, dst_dir_fd=dirfd, follow_symlinks=True)
 
 
 def unlink(base: int, rel: str) -> None:

@@ -23,6 +23,7 @@ promotion and publication are the same as in the FUSE mode; two things differ:
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import logging
 import os
@@ -138,6 +139,83 @@ def _write(pfd: int, e: Entry, source: bytes | BinaryIO) -> str:
     return tmp
 
 
+RESTORE_BATCH = 64  # entries of one directory whose sources are open at once
+
+
+def _groups(entries: Iterable[Entry]) -> Iterator[tuple[str, list[Entry]]]:
+    """Consecutive entries of one parent directory, at most RESTORE_BATCH at a time."""
+    parent = ""
+    group: list[Entry] = []
+    for e in entries:
+        p = e.path.rpartition("/")[0]
+        if group and (p != parent or len(group) >= RESTORE_BATCH):
+            yield parent, group
+            group = []
+        parent = p
+        group.append(e)
+    if group:
+        yield parent, group
+
+
+def _names(base: int, parent: str) -> set[str]:
+    """The names in ``parent`` beneath ``base`` (none if it is absent); a refusal (a
+    symlink or a file on the way) raises."""
+    try:
+        return set(beneath.names(base, parent))
+    except FileNotFoundError:
+        return set()
+
+
+def _copy(source: bytes | BinaryIO, fd: int) -> None:
+    """All of ``source`` into ``fd`` (a cached object: in the kernel, sendfile)."""
+    if isinstance(source, bytes):
+        view = memoryview(source)
+        while view:
+            view = view[os.write(fd, view):]
+        return
+    src = source.fileno()
+    size, done = os.fstat(src).st_size, 0
+    try:
+        while done < size:
+            n = os.sendfile(fd, src, done, size - done)
+            if n == 0:
+                break
+            done += n
+    except OSError as e:
+        if done or e.errno not in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+            raise
+        with os.fdopen(os.dup(fd), "wb") as out:
+            shutil.copyfileobj(source, out)
+        return
+    if done != size:  # a cache object is never rewritten: never write a short copy
+        raise OSError(errno.EIO, f"short copy ({done} of {size} bytes)")
+
+
+def _put(pfd: int, e: Entry, source: bytes | BinaryIO) -> os.stat_result:
+    """``e`` written into the directory ``pfd`` as its leaf, whole, with its mode and
+    mtime, then linked into place: EEXIST if anything is there (a file the job made
+    meanwhile wins). Its stat. An unnamed file where the file system has them (no
+    temp name to remove, nothing half-written ever has a name)."""
+    leaf = e.path.rpartition("/")[2]
+    fd = beneath.create_unnamed(pfd)
+    if fd is None:
+        tmp = _write(pfd, e, source)
+        try:
+            beneath.link(tmp, pfd, leaf, src_dir_fd=pfd)
+        finally:
+            with contextlib.suppress(OSError):
+                beneath.unlink(pfd, tmp)
+        return beneath.lstat(pfd, leaf)
+    try:
+        _copy(source, fd)
+        os.fchmod(fd, e.mode & 0o777)
+        os.utime(fd, ns=(e.mtime_ns, e.mtime_ns))
+        beneath.link_unnamed(fd, pfd, leaf)
+        return os.fstat(fd)
+    finally:
+        os.close(fd)
+
+
 def restore(
     directory: Path, entries: Iterable[Entry], fetcher: ObjectFetcher, counters: Counters,
     stamps: RestoreStamps | None = None,
@@ -150,22 +228,55 @@ def restore(
     promotion can see it. The directory is the tenant's: every path is resolved
     beneath it with no symlink followed (casfs.util.beneath) and written with
     ``owner``'s fs credentials; a path through a symlink is skipped (a miss),
-    logged once per path (``refused`` remembers them across calls).
+    logged once per path (``refused`` remembers them across calls). A directory at
+    a time: listed once, its sources opened as root, then written as the tenant.
     """
     written: list[Entry] = []
     base = beneath.open_base(directory)
+    listed: tuple[str, set[str]] | None = None  # the last directory's names
     try:
-        for e in entries:
+        for parent, group in _groups(entries):
             try:
-                if beneath.lexists(base, e.path):
-                    continue
+                if listed is None or listed[0] != parent:
+                    listed = (parent, _names(base, parent))
             except OSError as err:
-                if not _refused(err, e.path, refused, "restoring"):
-                    counters.inc("restore_errors")
-                    log.warning("not restoring %s: %s", e.path, err)
-                else:
-                    counters.inc("restore_refused")
+                listed = None
+                for e in group:
+                    _not_restored(e, err, counters, refused)
                 continue
+            names = listed[1]
+            todo = [e for e in group if e.path.rpartition("/")[2] not in names]
+            done = _restore_dir(base, parent, todo, fetcher, counters, stamps, present,
+                                owner, refused)
+            names.update(e.path.rpartition("/")[2] for e in done)
+            written += done
+    finally:
+        os.close(base)
+    counters.inc("restored_files", len(written))
+    if stamps is not None and written:
+        stamps.save()
+    return written
+
+
+def _not_restored(e: Entry, err: OSError, counters: Counters, refused: set[str] | None
+                  ) -> None:
+    if _refused(err, e.path, refused, "restoring"):
+        counters.inc("restore_refused")
+    else:
+        counters.inc("restore_errors")
+        log.warning("not restoring %s: %s", e.path, err)
+
+
+def _restore_dir(
+    base: int, parent: str, todo: list[Entry], fetcher: ObjectFetcher, counters: Counters,
+    stamps: RestoreStamps | None, present: Callable[[Entry, str], bytes | None] | None,
+    owner: Owner, refused: set[str] | None,
+) -> list[Entry]:
+    """``todo`` (entries of the one directory ``parent``) written into it."""
+    sources: list[tuple[Entry, bytes | BinaryIO]] = []
+    written: list[Entry] = []
+    try:
+        for e in todo:  # as root: the local object cache is root's
             try:
                 src = fetcher.fetch(e)
             except CasfsError as err:
@@ -173,39 +284,38 @@ def restore(
                 log.warning("not restoring %s: %s", e.path, err)
                 continue
             try:
-                source = _source(e, src, present)
-                parent, _, leaf = e.path.rpartition("/")
-                with _closing(source), beneath.as_tenant(*(owner or (None, None))):
-                    pfd = beneath.mkdirs(base, parent) if parent else os.dup(base)
-                    try:
-                        tmp = _write(pfd, e, source)
-                        try:
-                            # link, not rename: a file the job created meanwhile must win.
-                            beneath.link(tmp, pfd, leaf, src_dir_fd=pfd)
-                        finally:
-                            with contextlib.suppress(OSError):
-                                beneath.unlink(pfd, tmp)
-                        if stamps is not None:
-                            stamps.add(e.path, beneath.lstat(pfd, leaf))
-                    finally:
-                        os.close(pfd)
-            except FileExistsError:
-                continue
+                sources.append((e, _source(e, src, present)))
             except OSError as err:
-                if _refused(err, e.path, refused, "restoring"):
-                    counters.inc("restore_refused")
-                else:
-                    counters.inc("restore_errors")
-                    log.warning("not restoring %s: %s", e.path, err)
-                continue
-            finally:
                 fetcher.unpin(e.digest)
-            written.append(e)
+                _not_restored(e, err, counters, refused)
+        if not sources:
+            return written
+        with beneath.as_tenant(*(owner or (None, None))):
+            try:
+                pfd = beneath.mkdirs(base, parent) if parent else os.dup(base)
+            except OSError as err:
+                for e, _ in sources:
+                    _not_restored(e, err, counters, refused)
+                return written
+            try:
+                for e, source in sources:
+                    try:
+                        st = _put(pfd, e, source)
+                    except FileExistsError:
+                        continue
+                    except OSError as err:
+                        _not_restored(e, err, counters, refused)
+                        continue
+                    if stamps is not None:
+                        stamps.add(e.path, st)
+                    written.append(e)
+            finally:
+                os.close(pfd)
     finally:
-        os.close(base)
-    counters.inc("restored_files", len(written))
-    if stamps is not None and written:
-        stamps.save()
+        for e, source in sources:
+            if not isinstance(source, bytes):
+                source.close()
+            fetcher.unpin(e.digest)
     return written
 
 

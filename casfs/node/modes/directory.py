@@ -107,7 +107,10 @@ class DirServer:
                                        self.restore_stamps, present=p.presenter(),
                                        owner=p.tenant_owner, refused=self._refused)
         # Offered = now in the directory; a failed fetch is tried again on the next refresh.
-        self._offered.update(dirmode.lstats(cfg.mountpoint, [e.path for e in fresh]))
+        done = {e.path for e in written}
+        self._offered.update(done)
+        self._offered.update(dirmode.lstats(cfg.mountpoint,
+                                            [e.path for e in fresh if e.path not in done]))
         # Restored files are published already: record them so promotion skips them.
         p.index.add_promoted_many(cfg.namespace, written)
         p.index.mark_published(cfg.namespace, written, p.served_seq())

@@ -1,0 +1,232 @@
+"""casfs.view.dirmode.restore: a directory at a time, each file whole before it has a name.
+
+The restore lists each directory once, opens its sources as root, then writes
+as the tenant: an unnamed file (O_TMPFILE) filled, given its mode and mtime,
+then linked into place, so no temp name is ever left and a file the job made
+meanwhile wins. Real files on this machine's file systems; the tenant is a real
+user (tests.users).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from collections.abc import Iterator
+from pathlib import Path
+
+import blake3
+import pytest
+
+from casfs.errors import CasfsError
+from casfs.index.objcache import install_file, object_path
+from casfs.store.entry import Entry
+from casfs.util import beneath
+from casfs.util.counters import Counters
+from casfs.view import dirmode
+from tests.users import open_tmp, real_users
+
+MTIME = 1_700_000_000_123_456_789
+
+
+class Fetcher:
+    """The local object cache's fetch/unpin, counting both; ``on_fetch`` runs first."""
+
+    def __init__(self, cache: Path) -> None:
+        self.cache = cache
+        self.fetched: list[str] = []
+        self.pins = 0
+        self.on_fetch = lambda e: None
+        self.missing: set[str] = set()
+
+    def fetch(self, e: Entry) -> str:
+        self.on_fetch(e)
+        if e.digest in self.missing:
+            raise CasfsError(f"object {e.digest}: not found")
+        self.fetched.append(e.path)
+        self.pins += 1
+        return object_path(str(self.cache), e.digest)
+
+    def unpin(self, digest: str) -> None:
+        self.pins -= 1
+
+
+def tree(cache: Path, layout: dict[str, int]) -> tuple[list[Entry], dict[str, bytes]]:
+    """Entries (in walk order) for ``layout`` (directory -> files), objects installed."""
+    rnd = random.Random(7)
+    entries: list[Entry] = []
+    data: dict[str, bytes] = {}
+    cache.mkdir(exist_ok=True)
+    for d, n in layout.items():
+        for i in range(n):
+            rel = f"{d}/f{i:03d}" if d else f"top{i}"
+            body = rnd.randbytes(rnd.randint(1, 70_000))
+            digest = blake3.blake3(body).hexdigest()
+            install_file(str(cache), digest, body)
+            entries.append(Entry(rel, digest, len(body), 0o640 if i % 2 else 0o755,
+                                 MTIME + i))
+            data[rel] = body
+    return entries, data
+
+
+def check(top: Path, entries: list[Entry], data: dict[str, bytes], uid: int = 0) -> None:
+    for e in entries:
+        st = os.lstat(top / e.path)
+        assert (top / e.path).read_bytes() == data[e.path], e.path
+        assert (st.st_mode & 0o777, st.st_mtime_ns, st.st_uid) == (e.mode, e.mtime_ns, uid)
+    leftovers = [p for p in top.rglob("*") if p.name.startswith(".tmp-")]
+    assert leftovers == []
+
+
+@pytest.fixture(params=["unnamed", "named"])
+def how(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Both ways a file is made: O_TMPFILE, and a named temp file where a file system
+    has no unnamed files."""
+    if request.param == "named":
+        monkeypatch.setattr(beneath, "create_unnamed", lambda dirfd, mode=0o600: None)
+    return str(request.param)
+
+
+def test_a_tree_is_restored_whole_with_modes_and_mtimes(how: str, tmp_path: Path) -> None:
+    # More files in one directory than a batch: listed once, written in batches.
+    layout = {"": 3, "k1": 8, "k2/sub": dirmode.RESTORE_BATCH * 2 + 5, "k3": 1}
+    entries, data = tree(tmp_path / "cache", layout)
+    top = tmp_path / "top"
+    top.mkdir()
+    stamps = dirmode.RestoreStamps(None)
+    counters = Counters()
+    f = Fetcher(tmp_path / "cache")
+    written = dirmode.restore(top, entries, f, counters, stamps)
+    assert written == entries
+    check(top, entries, data)
+    assert f.pins == 0 and counters.get("restored_files") == len(entries)
+    for e in entries:  # stamped as written: promotion never re-hashes them
+        assert stamps.unchanged(e.path, os.lstat(top / e.path))
+
+
+def test_present_files_are_left_alone_and_never_fetched(how: str, tmp_path: Path) -> None:
+    entries, data = tree(tmp_path / "cache", {"k1": 5, "k2": 70})
+    top = tmp_path / "top"
+    (top / "k1").mkdir(parents=True)
+    (top / "k1/f001").write_bytes(b"the job's own")
+    (top / "k2").mkdir()
+    os.symlink("/etc/passwd", top / "k2/f069")  # a name taken by anything stays taken
+    f = Fetcher(tmp_path / "cache")
+    written = dirmode.restore(top, entries, f, Counters())
+    assert {e.path for e in entries} - {e.path for e in written} == {"k1/f001", "k2/f069"}
+    assert "k1/f001" not in f.fetched and "k2/f069" not in f.fetched
+    assert (top / "k1/f001").read_bytes() == b"the job's own"
+    assert os.readlink(top / "k2/f069") == "/etc/passwd"
+    check(top, written, data)
+
+
+def test_a_file_the_job_makes_meanwhile_wins(how: str, tmp_path: Path) -> None:
+    entries, data = tree(tmp_path / "cache", {"k": 4})
+    top = tmp_path / "top"
+    top.mkdir()
+    f = Fetcher(tmp_path / "cache")
+
+    def job_writes(e: Entry) -> None:  # after the listing, before the link
+        if e.path == "k/f002":
+            (top / "k").mkdir(exist_ok=True)
+            (top / "k/f002").write_bytes(b"compiled here")
+
+    f.on_fetch = job_writes
+    written = dirmode.restore(top, entries, f, Counters())
+    assert [e.path for e in written] == ["k/f000", "k/f001", "k/f003"]
+    assert (top / "k/f002").read_bytes() == b"compiled here"
+    check(top, written, data)
+    assert f.pins == 0
+
+
+@pytest.mark.expect_log(r"not restoring k/f00[14]: object .*: not found")
+def test_a_failed_fetch_is_a_miss_and_the_rest_are_restored(tmp_path: Path) -> None:
+    entries, data = tree(tmp_path / "cache", {"k": 6})
+    top = tmp_path / "top"
+    top.mkdir()
+    f = Fetcher(tmp_path / "cache")
+    f.missing = {entries[1].digest, entries[4].digest}
+    counters = Counters()
+    written = dirmode.restore(top, entries, f, counters)
+    assert [e.path for e in written] == ["k/f000", "k/f002", "k/f003", "k/f005"]
+    assert not (top / "k/f001").exists() and not (top / "k/f004").exists()
+    assert counters.get("fetch_errors") == 2
+    check(top, written, data)
+
+
+def test_generated_bytes_are_written_as_given(how: str, tmp_path: Path) -> None:
+    entries, _ = tree(tmp_path / "cache", {"k": 3})
+    top = tmp_path / "top"
+    top.mkdir()
+    made = {e.path: f"generated {e.path}".encode() for e in entries[:2]}
+    written = dirmode.restore(top, entries, Fetcher(tmp_path / "cache"), Counters(),
+                              present=lambda e, src: made.get(e.path))
+    assert written == entries
+    for e in entries[:2]:
+        assert (top / e.path).read_bytes() == made[e.path]
+
+
+@pytest.mark.expect_log(r"not restoring k2/f00[01]: \[Errno 13\] Permission denied")
+def test_a_tenants_files_are_hers_and_her_permissions_apply(how: str) -> None:
+    with open_tmp() as d, real_users(1, d) as users:
+        user = users[0]
+        entries, data = tree(d / "cache", {"k1": 3, "k2": 2})
+        os.chmod(d / "cache", 0o700)  # root's, as the node's object cache
+        top = d / "top"
+        top.mkdir()
+        os.chown(top, user.uid, user.uid)
+        (top / "k2").mkdir(mode=0o555)  # hers? no: root's, and not writable to her
+        counters = Counters()
+        written = dirmode.restore(top, entries, Fetcher(d / "cache"), counters,
+                                  owner=(user.uid, user.uid))
+        assert [e.path for e in written] == ["k1/f000", "k1/f001", "k1/f002"]
+        check(top, written, data, uid=user.uid)
+        assert (top / "k1").stat().st_uid == user.uid
+        assert os.listdir(top / "k2") == []
+        assert counters.get("restore_errors") == 2
+
+
+@pytest.mark.expect_log(r"not restoring k/f00[012]: a symlink or a file in its path")
+def test_a_directory_that_is_a_symlink_is_refused_once_for_the_batch(
+        how: str, tmp_path: Path) -> None:
+    entries, data = tree(tmp_path / "cache", {"k": 3, "m": 2})
+    top = tmp_path / "top"
+    top.mkdir()
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    os.symlink(outside, top / "k")
+    counters = Counters()
+    refused: set[str] = set()
+    written = dirmode.restore(top, entries, Fetcher(tmp_path / "cache"), counters,
+                              refused=refused)
+    assert [e.path for e in written] == ["m/f000", "m/f001"]
+    assert os.listdir(outside) == []
+    assert counters.get("restore_refused") == 3 and refused == {"k/f000", "k/f001", "k/f002"}
+    check(top, written, data)
+
+
+@pytest.fixture
+def dirfd(tmp_path: Path) -> Iterator[int]:
+    fd = beneath.open_base(tmp_path)
+    try:
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def test_an_unnamed_file_never_takes_an_existing_name(tmp_path: Path, dirfd: int) -> None:
+    os.symlink(tmp_path / "elsewhere", tmp_path / "planted")  # dangling: never followed
+    fd = beneath.create_unnamed(dirfd)
+    assert fd is not None
+    try:
+        os.write(fd, b"x")
+        with pytest.raises(FileExistsError):
+            beneath.link_unnamed(fd, dirfd, "planted")
+        for bad in ("a/b", "..", ".", ""):
+            with pytest.raises(OSError):
+                beneath.link_unnamed(fd, dirfd, bad)
+        beneath.link_unnamed(fd, dirfd, "named")
+    finally:
+        os.close(fd)
+    assert not (tmp_path / "elsewhere").exists()
+    assert (tmp_path / "named").read_bytes() == b"x"
+    assert sorted(beneath.names(dirfd, "")) == ["named", "planted"]
