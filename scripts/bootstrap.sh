@@ -20,6 +20,8 @@ command -v chromium >/dev/null || need_apt+=(chromium)
 # tests/*/test_site_cache*.py, bench.fleet --site-cache: a real nginx proxy_cache as a site
 # cache (its own config and port; the package's system-wide server is stopped below)
 [ -x /usr/sbin/nginx ] || need_apt+=(nginx)
+# tests/view/test_dir_restore.py: dir mode's copies are reflinks on XFS (a loop-mounted one)
+command -v mkfs.xfs >/dev/null || need_apt+=(xfsprogs)
 if [ ${#need_apt[@]} -gt 0 ]; then
     if [ "$(id -u)" -ne 0 ]; then
         echo "bootstrap: need root to install: ${need_apt[*]} (sudo apt-get install ${need_apt[*]})" >&2

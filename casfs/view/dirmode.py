@@ -167,7 +167,9 @@ def _names(base: int, parent: str) -> set[str]:
 
 
 def _copy(source: bytes | BinaryIO, fd: int) -> None:
-    """All of ``source`` into ``fd`` (a cached object: in the kernel, sendfile)."""
+    """All of ``source`` into ``fd``. A cached object is copied in the kernel:
+    copy_file_range (a reflink, no data copied, where the object cache and the
+    directory share an XFS or btrfs), else sendfile, else through this process."""
     if isinstance(source, bytes):
         view = memoryview(source)
         while view:
@@ -175,20 +177,35 @@ def _copy(source: bytes | BinaryIO, fd: int) -> None:
         return
     src = source.fileno()
     size, done = os.fstat(src).st_size, 0
-    try:
-        while done < size:
-            n = os.sendfile(fd, src, done, size - done)
-            if n == 0:
-                break
-            done += n
-    except OSError as e:
-        if done or e.errno not in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
-            raise
+    for call in (_copy_range, _sendfile):
+        try:
+            while done < size:
+                n = call(src, fd, done, size - done)
+                if n == 0:
+                    break
+                done += n
+            break
+        except OSError as e:
+            if done or e.errno not in _NO_KERNEL_COPY:
+                raise
+    else:
         with os.fdopen(os.dup(fd), "wb") as out:
             shutil.copyfileobj(source, out)
         return
     if done != size:  # a cache object is never rewritten: never write a short copy
         raise OSError(errno.EIO, f"short copy ({done} of {size} bytes)")
+
+
+# What copy_file_range and sendfile answer where they cannot copy these two files.
+_NO_KERNEL_COPY = (errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.EPERM)
+
+
+def _copy_range(src: int, dst: int, offset: int, count: int) -> int:
+    return os.copy_file_range(src, dst, count, offset, offset)
+
+
+def _sendfile(src: int, dst: int, offset: int, count: int) -> int:
+    return os.sendfile(dst, src, offset, count)  # (from dst's offset: 0, then on)
 
 
 def _put(pfd: int, e: Entry, source: bytes | BinaryIO) -> os.stat_result:

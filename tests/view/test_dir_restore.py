@@ -9,8 +9,11 @@ user (tests.users).
 
 from __future__ import annotations
 
+import errno
 import os
 import random
+import shutil
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -230,3 +233,63 @@ def test_an_unnamed_file_never_takes_an_existing_name(tmp_path: Path, dirfd: int
     assert not (tmp_path / "elsewhere").exists()
     assert (tmp_path / "named").read_bytes() == b"x"
     assert sorted(beneath.names(dirfd, "")) == ["named", "planted"]
+
+
+def _shared_extents(path: Path) -> bool:
+    """Whether ``path``'s data shares its extents with another file (FIEMAP's
+    FIEMAP_EXTENT_SHARED, as ``filefrag -v`` shows it)."""
+    out = subprocess.run(["filefrag", "-v", str(path)], check=True, capture_output=True,
+                         text=True).stdout
+    return "shared" in out
+
+
+@pytest.fixture
+def xfs(tmp_path: Path) -> Iterator[Path]:
+    """A fresh XFS (reflinks on, mkfs.xfs's default), loop-mounted for the test."""
+    if shutil.which("mkfs.xfs") is None:
+        pytest.fail("mkfs.xfs is missing: apt-get install xfsprogs (scripts/bootstrap.sh)")
+    img, mnt = tmp_path / "xfs.img", tmp_path / "mnt"
+    with open(img, "wb") as f:
+        f.truncate(512 << 20)
+    subprocess.run(["mkfs.xfs", "-q", "-f", str(img)], check=True, capture_output=True)
+    mnt.mkdir()
+    subprocess.run(["mount", "-o", "loop", str(img), str(mnt)], check=True,
+                   capture_output=True)
+    try:
+        yield mnt
+    finally:
+        if subprocess.run(["umount", str(mnt)], capture_output=True).returncode != 0:
+            subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+def test_on_xfs_a_restored_file_shares_the_cached_objects_blocks(xfs: Path) -> None:
+    entries, data = tree(xfs / "cache", {"k": 3})
+    top = xfs / "top"
+    top.mkdir()
+    written = dirmode.restore(top, entries, Fetcher(xfs / "cache"), Counters())
+    assert written == entries
+    check(top, entries, data)
+    big = max(entries, key=lambda e: e.size)  # (one of a few blocks at least)
+    assert big.size > 8192
+    assert _shared_extents(top / big.path)
+    assert _shared_extents(Path(object_path(str(xfs / "cache"), big.digest)))
+    # Copy on write: the job rewriting its copy in place leaves the object whole.
+    with open(top / big.path, "r+b") as f:
+        f.write(b"rewritten by the linker")
+    obj = Path(object_path(str(xfs / "cache"), big.digest))
+    assert blake3.blake3(obj.read_bytes()).hexdigest() == big.digest
+
+
+@pytest.mark.parametrize("refused", [("_copy_range",), ("_copy_range", "_sendfile")])
+def test_where_the_kernel_cannot_copy_the_bytes_go_through_casfs(
+        refused: tuple[str, ...], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def cannot(*args: object) -> int:
+        raise OSError(errno.EXDEV, "Invalid cross-device link")
+
+    for name in refused:
+        monkeypatch.setattr(dirmode, name, cannot)
+    entries, data = tree(tmp_path / "cache", {"k": 5})
+    top = tmp_path / "top"
+    top.mkdir()
+    assert dirmode.restore(top, entries, Fetcher(tmp_path / "cache"), Counters()) == entries
+    check(top, entries, data)
