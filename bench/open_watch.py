@@ -87,7 +87,7 @@ def run(files: int, rounds: int) -> dict[str, Any]:
                 out[name] = {"files_per_s": rates, "cpu_s": cpu, "events": w.events,
                              "distinct": len(seen)}
             seen_i: list[str] = []
-            obs = watch(lower, WriteTracker(), on_open=seen_i.append)
+            obs = watch(lower, WriteTracker(), on_open=seen_i.extend)
             time.sleep(0.5)
             try:
                 rates, cpu = _rounds(lower, rounds)

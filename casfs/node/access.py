@@ -101,8 +101,8 @@ class Access:
         return True
 
     def observed_opens(self, rels: list[str]) -> None:
-        """``observed_open`` for a batch (overlay's listener): one index read for all,
-        one lock per log for all (this runs beside the job)."""
+        """``observed_open`` for a batch (overlay's listener, dir mode's watch): one
+        index read for all, one lock per log for all (this runs beside the job)."""
         seen, not_lower = self.uses.recorded, self._not_lower
         # once each: a file opened again before its ignore mark was set comes twice
         todo = list(dict.fromkeys(r for r in rels if not seen(r) and r not in not_lower))

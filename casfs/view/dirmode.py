@@ -400,14 +400,14 @@ class _Handler:
     """Feeds the watch's events (casfs.view.inowatch) into the WriteTracker."""
 
     def __init__(self, tracker: WriteTracker,
-                 on_open: Callable[[str], object] | None = None) -> None:
+                 on_open: Callable[[list[str]], object] | None = None) -> None:
         self.tracker = tracker
         self.on_open = on_open
         self.writing: set[str] = set()
 
-    def opened(self, rel: str) -> None:  # IN_OPEN: retention by use, profiles
+    def opened(self, rels: list[str]) -> None:  # IN_OPEN: retention by use, profiles
         if self.on_open is not None:
-            self.on_open(rel)
+            self.on_open(rels)
 
     def written(self, rel: str) -> None:
         if rel not in self.writing:
@@ -458,11 +458,11 @@ class _Unwatched:
 
 
 def watch(directory: Path, tracker: WriteTracker,
-          on_open: Callable[[str], object] | None = None) -> TreeWatch | _Unwatched:
+          on_open: Callable[[list[str]], object] | None = None) -> TreeWatch | _Unwatched:
     """Start watching ``directory`` recursively; the caller stops and joins the watch.
 
-    ``on_open(rel)``: a file was opened (any mode, any process: inotify's
-    IN_OPEN; this process's own reads too). If inotify refuses (e.g. EMFILE:
+    ``on_open(rels)``: files were opened (any mode, any process: inotify's
+    IN_OPEN; this process's own reads too), told a batch at a time. If inotify refuses (e.g. EMFILE:
     fs.inotify.max_user_instances reached on a busy node), the mount goes on
     unwatched: its writes are found by the rescans (overlay mode's every few
     seconds, every mode's at publish and shutdown), never an error to the job."""

@@ -93,7 +93,7 @@ def watch_budget() -> int:
 class Sink(Protocol):
     """Where the events go: relative paths, in the order the kernel queued them."""
 
-    def opened(self, rel: str) -> None: ...
+    def opened(self, rels: list[str]) -> None: ...  # a batch: the opens of one drain
     def written(self, rel: str) -> None: ...
     def closed(self, rel: str) -> None: ...
     def created(self, rel: str) -> None: ...
@@ -244,19 +244,28 @@ class TreeWatch:
             if mask & IN_MOVED_TO:
                 arrivals[cookie] = i
         taken: set[int] = set()  # IN_MOVED_TOs handled with their IN_MOVED_FROM
+        opens: list[str] = []  # told at the end, at once (a job's start opens thousands)
         for i in range(len(events)):
             if i in taken:
                 continue
             try:
-                self._event(events, i, arrivals, taken)
+                self._event(events, i, arrivals, taken, opens)
             except Exception:  # a sink's bug (a recording that failed): the next event goes on
-                self.errors += 1
-                if self.errors == 1 or self.errors % 1000 == 0:
-                    log.exception("watching %s: an event not handled (%d so far)",
-                                  self.directory, self.errors)
+                self._failed()
+        if opens:
+            try:
+                self.sink.opened(opens)
+            except Exception:
+                self._failed()
+
+    def _failed(self) -> None:
+        self.errors += 1
+        if self.errors == 1 or self.errors % 1000 == 0:
+            log.exception("watching %s: an event not handled (%d so far)",
+                          self.directory, self.errors)
 
     def _event(self, events: list[tuple[int, int, int, bytes]], i: int,
-               arrivals: dict[int, int], taken: set[int]) -> None:
+               arrivals: dict[int, int], taken: set[int], opens: list[str]) -> None:
         sink = self.sink
         wd, mask, cookie, name = events[i]
         if mask & IN_Q_OVERFLOW:
@@ -301,7 +310,7 @@ class TreeWatch:
         elif mask & IN_ATTRIB:
             sink.changed(rel)
         elif mask & IN_OPEN:
-            sink.opened(rel)
+            opens.append(rel)
 
     def _overflowed(self) -> None:
         self.overflows += 1

@@ -29,9 +29,11 @@ class Record:
     def __init__(self) -> None:
         self.calls: list[tuple[str, ...]] = []
         self.walked: list[float] = []
+        self.batches: list[int] = []  # the size of each opened() call
 
-    def opened(self, rel: str) -> None:
-        self.calls.append(("opened", rel))
+    def opened(self, rels: list[str]) -> None:
+        self.batches.append(len(rels))
+        self.calls.extend(("opened", rel) for rel in rels)
 
     def written(self, rel: str) -> None:
         self.calls.append(("written", rel))
@@ -240,6 +242,22 @@ def test_events_are_read_in_batches_not_one_wakeup_each(tree) -> None:
                                                  if c[0] == "moved"}
 
 
+def test_a_jobs_opens_are_told_in_batches(tree) -> None:
+    """dir mode records each open in the access profile with an index lookup: a job's
+    start opens thousands of files, told a drain at a time (one batched lookup each)."""
+    d, rec, w = tree
+    for i in range(400):
+        _write(d / "pre" / "x" / f"f{i}")
+    wait_idle(w)
+    rec.take()
+    rec.batches.clear()
+    for i in range(400):
+        (d / "pre" / "x" / f"f{i}").read_bytes()
+    wait_idle(w)
+    assert rec.paths("opened") == {f"pre/x/f{i}" for i in range(400)}
+    assert sum(rec.batches) >= 400 and len(rec.batches) * 10 <= sum(rec.batches), rec.batches
+
+
 def test_stop_is_prompt_while_events_flow(tree) -> None:
     d, _, w = tree
     _write(d / "f")
@@ -266,7 +284,7 @@ def test_the_dir_mode_handler_feeds_the_tracker(tmp_path: Path) -> None:
     """dirmode.watch end to end: written, closed, renamed, removed, with a real tracker."""
     tracker = WriteTracker()
     opened: list[str] = []
-    w = dirmode.watch(tmp_path, tracker, on_open=opened.append)
+    w = dirmode.watch(tmp_path, tracker, on_open=opened.extend)
     try:
         f = open(tmp_path / "a.tmp", "wb")  # noqa: SIM115 (held open across the check)
         f.write(b"1")

@@ -158,7 +158,7 @@ class DirServer:
                 if r.state == "published" and p.is_replaced(r.entry.path))
             self._refresh_replaced()
         self.restore()
-        observer = dirmode.watch(cfg.mountpoint, p.tracker, on_open=p.access.observed_open)
+        observer = dirmode.watch(cfg.mountpoint, p.tracker, on_open=p.access.observed_opens)
         try:
             trio.run(self._main, how)
         finally:
