@@ -184,7 +184,10 @@ def _copy(source: bytes | BinaryIO, fd: int) -> None:
                 if n == 0:
                     break
                 done += n
-            break
+            if done or not size:
+                break
+            # nothing copied and no error: some file systems answer so where they
+            # cannot copy between these two files; the next way
         except OSError as e:
             if done or e.errno not in _NO_KERNEL_COPY:
                 raise
@@ -208,13 +211,13 @@ def _sendfile(src: int, dst: int, offset: int, count: int) -> int:
     return os.sendfile(dst, src, offset, count)  # (from dst's offset: 0, then on)
 
 
-def _put(pfd: int, e: Entry, source: bytes | BinaryIO) -> os.stat_result:
+def _put(pfd: int, e: Entry, source: bytes | BinaryIO, unnamed: bool) -> os.stat_result:
     """``e`` written into the directory ``pfd`` as its leaf, whole, with its mode and
     mtime, then linked into place: EEXIST if anything is there (a file the job made
     meanwhile wins). Its stat. An unnamed file where the file system has them (no
     temp name to remove, nothing half-written ever has a name)."""
     leaf = e.path.rpartition("/")[2]
-    fd = beneath.create_unnamed(pfd)
+    fd = beneath.create_unnamed(pfd) if unnamed else None
     if fd is None:
         tmp = _write(pfd, e, source)
         try:
@@ -237,7 +240,7 @@ def restore(
     directory: Path, entries: Iterable[Entry], fetcher: ObjectFetcher, counters: Counters,
     stamps: RestoreStamps | None = None,
     present: Callable[[Entry, str], bytes | None] | None = None,
-    owner: Owner = None, refused: set[str] | None = None,
+    owner: Owner = None, refused: set[str] | None = None, unnamed: bool = True,
 ) -> list[Entry]:
     """Copy every entry not present in ``directory`` into it; returns the entries written.
 
@@ -247,24 +250,29 @@ def restore(
     ``owner``'s fs credentials; a path through a symlink is skipped (a miss),
     logged once per path (``refused`` remembers them across calls). A directory at
     a time: listed once, its sources opened as root, then written as the tenant.
+    ``unnamed``: each file an unnamed file linked into place (see ``_put``); False
+    while the directory is watched (an unnamed file's events come under a
+    ``#<inode>`` name that is never removed: the tracker would keep it).
     """
     written: list[Entry] = []
     base = beneath.open_base(directory)
-    listed: tuple[str, set[str]] | None = None  # the last directory's names
+    # Each directory listed once for the whole call (a walk comes back to a directory
+    # after each of its subdirectories: listing it again each time would let a tenant
+    # who filled it with names make root list it over and over).
+    listed: dict[str, set[str]] = {}
     try:
         for parent, group in _groups(entries):
-            try:
-                if listed is None or listed[0] != parent:
-                    listed = (parent, _names(base, parent))
-            except OSError as err:
-                listed = None
-                for e in group:
-                    _not_restored(e, err, counters, refused)
-                continue
-            names = listed[1]
+            names = listed.get(parent)
+            if names is None:
+                try:
+                    names = listed[parent] = _names(base, parent)
+                except OSError as err:
+                    for e in group:
+                        _not_restored(e, err, counters, refused)
+                    continue
             todo = [e for e in group if e.path.rpartition("/")[2] not in names]
             done = _restore_dir(base, parent, todo, fetcher, counters, stamps, present,
-                                owner, refused)
+                                owner, refused, unnamed)
             names.update(e.path.rpartition("/")[2] for e in done)
             written += done
     finally:
@@ -287,7 +295,7 @@ def _not_restored(e: Entry, err: OSError, counters: Counters, refused: set[str] 
 def _restore_dir(
     base: int, parent: str, todo: list[Entry], fetcher: ObjectFetcher, counters: Counters,
     stamps: RestoreStamps | None, present: Callable[[Entry, str], bytes | None] | None,
-    owner: Owner, refused: set[str] | None,
+    owner: Owner, refused: set[str] | None, unnamed: bool,
 ) -> list[Entry]:
     """``todo`` (entries of the one directory ``parent``) written into it."""
     sources: list[tuple[Entry, bytes | BinaryIO]] = []
@@ -305,29 +313,38 @@ def _restore_dir(
             except OSError as err:
                 fetcher.unpin(e.digest)
                 _not_restored(e, err, counters, refused)
+            except BaseException:
+                fetcher.unpin(e.digest)
+                raise
         if not sources:
             return written
-        with beneath.as_tenant(*(owner or (None, None))):
-            try:
-                pfd = beneath.mkdirs(base, parent) if parent else os.dup(base)
-            except OSError as err:
-                for e, _ in sources:
-                    _not_restored(e, err, counters, refused)
-                return written
-            try:
-                for e, source in sources:
-                    try:
-                        st = _put(pfd, e, source)
-                    except FileExistsError:
-                        continue
-                    except OSError as err:
+        tried = 0
+        try:
+            with beneath.as_tenant(*(owner or (None, None))):
+                try:
+                    pfd = beneath.mkdirs(base, parent) if parent else os.dup(base)
+                except OSError as err:
+                    for e, _ in sources:
                         _not_restored(e, err, counters, refused)
-                        continue
-                    if stamps is not None:
-                        stamps.add(e.path, st)
-                    written.append(e)
-            finally:
-                os.close(pfd)
+                    return written
+                try:
+                    for e, source in sources:
+                        tried += 1
+                        try:
+                            st = _put(pfd, e, source, unnamed)
+                        except FileExistsError:
+                            continue
+                        except OSError as err:
+                            _not_restored(e, err, counters, refused)
+                            continue
+                        if stamps is not None:
+                            stamps.add(e.path, st)
+                        written.append(e)
+                finally:
+                    os.close(pfd)
+        except OSError as err:  # the tenant's credentials not taken (setgroups refused)
+            for e, _ in sources[tried:]:
+                _not_restored(e, err, counters, refused)
     finally:
         for e, source in sources:
             if not isinstance(source, bytes):

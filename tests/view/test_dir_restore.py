@@ -293,3 +293,106 @@ def test_where_the_kernel_cannot_copy_the_bytes_go_through_casfs(
     top.mkdir()
     assert dirmode.restore(top, entries, Fetcher(tmp_path / "cache"), Counters()) == entries
     check(top, entries, data)
+
+
+def test_a_restore_into_a_watched_directory_leaves_the_tracker_no_phantom_path(
+        tmp_path: Path) -> None:
+    """A refresh restores while the directory is watched: its files are named temp files
+    then (an unnamed file's events come as ``#<inode>``, never removed): the tracker
+    ends with the restored paths only, nothing pending under another name."""
+    from casfs.promote.tracker import WriteTracker
+    from tests.view.test_inowatch import wait_idle
+
+    entries, data = tree(tmp_path / "cache", {"k": 6})
+    top = tmp_path / "top"
+    top.mkdir()
+    tracker = WriteTracker()
+    w = dirmode.watch(top, tracker, on_open=lambda rels: None)
+    try:
+        written = dirmode.restore(top, entries, Fetcher(tmp_path / "cache"), Counters(),
+                                  unnamed=False)
+        assert written == entries
+        wait_idle(w)  # type: ignore[arg-type]
+        assert set(tracker.quiet(0.0)) == {"k"} | {e.path for e in entries}  # (and its dir)
+        assert not tracker.writing()
+    finally:
+        w.stop()
+        w.join(5)
+    check(top, entries, data)
+
+
+def test_a_failing_presenter_unpins_what_it_was_given(tmp_path: Path) -> None:
+    entries, _ = tree(tmp_path / "cache", {"k": 3})
+    top = tmp_path / "top"
+    top.mkdir()
+    f = Fetcher(tmp_path / "cache")
+
+    def present(e: Entry, src: str) -> bytes | None:
+        if e.path == "k/f001":
+            raise RuntimeError("a family's bug")
+        return None
+
+    with pytest.raises(RuntimeError):
+        dirmode.restore(top, entries, f, Counters(), present=present)
+    assert f.pins == 0
+
+
+@pytest.mark.expect_log(r"not restoring k/f00[0-3]: \[Errno 1\] setgroups refused")
+def test_credentials_not_taken_are_misses_not_a_failed_restore(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import contextlib
+
+    entries, data = tree(tmp_path / "cache", {"k": 4, "m": 2})
+    top = tmp_path / "top"
+    top.mkdir()
+    real = beneath.as_tenant
+
+    @contextlib.contextmanager
+    def as_tenant(uid: int | None, gid: int | None = None) -> Iterator[None]:
+        if uid == 4242:  # (a user namespace refusing setgroups)
+            raise PermissionError(errno.EPERM, "setgroups refused")
+        with real(None, None):
+            yield
+
+    monkeypatch.setattr(beneath, "as_tenant", as_tenant)
+    counters = Counters()
+    f = Fetcher(tmp_path / "cache")
+    assert dirmode.restore(top, entries[:4], f, counters, owner=(4242, 4242)) == []
+    assert counters.get("restore_errors") == 4 and f.pins == 0
+    assert dirmode.restore(top, entries[4:], f, counters) == entries[4:]
+    check(top, entries[4:], data)
+
+
+def test_a_kernel_copy_that_copies_nothing_falls_back(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(dirmode, "_copy_range", lambda src, dst, off, count: 0)
+    entries, data = tree(tmp_path / "cache", {"k": 4})
+    top = tmp_path / "top"
+    top.mkdir()
+    assert dirmode.restore(top, entries, Fetcher(tmp_path / "cache"), Counters()) == entries
+    check(top, entries, data)
+
+
+def test_each_directory_is_listed_once_however_the_walk_comes_back(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _, _ = tree(tmp_path / "cache", {})
+    cache = tmp_path / "cache"
+    rows = []
+    for rel in ("a/0", "a/b/x", "a/c", "a/d/y", "a/e", "z"):  # a's files between subdirs
+        body = rel.encode()
+        digest = blake3.blake3(body).hexdigest()
+        install_file(str(cache), digest, body)
+        rows.append(Entry(rel, digest, len(body), 0o644, MTIME))
+    listed: list[str] = []
+    real = beneath.names
+
+    def names(base: int, rel: str) -> list[str]:
+        listed.append(rel)
+        return real(base, rel)
+
+    monkeypatch.setattr(beneath, "names", names)
+    top = tmp_path / "top"
+    top.mkdir()
+    assert dirmode.restore(top, rows, Fetcher(cache), Counters()) == rows
+    assert sorted(listed) == ["", "a", "a/b", "a/d"]
+    assert (top / "a/d/y").read_bytes() == b"a/d/y"

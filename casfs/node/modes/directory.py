@@ -57,6 +57,7 @@ class DirServer:
         self._offered: set[str] = set()
         self._replaced: set[str] = set()  # newer versions of replaced paths to put in place
         self._refused: set[str] = set()  # paths through a symlink: skipped, warned once
+        self._watched = False  # the directory's inotify watch started
         # A successor takes the directory over (casfs.node.handover, ``leave``): the bind
         # of the tenant's directory stays at close.
         self.keep_dir = False
@@ -105,8 +106,10 @@ class DirServer:
             prefetch.fill_whole(p.cache, part, p.counters)
             written += dirmode.restore(cfg.mountpoint, part, p.cache, p.counters,
                                        self.restore_stamps, present=p.presenter(),
-                                       owner=p.tenant_owner, refused=self._refused)
+                                       owner=p.tenant_owner, refused=self._refused,
+                                       unnamed=not self._watched)
         # Offered = now in the directory; a failed fetch is tried again on the next refresh.
+        # (Written ones are not looked at again: one the tenant moved away since is hers.)
         done = {e.path for e in written}
         self._offered.update(done)
         self._offered.update(dirmode.lstats(cfg.mountpoint,
@@ -158,6 +161,7 @@ class DirServer:
                 if r.state == "published" and p.is_replaced(r.entry.path))
             self._refresh_replaced()
         self.restore()
+        self._watched = True  # from now on, restores name their files (dirmode.restore)
         observer = dirmode.watch(cfg.mountpoint, p.tracker, on_open=p.access.observed_opens)
         try:
             trio.run(self._main, how)
