@@ -260,8 +260,10 @@ def restore(
     # after each of its subdirectories: listing it again each time would let a tenant
     # who filled it with names make root list it over and over).
     listed: dict[str, set[str]] = {}
+    full: list[OSError] = []  # the directory's file system (or the tenant's quota) is full
+    groups = _groups(entries)
     try:
-        for parent, group in _groups(entries):
+        for parent, group in groups:
             names = listed.get(parent)
             if names is None:
                 try:
@@ -272,15 +274,25 @@ def restore(
                     continue
             todo = [e for e in group if e.path.rpartition("/")[2] not in names]
             done = _restore_dir(base, parent, todo, fetcher, counters, stamps, present,
-                                owner, refused, unnamed)
+                                owner, refused, unnamed, full)
             names.update(e.path.rpartition("/")[2] for e in done)
             written += done
+            if full:  # one line, not one a file (and again at every refresh)
+                left = len(todo) - len(done) + sum(len(g) for _, g in groups)
+                counters.inc("restore_full")
+                log.warning("not restoring %d more files into %s: %s (the disk or the"
+                            " tenant's quota is full); they are misses until there is room",
+                            left, directory, full[0].strerror)
+                break
     finally:
         os.close(base)
     counters.inc("restored_files", len(written))
     if stamps is not None and written:
         stamps.save()
     return written
+
+
+_FULL = (errno.ENOSPC, errno.EDQUOT)
 
 
 def _not_restored(e: Entry, err: OSError, counters: Counters, refused: set[str] | None
@@ -295,9 +307,10 @@ def _not_restored(e: Entry, err: OSError, counters: Counters, refused: set[str] 
 def _restore_dir(
     base: int, parent: str, todo: list[Entry], fetcher: ObjectFetcher, counters: Counters,
     stamps: RestoreStamps | None, present: Callable[[Entry, str], bytes | None] | None,
-    owner: Owner, refused: set[str] | None, unnamed: bool,
+    owner: Owner, refused: set[str] | None, unnamed: bool, full: list[OSError],
 ) -> list[Entry]:
-    """``todo`` (entries of the one directory ``parent``) written into it."""
+    """``todo`` (entries of the one directory ``parent``) written into it; a full file
+    system stops it (the error put in ``full``)."""
     sources: list[tuple[Entry, bytes | BinaryIO]] = []
     written: list[Entry] = []
     try:
@@ -324,6 +337,9 @@ def _restore_dir(
                 try:
                     pfd = beneath.mkdirs(base, parent) if parent else os.dup(base)
                 except OSError as err:
+                    if err.errno in _FULL:
+                        full.append(err)
+                        return written
                     for e, _ in sources:
                         _not_restored(e, err, counters, refused)
                     return written
@@ -335,6 +351,9 @@ def _restore_dir(
                         except FileExistsError:
                             continue
                         except OSError as err:
+                            if err.errno in _FULL:
+                                full.append(err)
+                                break
                             _not_restored(e, err, counters, refused)
                             continue
                         if stamps is not None:

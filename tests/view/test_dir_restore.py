@@ -10,6 +10,7 @@ user (tests.users).
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import random
 import shutil
@@ -396,3 +397,27 @@ def test_each_directory_is_listed_once_however_the_walk_comes_back(
     assert dirmode.restore(top, rows, Fetcher(cache), Counters()) == rows
     assert sorted(listed) == ["", "a", "a/b", "a/d"]
     assert (top / "a/d/y").read_bytes() == b"a/d/y"
+
+
+@pytest.mark.expect_log(r"not restoring \d+ more files into .*: No space left on device "
+                        r"\(the disk or the tenant's quota is full\)")
+def test_a_full_directory_is_one_line_and_no_partial_file(
+        how: str, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    entries, data = tree(tmp_path / "cache", {"k": 40, "m": 20})  # ~2 MB
+    top = tmp_path / "top"
+    top.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=512k", "tmpfs", str(top)], check=True)
+    try:
+        counters = Counters()
+        with caplog.at_level(logging.WARNING):
+            written = dirmode.restore(top, entries, Fetcher(tmp_path / "cache"), counters)
+        assert 0 < len(written) < len(entries)
+        check(top, written, data)  # every name there is whole; no temp name left
+        present = {str(p.relative_to(top)) for p in top.rglob("*") if p.is_file()}
+        assert present == {e.path for e in written}
+        warned = [r for r in caplog.records if r.levelno >= logging.WARNING]
+        assert len(warned) == 1, [r.getMessage() for r in warned]
+        assert f"not restoring {len(entries) - len(written)} more files" in warned[0].getMessage()
+        assert counters.get("restore_full") == 1 and counters.get("restore_errors") == 0
+    finally:
+        subprocess.run(["umount", str(top)], check=False)
