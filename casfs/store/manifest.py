@@ -29,7 +29,7 @@ from typing import Any
 
 from casfs.errors import HostileManifestError, NewerFormatError, OverLimitError
 from casfs.store.digests import DIGEST_RE
-from casfs.store.entry import Entry
+from casfs.store.entry import Entry, entries_of
 from casfs.store.objects import ObjectStore
 from casfs.util import jsonsafe
 from casfs.util.gcpause import gc_paused
@@ -172,7 +172,7 @@ def _entries_fast(rows: list[Any], version: int) -> list[Entry] | None:
             or min(mtimes) <= -(1 << 63) or max(mtimes) >= 1 << 63):
         return None
     if 6 not in lens:
-        return [Entry(p, d, s, m, t, None) for p, d, s, m, t in rows]
+        return entries_of(rows)
     try:
         return [Entry(r[0], r[1], r[2], r[3], r[4],
                       (_extras(r[5], r[0]) or None) if len(r) == 6 else None) for r in rows]
