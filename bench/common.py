@@ -262,15 +262,16 @@ def scratch_fs(path: Path) -> dict[str, Any]:
 
 
 @contextlib.contextmanager
-def journaled_scratch(parent: Path | None, size: int = 16 << 30) -> Iterator[Path]:
-    """A fresh ext4 with a journal, loop-mounted for one benchmark (needs root): where
-    a node's files would be created (a sparse image in ``parent``; removed after)."""
+def loop_fs(parent: Path | None, mkfs: Sequence[str], size: int) -> Iterator[Path]:
+    """A fresh file system made by ``mkfs`` (its argv; the image is appended) on a
+    sparse image of ``size`` bytes in ``parent``, loop-mounted (needs root); removed
+    after."""
     base = Path(tempfile.mkdtemp(prefix="casfs-bench-scratch-", dir=parent))
-    img, mnt = base / "ext4.img", base / "mnt"
+    img, mnt = base / "fs.img", base / "mnt"
     try:
         with open(img, "wb") as f:
             f.truncate(size)
-        subprocess.run(["mkfs.ext4", "-q", "-F", str(img)], check=True, capture_output=True)
+        subprocess.run([*mkfs, str(img)], check=True, capture_output=True)
         mnt.mkdir()
         subprocess.run(["mount", "-o", "loop", str(img), str(mnt)], check=True,
                        capture_output=True)
@@ -281,6 +282,14 @@ def journaled_scratch(parent: Path | None, size: int = 16 << 30) -> Iterator[Pat
                 subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
     finally:
         rmtree(base)
+
+
+@contextlib.contextmanager
+def journaled_scratch(parent: Path | None, size: int = 16 << 30) -> Iterator[Path]:
+    """A fresh ext4 with a journal, loop-mounted for one benchmark (needs root): where
+    a node's files would be created (a sparse image in ``parent``; removed after)."""
+    with loop_fs(parent, ["mkfs.ext4", "-q", "-F"], size) as mnt:
+        yield mnt
 
 
 @contextlib.contextmanager

@@ -15,12 +15,13 @@ import os
 import random
 import shutil
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import blake3
 import pytest
 
+from bench.common import loop_fs
 from casfs.errors import CasfsError
 from casfs.index.objcache import install_file, object_path
 from casfs.store.entry import Entry
@@ -249,18 +250,8 @@ def xfs(tmp_path: Path) -> Iterator[Path]:
     """A fresh XFS (reflinks on, mkfs.xfs's default), loop-mounted for the test."""
     if shutil.which("mkfs.xfs") is None:
         pytest.fail("mkfs.xfs is missing: apt-get install xfsprogs (scripts/bootstrap.sh)")
-    img, mnt = tmp_path / "xfs.img", tmp_path / "mnt"
-    with open(img, "wb") as f:
-        f.truncate(512 << 20)
-    subprocess.run(["mkfs.xfs", "-q", "-f", str(img)], check=True, capture_output=True)
-    mnt.mkdir()
-    subprocess.run(["mount", "-o", "loop", str(img), str(mnt)], check=True,
-                   capture_output=True)
-    try:
+    with loop_fs(tmp_path, ["mkfs.xfs", "-q", "-f"], 512 << 20) as mnt:
         yield mnt
-    finally:
-        if subprocess.run(["umount", str(mnt)], capture_output=True).returncode != 0:
-            subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
 
 
 def test_on_xfs_a_restored_file_shares_the_cached_objects_blocks(xfs: Path) -> None:
@@ -281,14 +272,20 @@ def test_on_xfs_a_restored_file_shares_the_cached_objects_blocks(xfs: Path) -> N
     assert blake3.blake3(obj.read_bytes()).hexdigest() == big.digest
 
 
-@pytest.mark.parametrize("refused", [("_copy_range",), ("_copy_range", "_sendfile")])
-def test_where_the_kernel_cannot_copy_the_bytes_go_through_casfs(
-        refused: tuple[str, ...], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    def cannot(*args: object) -> int:
-        raise OSError(errno.EXDEV, "Invalid cross-device link")
+def _cannot(*args: object) -> int:
+    raise OSError(errno.EXDEV, "Invalid cross-device link")
 
-    for name in refused:
-        monkeypatch.setattr(dirmode, name, cannot)
+
+@pytest.mark.parametrize("kernel", [
+    {"_copy_range": _cannot},
+    {"_copy_range": _cannot, "_sendfile": _cannot},
+    {"_copy_range": lambda src, dst, off, count: 0},  # no error, nothing copied
+])
+def test_where_the_kernel_cannot_copy_the_bytes_go_another_way(
+        kernel: dict[str, Callable[..., int]], tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    for name, fn in kernel.items():
+        monkeypatch.setattr(dirmode, name, fn)
     entries, data = tree(tmp_path / "cache", {"k": 5})
     top = tmp_path / "top"
     top.mkdir()
@@ -362,16 +359,6 @@ def test_credentials_not_taken_are_misses_not_a_failed_restore(
     assert counters.get("restore_errors") == 4 and f.pins == 0
     assert dirmode.restore(top, entries[4:], f, counters) == entries[4:]
     check(top, entries[4:], data)
-
-
-def test_a_kernel_copy_that_copies_nothing_falls_back(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(dirmode, "_copy_range", lambda src, dst, off, count: 0)
-    entries, data = tree(tmp_path / "cache", {"k": 4})
-    top = tmp_path / "top"
-    top.mkdir()
-    assert dirmode.restore(top, entries, Fetcher(tmp_path / "cache"), Counters()) == entries
-    check(top, entries, data)
 
 
 def test_each_directory_is_listed_once_however_the_walk_comes_back(
