@@ -58,7 +58,7 @@ class Entry:
 # Entries made without the frozen dataclass's __init__ (six object.__setattr__ calls
 # an entry: half the cost of decoding a manifest's 100,000 rows): each field's slot
 # set directly. For rows already checked (casfs.store.manifest); the same objects
-# as ``Entry(...)`` (tests/store/test_entry.py compares them, field by field).
+# as ``Entry(...)`` (tests/store/test_entry_rows.py compares them, field by field).
 _new = object.__new__
 _SET_PATH, _SET_DIGEST, _SET_SIZE, _SET_MODE, _SET_MTIME, _SET_EXTRAS = (
     Entry.__dict__[f].__set__ for f in ("path", "digest", "size", "mode", "mtime_ns", "extras"))
