@@ -137,10 +137,11 @@ class MountService:
         # take over from (it gives up the namespace's lock first), and our answers to one.
         self.handing = handover.Handing(kind="overlay" if cfg.mode == "overlay" else "fuse")
         self.predecessor = None
+        left = None
         if replace and not hosted:
             if cfg.mode == "dir":  # a plain directory: the predecessor leaves it in place
-                handover.leave(cfg.run_dir, cfg.name, cfg.mountpoint,
-                               cfg.shutdown_timeout + LEAVE_MARGIN)
+                left = handover.leave(cfg.run_dir, cfg.name, cfg.mountpoint,
+                                      cfg.shutdown_timeout + LEAVE_MARGIN)
             else:  # a FUSE mount or an overlay: ours goes beneath, the old one steps aside
                 self.predecessor = handover.prepare(cfg.run_dir, cfg.name, cfg.mountpoint,
                                                     self.handing.kind)
@@ -218,6 +219,7 @@ class MountService:
             n = recovered.scan_all()
             if n:
                 log.info("%s: %d upper files from before are awaiting promotion", cfg.name, n)
+            self.server.started(n, left is not None or self.predecessor is not None)
         self.feed.listener = self.server
         self.feed.start(held=cfg.prefetch)  # until the prefetch's plan or fetch ends
 

@@ -388,6 +388,7 @@ class Publication:
             return 0
         if self.view.wants_scan(final):
             p.scan_all()  # events may be missing (overlayfs writes, inotify overflow)
+            self.ctx.counters.inc("promotion_walks")
         res = self.transport.promote(p, final, self.view.busy)
         if res.errors:
             self.last_promotion_error = res.last_error

@@ -485,7 +485,10 @@ class _Handler:
         self.writing.clear()
 
 
-class _Unwatched:
+class Unwatched:
+    def flush(self) -> bool:
+        return False  # nothing was watched: only a walk finds the writes
+
     def stop(self) -> None:
         pass
 
@@ -494,21 +497,22 @@ class _Unwatched:
 
 
 def watch(directory: Path, tracker: WriteTracker,
-          on_open: Callable[[list[str]], object] | None = None) -> TreeWatch | _Unwatched:
+          on_open: Callable[[list[str]], object] | None = None) -> TreeWatch | Unwatched:
     """Start watching ``directory`` recursively; the caller stops and joins the watch.
 
     ``on_open(rels)``: files were opened (any mode, any process: inotify's
     IN_OPEN; this process's own reads too), told a batch at a time. If inotify refuses (e.g. EMFILE:
     fs.inotify.max_user_instances reached on a busy node), the mount goes on
     unwatched: its writes are found by the rescans (overlay mode's every few
-    seconds, every mode's at publish and shutdown), never an error to the job."""
+    seconds, every mode's at publish and shutdown; in dir mode only where the
+    watch's ``flush`` cannot vouch for it), never an error to the job."""
     try:
         return TreeWatch(directory, _Handler(tracker, on_open),
                          opens=on_open is not None).start()
     except OSError as e:
         log.warning("not watching %s for writes: %s (fs.inotify.max_user_instances?); "
                     "its files are promoted from rescans only", directory, e)
-        return _Unwatched()
+        return Unwatched()
 
 
 def _open_fds() -> Iterator[tuple[str, str]]:

@@ -25,6 +25,13 @@ max_queued_events unread) is recovered by walking the tree again (at most
 once per ``OVERFLOW_WALK_S``): every file is reported created and every file
 being written as closed, which makes the promoter look at all of them (it
 skips what is unchanged).
+
+``flush`` tells the sink, in the caller's thread, everything queued until
+then, and whether the watch has missed nothing since it started: then a
+release or ``casfs publish`` needs no walk of the whole tree (in dir mode the
+tree holds every restored file: a walk of 4,800 was 0.15 s on every last
+job's way out, of 100,000 seconds). The kernel queues an event within the
+writer's own syscall, so once the writer returned, its event is in the queue.
 """
 
 from __future__ import annotations
@@ -74,6 +81,10 @@ PAIR_WAIT_MS = 5  # how long a move's second half may trail its first in the que
 # (a tarball of 100,000 files unpacked into a dir-mode cache overflows it again and
 # again: a walk each time would be quadratic); one due meanwhile waits its turn.
 OVERFLOW_WALK_S = 2.0
+FLUSH_S = 2.0  # how long a flush may drain writers that keep writing
+# Opening a directory to watch it: nothing there to watch (gone, not a directory, a
+# symlink now: never followed), so nothing beneath it goes untold.
+_NOTHING_THERE = (errno.ENOENT, errno.ENOTDIR, errno.ELOOP, errno.EXDEV)
 
 
 def watch_budget() -> int:
@@ -133,7 +144,13 @@ class TreeWatch:
         self._wds: dict[str, int] = {}
         self._warned = False  # about running out of watches: once per tree
         self._budget = watch_budget()
+        # False once anything may have gone untold (an overflow, a directory not
+        # watched or not listed, a sink's error, the reader's end): see ``flush``.
+        self.lossless = True
         self._lock = threading.Lock()
+        # Held around every read of the queue and its dispatch (the reader's, a flush's)
+        # and around closing it: one reader at a time, never of a closed (reused) fd.
+        self._drain_lock = threading.RLock()
         self._stop_r, self._stop_w = os.pipe2(os.O_CLOEXEC)
         self._thread = threading.Thread(target=self._run, name="casfs-tree-watch", daemon=True)
 
@@ -164,8 +181,24 @@ class TreeWatch:
     def is_alive(self) -> bool:
         return self._thread.is_alive()
 
+    def flush(self, limit_s: float = FLUSH_S) -> bool:
+        """Tell the sink, in this thread, every event queued until now (a writer's
+        events are queued by its own syscalls). True if nothing was missed since the
+        watch started, so that the sink knows every change: False after an overflow,
+        a directory not watched or not listed, a sink's error, once the reader has
+        stopped, or if writers outpace the drain for ``limit_s`` (the caller walks the
+        tree instead)."""
+        deadline = time.monotonic() + limit_s
+        with self._drain_lock:
+            if self._fd < 0 or not self._thread.is_alive():
+                return False
+            while self._drain() >= BUSY_EVENTS:
+                if time.monotonic() > deadline:
+                    return False
+            return self.lossless
+
     def _close(self) -> None:
-        with self._lock:
+        with self._drain_lock, self._lock:
             for fd in (self._fd, self._base, self._stop_r, self._stop_w):
                 if fd >= 0:
                     with contextlib.suppress(OSError):
@@ -186,15 +219,19 @@ class TreeWatch:
                 ready = either.poll(wait)
                 if any(fd == self._stop_r for fd, _ in ready):
                     return
-                self._walk_if_due()
+                with self._drain_lock:
+                    self._walk_if_due()
+                    drained = self._drain() if ready else 0
                 if not ready:
                     continue
                 # events are flowing: gather, rather than be woken per event
-                if self._drain() < BUSY_EVENTS and stopped.poll(GATHER_S * 1000):
+                if drained < BUSY_EVENTS and stopped.poll(GATHER_S * 1000):
                     return
         except Exception:  # a bug here must not take the mount down
+            self.lossless = False
             log.exception("watching %s stopped", self.directory)
         finally:
+            self.lossless = False  # nothing is told from now on
             self._close()
 
     # --- events ----------------------------------------------------------------------
@@ -259,6 +296,7 @@ class TreeWatch:
                 self._failed()
 
     def _failed(self) -> None:
+        self.lossless = False
         self.errors += 1
         if self.errors == 1 or self.errors % 1000 == 0:
             log.exception("watching %s: an event not handled (%d so far)",
@@ -313,6 +351,7 @@ class TreeWatch:
             opens.append(rel)
 
     def _overflowed(self) -> None:
+        self.lossless = False
         self.overflows += 1
         if self._walk_due is None:
             self._walk_due = max(time.monotonic(), self._last_walk + OVERFLOW_WALK_S)
@@ -346,6 +385,8 @@ class TreeWatch:
                               | os.O_CLOEXEC) if rel == "" else
                       beneath.open_read(self._base, rel, os.O_DIRECTORY))
             except OSError as e:  # gone meanwhile, or a symlink now: never followed
+                if e.errno not in _NOTHING_THERE:  # e.g. EMFILE: its writes go untold
+                    self.lossless = False
                 log.debug("not watching %s/%s: %s", self.directory, rel, e)
                 continue
             try:
@@ -364,7 +405,8 @@ class TreeWatch:
                 with os.scandir(fd) as it:
                     entries = [(e.name, stat.S_ISDIR(e.stat(follow_symlinks=False).st_mode))
                                for e in it]
-            except OSError as e:
+            except OSError as e:  # what it held before its watch may go untold
+                self.lossless = False
                 log.debug("listing %s/%s: %s", self.directory, rel, e)
                 continue
             finally:
@@ -377,6 +419,7 @@ class TreeWatch:
                     stack.append(child)
 
     def _unwatched(self, rel: str, why: str) -> None:
+        self.lossless = False
         if not self._warned:
             self._warned = True
             log.warning("watching %s: %s/%s and further directories not watched: %s; "

@@ -35,8 +35,13 @@ def test_dir_mode_round_trip_with_a_fuse_node(cluster: dict[str, Any]) -> None:
     (d / ".1.2.tmp").write_text("scratch")
     wait_until(lambda: a.ask(w, "publish") and "KEY/k.so" in published(cluster["root"]),
                "KEY/k.so published once its writer closed", interval=0.3)
-    a.stop(w)
-    entries = published(cluster["root"])
+    (d / "KEY" / "k.json").write_text("{}")  # written as the last job leaves
+    final = a.stop(w)
+    assert final is not None and "KEY/k.json" in published(cluster["root"])
+    # What was written was known from the watch (flushed at each publish and at the
+    # release), never from a walk of the directory (which holds every restored file).
+    assert final["counters"].get("promotion_walks", 0) == 0, final["counters"]
+    entries = {p: e for p, e in published(cluster["root"]).items() if p != "KEY/k.json"}
     assert set(entries) == {"KEY/k.cubin", "KEY/k.so"}
     objects = root_objects(cluster["root"])
     assert objects.get_bytes(entries["KEY/k.so"].digest) == b"half done"
@@ -52,10 +57,14 @@ def test_dir_mode_round_trip_with_a_fuse_node(cluster: dict[str, Any]) -> None:
     wc = c.mount(mode="dir", mountpoint=cluster["mnt"] / "plain-c")
     dc = wc.cfg.mountpoint
     assert sorted(p.name for p in (dc / "KEY").iterdir()) == ["k.cubin", "k.json", "k.so"]
+    (dc / "KEY" / "k.ptx").write_text("ptx")
     assert (dc / "KEY" / "k.cubin").read_bytes() == b"\x7fELF cubin"
     st = c.ask(wc, "stats")
     assert st["counters"]["restored_files"] == 3
-    assert st["counters"].get("promoted_files", 0) == 0  # restored files are not re-promoted
+    final = c.stop(wc)
+    assert final is not None and final["counters"].get("promotion_walks", 0) == 0
+    assert final["counters"].get("promoted_files", 0) == 1  # restored files are not re-promoted
+    assert "KEY/k.ptx" in published(cluster["root"])
 
 
 def test_casfs_run_dir_mode(tmp_path: Path) -> None:

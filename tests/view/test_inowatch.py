@@ -197,6 +197,7 @@ def test_lost_events_are_recovered_by_a_walk(tmp_path: Path,
             _settle(w)
         assert w.overflows >= 1 and w.walks >= 1 and ("overflowed",) in rec.calls
         assert {f"sub/f{i}" for i in range(200)} <= rec.paths("created")
+        assert w.flush() is False  # events were lost: a release walks the tree
         walks = w.walks
         for i in range(200):  # into a watched directory (a new one may be walked whole)
             _write(d / "sub" / f"g{i}")
@@ -353,6 +354,7 @@ def test_a_tenant_cannot_use_up_roots_inotify_watches(
         _write(tmp_path / "new" / "f")
         wait_idle(w)
         assert len(w._wds) == 3 and ("created", "new") in rec.calls
+        assert w.flush() is False  # writes beneath "new" go untold
     finally:
         w.stop()
         w.join(5)
@@ -409,6 +411,34 @@ def test_a_failing_sink_does_not_stop_the_watch(tmp_path: Path) -> None:
         wait_idle(w)
         assert w.is_alive() and w.errors == 1
         assert ("created", "good") in rec.calls and ("closed", "bad") in rec.calls
+        assert w.flush() is False  # the sink may not know "bad"
     finally:
         w.stop()
         w.join(5)
+
+
+def test_flush_tells_what_is_queued_now_and_vouches_for_it(tree) -> None:
+    """A release (or `casfs publish`) of a dir-mode directory asks the watch instead of
+    walking every restored file: ``flush`` dispatches, in the caller's thread, every
+    event queued so far, including a new directory's files written before its watch,
+    and says the watch missed nothing. The reader is held off meanwhile (its drain
+    lock), so only the flush can have told these."""
+    d, rec, w = tree
+    wait_idle(w)
+    rec.take()
+    with w._drain_lock:
+        for i in range(50):
+            _write(d / "pre" / f"k{i}")
+        _write(d / "new" / "deep" / "f")  # its watch is added by the flush itself
+        tmp = d / "pre" / "x" / ".tmp"
+        _write(tmp)
+        os.rename(tmp, d / "pre" / "x" / "done")
+        time.sleep(inowatch.GATHER_S * 2)  # the reader would have woken by now
+        assert rec.calls == []
+        assert w.flush() is True
+        assert {f"pre/k{i}" for i in range(50)} <= rec.paths("closed")
+        assert "new/deep/f" in rec.paths("created") and "new/deep" in w._wds
+        assert ("moved", "pre/x/.tmp", "pre/x/done") in rec.calls
+    w.stop()
+    w.join(5)
+    assert w.flush() is False  # stopped: nothing is told any more

@@ -24,6 +24,7 @@ from casfs.node.modes.base import Busy, Serving, Unchanged, ViewParts, remove_be
 from casfs.store.entry import Entry
 from casfs.util.crashpoint import pausepoint
 from casfs.view import dirmode, session
+from casfs.view.inowatch import TreeWatch
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +58,10 @@ class DirServer:
         self._offered: set[str] = set()
         self._replaced: set[str] = set()  # newer versions of replaced paths to put in place
         self._refused: set[str] = set()  # paths through a symlink: skipped, warned once
-        self._watched = False  # the directory's inotify watch started
+        self._watch: TreeWatch | dirmode.Unwatched | None = None  # started by serve
+        # Jobs may have written between the start-up scan and the watch's start: the
+        # first promotion that wants the whole picture walks the directory (started).
+        self._window = False
         # A successor takes the directory over (casfs.node.handover, ``leave``): the bind
         # of the tenant's directory stays at close.
         self.keep_dir = False
@@ -70,8 +74,21 @@ class DirServer:
              on_miss: Callable[[str, Entry], None] | None) -> None:
         pass  # opens come from inotify (serve), every object is restored, never missed
 
+    def started(self, pending: int, took_over: bool) -> None:
+        # A predecessor's jobs go on writing while this process starts; files awaiting
+        # promotion say a job may have outlived its mount process. (Otherwise no job
+        # writes before READY, so after the watch's start; one that wrote meanwhile
+        # anyway is found by the next start's scan.)
+        self._window = bool(pending) or took_over
+
     def wants_scan(self, final: bool) -> bool:
-        return final  # inotify events may still be in flight (or overflowed)
+        # A release or `casfs publish`: the watch's queue told now; the tree (every
+        # restored file too) walked only if the watch may have missed something.
+        if not final:
+            return False
+        told = self._watch is not None and self._watch.flush()
+        walk, self._window = not told or self._window, False
+        return walk
 
     def discard_torn(self, held: list[str]) -> list[str]:
         """Remove a killed job's held files from the directory (the last job left), as
@@ -107,7 +124,7 @@ class DirServer:
             written += dirmode.restore(cfg.mountpoint, part, p.cache, p.counters,
                                        self.restore_stamps, present=p.presenter(),
                                        owner=p.tenant_owner, refused=self._refused,
-                                       unnamed=not self._watched)
+                                       unnamed=self._watch is None)
         # Offered = now in the directory; a failed fetch is tried again on the next refresh.
         # (Written ones are not looked at again: one the tenant moved away since is hers.)
         done = {e.path for e in written}
@@ -161,8 +178,9 @@ class DirServer:
                 if r.state == "published" and p.is_replaced(r.entry.path))
             self._refresh_replaced()
         self.restore()
-        self._watched = True  # from now on, restores name their files (dirmode.restore)
-        observer = dirmode.watch(cfg.mountpoint, p.tracker, on_open=p.access.observed_opens)
+        # From now on, restores name their files (dirmode.restore).
+        self._watch = observer = dirmode.watch(cfg.mountpoint, p.tracker,
+                                               on_open=p.access.observed_opens)
         try:
             trio.run(self._main, how)
         finally:

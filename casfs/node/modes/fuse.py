@@ -50,6 +50,9 @@ class FuseServer:
         self.ops.on_lower_open = on_open
         self.ops.on_lower_miss = on_miss
 
+    def started(self, pending: int, took_over: bool) -> None:
+        pass
+
     def wants_scan(self, final: bool) -> bool:
         return False
 
