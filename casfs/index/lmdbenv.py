@@ -309,6 +309,8 @@ class IndexEnv:
                     return fn(txn)
             except lmdb.MapResizedError:
                 pass
+            except lmdb.Error as e:  # e.g. EIO: one line for the caller, never a traceback
+                raise IndexError_(f"node index {self.path}: {e}") from None
             finally:
                 self._lock.release_shared()
             self._resize(0)
@@ -330,6 +332,8 @@ class IndexEnv:
                     grow = self.env.info()["map_size"] * 2
                 except lmdb.MapResizedError:
                     grow = 0
+                except lmdb.Error as e:  # a full disk (DiskError: ENOSPC), EIO: one line
+                    raise IndexError_(f"node index {self.path}: {e}") from None
                 finally:
                     self._lock.release_shared()
                 self._resize(grow)

@@ -303,10 +303,13 @@ class MountService:
         self.cache.flush_touches()  # the LRU hits of warm opens (flushed_elsewhere)
         snap = self.counters.snapshot()
         delta = {k: v - self._flushed.get(k, 0) for k, v in snap.items()}
-        if any(delta.values()):
-            self.index.add_counters(self.cfg.name, delta)
-            self._flushed = snap
-        self.index.sync()
+        try:
+            if any(delta.values()):
+                self.index.add_counters(self.cfg.name, delta)
+                self._flushed = snap
+            self.index.sync()
+        except (CasfsError, OSError) as e:  # a full state disk: kept for the next flush
+            log.warning("%s: counters not saved this time: %s", self.cfg.name, e)
 
     def status(self) -> dict[str, Any]:
         cfg, pub = self.cfg, self.publication

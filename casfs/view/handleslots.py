@@ -16,10 +16,14 @@ The file is docs/format.md's "Handle table".
 
 from __future__ import annotations
 
+import errno
+import logging
 import mmap
 import os
 import struct
 from pathlib import Path
+
+log = logging.getLogger(__name__)
 
 FREE, FILE_RO, FILE_RW, DIR = 0, 1, 2, 3
 _REC = struct.Struct("<QI4x")
@@ -59,10 +63,32 @@ class HandleSlots:
         slots = _FIRST
         while slots < self._next:
             slots *= 2
-        os.ftruncate(self._fd, slots * _REC.size)
+        try:
+            # Its blocks allocated now: a store to a page of a sparse file on a full disk
+            # is a SIGBUS, which kills the mount process (every job's mount with it).
+            _allocate(self._fd, 0, slots * _REC.size)
+        except OSError as e:
+            self._unkept(e)
+            return
         self._mm = mmap.mmap(self._fd, slots * _REC.size)
         for fh, (ino, kind) in self.held.items():
             _REC.pack_into(self._mm, (fh - 1) * _REC.size, ino, kind)
+
+    def _unkept(self, e: OSError) -> None:
+        """The table cannot be kept in its file (a full disk): in memory from now on, the
+        file removed, so that no adopter reads a table that misses handles (an adopting
+        process then refuses, and the mount starts again: jobs see the restart)."""
+        log.warning("handle table %s: %s; kept in memory only (a crash of this mount"
+                    " process cannot be adopted)", self.path, e.strerror or e)
+        if self._mm is not None:
+            self._mm.close()
+            self._mm = None
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+        if self.path is not None:
+            self.path.unlink(missing_ok=True)
+            self.path = None
 
     def alloc(self, ino: int, kind: int) -> int:
         """A free handle number, recorded as ``kind`` of ``ino``."""
@@ -76,7 +102,11 @@ class HandleSlots:
         self._next += 1
         mm = self._mm
         if mm is not None and (i + 1) * _REC.size > len(mm):
-            mm.resize(len(mm) * 2)  # the file grows with it
+            try:
+                _allocate(self._fd, len(mm), len(mm))  # as at the start: never sparse
+                mm.resize(len(mm) * 2)  # the file grows with it
+            except OSError as e:
+                self._unkept(e)
         return i
 
     def free(self, fh: int) -> None:
@@ -93,3 +123,18 @@ class HandleSlots:
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
+
+
+def _allocate(fd: int, offset: int, length: int) -> None:
+    """Give ``fd``'s bytes [offset, offset + length) disk blocks (zeros), growing the
+    file; OSError (ENOSPC) if the disk cannot hold them."""
+    try:
+        os.posix_fallocate(fd, offset, length)
+        return
+    except OSError as e:
+        if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
+            raise
+    zeros = memoryview(bytes(length))  # no fallocate here: zeros written take blocks
+    while zeros:
+        offset += (n := os.pwrite(fd, zeros, offset))
+        zeros = zeros[n:]

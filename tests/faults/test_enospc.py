@@ -160,3 +160,77 @@ def test_gc_frees_a_full_shared_root(tmp_path: Path) -> None:
         got = subprocess.run([sys.executable, "-m", "casfs.cli.main", "cat", "kept", "f"],
                              env=env, capture_output=True, timeout=120, check=False)
         assert got.returncode == 0 and got.stdout == kept
+
+
+JOB_FILLS_STATE = """
+import errno, os, sys
+state, cache = sys.argv[1], sys.argv[2]
+fd = os.open(os.path.join(state, "filler"), os.O_WRONLY | os.O_CREAT, 0o644)
+try:
+    while True:
+        os.write(fd, bytes(1 << 16))
+except OSError as e:
+    assert e.errno == errno.ENOSPC, e
+os.close(fd)
+try:  # its cache's new files are on that disk too: ENOSPC, as on any full disk
+    with open(os.path.join(cache, "kernel.bin"), "wb") as f:
+        f.write(b"compiled" * 4096)
+except OSError as e:
+    assert e.errno == errno.ENOSPC, e
+open(os.path.join(cache, "empty"), "wb").close()  # a create: a handle for the mount
+print("listed", sorted(n for n in os.listdir(cache) if n == "empty"))
+"""
+
+
+def test_a_job_filling_the_state_disk_keeps_its_mount(tmp_path: Path) -> None:
+    """The node's mount process keeps each open handle in a mapped table in its run
+    dir (casfs.view.handleslots). Its pages were sparse: with the state disk full, the
+    job's next create stored to an unbacked page, a SIGBUS killed the node's one mount
+    process and every job on the node got ECONNABORTED/ENOTCONN. Now a write may get
+    ENOSPC (as on any full disk), the create and the listing work, and `casfs run`
+    says in one line why nothing was published."""
+    state = tmp_path / "state"
+    with tmpfs(state, "16m"):
+        env = dict(os.environ, CASFS_ROOT=str(tmp_path / "root"), CASFS_STATE_DIR=str(state),
+                   CASFS_MOUNT_BASE=str(tmp_path / "mnt"))
+        script = tmp_path / "job.py"
+        script.write_text(JOB_FILLS_STATE)
+        r = subprocess.run([sys.executable, "-m", "casfs.cli.main", "run", "--family",
+                            "generic", "-n", "ns", "--", "sh", "-c",
+                            f'{sys.executable} {script} {state} "$CASFS_CACHE_DIR"'],
+                           env=env, capture_output=True, text=True, timeout=180, check=False)
+        (state / "filler").unlink(missing_ok=True)
+    assert r.returncode == 0, r.stderr
+    assert "listed ['empty']" in r.stdout, (r.stdout, r.stderr)
+    assert "died" not in r.stderr, r.stderr
+    assert "NOT PUBLISHED" in r.stderr and "No space left on device" in r.stderr, r.stderr
+
+
+HANDLES_ON_A_FULL_DISK = """
+import os, sys
+from pathlib import Path
+from casfs.view.handleslots import HandleSlots, FILE_RO
+d = Path(sys.argv[1])
+kept = HandleSlots(d / "kept.handles")     # its first 4,096 slots' blocks taken now
+fd = os.open(d / "filler", os.O_WRONLY | os.O_CREAT, 0o644)
+try:
+    while True:
+        os.write(fd, bytes(4096))
+except OSError:
+    pass
+late = HandleSlots(d / "late.handles")     # none can be allocated at all
+assert late.path is None and late.alloc(7, FILE_RO) == 1
+fhs = [kept.alloc(i, FILE_RO) for i in range(10_000)]   # grows past its blocks
+assert fhs == list(range(1, 10_001)) and kept.path is None
+assert not (d / "kept.handles").exists()   # no table that misses handles is left
+print("ok")
+"""
+
+
+def test_a_handle_table_on_a_full_disk_is_kept_in_memory(tmp_path: Path) -> None:
+    """In a child: without the fix the child dies of SIGBUS (not a failed assert)."""
+    with tmpfs(tmp_path / "run", "1m") as run:
+        r = subprocess.run([sys.executable, "-c", HANDLES_ON_A_FULL_DISK, str(run)],
+                           capture_output=True, text=True, timeout=60, check=False)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", (r.returncode, r.stderr[-2000:])
+    assert "kept in memory only" in r.stderr
