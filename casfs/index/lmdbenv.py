@@ -95,8 +95,12 @@ class _SharedLock:
             self._cond.notify_all()
 
 
+class _Truncated(Exception):
+    """data.mdb is shorter than its meta page says (a system crash under sync=False)."""
+
+
 # What says the index's file is damaged, not the environment (a lock, a full disk).
-_DAMAGE = (lmdb.InvalidError, lmdb.CorruptedError, lmdb.PageNotFoundError)
+_DAMAGE = (lmdb.InvalidError, lmdb.CorruptedError, lmdb.PageNotFoundError, _Truncated)
 
 _registry_lock = threading.Lock()
 _registry: dict[str, IndexEnv] = {}
@@ -207,6 +211,7 @@ class IndexEnv:
             raise IndexError_(f"cannot open node index {path}: {e}") from e
         self = cls(env, path, readonly)
         try:
+            _check_length(env, path)
             stale = env.reader_check()
             if stale:
                 log.info("cleared %d stale LMDB reader slot(s) in %s", stale, path)
@@ -362,6 +367,16 @@ class IndexEnv:
                 log.info("node index %s: map size grown to %d MiB", self.path, new_size >> 20)
         finally:
             self._lock.release_exclusive()
+
+
+def _check_length(env: lmdb.Environment, path: Path) -> None:
+    """The file holds every page its meta page counts. LMDB reads pages through a
+    mapping: one past the file's end is a SIGBUS, which no except catches (every
+    mount process, and `casfs doctor`, died at their first lookup)."""
+    need = (env.info()["last_pgno"] + 1) * env.stat()["psize"]
+    have = os.stat(path / "data.mdb").st_size
+    if have < need:
+        raise _Truncated(f"data.mdb is {have} bytes, its pages need {need}")
 
 
 # --- typed helpers (the stubs say bytes | memoryview; with buffers=False it is bytes) ---
