@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 
 from casfs import families
 from casfs.node.options import DEFAULTS as D
@@ -11,15 +12,15 @@ from casfs.node.options import MODES
 
 def positive(text: str) -> float:
     v = float(text)
-    if not v > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0: {text}")
+    if not (v > 0 and math.isfinite(v)):
+        raise argparse.ArgumentTypeError(f"must be a number > 0: {text}")
     return v
 
 
 def non_negative(text: str) -> float:
     v = float(text)
-    if not v >= 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0: {text}")
+    if not (v >= 0 and math.isfinite(v)):
+        raise argparse.ArgumentTypeError(f"must be a number >= 0: {text}")
     return v
 
 
@@ -57,9 +58,9 @@ def mount_opts(p: argparse.ArgumentParser) -> None:
                         " with what is local")
     p.add_argument("--namespace", "-n", help="explicit namespace (default: auto)")
     p.add_argument("--name", help="mount name (default: the family)")
-    p.add_argument("--stable-after", type=float, default=D.stable_after, metavar="S")
-    p.add_argument("--publish-interval", type=float, default=D.publish_interval, metavar="S")
-    p.add_argument("--refresh-interval", type=float, default=D.refresh_interval, metavar="S")
+    p.add_argument("--stable-after", type=non_negative, default=D.stable_after, metavar="S")
+    p.add_argument("--publish-interval", type=positive, default=D.publish_interval, metavar="S")
+    p.add_argument("--refresh-interval", type=positive, default=D.refresh_interval, metavar="S")
     p.add_argument("--fetch-timeout", type=positive, default=D.fetch_timeout, metavar="S",
                    help="the longest an open waits for the shared root before the job"
                         " gets a miss (default 10)")

@@ -19,6 +19,7 @@ from typing import Any
 from casfs.errors import CasfsError, DaemonStuckError, DaemonUnavailableError, UsageError
 from casfs.node import control, leases
 from casfs.node.config import HostConfig
+from casfs.util.envnum import env_float
 
 log = logging.getLogger(__name__)
 
@@ -30,11 +31,7 @@ DEFAULT_LEASE_TIMEOUT = 120.0
 def lease_timeout() -> float:
     """How long a job waits for its lease before it runs with a private cache
     (``CASFS_LEASE_TIMEOUT`` seconds; an attach may wait out a reclaim's publication)."""
-    try:
-        value = float(os.environ.get("CASFS_LEASE_TIMEOUT", ""))
-    except ValueError:
-        return DEFAULT_LEASE_TIMEOUT
-    return value if value > 0 else DEFAULT_LEASE_TIMEOUT
+    return env_float("CASFS_LEASE_TIMEOUT", DEFAULT_LEASE_TIMEOUT)
 
 
 def daemon_socket(state_dir: Path) -> Path:

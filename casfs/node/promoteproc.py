@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from casfs.node.fetchproc import FetchWorker
+from casfs.util.envnum import env_float
 
 HANG_AFTER = 60.0  # seconds without a sign of life before a promotion worker is replaced
 CHUNK = 2000  # paths per promote request: a round of 100,000 new files is 50 requests
@@ -36,10 +37,7 @@ _workers_lock = threading.Lock()
 
 def hang_after() -> float:
     """CASFS_PROMOTE_HANG_AFTER overrides HANG_AFTER (tests wedge a worker)."""
-    try:
-        return float(os.environ.get("CASFS_PROMOTE_HANG_AFTER", "") or HANG_AFTER)
-    except ValueError:
-        return HANG_AFTER
+    return env_float("CASFS_PROMOTE_HANG_AFTER", HANG_AFTER)
 
 
 def shared(state_dir: Path) -> FetchWorker:

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
 import re
 from collections.abc import Iterable
 from typing import Any
@@ -32,6 +31,7 @@ from casfs.store.digests import DIGEST_RE
 from casfs.store.entry import Entry, entries_of
 from casfs.store.objects import ObjectStore
 from casfs.util import jsonsafe
+from casfs.util.envnum import env_int
 from casfs.util.gcpause import gc_paused
 from casfs.util.paths import all_plain, ancestor_dirs, check_relpath
 
@@ -45,8 +45,7 @@ _EXTRA_KEY = re.compile(r"^[a-z][a-z0-9_]{0,31}\Z")
 
 
 def max_manifest_bytes() -> int:
-    env = os.environ.get("CASFS_MAX_MANIFEST_BYTES", "")
-    return int(env) if env.isdigit() else DEFAULT_MAX_MANIFEST_BYTES
+    return env_int("CASFS_MAX_MANIFEST_BYTES", DEFAULT_MAX_MANIFEST_BYTES)
 
 
 def _row(e: Entry) -> list[Any]:

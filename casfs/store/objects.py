@@ -50,6 +50,7 @@ from casfs.store.packloc import MAX_HOPS, Location, load_forward, pack_key, pars
 from casfs.util import atomic
 from casfs.util.counters import Counters
 from casfs.util.crashpoint import crashpoint
+from casfs.util.envnum import env_int
 from casfs.util.noatime import open_noatime
 
 log = logging.getLogger(__name__)
@@ -111,8 +112,7 @@ def _rewind(out: BinaryIO, start: int | None) -> bool:
 
 
 def max_object_bytes() -> int:
-    env = os.environ.get("CASFS_MAX_OBJECT_BYTES", "")
-    return int(env) if env.isdigit() else DEFAULT_MAX_OBJECT_BYTES
+    return env_int("CASFS_MAX_OBJECT_BYTES", DEFAULT_MAX_OBJECT_BYTES)
 
 
 class ObjectTooLargeError(CorruptObjectError):

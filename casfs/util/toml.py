@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import tomllib
@@ -65,6 +66,8 @@ def as_str(v: Any, key: str) -> str:
 def as_number(v: Any, key: str) -> float:
     if isinstance(v, bool) or not isinstance(v, int | float):
         raise ConfigError(f"{key}: expected a number of seconds, got {describe(v)}")
+    if not math.isfinite(v):  # TOML has nan and inf: a wait of inf s never ends
+        raise ConfigError(f"{key}: expected a finite number of seconds, got {v}")
     return float(v)
 
 

@@ -62,6 +62,19 @@ def test_bad_byte_sizes(bad: object) -> None:
         dconfig.as_bytes(bad, "k")
 
 
+@pytest.mark.parametrize(("key", "value"), [
+    ("fetch_timeout", "nan"), ("fetch_timeout", "inf"), ("publish_interval", "nan"),
+    ("refresh_interval", "-inf"), ("stable_after", "nan"), ("wait_warm", "inf"),
+    ("shutdown_timeout", "inf")])
+def test_seconds_are_finite(tmp_path: Path, key: str, value: str) -> None:
+    """TOML has nan and inf. publish_interval = nan crash-looped the mount worker (a
+    trio ValueError), fetch_timeout = nan turned sharing off without a word, and
+    fetch_timeout = inf let an open wait forever: each is now one line at load."""
+    p = write(tmp_path, minimal(tmp_path, mount_extra=f"{key} = {value}"))
+    with pytest.raises(ConfigError, match=rf"mounts\[0\]\.{key}: expected a finite number"):
+        dconfig.load(p)
+
+
 def test_cache_cap_is_node_wide(tmp_path: Path) -> None:
     text = minimal(tmp_path).replace("[node]\n", '[node]\ncache_max_bytes = "3GiB"\n')
     text += '[[mounts]]\nname = "two"\nnamespace = "two-ns"\n'
