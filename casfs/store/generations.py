@@ -638,7 +638,9 @@ class GenerationStore:
 
     def _young(self, ns: str, seq: int) -> bool:
         info = self.backend.info(self._key(ns, seq))
-        return info is not None and time.time() - info.mtime < MISSING_GRACE
+        # abs: a record stamped in the future (a skewed clock, a hostile touch) would
+        # otherwise stay young for ever, and publication deferred with it.
+        return info is not None and abs(time.time() - info.mtime) < MISSING_GRACE
 
     def part_entries(self, part: Part, read: list[Entry] | None = None) -> list[Entry]:
         """``part``'s rows, checked and cached; ``read``: its rows already read and

@@ -33,6 +33,7 @@ MAX_MEMBER_BYTES = 1 << 20
 FORWARD_PREFIX = "repacked"
 MAX_FORWARD_BYTES = 64 << 20
 MAX_HOPS = 8  # forwards followed for one read (a pack repacked again and again)
+MAX_PACK_OFFSET = 1 << 48  # far past any pack (~1 MiB; repacked, a few GiB at most)
 
 
 def pack_key(digest: str) -> str:
@@ -51,6 +52,8 @@ def parse_location(value: object) -> Location | None:
     if not isinstance(pack, str) or not DIGEST_RE.match(pack):
         return None
     if type(off) is not int or type(length) is not int or off < 0 or length <= 0:
+        return None
+    if off > MAX_PACK_OFFSET:  # a hostile row: 2**63 overflowed pread (a traceback)
         return None
     if length > MAX_MEMBER_BYTES:  # a hostile row: readers would allocate ``length``
         return None

@@ -274,7 +274,8 @@ def _parse_index(index: bytes, index_off: int, size: int, digest: str) -> PackIn
             if not DIGEST_RE.match(d) or off < 0 or off + length > index_off:
                 raise ValueError("member out of range")
             members[d] = (int(off), int(length))
-    except (ValueError, KeyError, TypeError, RecursionError, zstandard.ZstdError) as e:
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError,
+            zstandard.ZstdError) as e:  # AttributeError: valid JSON, not an object
         raise CorruptObjectError(f"pack {digest}: bad index ({e})") from None
     return PackInfo(digest, size, members)
 

@@ -139,6 +139,39 @@ def test_a_young_record_with_a_missing_manifest_is_waited_for(tmp_path: Path) ->
     assert out.ok and out.result is not None and out.result.seq == 3
 
 
+@pytest.mark.expect_log(
+    r"skipping (unresolved \(young, object missing\)|damaged) generation ns@\d+: .*is missing",
+)
+def test_a_record_stamped_far_in_the_future_does_not_defer_publication(
+        tmp_path: Path) -> None:
+    """Young is judged by the record's mtime: one a year ahead (a skewed writer, a
+    hostile touch) with its manifest missing deferred every publication for ever,
+    each saying "at most 600s"."""
+    import os
+    import time
+
+    from casfs.store import generations
+
+    root, index, pub, _ = setup(tmp_path)
+    gens = root.generations()
+    first = root.objects.put_bytes(b"first")
+    gens.publish("ns", [Entry("a", first.digest, first.size, 0o644, 1)], node="n")
+    second = root.objects.put_bytes(b"second")
+    gens.publish("ns", [Entry("b", second.digest, second.size, 0o644, 1)], node="n")
+    (root.path / object_key(gens.record("ns", 2).parts[-1].digest)).unlink()
+    key = root.path / "namespaces" / "ns" / "generations" / "000000000002"
+    ahead = time.time() + 365 * 86400
+    os.utime(key, (ahead, ahead))
+    assert not gens._young("ns", 2)
+    soon = time.time() + generations.MISSING_GRACE / 2  # a writer a few minutes ahead
+    os.utime(key, (soon, soon))
+    assert gens._young("ns", 2)  # still waited for
+    os.utime(key, (ahead, ahead))
+    promote(root, index, "c", b"third")
+    out = pub.publish()
+    assert out.ok and out.result is not None and out.result.seq == 3, out
+
+
 def test_objects_this_process_just_stored_are_not_checked_again(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A promotion's objects and packs, published by the process that stored them

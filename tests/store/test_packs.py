@@ -142,13 +142,30 @@ def test_a_row_claiming_a_huge_pack_member_is_malformed(
     e = snap["k0/f0.ptx"]
     assert e.extras and e.extras.get("pack")
     huge = dataclasses.replace(e, path="huge", extras={"pack": [e.extras["pack"][0], 0, 2**62]})
-    gens.publish("ns", [*snap.values(), huge], node="attacker")
-    for rel in ("huge", "k0/f0.ptx"):
+    # and one at an offset of 2**63: pread's OverflowError was a traceback in cat,
+    # export and verify
+    far = dataclasses.replace(e, path="far", extras={"pack": [e.extras["pack"][0], 2**63, 43]})
+    gens.publish("ns", [*snap.values(), huge, far], node="attacker")
+    for rel in ("huge", "far", "k0/f0.ptx"):
         out = cli("cat", "ns", rel, timeout=60)
         assert out.rc == 0 and out.out.encode() == files["k0/f0.ptx"], out.err
     assert cli("verify", "--json", timeout=60).json()["ok"] is True
     res = cli("export", "ns", tmp_path / "out", timeout=60)
     assert res.rc == 0 and "Traceback" not in res.err
+
+
+def test_a_pack_index_that_is_not_an_object_is_damage() -> None:
+    """Valid JSON, a list instead of an object: AttributeError was a traceback from
+    `casfs verify`; it is a bad index, reported like any other."""
+    import json
+
+    import zstandard
+
+    from casfs.store import packs
+
+    bad = zstandard.ZstdCompressor().compress(json.dumps([1, 2, 3]).encode())
+    with pytest.raises(CorruptObjectError, match="bad index"):
+        packs._parse_index(bad, 100, 200, "ab" * 32)
 
 
 @pytest.mark.expect_log(r"repaired damaged pack ")
