@@ -119,6 +119,10 @@ class LocalBackend:
         self.root = root
         self._root = str(root)
         self.staging_dir = root / "tmp"
+        self._ident: tuple[int, int] | None = None  # the root directory's, at first use
+        with contextlib.suppress(OSError):
+            st = os.stat(self._root)
+            self._ident = (st.st_dev, st.st_ino)
 
     def _path(self, key: str) -> Path:
         return Path(self._spath(key))
@@ -145,6 +149,7 @@ class LocalBackend:
         *dirs, name = self._spath(key)[len(self._root) + 1:].split("/")
         base = os.open(self._root, beneath.DIR_FLAGS | os.O_CLOEXEC)
         try:
+            self._check_ident(base)
             fd = beneath.mkdirs(base, "/".join(dirs)) if dirs else os.dup(base)
         finally:
             os.close(base)
@@ -152,6 +157,18 @@ class LocalBackend:
             yield Path(f"/proc/self/fd/{fd}/{name}")
         finally:
             os.close(fd)
+
+    def _check_ident(self, fd: int) -> None:
+        """Writes go only into the directory opened: a shared filesystem unmounted under
+        a running node leaves its bare mount point, and a publication there would say
+        it published while nothing reached the root (ESTALE: the caller retries later)."""
+        st = os.fstat(fd)
+        if self._ident is None:
+            self._ident = (st.st_dev, st.st_ino)
+        elif (st.st_dev, st.st_ino) != self._ident:
+            raise OSError(errno.ESTALE, f"shared root {self._root} is no longer the directory"
+                          " casfs opened (its filesystem unmounted, or the directory"
+                          " replaced): nothing is written there")
 
     def put_if_absent(self, key: str, staged: Path) -> bool:
         with self._beneath(key) as target:
