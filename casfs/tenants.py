@@ -39,6 +39,9 @@ TENANT_RE = re.compile(r"[a-z0-9][a-z0-9_-]{0,31}")
 USER_RE = re.compile(r"u(0|[1-9][0-9]{0,9})")
 CLUSTER = "cluster"
 ROOT = "u0"
+# Who root acts as to write in a group domain's directory (dir mode): "nobody", a uid
+# no member is, given the domain's group; the group's permission bits then decide.
+MEMBER_UID = 65534
 MODES = ("uid", "cluster")
 TRUSTS = ("owner", "signature")
 # The label an operator puts on a pod to name its tenant (deploy/kubernetes).

@@ -187,14 +187,19 @@ def parent(base: int, rel: str) -> Iterator[tuple[int, str]]:
         os.close(fd)
 
 
-def mkdirs(base: int, rel: str, mode: int = 0o777) -> int:
+def mkdirs(base: int, rel: str, mode: int = 0o777, exact: bool = False) -> int:
     """``mkdir -p rel`` beneath ``base``, a component at a time, following nothing;
-    returns an O_PATH fd of the directory (the caller closes it)."""
+    returns an O_PATH fd of the directory (the caller closes it). ``exact``: each
+    directory made gets ``mode`` as it is (setgid included), not less the umask."""
     fd = os.dup(base)
     try:
         for c in parts(rel):
-            with contextlib.suppress(FileExistsError):
+            try:
                 os.mkdir(c, mode, dir_fd=fd)  # mkdirat: never follows a link at c
+                if exact:
+                    _chmod_made(fd, c, mode)
+            except FileExistsError:
+                pass
             nxt = open_dir(fd, c)
             os.close(fd)
             fd = nxt
@@ -202,6 +207,16 @@ def mkdirs(base: int, rel: str, mode: int = 0o777) -> int:
         os.close(fd)
         raise
     return fd
+
+
+def _chmod_made(fd: int, name: str, mode: int) -> None:
+    """fchmod of the directory just made as ``name`` in ``fd`` (opened without following:
+    one swapped in meanwhile is ELOOP, or someone else's and refused)."""
+    d = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+    try:
+        os.fchmod(d, mode)
+    finally:
+        os.close(d)
 
 
 def lstat(base: int, rel: str) -> os.stat_result:

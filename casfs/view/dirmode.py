@@ -118,7 +118,17 @@ def _closing(source: bytes | BinaryIO) -> Iterator[None]:
             source.close()
 
 
-def _write(pfd: int, e: Entry, source: bytes | BinaryIO) -> str:
+def _perm(e: Entry, shared: bool) -> int:
+    """``e``'s permission bits as restored; ``shared`` (a group domain's directory): its
+    owner's bits for the group too, so that every member's job may rewrite it."""
+    perm = e.mode & 0o777
+    return perm | (perm & 0o700) >> 3 if shared else perm
+
+
+GROUP_DIR_MODE = 0o2770  # a group domain's directories (casfs.tenants.Tenant.dir_mode)
+
+
+def _write(pfd: int, e: Entry, source: bytes | BinaryIO, shared: bool = False) -> str:
     """A temp file beside ``e``'s leaf in the directory ``pfd`` holding ``source`` with
     ``e``'s mode and mtime; its name."""
     tmp = temp_name("", "restore-").name
@@ -130,7 +140,7 @@ def _write(pfd: int, e: Entry, source: bytes | BinaryIO) -> str:
             else:
                 shutil.copyfileobj(source, out)
             out.flush()
-            os.fchmod(out.fileno(), e.mode & 0o777)
+            os.fchmod(out.fileno(), _perm(e, shared))
             os.utime(out.fileno(), ns=(e.mtime_ns, e.mtime_ns))
     except BaseException:
         with contextlib.suppress(OSError):
@@ -211,7 +221,8 @@ def _sendfile(src: int, dst: int, offset: int, count: int) -> int:
     return os.sendfile(dst, src, offset, count)  # (from dst's offset: 0, then on)
 
 
-def _put(pfd: int, e: Entry, source: bytes | BinaryIO, unnamed: bool) -> os.stat_result:
+def _put(pfd: int, e: Entry, source: bytes | BinaryIO, unnamed: bool,
+         shared: bool = False) -> os.stat_result:
     """``e`` written into the directory ``pfd`` as its leaf, whole, with its mode and
     mtime, then linked into place: EEXIST if anything is there (a file the job made
     meanwhile wins). Its stat. An unnamed file where the file system has them (no
@@ -219,7 +230,7 @@ def _put(pfd: int, e: Entry, source: bytes | BinaryIO, unnamed: bool) -> os.stat
     leaf = e.path.rpartition("/")[2]
     fd = beneath.create_unnamed(pfd) if unnamed else None
     if fd is None:
-        tmp = _write(pfd, e, source)
+        tmp = _write(pfd, e, source, shared)
         try:
             beneath.link(tmp, pfd, leaf, src_dir_fd=pfd)
         finally:
@@ -228,7 +239,7 @@ def _put(pfd: int, e: Entry, source: bytes | BinaryIO, unnamed: bool) -> os.stat
         return beneath.lstat(pfd, leaf)
     try:
         _copy(source, fd)
-        os.fchmod(fd, e.mode & 0o777)
+        os.fchmod(fd, _perm(e, shared))
         os.utime(fd, ns=(e.mtime_ns, e.mtime_ns))
         beneath.link_unnamed(fd, pfd, leaf)
         return os.fstat(fd)
@@ -241,6 +252,7 @@ def restore(
     stamps: RestoreStamps | None = None,
     present: Callable[[Entry, str], bytes | None] | None = None,
     owner: Owner = None, refused: set[str] | None = None, unnamed: bool = True,
+    shared: bool = False,
 ) -> list[Entry]:
     """Copy every entry not present in ``directory`` into it; returns the entries written.
 
@@ -253,6 +265,9 @@ def restore(
     ``unnamed``: each file an unnamed file linked into place (see ``_put``); False
     while the directory is watched (an unnamed file's events come under a
     ``#<inode>`` name that is never removed: the tracker would keep it).
+    ``shared``: a group domain's directory (``owner`` a member's stand-in): what is
+    made there is the group's to write too (directories GROUP_DIR_MODE, files the
+    owner's bits for the group).
     """
     written: list[Entry] = []
     base = beneath.open_base(directory)
@@ -274,7 +289,7 @@ def restore(
                     continue
             todo = [e for e in group if e.path.rpartition("/")[2] not in names]
             done = _restore_dir(base, parent, todo, fetcher, counters, stamps, present,
-                                owner, refused, unnamed, full)
+                                owner, refused, unnamed, full, shared)
             names.update(e.path.rpartition("/")[2] for e in done)
             written += done
             if full:  # one line, not one a file (and again at every refresh)
@@ -308,6 +323,7 @@ def _restore_dir(
     base: int, parent: str, todo: list[Entry], fetcher: ObjectFetcher, counters: Counters,
     stamps: RestoreStamps | None, present: Callable[[Entry, str], bytes | None] | None,
     owner: Owner, refused: set[str] | None, unnamed: bool, full: list[OSError],
+    shared: bool = False,
 ) -> list[Entry]:
     """``todo`` (entries of the one directory ``parent``) written into it; a full file
     system stops it (the error put in ``full``)."""
@@ -335,7 +351,8 @@ def _restore_dir(
         try:
             with beneath.as_tenant(*(owner or (None, None))):
                 try:
-                    pfd = beneath.mkdirs(base, parent) if parent else os.dup(base)
+                    pfd = (beneath.mkdirs(base, parent, GROUP_DIR_MODE, exact=True) if shared
+                           else beneath.mkdirs(base, parent)) if parent else os.dup(base)
                 except OSError as err:
                     if err.errno in _FULL:
                         full.append(err)
@@ -347,7 +364,7 @@ def _restore_dir(
                     for e, source in sources:
                         tried += 1
                         try:
-                            st = _put(pfd, e, source, unnamed)
+                            st = _put(pfd, e, source, unnamed, shared)
                         except FileExistsError:
                             continue
                         except OSError as err:
@@ -375,7 +392,8 @@ def _restore_dir(
 def replace_file(directory: Path, e: Entry, fetcher: ObjectFetcher, expect: os.stat_result,
                  stamps: RestoreStamps | None = None,
                  present: Callable[[Entry, str], bytes | None] | None = None,
-                 owner: Owner = None, refused: set[str] | None = None) -> bool:
+                 owner: Owner = None, refused: set[str] | None = None,
+                 shared: bool = False) -> bool:
     """Put the newer published version ``e`` of a replaced path in place of the local
     file, atomically (rename: a reader sees the old or the new file whole, and one
     holding the old file open keeps reading it), but only if the local file is
@@ -393,7 +411,7 @@ def replace_file(directory: Path, e: Entry, fetcher: ObjectFetcher, expect: os.s
         try:
             with (_closing(source), beneath.as_tenant(*(owner or (None, None))),
                   beneath.parent(base, e.path) as (pfd, leaf)):
-                tmp = _write(pfd, e, source)
+                tmp = _write(pfd, e, source, shared)
                 try:
                     st = beneath.lstat(pfd, leaf)
                     if (st.st_ino, st.st_size, st.st_mtime_ns) != (
@@ -557,12 +575,23 @@ def open_for_writing(directory: Path, rels: list[str]) -> set[str]:
     if not rels:
         return set()
     wanted = {str(directory / r): r for r in rels}
-    busy: set[str] = set()
+    held: dict[str, list[tuple[int, int]]] = {}  # rel -> (dev, ino) of each writable fd
     for target, info in _open_fds():
         rel = wanted.get(target)
-        if rel is not None and rel not in busy and _writable(_fdinfo(info)):
-            busy.add(rel)
-    return busy
+        if rel is not None and _writable(_fdinfo(info)):
+            try:  # the file the fd holds (/proc/<pid>/fd/<n> resolves to it)
+                st = os.stat(info.replace("/fdinfo/", "/fd/"))
+            except OSError:
+                continue
+            held.setdefault(rel, []).append((st.st_dev, st.st_ino))
+    if not held:
+        return set()
+    # A path's text is not the file: another user's mount namespace (unshare -Urm, a
+    # tmpfs over the mount base) shows the same string for her own file, held open
+    # to keep the victim's file from ever being published. Only the same inode counts.
+    here = lstats(directory, list(held))
+    return {rel for rel, ids in held.items()
+            if (st := here.get(rel)) is not None and (st.st_dev, st.st_ino) in ids}
 
 
 def writers_on_mount(mount_id: int, mountpoint: Path, tops: set[str]) -> set[str]:

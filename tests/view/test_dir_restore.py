@@ -408,3 +408,44 @@ def test_a_full_directory_is_one_line_and_no_partial_file(
         assert counters.get("restore_full") == 1 and counters.get("restore_errors") == 0
     finally:
         subprocess.run(["umount", str(top)], check=False)
+
+
+@pytest.mark.expect_log(r"not restoring ro/f000: \[Errno 13\] Permission denied")
+def test_a_group_domains_directory_is_written_as_a_member_would(how: str) -> None:
+    """A group domain's directory is root's (2770, the domain's group): dir mode acted
+    in it as uid 0, which as_tenant leaves with all of root's power, so a directory a
+    member made read-only still got files, and the directories it made were root's
+    0755: every member's job then got EACCES writing its new kernels there (found by a
+    review on 2026-12-05). Now it acts as MEMBER_UID with the group: the group's bits
+    decide, what it makes is the group's to write (2770, files g+w)."""
+    from casfs.node.modes.base import ViewParts
+    from casfs.tenants import MEMBER_UID, Domain, TenantPolicy
+    from tests.users import group_gid
+
+    with open_tmp() as d, real_users(1, d, in_group=[0]) as (member,):
+        gid = group_gid([member])
+        tenant = TenantPolicy(domains=(Domain("ml", gids=frozenset({gid})),)).tenant("ml")
+        parts = ViewParts.__new__(ViewParts)  # only its tenant is read here
+        parts.tenant = tenant
+        assert parts.tenant_owner == (0, gid)  # the directory's owner stays root
+        assert parts.tenant_acting == (MEMBER_UID, gid) and parts.tenant_shared
+        entries, data = tree(d / "cache", {"k": 2, "ro": 1})
+        os.chmod(d / "cache", 0o700)
+        top = d / "top"
+        top.mkdir()
+        os.chown(top, 0, gid)
+        os.chmod(top, tenant.dir_mode)
+        assert member.sh(f"mkdir {top}/ro && chmod 0555 {top}/ro").returncode == 0
+        written = dirmode.restore(top, entries, Fetcher(d / "cache"), Counters(),
+                                  owner=parts.tenant_acting, shared=parts.tenant_shared)
+        assert [e.path for e in written] == ["k/f000", "k/f001"]  # her 0555 honoured
+        st = os.lstat(top / "k")
+        assert (st.st_uid, st.st_gid, st.st_mode & 0o7777) == (MEMBER_UID, gid, 0o2770)
+        for e in written:
+            st = os.lstat(top / e.path)
+            assert (top / e.path).read_bytes() == data[e.path]
+            assert (st.st_uid, st.st_gid) == (MEMBER_UID, gid)
+            assert st.st_mode & 0o777 == e.mode | (e.mode & 0o700) >> 3  # g+w like u
+        # the member's job writes new kernels beside them, and rewrites a restored one
+        r = member.sh(f"echo new > {top}/k/new.json && echo again > {top}/k/f001")
+        assert r.returncode == 0, r.stderr

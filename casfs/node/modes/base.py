@@ -22,7 +22,7 @@ from casfs.node.access import Access
 from casfs.node.config import MountConfig
 from casfs.promote.tracker import WriteTracker
 from casfs.store.entry import Entry
-from casfs.tenants import Tenant
+from casfs.tenants import MEMBER_UID, Tenant
 from casfs.util import beneath
 from casfs.util.counters import Counters
 
@@ -63,6 +63,23 @@ class ViewParts:
     def tenant_owner(self) -> tuple[int, int] | None:
         """(uid, gid) the tenant's directories belong to; None without tenants."""
         return (self.tenant.uid, self.tenant.gid) if self.tenant is not None else None
+
+    @property
+    def tenant_acting(self) -> tuple[int, int] | None:
+        """(uid, gid) whose fs credentials write in the tenant's directory (dir mode).
+        A group domain's directories are root's (uid 0, which as_tenant would leave
+        with all of root's power there): its members' stand-in, MEMBER_UID, with the
+        group, so that the group's permissions decide, as for any member."""
+        t = self.tenant
+        if t is not None and t.group_shared:
+            return (MEMBER_UID, t.gid)
+        return self.tenant_owner
+
+    @property
+    def tenant_shared(self) -> bool:
+        """The tenant's directory is a group's: what dir mode makes there is the group's
+        to write too (casfs.view.dirmode.restore's ``shared``)."""
+        return self.tenant is not None and self.tenant.group_shared
 
     def presenter(self) -> Presenter | None:
         """Bytes to generate for files the family presents differently (never linked)."""

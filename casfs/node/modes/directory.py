@@ -93,7 +93,7 @@ class DirServer:
     def discard_torn(self, held: list[str]) -> list[str]:
         """Remove a killed job's held files from the directory (the last job left), as
         the tenant and beneath the directory: never through a symlink it planted."""
-        return remove_beneath(self.parts.cfg.mountpoint, held, self.parts.tenant_owner,
+        return remove_beneath(self.parts.cfg.mountpoint, held, self.parts.tenant_acting,
                               self.parts.cfg.name)
 
     # --- generations -------------------------------------------------------------------
@@ -123,7 +123,8 @@ class DirServer:
             prefetch.fill_whole(p.cache, part, p.counters)
             written += dirmode.restore(cfg.mountpoint, part, p.cache, p.counters,
                                        self.restore_stamps, present=p.presenter(),
-                                       owner=p.tenant_owner, refused=self._refused,
+                                       owner=p.tenant_acting, refused=self._refused,
+                                       shared=p.tenant_shared,
                                        unnamed=self._watch is None)
         # Offered = now in the directory; a failed fetch is tried again on the next refresh.
         # (Written ones are not looked at again: one the tenant moved away since is hers.)
@@ -161,7 +162,7 @@ class DirServer:
         busy = dirmode.open_for_writing(mp, [e.path for e, _ in todo]) if todo else set()
         done = [e for e, st in todo if e.path not in busy and dirmode.replace_file(
             mp, e, p.cache, st, self.restore_stamps, present=p.presenter(),
-            owner=p.tenant_owner, refused=self._refused)]
+            owner=p.tenant_acting, refused=self._refused, shared=p.tenant_shared)]
         if done:
             p.index.add_promoted_many(cfg.namespace, done)
             p.index.mark_published(cfg.namespace, done, p.served_seq())
