@@ -591,7 +591,7 @@ def open_for_writing(directory: Path, rels: list[str]) -> set[str]:
     # to keep the victim's file from ever being published. Only the same inode counts.
     here = lstats(directory, list(held))
     return {rel for rel, ids in held.items()
-            if (st := here.get(rel)) is not None and (st.st_dev, st.st_ino) in ids}
+            if (mine := here.get(rel)) is not None and (mine.st_dev, mine.st_ino) in ids}
 
 
 def writers_on_mount(mount_id: int, mountpoint: Path, tops: set[str]) -> set[str]:
