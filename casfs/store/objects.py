@@ -396,23 +396,35 @@ class ObjectStore:
         if exists and self._sound(digest, hashed):
             return PutResult(digest, hashed, False)
         size = 0
+        # What is stored is hashed as it is written: the file may change between the
+        # passes (its owner can put its size and mtime back), and an object must never
+        # be named by bytes other than its own.
+        stored = blake3.blake3(max_threads=blake3.blake3.AUTO)
         with atomic.staged_file(self.backend.staging_dir, "obj-", 0o444, sync=False) as (out, tmp):
             out.write(b"\0" * HEADER_SIZE)
             cctx = zstandard.ZstdCompressor(level=self._level)
             with open_regular(path) as f, cctx.stream_writer(out, closefd=False) as zw:
                 while chunk := f.read(CHUNK):
                     size += len(chunk)
+                    stored.update(chunk)
                     zw.write(chunk)
             codec = CODEC_ZSTD
             if out.tell() - HEADER_SIZE > size * (1 - MIN_SAVING):
                 codec = CODEC_RAW
                 out.seek(HEADER_SIZE)
                 out.truncate()
+                size = 0
+                stored = blake3.blake3(max_threads=blake3.blake3.AUTO)
                 with open_regular(path) as f:
                     while chunk := f.read(CHUNK):
+                        size += len(chunk)
+                        stored.update(chunk)
                         out.write(chunk)
+            check_object_size(size, str(path))
             out.seek(0)
             out.write(HEADER.pack(MAGIC, VERSION, codec, 0, size))
+        if (got := stored.hexdigest()) != digest:  # changed meanwhile: named by what it holds
+            return PutResult(got, size, self._install(object_key(got), tmp, repair=False))
         return PutResult(digest, size, self._install(key, tmp, repair=exists))
 
     def _sound(self, digest: str, size: int) -> bool:

@@ -349,3 +349,30 @@ def test_zstd_bomb_is_rejected_with_bounded_memory(
     assert lines[0].startswith("REJECTED 1 "), proc.stdout + proc.stderr
     rss_delta_kb = int(lines[-1].split()[1])
     assert rss_delta_kb < 64 * 1024, f"reading the bomb grew RSS by {rss_delta_kb} KiB"
+
+
+@pytest.mark.parametrize("kind", ["compressible", "random"])
+def test_a_large_file_changed_between_hashing_and_storing_is_named_by_what_is_stored(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str) -> None:
+    """A large file is read twice: hashed, then stored (compressed, or raw). Its owner
+    could change it in between, same size, mtime put back: the stored bytes went in
+    under the first pass's digest, an object that fails every read (found by a review
+    on 2026-12-05). Now what is stored is hashed as written and names the object."""
+    root = SharedRoot.open(tmp_path / "root", create=True)
+    size = IN_MEMORY_LIMIT + 4096
+    first = os.urandom(size) if kind == "random" else b"a" * size
+    later = os.urandom(size) if kind == "random" else b"b" * size
+    src = tmp_path / "big.bin"
+    src.write_bytes(first)
+    info = root.backend.info
+
+    def swap_then_info(key: str) -> object:  # between the passes: the file changes
+        src.write_bytes(later)
+        return info(key)
+
+    monkeypatch.setattr(root.backend, "info", swap_then_info)
+    put = root.objects.put_file(src)
+    monkeypatch.setattr(root.backend, "info", info)
+    assert put.digest == blake3.blake3(later).hexdigest() and put.size == size
+    assert root.objects.get_bytes(put.digest) == later  # verified on read
+    assert root.backend.info(object_key(blake3.blake3(first).hexdigest())) is None
