@@ -53,3 +53,20 @@ def test_a_size_limit_set_wrong_does_not_stop_promotion(
         assert objects.max_object_bytes() == objects.DEFAULT_MAX_OBJECT_BYTES
         assert manifest.max_manifest_bytes() == manifest.DEFAULT_MAX_MANIFEST_BYTES
     assert any("CASFS_MAX_OBJECT_BYTES" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.expect_log(r"CASFS_ROOT is set but empty: using the default shared root")
+def test_an_empty_root_variable_is_said(monkeypatch: pytest.MonkeyPatch,
+                                        caplog: pytest.LogCaptureFixture) -> None:
+    """`CASFS_ROOT=$UNSET_VAR` silently published into this node's own default root."""
+    from casfs.util import defaults
+
+    monkeypatch.setattr(defaults, "_said", set())
+    monkeypatch.setenv("CASFS_ROOT", "")
+    with caplog.at_level(logging.WARNING, logger="casfs.util.defaults"):
+        assert defaults.default_root() == defaults.default_root()  # the default, said once
+    assert [r.getMessage() for r in caplog.records if "CASFS_ROOT" in r.getMessage()] == [
+        f"CASFS_ROOT is set but empty: using the default shared root"
+        f" {defaults.default_root()} (this node's alone)"]
+    monkeypatch.delenv("CASFS_ROOT")
+    defaults.default_root()  # unset: nothing said

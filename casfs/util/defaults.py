@@ -11,6 +11,7 @@ only there (docs/architecture.md, "Design choices": caches that move).
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 
@@ -18,13 +19,21 @@ import platformdirs
 
 from casfs.util.location import RootLocation, parse_location
 
+log = logging.getLogger(__name__)
+_said: set[str] = set()  # warnings given once per process
+
 
 def default_root() -> RootLocation:
     """$CASFS_ROOT (a directory or an s3:// URL), else a directory under the user data dir."""
     env = os.environ.get("CASFS_ROOT")
-    if env:
+    if env and env.strip():
         return parse_location(env)
-    return Path(platformdirs.user_data_dir("casfs")) / "root"
+    default = Path(platformdirs.user_data_dir("casfs")) / "root"
+    if env is not None and "CASFS_ROOT" not in _said:  # `CASFS_ROOT=$UNSET_VAR`: say so
+        _said.add("CASFS_ROOT")
+        log.warning("CASFS_ROOT is set but empty: using the default shared root %s (this"
+                    " node's alone)", default)
+    return default
 
 
 def default_state_dir() -> Path:
