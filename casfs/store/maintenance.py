@@ -421,9 +421,12 @@ def _verify_record(
         report.problems.append(str(e))  # snapshot errors already name the generation
         return
     for ent in snap.entries.values():
-        loc = packs.parse_location(ent.extras.get("pack")) if ent.extras else None
+        named = ent.extras.get("pack") if ent.extras else None
+        loc = packs.parse_location(named) if named is not None else None
         if loc is not None:
             uses.setdefault(loc[0], set()).add(ent.digest)
+        elif named is not None:  # readers take it for a loose object (a miss if none)
+            report.problems.append(f"generation {where}: {ent.path}: malformed pack location")
         ok = present.get(ent.digest)
         if ok is None:
             report.problems.append(bad.format(where, ent.path, ent.digest, "missing"))

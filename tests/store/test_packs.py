@@ -149,7 +149,9 @@ def test_a_row_claiming_a_huge_pack_member_is_malformed(
     for rel in ("huge", "far", "k0/f0.ptx"):
         out = cli("cat", "ns", rel, timeout=60)
         assert out.rc == 0 and out.out.encode() == files["k0/f0.ptx"], out.err
-    assert cli("verify", "--json", timeout=60).json()["ok"] is True
+    v = cli("verify", "--json", timeout=60).json()
+    assert v["ok"] is False and sorted(v["problems"]) == [
+        f"generation ns@2: {rel}: malformed pack location" for rel in ("far", "huge")], v
     res = cli("export", "ns", tmp_path / "out", timeout=60)
     assert res.rc == 0 and "Traceback" not in res.err
 
