@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import logging
 import os
+import struct
 import threading
 import time
 import uuid
@@ -369,14 +370,39 @@ class IndexEnv:
             self._lock.release_exclusive()
 
 
+# LMDB's meta page (lmdb.h MDB_meta, 64-bit; after the 16-byte page header of pages 0
+# and 1): magic, version; its two databases' records (the free list's, the main
+# one's) each end with their root page; then the last page used and the txn id.
+_META = struct.Struct("<II16x40xQ40xQQQ")
+_META_MAGIC = 0xBEEFC0DE
+_NO_PAGE = (1 << 64) - 1  # an empty database's root
+_PAGE_HEADER = 16
+
+
 def _check_length(env: lmdb.Environment, path: Path) -> None:
-    """The file holds every page its meta page counts. LMDB reads pages through a
-    mapping: one past the file's end is a SIGBUS, which no except catches (every
-    mount process, and `casfs doctor`, died at their first lookup)."""
-    need = (env.info()["last_pgno"] + 1) * env.stat()["psize"]
-    have = os.stat(path / "data.mdb").st_size
-    if have < need:
-        raise _Truncated(f"data.mdb is {have} bytes, its pages need {need}")
+    """The newest meta page's root pages are in the file. LMDB reads pages through a
+    mapping: a root past the file's end (data.mdb truncated after its meta pages, a
+    power loss under sync=False) is a SIGBUS at the first lookup, which no except
+    catches (every mount process, and `casfs doctor`, died of it). (Not the last
+    page used: pages allocated and freed in one transaction are never written, so a
+    sound file may end before it.)"""
+    psize = env.stat()["psize"]
+    with open(path / "data.mdb", "rb") as f:
+        head = os.pread(f.fileno(), 2 * psize, 0)
+        pages = os.fstat(f.fileno()).st_size // psize
+    metas = []
+    for i in range(2):
+        off = i * psize + _PAGE_HEADER
+        if len(head) >= off + _META.size:
+            magic, _, free_root, main_root, _, txnid = _META.unpack_from(head, off)
+            if magic == _META_MAGIC:
+                metas.append((txnid, free_root, main_root))
+    if not metas:
+        return  # not ours to judge: LMDB's own open said what it found
+    _, free_root, main_root = max(metas)
+    for root in (free_root, main_root):
+        if root != _NO_PAGE and root >= pages:
+            raise _Truncated(f"data.mdb holds {pages} pages, its root is page {root}")
 
 
 # --- typed helpers (the stubs say bytes | memoryview; with buffers=False it is bytes) ---

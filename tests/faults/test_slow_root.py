@@ -141,4 +141,4 @@ def test_fetch_timeout_flag_is_checked(tmp_path: Path) -> None:
         r = subprocess.run([sys.executable, "-m", "casfs.cli.main", *cmd, "--fetch-timeout",
                             "0", "--", "true"], capture_output=True, text=True, timeout=60,
                            check=False)
-        assert r.returncode == 2 and "must be > 0" in r.stderr, (cmd, r.stderr)
+        assert r.returncode == 2 and "must be a number > 0" in r.stderr, (cmd, r.stderr)
