@@ -188,6 +188,8 @@ class TreeWatch:
         a directory not watched or not listed, a sink's error, once the reader has
         stopped, or if writers outpace the drain for ``limit_s`` (the caller walks the
         tree instead)."""
+        if not self.lossless:
+            return False  # (and no wait on the reader's walk of the tree after an overflow)
         deadline = time.monotonic() + limit_s
         with self._drain_lock:
             if self._fd < 0 or not self._thread.is_alive():
