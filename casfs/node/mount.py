@@ -216,10 +216,14 @@ class MountService:
         self.publication.discard_recorded_torn()  # a killed job's, before a stop: never published
         recovered = self.publication.promoter()
         if recovered is not None:
-            n = recovered.scan_all()
-            if n:
-                log.info("%s: %d upper files from before are awaiting promotion", cfg.name, n)
-            self.server.started(n, left is not None or self.predecessor is not None)
+            def scan() -> int:
+                n = recovered.scan_all()
+                if n:
+                    log.info("%s: %d upper files from before are awaiting promotion",
+                             cfg.name, n)
+                return n
+
+            self.server.recover(scan, left is not None or self.predecessor is not None)
         self.feed.listener = self.server
         self.feed.start(held=cfg.prefetch)  # until the prefetch's plan or fetch ends
 

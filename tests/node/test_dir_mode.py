@@ -194,3 +194,27 @@ def test_a_restore_is_cut_into_runs_the_local_cache_holds() -> None:
     assert [[e.path for e in r] for r in runs] == [["k0", "k1"], ["k2"], ["k3"], ["k4", "k5"]]
     assert all(sum(e.size for e in r) <= 8 or len(r) == 1 for r in runs)
     assert _parts([], 8) == []
+
+
+def test_files_written_while_no_process_served_are_published_at_the_next_start(
+        cluster: dict[str, Any]) -> None:
+    """A dir-mode directory is a plain directory: a job may write it while no casfs
+    process serves it (casfs crashed, or a job pointed at it directly). The next
+    start finds those files by a walk that runs once its watch has started, beside
+    the jobs (a warm node's start no longer waits on a walk of every file), and
+    publishes them; a file written just before the release is known from the watch."""
+    a = cluster["a"]
+    w = a.mount(mode="dir")
+    d = w.cfg.mountpoint
+    (d / "K1").mkdir()
+    (d / "K1" / "a.bin").write_bytes(b"served")
+    a.stop(w)
+    (d / "K2").mkdir()  # no process serves the directory now
+    (d / "K2" / "b.bin").write_bytes(b"unserved")
+    w = a.mount(mode="dir")
+    (d / "K3").mkdir()
+    (d / "K3" / "c.bin").write_bytes(b"late")
+    final = a.stop(w)
+    assert final is not None
+    assert {"K1/a.bin", "K2/b.bin", "K3/c.bin"} <= set(published(cluster["root"]))
+    assert final["counters"].get("promotion_walks", 0) == 0, final["counters"]

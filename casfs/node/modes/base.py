@@ -129,9 +129,10 @@ class ModeServer(Protocol):
         ``on_miss(path, entry)`` when one must be fetched (read-ahead)."""
 
     def wants_scan(self, final: bool) -> bool: ...
-    def started(self, pending: int, took_over: bool) -> None:
-        """The start-up scan found ``pending`` files awaiting promotion; ``took_over``: a
-        predecessor left this process the mount point (jobs may be writing)."""
+    def recover(self, scan: Callable[[], int], took_over: bool) -> None:
+        """Find what was written while no process served the mount: ``scan`` marks the
+        files awaiting promotion (returns how many); ``took_over``: a predecessor left
+        this process the mount point (its jobs may be writing meanwhile)."""
     def discard_torn(self, held: list[str]) -> list[str]: ...
     def replaced_changed(self, paths: list[str]) -> None: ...
     def lower_added(self, paths: list[str]) -> None: ...

@@ -14,7 +14,9 @@ from __future__ import annotations
 import logging
 import os
 import stat
+import threading
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import trio
@@ -42,6 +44,14 @@ def _parts(entries: list[Entry], most: int) -> list[list[Entry]]:
     return out
 
 
+def _has_entries(directory: Path) -> bool:
+    try:
+        with os.scandir(directory) as it:
+            return next(it, None) is not None
+    except OSError:  # absent (made at serve): nothing in it
+        return False
+
+
 class DirServer:
     name = "dir"
     ops = None
@@ -59,9 +69,9 @@ class DirServer:
         self._replaced: set[str] = set()  # newer versions of replaced paths to put in place
         self._refused: set[str] = set()  # paths through a symlink: skipped, warned once
         self._watch: TreeWatch | dirmode.Unwatched | None = None  # started by serve
-        # Jobs may have written between the start-up scan and the watch's start: the
-        # first promotion that wants the whole picture walks the directory (started).
-        self._window = False
+        self._scan: Callable[[], int] | None = None  # see recover
+        self._scanning: threading.Thread | None = None
+        self._scan_failed = False
         # A successor takes the directory over (casfs.node.handover, ``leave``): the bind
         # of the tenant's directory stays at close.
         self.keep_dir = False
@@ -74,21 +84,35 @@ class DirServer:
              on_miss: Callable[[str, Entry], None] | None) -> None:
         pass  # opens come from inotify (serve), every object is restored, never missed
 
-    def started(self, pending: int, took_over: bool) -> None:
-        # A predecessor's jobs go on writing while this process starts; files awaiting
-        # promotion say a job may have outlived its mount process. (Otherwise no job
-        # writes before READY, so after the watch's start; one that wrote meanwhile
-        # anyway is found by the next start's scan.)
-        self._window = bool(pending) or took_over
+    def recover(self, scan: Callable[[], int], took_over: bool) -> None:
+        # The walk for what was written while no process served the directory runs once
+        # the watch has started (serve), beside the job: then the two see every write
+        # between them (a predecessor's jobs write on while this process starts), and a
+        # warm node's start does not wait on a walk of every file it restored before.
+        # An empty directory (a fresh node) holds nothing to find.
+        if took_over or _has_entries(self.parts.cfg.mountpoint):
+            self._scan = scan
+
+    def _recover(self, scan: Callable[[], int]) -> None:
+        try:
+            scan()
+        except Exception:  # a bug here must not take the mount down: the release walks
+            self._scan_failed = True
+            log.exception("%s: looking for files written before this start failed",
+                          self.parts.cfg.name)
 
     def wants_scan(self, final: bool) -> bool:
-        # A release or `casfs publish`: the watch's queue told now; the tree (every
-        # restored file too) walked only if the watch may have missed something.
+        # A release or `casfs publish`: the start's walk finished, the watch's queue
+        # told now; the tree (every restored file too) walked only if the watch may
+        # have missed something.
         if not final:
             return False
-        told = self._watch is not None and self._watch.flush()
-        walk, self._window = not told or self._window, False
-        return walk
+        if self._scanning is not None:
+            self._scanning.join()
+        if self._scan_failed:
+            self._scan_failed = False
+            return True
+        return self._watch is None or not self._watch.flush()
 
     def discard_torn(self, held: list[str]) -> list[str]:
         """Remove a killed job's held files from the directory (the last job left), as
@@ -182,6 +206,10 @@ class DirServer:
         # From now on, restores name their files (dirmode.restore).
         self._watch = observer = dirmode.watch(cfg.mountpoint, p.tracker,
                                                on_open=p.access.observed_opens)
+        if self._scan is not None:
+            self._scanning = threading.Thread(target=self._recover, args=(self._scan,),
+                                              name="casfs-start-scan", daemon=True)
+            self._scanning.start()
         try:
             trio.run(self._main, how)
         finally:

@@ -100,8 +100,8 @@ class OverlayServer:
         self.ops.on_lower_open = on_open
         self.ops.on_lower_miss = on_miss
 
-    def started(self, pending: int, took_over: bool) -> None:
-        pass
+    def recover(self, scan: Callable[[], int], took_over: bool) -> None:
+        scan()  # at once, before serving
 
     def wants_scan(self, final: bool) -> bool:
         if final or time.monotonic() - self._last_scan >= RESCAN_S:
