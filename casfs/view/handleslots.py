@@ -80,12 +80,7 @@ class HandleSlots:
         process then refuses, and the mount starts again: jobs see the restart)."""
         log.warning("handle table %s: %s; kept in memory only (a crash of this mount"
                     " process cannot be adopted)", self.path, e.strerror or e)
-        if self._mm is not None:
-            self._mm.close()
-            self._mm = None
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
+        self.close()
         if self.path is not None:
             self.path.unlink(missing_ok=True)
             self.path = None

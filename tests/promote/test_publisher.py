@@ -30,6 +30,15 @@ def setup(tmp_path: Path) -> tuple[SharedRoot, NodeIndex, Publisher, WriteTracke
     return root, index, pub, tracker
 
 
+def two_generations(root: SharedRoot) -> None:
+    """ns@1 (a file "a") and ns@2 (a file "b"), published by node "n"."""
+    gens = root.generations()
+    for seq, (rel, data) in enumerate((("a", b"first"), ("b", b"second")), 1):
+        obj = root.objects.put_bytes(data)
+        gens.publish("ns", [Entry(rel, obj.digest, obj.size, 0o644, 1)], node="n")
+        assert gens.seqs("ns")[-1] == seq
+
+
 def promote(root: SharedRoot, index: NodeIndex, path: str, data: bytes) -> Entry:
     put = root.objects.put_bytes(data)
     e = Entry(path, put.digest, put.size, 0o644, 1)
@@ -90,10 +99,7 @@ def test_group_with_all_children_ours_is_published(tmp_path: Path) -> None:
 def test_a_damaged_newest_record_does_not_stop_publication(tmp_path: Path) -> None:
     root, index, pub, _ = setup(tmp_path)
     gens = root.generations()
-    first = root.objects.put_bytes(b"first")
-    gens.publish("ns", [Entry("a", first.digest, first.size, 0o644, 1)], node="n")
-    second = root.objects.put_bytes(b"second")
-    gens.publish("ns", [Entry("b", second.digest, second.size, 0o644, 1)], node="n")
+    two_generations(root)
     rec2 = root.path / "namespaces" / "ns" / "generations" / "000000000002"
     rec2.chmod(0o644)
     rec2.write_text("{damaged")
@@ -120,10 +126,7 @@ def test_a_young_record_with_a_missing_manifest_is_waited_for(tmp_path: Path) ->
 
     root, index, pub, _ = setup(tmp_path)
     gens = root.generations()
-    first = root.objects.put_bytes(b"first")
-    gens.publish("ns", [Entry("a", first.digest, first.size, 0o644, 1)], node="n")
-    second = root.objects.put_bytes(b"second")
-    gens.publish("ns", [Entry("b", second.digest, second.size, 0o644, 1)], node="n")
+    two_generations(root)
     rec2 = gens.record("ns", 2)
     manifest = root.path / object_key(rec2.parts[-1].digest)
     manifest.rename(tmp_path / "hidden")  # as if not visible yet on this NFS client
@@ -154,10 +157,7 @@ def test_a_record_stamped_far_in_the_future_does_not_defer_publication(
 
     root, index, pub, _ = setup(tmp_path)
     gens = root.generations()
-    first = root.objects.put_bytes(b"first")
-    gens.publish("ns", [Entry("a", first.digest, first.size, 0o644, 1)], node="n")
-    second = root.objects.put_bytes(b"second")
-    gens.publish("ns", [Entry("b", second.digest, second.size, 0o644, 1)], node="n")
+    two_generations(root)
     (root.path / object_key(gens.record("ns", 2).parts[-1].digest)).unlink()
     key = root.path / "namespaces" / "ns" / "generations" / "000000000002"
     ahead = time.time() + 365 * 86400
