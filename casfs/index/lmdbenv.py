@@ -212,7 +212,7 @@ class IndexEnv:
             raise IndexError_(f"cannot open node index {path}: {e}") from e
         self = cls(env, path, readonly)
         try:
-            _check_length(env, path)
+            _check_roots(env, path)
             stale = env.reader_check()
             if stale:
                 log.info("cleared %d stale LMDB reader slot(s) in %s", stale, path)
@@ -379,7 +379,7 @@ _NO_PAGE = (1 << 64) - 1  # an empty database's root
 _PAGE_HEADER = 16
 
 
-def _check_length(env: lmdb.Environment, path: Path) -> None:
+def _check_roots(env: lmdb.Environment, path: Path) -> None:
     """The newest meta page's root pages are in the file. LMDB reads pages through a
     mapping: a root past the file's end (data.mdb truncated after its meta pages, a
     power loss under sync=False) is a SIGBUS at the first lookup, which no except
