@@ -8,13 +8,14 @@ which paths are replaced and how, which files bear absolute paths.
 from __future__ import annotations
 
 import fnmatch
+import functools
 import os
 import re
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from casfs.families.base import CommitRecord, Family, PathBearing, ReplacedPath, ReplaceRule
-from casfs.util import noatime
+from casfs.util import beneath, noatime
 
 
 class CacheRules:
@@ -128,14 +129,19 @@ class Relocator:
         return shown if shown is not None and len(shown) == size else None
 
 
-def walk_files(top: str | os.PathLike[str], rules: CacheRules) -> Iterator[tuple[str, str, bool]]:
+def walk_files(top: str | os.PathLike[str], rules: CacheRules, base: int | None = None,
+               ) -> Iterator[tuple[str, str, bool]]:
     """(relpath, full path, is_scratch) of every file under ``top``.
 
     Scratch directories are not descended into: each is reported once, as
     itself, with is_scratch True (so callers can count what they skip).
+    ``base``: an fd of ``top`` (casfs.util.beneath.open_base), for a directory a
+    tenant can write: each directory is opened beneath it, no symlink followed
+    and no mount point crossed, and symlinks are listed with the files.
     """
     top = os.fspath(top)
-    for dirpath, dirnames, filenames in noatime.walk(top):
+    opendir = None if base is None else functools.partial(_open_beneath, base, top)
+    for dirpath, dirnames, filenames in noatime.walk(top, opendir):
         rel_dir = os.path.relpath(dirpath, top)
         rel_dir = "" if rel_dir == "." else rel_dir
         for name in list(dirnames):
@@ -146,3 +152,10 @@ def walk_files(top: str | os.PathLike[str], rules: CacheRules) -> Iterator[tuple
         for name in filenames:
             rel = f"{rel_dir}/{name}" if rel_dir else name
             yield rel, os.path.join(dirpath, name), rules.is_scratch(rel)
+
+
+def _open_beneath(base: int, top: str, dirpath: str) -> int:
+    rel = os.path.relpath(dirpath, top)
+    if rel == ".":
+        return os.open(".", noatime.DIR_FLAGS, dir_fd=base)
+    return beneath.open_read(base, rel, os.O_DIRECTORY)

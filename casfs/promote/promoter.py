@@ -174,7 +174,7 @@ class Promoter:
         except FileNotFoundError:
             return 0
         try:
-            for rel, _, scratch in walk_files(self.upper, self.rules):
+            for rel, _, scratch in walk_files(self.upper, self.rules, base):
                 if scratch:
                     continue
                 try:

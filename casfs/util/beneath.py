@@ -11,6 +11,11 @@ parent directory fd and the leaf name (``*at`` calls that never follow the
 leaf). A symlink met or an escape refused raises OSError (ELOOP, EXDEV or
 ENOTDIR): callers treat it as a refusal, never retry by path.
 
+No mount point beneath the base is crossed either (``RESOLVE_NO_XDEV``; EXDEV):
+a tenant's own FUSE mount inside her directory (``user_allow_other``) would
+send root's calls to a server she runs, which may never answer
+(casfs.util.statx).
+
 ``as_tenant(uid, gid)`` makes the calling thread act with a tenant's file-system
 credentials, so the kernel's permission checks apply to what root does for it.
 """
@@ -25,14 +30,16 @@ import platform
 import stat
 from collections.abc import Iterator
 
+from casfs.util import statx
 from casfs.util.libc import libc
 
 _SYS_OPENAT2 = 437  # the same number on x86_64 and aarch64
 _SYS_SETGROUPS = {"x86_64": 116, "aarch64": 159}.get(platform.machine())
+RESOLVE_NO_XDEV = 0x01
 RESOLVE_NO_MAGICLINKS = 0x02
 RESOLVE_NO_SYMLINKS = 0x04
 RESOLVE_BENEATH = 0x08
-RESOLVE = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS
+RESOLVE = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS | RESOLVE_NO_XDEV
 DIR_FLAGS = os.O_PATH | os.O_DIRECTORY  # parents: used as dir fds only (search permission)
 REFUSED = (errno.ELOOP, errno.EXDEV, errno.ENOTDIR)  # a symlink or an escape on the way
 
@@ -81,8 +88,10 @@ def _openat2(base: int, rel: str, flags: int, mode: int) -> int | None:
 
 
 def _step(dirfd: int, name: str) -> int:
-    """One directory component beneath ``dirfd``, never a symlink (fallback path)."""
+    """One directory component beneath ``dirfd``, never a symlink nor a mount point
+    (fallback path: a mount made between the check and the open is still crossed)."""
     try:
+        statx.refuse_mount(dirfd, name)
         return os.open(name, DIR_FLAGS | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dirfd)
     except NotADirectoryError:
         if stat.S_ISLNK(os.stat(name, dir_fd=dirfd, follow_symlinks=False).st_mode):
@@ -103,6 +112,8 @@ def open(base: int, rel: str, flags: int, mode: int = 0o600) -> int:
                 if parent != base:
                     os.close(parent)
                 parent = nxt
+            with contextlib.suppress(FileNotFoundError):  # (O_CREAT makes it)
+                statx.refuse_mount(parent, comps[-1])
             fd = os.open(comps[-1], flags, mode, dir_fd=parent)
         except OSError as e:
             raise OSError(e.errno, e.strerror, rel) from None  # the whole path, as openat2's
@@ -220,8 +231,19 @@ def _chmod_made(fd: int, name: str, mode: int) -> None:
 
 
 def lstat(base: int, rel: str) -> os.stat_result:
-    with parent(base, rel) as (fd, leaf):
-        return os.stat(leaf, dir_fd=fd, follow_symlinks=False)
+    """``rel``'s lstat; EXDEV for a mount point (an fstatat by name would cross it):
+    the leaf opened as O_PATH (a symlink itself, never followed), then fstat."""
+    parts(rel)
+    fd = (_openat2(base, rel, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, 0)
+          if use_openat2 else None)
+    if fd is None:
+        with parent(base, rel) as (pfd, leaf):
+            statx.refuse_mount(pfd, leaf)
+            return os.stat(leaf, dir_fd=pfd, follow_symlinks=False)
+    try:
+        return os.fstat(fd)
+    finally:
+        os.close(fd)
 
 
 def lexists(base: int, rel: str) -> bool:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import errno
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
 
@@ -27,15 +27,21 @@ def open_noatime(path: str | os.PathLike[str], flags: int) -> int:
         return os.open(path, flags)
 
 
-def walk(top: str) -> Iterator[tuple[str, list[str], list[str]]]:
+def walk(top: str, opendir: Callable[[str], int] | None = None,
+         ) -> Iterator[tuple[str, list[str], list[str]]]:
     """os.walk's (dirpath, dirnames, filenames), top-down, in the same order, with
     the same in-place pruning of dirnames and links not followed; unreadable
-    directories are skipped (as os.walk does). Only the directory reads differ."""
+    directories are skipped (as os.walk does). Only the directory reads differ.
+
+    ``opendir(dirpath)`` opens each directory instead (a tenant's: beneath its fd,
+    casfs.util.beneath); then a symlink is listed with the files, never stat()ed:
+    following it could reach anything, a FUSE server that never answers too."""
+    follow = opendir is None
     stack = [top]
     while stack:
         dirpath = stack.pop()
         try:
-            fd = open_noatime(dirpath, DIR_FLAGS)
+            fd = opendir(dirpath) if opendir else open_noatime(dirpath, DIR_FLAGS)
         except OSError:
             continue
         dirs: list[str] = []
@@ -45,7 +51,7 @@ def walk(top: str) -> Iterator[tuple[str, list[str], list[str]]]:
             with os.scandir(fd) as it:
                 for e in it:
                     try:
-                        is_dir = e.is_dir()
+                        is_dir = e.is_dir(follow_symlinks=follow)
                     except OSError:
                         is_dir = False
                     (dirs if is_dir else files).append(e.name)

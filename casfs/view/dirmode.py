@@ -36,7 +36,7 @@ from casfs.errors import CasfsError
 from casfs.index.tree import LowerTree
 from casfs.promote.tracker import WriteTracker
 from casfs.store.entry import Entry
-from casfs.util import beneath
+from casfs.util import beneath, statx
 from casfs.util.atomic import temp_name, write_atomic
 from casfs.util.counters import Counters
 from casfs.view.inowatch import TreeWatch
@@ -579,11 +579,12 @@ def open_for_writing(directory: Path, rels: list[str]) -> set[str]:
     for target, info in _open_fds():
         rel = wanted.get(target)
         if rel is not None and _writable(_fdinfo(info)):
-            try:  # the file the fd holds (/proc/<pid>/fd/<n> resolves to it)
-                st = os.stat(info.replace("/fdinfo/", "/fd/"))
+            try:  # the file the fd holds (/proc/<pid>/fd/<n> resolves to it), as the
+                # kernel knows it: her FUSE server is never asked (casfs.util.statx)
+                st = statx.ident(statx.AT_FDCWD, info.replace("/fdinfo/", "/fd/"), follow=True)
             except OSError:
                 continue
-            held.setdefault(rel, []).append((st.st_dev, st.st_ino))
+            held.setdefault(rel, []).append((st.dev, st.ino))
     if not held:
         return set()
     # A path's text is not the file: another user's mount namespace (unshare -Urm, a

@@ -42,7 +42,6 @@ import errno
 import logging
 import os
 import select
-import stat
 import struct
 import threading
 import time
@@ -404,9 +403,8 @@ class TreeWatch:
                     del self._wds[old]
                 self._paths[wd] = rel
                 self._wds[rel] = wd
-                with os.scandir(fd) as it:
-                    entries = [(e.name, stat.S_ISDIR(e.stat(follow_symlinks=False).st_mode))
-                               for e in it]
+                with os.scandir(fd) as it:  # d_type: a stat by name would cross a mount
+                    entries = [(e.name, e.is_dir(follow_symlinks=False)) for e in it]
             except OSError as e:  # what it held before its watch may go untold
                 self.lossless = False
                 log.debug("listing %s/%s: %s", self.directory, rel, e)

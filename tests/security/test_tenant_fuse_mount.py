@@ -1,0 +1,211 @@
+"""A tenant's FUSE mount inside her directory never holds up casfs (a review's note,
+2026-12-05; confirmed here before the fix).
+
+Where /etc/fuse.conf has ``user_allow_other`` (common on HPC nodes) a user may
+mount a FUSE file system, served by a process of hers, on a directory or a file
+she owns with ``allow_other``: root's calls into it are then sent to her server,
+which need never answer. Before: dir mode's watch opened her mount point as a
+directory to watch it, promotion's walk and its lstat crossed into it, and the
+busy check stat()ed every fd open at a path of her directory, each a request
+her server left unanswered: the watch's reader, the release's flush or walk,
+and with them every job's publication on the mount, stuck for good. Now nothing
+crosses a mount point beneath a tenant's directory (``RESOLVE_NO_XDEV``; the
+fallback checks the kernel's mount-root attribute), a file's identity is read
+without asking a FUSE server (casfs.util.statx), and what lies beneath a mount
+is a miss. The servers here are mounted by root (the same mount a user makes
+with ``user_allow_other``; this machine's fuse.conf is left alone) in a real
+user's directory, and answer nothing once told to.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import traceback
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+
+from casfs.node.config import MountConfig
+from casfs.node.mount import MountService
+from casfs.tenants import DEFAULT_POLICY
+from casfs.util import beneath
+from casfs.view.dirmode import open_for_writing
+from casfs.view.inowatch import TreeWatch
+from tests.security.hangfs import abort
+from tests.users import RealUser, open_tmp, real_users
+
+T = TypeVar("T")
+REPO = Path(__file__).resolve().parents[2]
+BOUND_S = 20.0
+
+
+def bounded(fn: Callable[[], T]) -> T:
+    """``fn()``'s result (or its exception) if it returns within BOUND_S, else a failure
+    (the thread stays blocked until the fixture aborts her server's connection)."""
+    out: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            out["value"] = fn()
+        except BaseException as e:  # noqa: BLE001 - handed to the caller
+            out["error"] = e
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(BOUND_S)
+    if t.is_alive():
+        frame = sys._current_frames().get(t.ident or 0)
+        where = "".join(traceback.format_stack(frame)[-4:]) if frame else "?"
+        pytest.fail(f"waited on her FUSE server, at:\n{where}")
+    if "error" in out:
+        raise out["error"]
+    return out["value"]  # type: ignore[no-any-return]
+
+
+class HerMounts:
+    """Her two mounts in ``directory``: one on the directory KEY, one on the file
+    FILE/k.bin; ``hang()`` makes both servers stop answering."""
+
+    def __init__(self, directory: Path, user: RealUser) -> None:
+        self.directory, self.flag = directory, directory.parent / "hang-now"
+        (directory / "KEY").mkdir()
+        (directory / "FILE").mkdir()
+        (directory / "FILE" / "k.bin").write_bytes(b"underneath\n")
+        for p in ("KEY", "FILE", "FILE/k.bin"):
+            os.chown(directory / p, user.uid, user.gid)
+        self.points = [directory / "KEY", directory / "FILE" / "k.bin"]
+        self.procs: list[subprocess.Popen[str]] = []
+        for mp in self.points:
+            proc = subprocess.Popen([sys.executable, "-m", "tests.security.hangfs", str(mp),
+                                     str(self.flag)], cwd=REPO, stdout=subprocess.PIPE,
+                                    text=True)
+            self.procs.append(proc)
+            line = proc.stdout.readline().strip() if proc.stdout else ""
+            assert line == "mounted", f"her server did not mount at {mp}"
+        assert (directory / "KEY" / "k").read_bytes() == b"hers\n"  # served, for now
+
+    def hang(self) -> None:
+        self.flag.write_text("")
+
+    def close(self) -> None:
+        for mp in self.points:
+            abort(mp)
+        for proc in self.procs:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.fixture
+def setting() -> Iterator[tuple[RealUser, Path]]:
+    with open_tmp() as d, real_users(1, d) as users:
+        yield users[0], d
+
+
+@pytest.fixture
+def her(setting: tuple[RealUser, Path]) -> Iterator[HerMounts]:
+    user, d = setting
+    directory = d / "hers"
+    directory.mkdir()
+    os.chown(directory, user.uid, user.gid)
+    mounts = HerMounts(directory, user)
+    try:
+        yield mounts
+    finally:
+        mounts.close()
+
+
+@pytest.fixture(params=["openat2", "fallback"])
+def resolver(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    if request.param == "fallback":
+        monkeypatch.setattr(beneath, "use_openat2", False)
+    return str(request.param)
+
+
+def test_nothing_beneath_her_mount_is_reached(her: HerMounts, resolver: str) -> None:
+    her.hang()
+    base = beneath.open_base(her.directory)
+    try:
+        calls: list[Callable[[], object]] = [
+            lambda: beneath.lstat(base, "KEY"),
+            lambda: beneath.lstat(base, "KEY/k"),
+            lambda: beneath.lstat(base, "FILE/k.bin"),
+            lambda: beneath.open_read(base, "FILE/k.bin"),
+            lambda: beneath.open_read(base, "KEY/k"),
+            lambda: beneath.open_dir(base, "KEY"),
+            lambda: beneath.create(base, "KEY/new"),
+            lambda: beneath.mkdirs(base, "KEY/sub"),
+        ]
+        for call in calls:
+            with pytest.raises(OSError) as refused:
+                bounded(call)
+            assert refused.value.errno in beneath.REFUSED, refused.value
+        # A walk lists the mount point's name (from the directory it sits in), never
+        # what her server would say is beneath it.
+        assert bounded(lambda: list(beneath.walk(base, "FILE"))) == ["FILE/k.bin"]
+        assert bounded(lambda: list(beneath.walk(base, "KEY"))) == []
+        assert not beneath.lexists(base, "nothing-here")
+    finally:
+        os.close(base)
+
+
+class Quiet:
+    def __getattr__(self, name: str) -> Callable[..., None]:
+        return lambda *a: None
+
+
+def test_the_watch_and_the_busy_check_never_ask_her_server(her: HerMounts) -> None:
+    # Her process holds a file of her mount open for writing at a path of her directory
+    # (what the busy check looks for), then her server stops answering.
+    holder = subprocess.Popen(["sh", "-c", f"exec 3>>{her.directory}/KEY/k; echo held;"
+                               " exec sleep 60"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        her.hang()
+        assert bounded(lambda: open_for_writing(her.directory, ["KEY/k", "FILE/k.bin"])) \
+            == set()  # hers, beneath a mount: nothing casfs would publish
+        w = bounded(lambda: TreeWatch(her.directory, Quiet(), opens=True).start())
+        try:
+            (her.directory / "new.bin").write_bytes(b"x")
+            assert bounded(w.flush)  # it can vouch: nothing casfs serves went untold
+        finally:
+            w.stop()
+            w.join(5)
+    finally:
+        abort(her.points[0])  # her fd's close would wait on the server too
+        holder.kill()
+        holder.wait()
+
+
+def test_a_dir_mode_mount_promotes_around_her_mounts(setting: tuple[RealUser, Path]) -> None:
+    """The mount as casfsd runs it (dir mode, root, the tenant a real user): her hanging
+    mounts in the directory, her job's new kernel beside them; the final promotion walks
+    the directory (nothing watched it here), publishes the kernel, and the mount closes."""
+    user, d = setting
+    tenant = user.tenant
+    cfg = MountConfig(name=f"{tenant}/ns", family="generic", namespace=f"{tenant}~ns",
+                      mountpoint=d / "mnt" / tenant / "ns", root=d / "root",
+                      state_dir=d / "state", mode="dir", tenant=tenant,
+                      tenants=DEFAULT_POLICY.to_dict(), stable_after=0.0)
+    (d / "mnt" / tenant).mkdir(parents=True)
+    svc = MountService(cfg, hosted=True)
+    mounts: HerMounts | None = None
+    try:
+        svc.server.restore()  # type: ignore[attr-defined]  # what serving starts with
+        mp = cfg.mountpoint
+        mounts = HerMounts(mp, user)
+        r = user.sh(f"mkdir -p {mp}/NEW && echo kernel > {mp}/NEW/k.bin")
+        assert r.returncode == 0, r.stderr
+        mounts.hang()
+        assert bounded(lambda: svc.promote_once(final=True)) == 1
+        out = bounded(lambda: svc.publish_once(final=True))
+        assert out["ok"] and out["added"] == 1, out  # NEW/k.bin: nothing of hers
+        bounded(svc.close)
+    finally:
+        if mounts is not None:
+            mounts.close()
+        svc.close()
