@@ -173,6 +173,11 @@ class Promoter:
             base = beneath.open_base(self.upper)  # its own: a round may run meanwhile
         except FileNotFoundError:
             return 0
+        except OSError as e:  # e.g. a FUSE mount of the tenant's own over the directory
+            if e.errno not in beneath.REFUSED:
+                raise
+            log.warning("not looking for files to promote in %s: %s", self.upper, e.strerror)
+            return 0
         try:
             for rel, _, scratch in walk_files(self.upper, self.rules, base):
                 if scratch:

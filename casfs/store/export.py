@@ -53,7 +53,7 @@ def export_tree(
     snap = root.generations().snapshot(record)
     dest.mkdir(parents=True, exist_ok=True)
     try:
-        base = beneath.open_base(dest)
+        base = beneath.open_base(dest, fuse=True)
     except OSError as e:
         raise UsageError(f"export destination {dest} cannot be opened as a directory (a"
                          f" symbolic link is refused): {e.strerror}") from None

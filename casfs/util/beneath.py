@@ -52,10 +52,19 @@ class _OpenHow(ctypes.Structure):
 use_openat2 = platform.machine() in ("x86_64", "aarch64")  # False after ENOSYS (or in tests)
 
 
-def open_base(path: str | os.PathLike[str]) -> int:
+def open_base(path: str | os.PathLike[str], fuse: bool = False) -> int:
     """An O_PATH fd of a tenant directory itself, the base of the calls here. Its last
-    component is not followed; its ancestors are casfs's own (the mount-base checks)."""
-    return os.open(path, DIR_FLAGS | os.O_NOFOLLOW | os.O_CLOEXEC)
+    component is not followed; its ancestors are casfs's own (the mount-base checks).
+    EXDEV if it is on another user's FUSE file system (hers, stacked on a directory
+    she owns) unless ``fuse`` (a destination an operator chose)."""
+    fd = os.open(path, DIR_FLAGS | os.O_NOFOLLOW | os.O_CLOEXEC)
+    if not fuse:
+        try:
+            statx.refuse_user_fuse(fd, os.fspath(path))
+        except BaseException:
+            os.close(fd)
+            raise
+    return fd
 
 
 def parts(rel: str) -> list[str]:

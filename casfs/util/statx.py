@@ -77,3 +77,37 @@ def refuse_mount(dirfd: int, name: str) -> None:
         crossed = leaf.dev != ident(dirfd, "").dev
     if crossed:
         raise OSError(errno.EXDEV, "a mount point: not crossed", name)
+
+
+
+def fs_type(fd: int) -> tuple[str, str] | None:
+    """(type, super options) of the file system ``fd`` is on (``fuse.sshfs``,
+    ``rw,user_id=1001,...``), from /proc/self/mountinfo by the device the kernel
+    already knows: fstatfs would ask a FUSE server. None if not listed."""
+    dev = ident(fd, "").dev
+    want = f"{os.major(dev)}:{os.minor(dev)}"
+    try:
+        with open("/proc/self/mountinfo") as f:
+            for line in f:
+                fields = line.split()
+                if len(fields) > 2 and fields[2] == want and " - " in line:
+                    tail = line.split(" - ", 1)[1].split()
+                    return tail[0], tail[2] if len(tail) > 2 else ""
+    except OSError:
+        pass
+    return None
+
+
+def refuse_user_fuse(fd: int, what: str) -> None:
+    """EXDEV if root would act on a FUSE file system another user mounted (``user_id``
+    not 0): a tenant may stack her own over a directory she owns, and her server need
+    never answer. A user's own casfs, and root's own FUSE mounts, are let through."""
+    if os.geteuid() != 0:
+        return
+    found = fs_type(fd)
+    if found is None or not (found[0] == "fuse" or found[0].startswith(("fuse.", "fuseblk"))):
+        return
+    opts = dict(o.split("=", 1) for o in found[1].split(",") if "=" in o)
+    if opts.get("user_id", "0") != "0":
+        raise OSError(errno.EXDEV, f"on a FUSE file system of uid {opts['user_id']} "
+                      f"({found[0]}): not entered", what)

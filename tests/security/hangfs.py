@@ -1,5 +1,5 @@
 """A tenant's FUSE server that stops answering: ``python -m tests.security.hangfs
-MOUNTPOINT FLAGFILE``.
+MOUNTPOINT FLAGFILE [UID]``.
 
 Mounted with ``allow_other`` (what a user may do where /etc/fuse.conf has
 ``user_allow_other``), so root's calls into it reach it. It serves a root (a
@@ -104,6 +104,9 @@ def abort(mountpoint: Path) -> None:
 
 def main() -> None:
     mountpoint, flag = sys.argv[1], sys.argv[2]
+    if len(sys.argv) > 3:  # mounted as this uid (its user_id=), as fusermount3 would
+        uid = int(sys.argv[3])  # for her: root's effective ids kept for mount(2) itself
+        os.setresuid(uid, 0, 0)
     root_mode = (stat.S_IFREG | 0o666 if os.path.isfile(mountpoint)
                  else stat.S_IFDIR | 0o777)
     pyfuse3.init(HangFS(root_mode, flag), mountpoint,

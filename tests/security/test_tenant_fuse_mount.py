@@ -12,9 +12,11 @@ and with them every job's publication on the mount, stuck for good. Now nothing
 crosses a mount point beneath a tenant's directory (``RESOLVE_NO_XDEV``; the
 fallback checks the kernel's mount-root attribute), a file's identity is read
 without asking a FUSE server (casfs.util.statx), and what lies beneath a mount
-is a miss. The servers here are mounted by root (the same mount a user makes
-with ``user_allow_other``; this machine's fuse.conf is left alone) in a real
-user's directory, and answer nothing once told to.
+is a miss, and root enters no directory on another user's FUSE mount (hers,
+stacked over the directory she owns). The servers are mounted in a real user's
+directory by root, or as her (``user_id`` hers, as fusermount3 would make it
+with ``user_allow_other``; this machine's fuse.conf is left alone), and answer
+nothing once told to.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from casfs.util import beneath
 from casfs.view.dirmode import open_for_writing
 from casfs.view.inowatch import TreeWatch
 from tests.security.hangfs import abort
+from tests.security.test_dir_mode_symlinks import publish
 from tests.users import RealUser, open_tmp, real_users
 
 T = TypeVar("T")
@@ -52,7 +55,7 @@ def bounded(fn: Callable[[], T]) -> T:
     def run() -> None:
         try:
             out["value"] = fn()
-        except BaseException as e:  # noqa: BLE001 - handed to the caller
+        except BaseException as e:  # handed to the caller
             out["error"] = e
 
     t = threading.Thread(target=run, daemon=True)
@@ -209,3 +212,45 @@ def test_a_dir_mode_mount_promotes_around_her_mounts(setting: tuple[RealUser, Pa
         if mounts is not None:
             mounts.close()
         svc.close()
+
+
+
+@pytest.mark.expect_log(r"on a FUSE file system of uid \d+ \(fuse\.hangfs\)")
+def test_her_mount_over_the_whole_directory_is_not_entered(
+        setting: tuple[RealUser, Path]) -> None:
+    """She owns the directory itself, so she may stack her mount on it: casfs stops
+    acting there (a warning naming it), never waits on her server, and closes."""
+    user, d = setting
+    tenant = user.tenant
+    ns = f"{tenant}~ns"
+    cfg = MountConfig(name=f"{tenant}/ns", family="generic", namespace=ns,
+                      mountpoint=d / "mnt" / tenant / "ns", root=d / "root",
+                      state_dir=d / "state", mode="dir", tenant=tenant,
+                      tenants=DEFAULT_POLICY.to_dict(), stable_after=0.0)
+    (d / "mnt" / tenant).mkdir(parents=True)
+    publish(d / "root", ns, {"KEY/k.json": b"{}"})
+    svc = MountService(cfg, hosted=True)
+    mp = cfg.mountpoint
+    flag = d / "hang-now"
+    proc: subprocess.Popen[str] | None = None
+    try:
+        svc.server.restore()  # type: ignore[attr-defined]
+        assert (mp / "KEY/k.json").read_bytes() == b"{}"
+        (mp / "KEY/mine.bin").write_bytes(b"the job's")  # unpublished, beneath her mount
+        proc = subprocess.Popen([sys.executable, "-m", "tests.security.hangfs", str(mp),
+                                 str(flag), str(user.uid)], cwd=REPO,
+                                stdout=subprocess.PIPE, text=True)
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "mounted"
+        flag.write_text("")
+        publish(d / "root", ns, {"OTHER/x": b"x"})
+        assert bounded(svc.refresh_once)["ok"]
+        assert bounded(lambda: svc.promote_once(final=True)) == 0
+        bounded(svc.close)
+    finally:
+        abort(mp)
+        if proc is not None:
+            proc.kill()
+            proc.wait()
+        svc.close()
+    assert not (mp / "OTHER").exists()  # her mount gone: nothing was written through it
+    assert (mp / "KEY/mine.bin").read_bytes() == b"the job's"

@@ -24,6 +24,7 @@ import trio
 from casfs.node import control, prefetch
 from casfs.node.modes.base import Busy, Serving, Unchanged, ViewParts, remove_beneath
 from casfs.store.entry import Entry
+from casfs.util import beneath
 from casfs.util.crashpoint import pausepoint
 from casfs.view import dirmode, session
 from casfs.view.inowatch import TreeWatch
@@ -72,6 +73,7 @@ class DirServer:
         self._scan: Callable[[], int] | None = None  # see recover
         self._scanning: threading.Thread | None = None
         self._scan_failed = False
+        self._not_entered = False  # the directory refused at the last restore (warned)
         # A successor takes the directory over (casfs.node.handover, ``leave``): the bind
         # of the tenant's directory stays at close.
         self.keep_dir = False
@@ -128,8 +130,18 @@ class DirServer:
         pass  # restored by generation_served
 
     def generation_served(self, seq: int) -> None:
-        self._refresh_replaced()
-        self.restore()
+        try:
+            self._refresh_replaced()
+            self.restore()
+        except OSError as e:  # the directory refused as a whole: a FUSE mount of her own
+            if e.errno not in beneath.REFUSED:  # over it (casfs.util.beneath.open_base)
+                raise
+            if not self._not_entered:
+                log.warning("%s: not restoring into %s: %s", self.parts.cfg.name,
+                            self.parts.cfg.mountpoint, e.strerror)
+            self._not_entered = True
+            return
+        self._not_entered = False
 
     def release_published_replaced(self) -> int:
         return 0  # dir mode swaps them in place at serve (_refresh_replaced)
