@@ -80,11 +80,10 @@ def refuse_mount(dirfd: int, name: str) -> None:
 
 
 
-def fs_type(fd: int) -> tuple[str, str] | None:
-    """(type, super options) of the file system ``fd`` is on (``fuse.sshfs``,
-    ``rw,user_id=1001,...``), from /proc/self/mountinfo by the device the kernel
-    already knows: fstatfs would ask a FUSE server. None if not listed."""
-    dev = ident(fd, "").dev
+def fs_type(dev: int) -> tuple[str, str] | None:
+    """(type, super options) of the file system on device ``dev`` (``fuse.sshfs``,
+    ``rw,user_id=1001,...``), from /proc/self/mountinfo (fstatfs would ask a FUSE
+    server). None if not listed."""
     want = f"{os.major(dev)}:{os.minor(dev)}"
     try:
         with open("/proc/self/mountinfo") as f:
@@ -104,7 +103,10 @@ def refuse_user_fuse(fd: int, what: str) -> None:
     never answer. A user's own casfs, and root's own FUSE mounts, are let through."""
     if os.geteuid() != 0:
         return
-    found = fs_type(fd)
+    dev = ident(fd, "").dev
+    if os.major(dev) != 0:  # a block device's file system; FUSE's devices are anonymous
+        return
+    found = fs_type(dev)
     if found is None or not (found[0] == "fuse" or found[0].startswith(("fuse.", "fuseblk"))):
         return
     opts = dict(o.split("=", 1) for o in found[1].split(",") if "=" in o)
