@@ -97,19 +97,25 @@ def fs_type(dev: int) -> tuple[str, str] | None:
     return None
 
 
-def refuse_user_fuse(fd: int, what: str) -> None:
-    """EXDEV if root would act on a FUSE file system another user mounted (``user_id``
-    not 0): a tenant may stack her own over a directory she owns, and her server need
-    never answer. A user's own casfs, and root's own FUSE mounts, are let through."""
-    if os.geteuid() != 0:
-        return
-    dev = ident(fd, "").dev
+def others_fuse(dev: int) -> str | None:
+    """The uid (as mountinfo says it) that mounted the FUSE file system on ``dev``, if
+    that is not this process's euid; None for anything else. A tenant may stack her
+    own over a directory she owns, and her server need never answer root."""
     if os.major(dev) != 0:  # a block device's file system; FUSE's devices are anonymous
-        return
+        return None
     found = fs_type(dev)
     if found is None or not (found[0] == "fuse" or found[0].startswith(("fuse.", "fuseblk"))):
-        return
+        return None
     opts = dict(o.split("=", 1) for o in found[1].split(",") if "=" in o)
-    if opts.get("user_id", "0") != "0":
-        raise OSError(errno.EXDEV, f"on a FUSE file system of uid {opts['user_id']} "
-                      f"({found[0]}): not entered", what)
+    owner = opts.get("user_id", "0")
+    return None if owner == str(os.geteuid()) else owner
+
+
+def refuse_user_fuse(fd: int, what: str) -> None:
+    """EXDEV if root would act on a FUSE file system another user mounted. A user's
+    own casfs, and root's own FUSE mounts, are let through."""
+    if os.geteuid() != 0:
+        return
+    owner = others_fuse(ident(fd, "").dev)
+    if owner is not None:
+        raise OSError(errno.EXDEV, f"on a FUSE file system of uid {owner}: not entered", what)

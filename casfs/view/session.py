@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import trio
 
 from casfs.errors import FuseUnavailableError
+from casfs.util import statx
 
 if TYPE_CHECKING:
     import pyfuse3
@@ -338,6 +339,13 @@ def clear_stale_mount(path: Path) -> bool:
 
 
 def _is_dead(path: Path) -> bool:
+    # Another user's FUSE mount stacked on ``path`` (a directory she can write): its
+    # server may never answer stat or statfs. Not ours, and never asked.
+    try:
+        if statx.others_fuse(statx.ident(statx.AT_FDCWD, str(path), follow=True).dev):
+            return False
+    except OSError as e:
+        return e.errno == errno.ENOTCONN
     for probe in (os.stat, os.statvfs):
         try:
             probe(path)

@@ -36,6 +36,7 @@ from casfs.node.config import MountConfig
 from casfs.node.mount import MountService
 from casfs.tenants import DEFAULT_POLICY
 from casfs.util import beneath
+from casfs.view import session
 from casfs.view.dirmode import open_for_writing
 from casfs.view.inowatch import TreeWatch
 from tests.security.hangfs import abort
@@ -215,7 +216,7 @@ def test_a_dir_mode_mount_promotes_around_her_mounts(setting: tuple[RealUser, Pa
 
 
 
-@pytest.mark.expect_log(r"on a FUSE file system of uid \d+ \(fuse\.hangfs\)")
+@pytest.mark.expect_log(r"on a FUSE file system of uid \d+: not entered")
 def test_her_mount_over_the_whole_directory_is_not_entered(
         setting: tuple[RealUser, Path]) -> None:
     """She owns the directory itself, so she may stack her mount on it: casfs stops
@@ -254,3 +255,23 @@ def test_her_mount_over_the_whole_directory_is_not_entered(
         svc.close()
     assert not (mp / "OTHER").exists()  # her mount gone: nothing was written through it
     assert (mp / "KEY/mine.bin").read_bytes() == b"the job's"
+
+
+def test_a_stale_mount_check_never_asks_her_server(setting: tuple[RealUser, Path]) -> None:
+    """Before serving, a mount point is probed for a dead casfs mount (stat, statfs:
+    ENOTCONN). Her mount stacked there (``user_id`` hers) is not casfs's: never asked."""
+    user, d = setting
+    mp = d / "mp"
+    mp.mkdir()
+    os.chown(mp, user.uid, user.gid)
+    flag = d / "hang-now"
+    proc = subprocess.Popen([sys.executable, "-m", "tests.security.hangfs", str(mp), str(flag),
+                             str(user.uid)], cwd=REPO, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "mounted"
+        flag.write_text("")
+        assert bounded(lambda: session.clear_stale_mount(mp)) is False
+    finally:
+        abort(mp)
+        proc.kill()
+        proc.wait()
