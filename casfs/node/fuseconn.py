@@ -107,7 +107,7 @@ def adoptable(cfg: Any, pid: int) -> bool:
 
     def fuse_on_top(path: Path) -> bool:
         top = handover.top(path)
-        return top is not None and not guard.is_guard(top) and top.fstype.startswith("fuse")
+        return top is not None and not guard.is_guard(top) and guard.our_fuse(top)
 
     if fuse_on_top(cfg.mountpoint):
         return True

@@ -80,6 +80,13 @@ def is_guard(m: MountEntry) -> bool:
     return m.root.rstrip("/").endswith("/" + GUARD_DIR_NAME)
 
 
+def our_fuse(m: MountEntry) -> bool:
+    """A FUSE mount this process's user made (mountinfo's ``user_id``): never one a
+    tenant stacked on a directory she can write (her server need not answer)."""
+    opts = dict(o.split("=", 1) for o in m.options.split(",") if "=" in o)
+    return m.fstype.startswith("fuse") and opts.get("user_id", "0") == str(os.geteuid())
+
+
 def refuse_stacking(path: Path, what: str) -> None:
     """UsageError if a live FUSE mount already serves ``path`` (a dead one is cleared later)."""
     from casfs.view.session import _is_dead

@@ -8,6 +8,8 @@ import logging
 import os
 import subprocess
 import sys
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -69,3 +71,26 @@ def test_a_refusal_is_said_once_at_warning(monkeypatch: pytest.MonkeyPatch,
         p.wait()
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and "SystemCallFilter" in warnings[0].getMessage(), warnings
+
+
+def test_a_fuse_mount_another_user_made_is_never_taken_for_ours(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A crashed mount process is adopted only where its FUSE mount is still on top; a
+    tenant's own FUSE mount stacked there (``user_id`` hers, from mountinfo) is not it:
+    adopting would wait on her server."""
+    from casfs.node import guard, handover
+    from casfs.view.op_restore import state_paths
+
+    cfg = SimpleNamespace(mountpoint=tmp_path / "mp", run_dir=tmp_path / "run", name="t/ns",
+                          mode="fuse")
+    table = state_paths(cfg.run_dir, cfg.name, 4242)[1]
+    table.parent.mkdir(parents=True, exist_ok=True)
+    table.write_bytes(b"")
+    ours = guard.MountEntry(str(cfg.mountpoint), "/", "fuse.casfs-t/ns", "casfs-t/ns",
+                            options=f"rw,user_id={os.geteuid()},group_id=0")
+    hers = guard.MountEntry(str(cfg.mountpoint), "/", "fuse.casfs-t/ns", "casfs-t/ns",
+                            options="rw,user_id=1001,group_id=1001,allow_other")
+    for top, adoptable in ((ours, True), (hers, False)):
+        monkeypatch.setattr(handover, "top", lambda path, t=top: t)
+        assert fuseconn.adoptable(cfg, 4242) is adoptable
+        assert guard.our_fuse(top) is adoptable
