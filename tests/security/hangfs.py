@@ -96,6 +96,9 @@ def abort(mountpoint: Path) -> None:
         dev = statx.ident(statx.AT_FDCWD, str(mountpoint)).dev
     except OSError:
         return
+    found = statx.fs_type(dev)
+    if os.major(dev) != 0 or found is None or found[0] != "fuse.hangfs":
+        return  # not (or no longer) ours: never another test's connection
     conn = Path(f"/sys/fs/fuse/connections/{os.minor(dev)}/abort")
     if conn.exists():
         conn.write_text("1")
