@@ -70,7 +70,8 @@ def add_entries(env: IndexEnv, ns: str, seq: int, entries: Iterable[Entry]) -> A
                 added += 1
                 continue
             kind, odigest, osize, omode, omtime, oseq = ks.unpack_lower(old)
-            if kind == ks.KIND_FILE and odigest == raw:
+            if kind == ks.KIND_FILE and odigest == raw and (osize == e.size
+                                                             or not is_replace(e)):
                 kept += 1
                 if seq < oseq:  # ingested out of order: visible from the earlier seq
                     txn.put(key, ks.pack_lower(kind, odigest, osize, omode, omtime, seq),
@@ -78,6 +79,7 @@ def add_entries(env: IndexEnv, ns: str, seq: int, entries: Iterable[Entry]) -> A
             elif kind == ks.KIND_FILE and is_replace(e):
                 # Keeps its seq_added: the path never disappears between this write
                 # and the view's refresh; the view then invalidates the kernel's cache.
+                # (The same digest with another size: a wrong row put right.)
                 txn.put(key, ks.pack_lower(ks.KIND_FILE, raw, e.size, mode, e.mtime_ns, oseq),
                         db=lower)  # fmt: skip
                 replaced.append(e.path)

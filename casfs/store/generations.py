@@ -175,6 +175,7 @@ class PublishResult:
     added_bytes: int = 0
     conflict_paths: list[str] = field(default_factory=list)
     replaced: int = 0  # replaced paths whose newer version overrides the published one
+    repaired: int = 0  # published rows whose size was wrong for their digest, put right
 
 
 @dataclass(frozen=True)
@@ -851,6 +852,8 @@ class GenerationStore:
                                        compact_deltas)
             # A record keeps its parent's requirements: its parts may still need them.
             needs = set(requires) | set(current.requires if current else ())
+            if result.repaired:  # its repaired rows override: older readers must know
+                needs.add(REPLACE)
             opts = computing() if computing is not None else options
             assert not callable(opts)
             record = replace(record, options=dict(opts or {}), requires=tuple(sorted(needs)))
@@ -954,6 +957,8 @@ class GenerationStore:
             self.backend.sync()
             data = self.trust.seal(ns, record.to_json())  # tenant and signature, as publish
             if self.backend.create_exclusive(self._key(ns, record.seq), data):
+                self._newest[ns] = (record.seq, time.monotonic())  # a publication next
+                # builds on it (PUBLISH_FRESH), never on the snapshot that held them
                 self.heads.publish(ns, record.seq, data, record.created, node)
                 log.info("%s@%d: dropped %d unused files", ns, record.seq, len(gone))
                 return record.seq, sorted(gone)
@@ -969,8 +974,19 @@ class GenerationStore:
         for path, e in sorted(wanted.items()):
             have = snap.entries.get(path)
             if have is not None:
-                if have.digest == e.digest:
+                if have.digest == e.digest and (have.size == e.size or _relocated(have, e)
+                                                or not self._right_size(e)):
                     result.already += 1
+                elif have.digest == e.digest:
+                    # A digest names one size, and the store holds it at this one: the
+                    # published row (a buggy or hostile writer's) is a miss on every node
+                    # and would stay one. Published again as a newer version of the path.
+                    log.warning("%s: published with size %d, its bytes are %d: put right",
+                                path, have.size, e.size)
+                    new.append(replace(e, extras={**(e.extras or {}), REPLACE: True}))
+                    result.added += 1
+                    result.repaired += 1
+                    result.added_bytes += e.size
                 elif is_replace(e):
                     new.append(e)  # the newest generation's version wins
                     result.added += 1
@@ -992,6 +1008,17 @@ class GenerationStore:
             result.added += 1
             result.added_bytes += e.size
         return new
+
+    def _right_size(self, e: Entry) -> bool:
+        """Whether the store holds ``e``'s object at ``e.size`` (read and hashed whole;
+        only where a published row disagrees). Unreadable: not shown, the row stays."""
+        if e.extras and "pack" in e.extras:
+            self.objects.locate(e.digest, e.extras["pack"])
+        try:
+            return self.objects.verify(e.digest) == e.size
+        except (CasfsError, OSError) as err:
+            log.info("%s: could not check the size of %s: %s", e.path, e.digest, err)
+            return False
 
     def _next_record(
         self,
@@ -1093,3 +1120,8 @@ class GenerationStore:
                 yield self.record(ns, seq)
             except CasfsError as e:
                 yield e
+
+
+def _relocated(a: Entry, b: Entry) -> bool:
+    """Either row presents its stored bytes with paths put in (its size is its own)."""
+    return bool((a.extras and RELOCATE in a.extras) or (b.extras and RELOCATE in b.extras))

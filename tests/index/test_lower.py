@@ -166,3 +166,22 @@ def test_digests_many_is_the_digest_of_each_file(index: NodeIndex) -> None:
     assert tree.digests_many(["later", "a/nope"]) == [e("later").digest, None]
     staged = StagedLowerTree(index.lower_tree("ns", 1))
     assert staged.digests_many(paths) == want
+
+
+def test_a_row_put_right_replaces_the_wrong_size_of_the_same_digest(index: NodeIndex) -> None:
+    """A generation's row with the right digest but a wrong size (a buggy writer's) is
+    a miss on every node; its repair (the same digest, the right size, marked as a newer
+    version: casfs.store.generations._merge) replaces it. Without the mark the first
+    writer still wins."""
+    from casfs.store.generations import REPLACE
+
+    index.add_entries("ns", 1, [e("k/a", D1, 7)])
+    plain = index.add_entries("ns", 2, [e("k/a", D1, 5)])
+    assert (plain.kept, plain.replaced) == (1, ())
+    right = Entry("k/a", D1, 5, 0o644, 1_700_000_000_000_000_000, {REPLACE: True})
+    fixed = index.add_entries("ns", 3, [right])
+    assert (fixed.kept, fixed.replaced) == (0, ("k/a",))
+    found = index.lower_tree("ns", 3).lookup("k/a")
+    assert isinstance(found, Entry) and (found.digest, found.size) == (D1, 5)
+    again = index.add_entries("ns", 4, [right])
+    assert (again.kept, again.replaced) == (1, ())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -9,6 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 from waiting import wait_until
 
 from casfs.store.root import SharedRoot
@@ -218,3 +220,44 @@ def test_files_written_while_no_process_served_are_published_at_the_next_start(
     assert final is not None
     assert {"K1/a.bin", "K2/b.bin", "K3/c.bin"} <= set(published(cluster["root"]))
     assert final["counters"].get("promotion_walks", 0) == 0, final["counters"]
+
+
+@pytest.mark.expect_log(r"header says 2 bytes, manifest says 3",
+                        r"k/a: published with size 3, its bytes are 2: put right")
+def test_a_row_with_a_wrong_size_is_a_miss_until_a_job_writes_the_file_again(
+        tmp_path: Path) -> None:
+    """A buggy writer published k/a's digest with a wrong size: a fresh node misses it
+    (its fetch checks the size), its job compiles it again, and that publication puts
+    the row right, so the next fresh node hits. (It used to be "already published":
+    the miss stayed on every node for good.)"""
+    job = ("import os, sys; p = os.environ['CASFS_CACHE_DIR'] + '/k/a'\n"
+           "if os.path.exists(p): print('hit', open(p).read())\n"
+           "else: os.makedirs(os.path.dirname(p), exist_ok=True);"
+           " open(p, 'w').write('a1'); print('miss')\n"
+           "open(os.environ['CASFS_CACHE_DIR'] + '/k/b' + sys.argv[1], 'w').write('b')\n")
+
+    def run(node: str) -> str:
+        env = dict(os.environ, CASFS_ROOT=str(tmp_path / "root"),
+                   CASFS_STATE_DIR=str(tmp_path / node / "state"),
+                   CASFS_MOUNT_BASE=str(tmp_path / node / "mnt"))  # its own: a fresh node
+        r = subprocess.run([sys.executable, "-m", "casfs.cli.main", "run", "--family",
+                            "generic", "--mode", "dir", "--stable-after", "0.2", "--",
+                            sys.executable, "-c", job, node], env=env, capture_output=True,
+                           text=True, timeout=120, check=False)
+        assert r.returncode == 0, r.stderr
+        return r.stdout.strip()
+
+    assert run("s1") == "miss"  # publishes k/a and k/bs1
+    root = SharedRoot.open(tmp_path / "root")
+    gens = root.generations()
+    ns = gens.namespaces()[0]
+    good = gens.entries(ns).entries["k/a"]
+    # The same namespace started over by the buggy writer: its k/a row one byte long.
+    assert gens.drop(ns, lambda snap: {"k/a"}, node="cleanup")[1] == ["k/a"]
+    buggy = SharedRoot.open(tmp_path / "root").generations()
+    buggy.publish(ns, [dataclasses.replace(good, size=good.size + 1)], node="buggy")
+    assert buggy.entries(ns).entries["k/a"].size == good.size + 1
+    assert run("s2") == "miss"  # the wrong row: a miss, the job writes k/a again
+    assert run("s3") == "hit a1"  # put right by s2's publication
+    fixed = SharedRoot.open(tmp_path / "root").generations().entries(ns).entries["k/a"]
+    assert (fixed.digest, fixed.size) == (good.digest, good.size)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -106,3 +107,37 @@ def test_a_delta_with_a_newer_replaced_version_advances_the_held_snapshot(
         assert snap.entries == fresh.entries
         assert snap.dirs == fresh.dirs == {"k"}
         assert len(snap.entries) == rec.entries == 23 + (version == b"v3")
+
+
+@pytest.mark.expect_log(r"k/a: published with size 3, its bytes are 2: put right")
+def test_a_row_whose_size_is_wrong_for_its_digest_is_put_right(root: SharedRoot) -> None:
+    """A buggy or hostile writer published the right digest with a wrong size: the path
+    is a miss on every node (the fetch checks the size). A node publishing the bytes
+    again used to count them "already published", so the miss stayed for good. Now the
+    row is put right, as a newer version of the path every reader takes."""
+    gens = root.generations()
+    good = put(root, "k/a", b"a1")
+    gens.publish("ns", [dataclasses.replace(good, size=good.size + 1), put(root, "k/b", b"b")],
+                 node="buggy")
+    res = gens.publish("ns", [good], node="A")
+    assert (res.added, res.repaired, res.already, res.conflicts) == (1, 1, 0, 0)
+    snap = root.generations().entries("ns")  # a fresh reader: a full build
+    e = snap.entries["k/a"]
+    assert (e.digest, e.size) == (good.digest, good.size)
+    assert root.objects.get_bytes(e.digest) == b"a1"
+    assert snap.record is not None and snap.record.requires == (REPLACE,)
+    again = gens.publish("ns", [good], node="B")  # now it is already published
+    assert (again.already, again.repaired, again.seq) == (1, 0, snap.record.seq)
+
+
+def test_a_publication_after_a_drop_builds_on_the_drop(root: SharedRoot) -> None:
+    """Retention dropped a path; a job compiles it again and the same store publishes it.
+    The drop's generation is the one built on: before, the publication merged into the
+    snapshot still holding the path (taken as the newest for PUBLISH_FRESH), found it
+    "already published" and published nothing, so the path stayed dropped."""
+    gens = root.generations()
+    gens.publish("ns", [put(root, "k/a", b"a"), put(root, "k/b", b"b")], node="A")
+    assert gens.drop("ns", lambda snap: {"k/a"}, node="A")[1] == ["k/a"]
+    res = gens.publish("ns", [put(root, "k/a", b"a")], node="A")
+    assert (res.added, res.already) == (1, 0)
+    assert set(root.generations().entries("ns").entries) == {"k/a", "k/b"}
