@@ -974,7 +974,7 @@ class GenerationStore:
         for path, e in sorted(wanted.items()):
             have = snap.entries.get(path)
             if have is not None:
-                if have.digest == e.digest and (have.size == e.size or _relocated(have, e)
+                if have.digest == e.digest and (have.size == e.size
                                                 or not self._right_size(e)):
                     result.already += 1
                 elif have.digest == e.digest:
@@ -1121,7 +1121,3 @@ class GenerationStore:
             except CasfsError as e:
                 yield e
 
-
-def _relocated(a: Entry, b: Entry) -> bool:
-    """Either row presents its stored bytes with paths put in (its size is its own)."""
-    return bool((a.extras and RELOCATE in a.extras) or (b.extras and RELOCATE in b.extras))
