@@ -156,6 +156,6 @@ def walk_files(top: str | os.PathLike[str], rules: CacheRules, base: int | None 
 
 def _open_beneath(base: int, top: str, dirpath: str) -> int:
     rel = os.path.relpath(dirpath, top)
-    if rel == ".":
-        return os.open(".", noatime.DIR_FLAGS, dir_fd=base)
+    if rel == ".":  # the base itself, opened again for reading (it is O_PATH)
+        return noatime.open_noatime(f"/proc/self/fd/{base}", noatime.DIR_FLAGS)
     return beneath.open_read(base, rel, os.O_DIRECTORY)

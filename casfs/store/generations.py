@@ -1120,4 +1120,3 @@ class GenerationStore:
                 yield self.record(ns, seq)
             except CasfsError as e:
                 yield e
-
