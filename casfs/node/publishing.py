@@ -55,6 +55,8 @@ class ViewHooks(Protocol):
     busy: Callable[[list[str]], set[str]] | None
     # dir mode: whether a file is still as restored (not the job's), else None.
     unchanged: Callable[[str, os.stat_result], bool] | None
+    # (uid, gid) whose fs credentials open the files promotion reads, or None (root's).
+    reader: tuple[int, int] | None
 
     def wants_scan(self, final: bool) -> bool:
         """Rescan the whole upper before this round (events may be missing)."""
@@ -370,7 +372,7 @@ class Publication:
             upper=ctx.cfg.writable_dir, objects=root.objects, index=ctx.index,
             key=ctx.cfg.namespace, rules=ctx.rules, tracker=ctx.tracker,
             counters=ctx.counters, lower=ctx.lower, stable_after=ctx.cfg.stable_after,
-            busy=self.view.busy, unchanged=self.view.unchanged,
+            busy=self.view.busy, unchanged=self.view.unchanged, reader=self.view.reader,
             packs=ctx.cfg.packs, root_id=root.root_id, probe_loose=root.is_local,
         )
 

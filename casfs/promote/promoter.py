@@ -116,6 +116,7 @@ class Promoter:
         stable_after: float,
         busy: Callable[[list[str]], set[str]] | None = None,
         unchanged: Callable[[str, os.stat_result], bool] | None = None,
+        reader: tuple[int, int] | None = None,
         threads: int = 4,
         packs: bool = True,
         root_id: str = "",
@@ -123,6 +124,9 @@ class Promoter:
         progress: Callable[[], None] | None = None,
     ) -> None:
         self.upper = upper
+        # Files are opened with these fs credentials (dir mode: the tenant's), so the
+        # kernel refuses what she could not read herself; None: as this process.
+        self.reader = reader
         # The upper is the tenant's to write (through the view, or directly in dir and
         # overlay modes): every path in it is resolved beneath this fd of it, with no
         # symlink followed (casfs.util.beneath), open for the round or the scan.
@@ -368,6 +372,14 @@ class Promoter:
         try:
             return fn(arg, res)
         except OSError as e:
+            if (e.errno == errno.EACCES and self.reader is not None
+                    and isinstance(arg, _Candidate)):
+                # Not hers to read (a link to a file of someone else's, or one she made
+                # unreadable): settled, never published, until it changes again.
+                log.info("not promoting %s: the tenant cannot read it", arg.rel)
+                self.counters.inc("promote_unreadable")
+                self.tracker.forget(arg.rel, arg.seen_at)
+                return None
             self._failed(e, res)
             return None
         finally:
@@ -502,7 +514,7 @@ class Promoter:
                 return self.objects.put_bytes(data)  # grew since the lstat: _finish defers it
             # The group check reads a commit record back.
             return _Blob(digest_bytes(data), data, c.rel, remember=self._records)
-        fd = beneath.open_read(self._base, c.rel)
+        fd = self._open(c.rel)
         try:
             return self.objects.put_file(fd)
         finally:
@@ -510,11 +522,18 @@ class Promoter:
 
     def _read_upper(self, rel: str, limit: int, size: int) -> tuple[bytes, os.stat_result]:
         """read_regular_stat of ``rel`` opened beneath the upper (no symlink followed)."""
-        fd = beneath.open_read(self._base, rel)
+        fd = self._open(rel)
         try:
             return read_regular_stat(fd, limit, size)
         finally:
             os.close(fd)
+
+    def _open(self, rel: str) -> int:
+        """``rel`` opened for reading beneath the upper, as ``reader`` where set."""
+        if self.reader is None:
+            return beneath.open_read(self._base, rel)
+        with beneath.as_tenant(*self.reader):
+            return beneath.open_read(self._base, rel)
 
     def _dedup(self, blobs: list[_Blob]) -> None:
         """Settle the small objects the root has packed already (one index read)."""

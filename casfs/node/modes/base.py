@@ -118,6 +118,7 @@ class ModeServer(Protocol):
     ops: Any  # the FUSE operations (casfs.view.ops.OverlayOperations), None in dir mode
     busy: Busy  # see casfs.node.publishing.ViewHooks
     unchanged: Unchanged
+    reader: tuple[int, int] | None
     # The view is served (at least partly) by a FUSE connection: lower objects are
     # fetched on open, promotion and fetches run in worker processes to protect the
     # connection, and the mount point is guarded between processes.

@@ -65,6 +65,9 @@ class DirServer:
             cfg.state_dir / f"restored-{cfg.namespace}.json", parts.lower)
         self.busy: Busy = self._open_for_writing
         self.unchanged: Unchanged = self.restore_stamps.unchanged
+        # Promotion opens her files as she would: a hard link she made to a file she
+        # cannot read (fs.protected_hardlinks=0) is refused, never published to her.
+        self.reader: tuple[int, int] | None = parts.tenant_acting
         # Lower paths already offered to the directory.
         self._offered: set[str] = set()
         self._replaced: set[str] = set()  # newer versions of replaced paths to put in place

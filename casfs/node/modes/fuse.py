@@ -35,6 +35,7 @@ class FuseServer:
         self.parts = parts
         self.busy: Busy = None  # the view sees every writer (a predecessor's: handover)
         self.unchanged: Unchanged = None
+        self.reader: tuple[int, int] | None = None  # the upper is root's state dir's
         cfg = parts.cfg
         # The tenant's bounds, shared by its namespaces in this process: the view
         # counts what it writes (casfs.node.quota; the upper is scanned now).

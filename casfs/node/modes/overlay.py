@@ -49,6 +49,8 @@ class OverlayServer:
         cfg = parts.cfg
         self.busy: Busy = self._open_for_writing
         self.unchanged: Unchanged = None
+        # The upper: a link there can only name a file of the overlay (EXDEV otherwise).
+        self.reader: tuple[int, int] | None = None
         self.paths = overlay.OverlayPaths(cfg.upper, cfg.overlay_base, cfg.overlay_work)
         # The FUSE layer serves lower only; its upper stays empty (read-only).
         # Directories show nlink 1: the overlay's first listing of a merged directory
