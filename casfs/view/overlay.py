@@ -425,6 +425,9 @@ def _check_path(p: Path) -> str:
     return s
 
 
+_MS_NOSUID, _MS_NODEV = 2, 4  # <sys/mount.h>
+
+
 def mount(mountpoint: Path, paths: OverlayPaths) -> None:
     """Mount the overlay at ``mountpoint``. Call from a thread other than the one
     serving the FUSE layer: the kernel looks up the FUSE root while mounting."""
@@ -433,7 +436,9 @@ def mount(mountpoint: Path, paths: OverlayPaths) -> None:
     opts = (f"lowerdir={_check_path(paths.links)}:{_check_path(paths.fuse)},"
             f"upperdir={_check_path(paths.upper)},workdir={_check_path(paths.work)},"
             "index=off")
-    rc = libc().mount(b"casfs-overlay", os.fsencode(mountpoint), b"overlay", 0, opts.encode())
+    # nosuid, nodev: as the FUSE layers (casfs.view.session.mount_options)
+    rc = libc().mount(b"casfs-overlay", os.fsencode(mountpoint), b"overlay",
+                      _MS_NOSUID | _MS_NODEV, opts.encode())
     if rc != 0:
         e = ctypes.get_errno()
         raise OSError(e, f"mount overlay at {mountpoint}: {os.strerror(e)}")

@@ -79,8 +79,10 @@ def stop_signals() -> Iterator[AsyncIterator[int]]:
 def mount_options(fsname: str, *, allow_other: bool, debug: bool,
                   read_only: bool = False) -> set[str]:
     # nodev: device nodes may be created (as on any directory) but never opened through
-    # a cache directory.
-    opts = {"default_permissions", "nodev", f"fsname={fsname}", "subtype=casfs"}
+    # a cache directory. nosuid: nor a setuid or setgid bit honoured (a JIT cache holds
+    # no program that needs one; a file of one member's in a group's view never runs
+    # with her ids). libfuse sets both by default; said here, where it is relied on.
+    opts = {"default_permissions", "nodev", "nosuid", f"fsname={fsname}", "subtype=casfs"}
     if read_only:
         opts.add("ro")
     if allow_other:
