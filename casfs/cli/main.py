@@ -66,7 +66,11 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
 def setup_logging(verbose: int) -> None:
     level = logging.WARNING if verbose == 0 else logging.INFO if verbose == 1 else logging.DEBUG
-    logging.basicConfig(level=level, format="casfs: %(levelname)s %(name)s: %(message)s")
+    from casfs.node.logfmt import OneLineFormatter
+
+    handler = logging.StreamHandler()  # stderr; a tenant's file names never break a line
+    handler.setFormatter(OneLineFormatter("casfs: %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=level, handlers=[handler])
     logtap.install("casfs-cli")
 
 

@@ -33,7 +33,26 @@ def priority(levelno: int) -> int:
     return 7
 
 
-class JournalFormatter(logging.Formatter):
+# Control characters in a message, escaped: a tenant names her files, and a name
+# like "k\n<3>casfsd casfs.node: ..." must not forge a line of its own in the journal
+# or in an operator's grep. (A traceback, appended after the message, keeps its lines.)
+_CONTROL = {c: f"\\x{c:02x}" for c in (*range(0x20), 0x7F) if c != 0x09}
+_CONTROL.update({0x0A: "\\n", 0x0D: "\\r"})
+
+
+def one_line(text: str) -> str:
+    return text.translate(_CONTROL)
+
+
+class OneLineFormatter(logging.Formatter):
+    """Each message on one line, its control characters escaped (``one_line``)."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        record.message = one_line(record.message)
+        return super().formatMessage(record)
+
+
+class JournalFormatter(OneLineFormatter):
     """``<prio>tag logger: message``; continuation lines (tracebacks) keep the priority."""
 
     def __init__(self, tag: str) -> None:
@@ -59,7 +78,7 @@ def setup(level: int, fmt: str = AUTO, tag: str = "", prog: str = "casfs") -> No
     if resolve_format(fmt) == JOURNAL:
         handler.setFormatter(JournalFormatter(tag))
     else:
-        handler.setFormatter(logging.Formatter(
+        handler.setFormatter(OneLineFormatter(
             f"%(asctime)s {prog}[%(process)d] %(levelname)s {tag}%(name)s: %(message)s"))
     root = logging.getLogger()
     for h in list(root.handlers):
