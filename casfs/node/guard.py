@@ -87,6 +87,16 @@ def our_fuse(m: MountEntry) -> bool:
     return m.fstype.startswith("fuse") and opts.get("user_id", "0") == str(os.geteuid())
 
 
+def refuse_foreign(path: Path, what: str) -> None:
+    """UsageError if another user's FUSE mount is on top at ``path`` (stacked on a
+    mount point she can write, the view's root): nothing may touch the path then."""
+    found = mounts_at(path)
+    top = found[-1] if found else None
+    if top is not None and top.fstype.startswith("fuse") and not our_fuse(top):
+        raise UsageError(f"{path}: another user's FUSE mount ({top.source}) is stacked on"
+                         f" it; refusing to mount {what} there: unmount it first")
+
+
 def refuse_stacking(path: Path, what: str) -> None:
     """UsageError if a live FUSE mount already serves ``path`` (a dead one is cleared later)."""
     from casfs.view.session import _is_dead

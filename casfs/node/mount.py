@@ -533,6 +533,8 @@ class MountService:
             adoption = Adoption(self.adopt[0])
         elif self.predecessor is None:  # a successor stacks beneath its predecessor's mount
             guard.refuse_stacking(cfg.mountpoint, f"namespace {cfg.namespace}")
+        else:  # never a stat (mkdir below) through a tenant's server stacked on top
+            guard.refuse_foreign(cfg.mountpoint, f"namespace {cfg.namespace}")
         for other in control.registered(cfg.run_dir):
             # (Same mount point: a supervisor's replacement for a worker it gave up on.)
             if (other.get("name") == cfg.name and other.get("pid") != os.getpid()

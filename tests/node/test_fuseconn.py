@@ -94,3 +94,23 @@ def test_a_fuse_mount_another_user_made_is_never_taken_for_ours(
         monkeypatch.setattr(handover, "top", lambda path, t=top: t)
         assert fuseconn.adoptable(cfg, 4242) is adoptable
         assert guard.our_fuse(top) is adoptable
+
+
+def test_a_successor_refuses_a_mount_point_another_user_stacked_on(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A successor (handover) starts without refuse_stacking (its predecessor's mount is
+    on top, by design) and then makes sure of its mount point: a tenant's own FUSE mount
+    stacked there instead is refused in one line, never stat()ed."""
+    from casfs.errors import UsageError
+    from casfs.node import guard
+
+    mp = tmp_path / "mp"
+    pred = guard.MountEntry(str(mp), "/", "fuse.casfs", "casfs-t/ns",
+                            options=f"rw,user_id={os.geteuid()},group_id=0")
+    hers = guard.MountEntry(str(mp), "/", "fuse.hangfs", "hangfs",
+                            options="rw,user_id=1001,group_id=1001,allow_other")
+    monkeypatch.setattr(guard, "mounts_at", lambda path: [pred])
+    guard.refuse_foreign(mp, "namespace t~ns")  # its predecessor's: fine
+    monkeypatch.setattr(guard, "mounts_at", lambda path: [pred, hers])
+    with pytest.raises(UsageError, match="another user's FUSE mount \\(hangfs\\)"):
+        guard.refuse_foreign(mp, "namespace t~ns")
