@@ -820,6 +820,7 @@ class GenerationStore:
         while True:
             attempt += 1
             result = PublishResult(ns, None, attempts=attempt)
+            taken = hint is None and later is None and self._recent_newest(ns) is not None
             newest, current, snap = self.newest_valid(ns, hint, for_publish=True, newest=later)
             if callable(options) and computing is None:
                 computing = _beside(functools.partial(options, current))
@@ -833,6 +834,14 @@ class GenerationStore:
                 result.added_bytes -= sum(e.size for e in new if e.path in dropped)
                 new = kept
             result.seq = current.seq if current else None
+            if not new and result.already and taken and newest is not None:
+                # Built on a seq taken as fresh (PUBLISH_FRESH) and nothing to create, so
+                # no lost race would tell of a newer generation, one that dropped these
+                # paths (retention): look, one HEAD. Newer: merge into it.
+                found, _ = self._probe(ns, newest)
+                if found > newest:
+                    hint = later = found
+                    continue
             if not new:
                 return result
             total_bytes = (current.logical_bytes if current else 0) + result.added_bytes

@@ -141,3 +141,18 @@ def test_a_publication_after_a_drop_builds_on_the_drop(root: SharedRoot) -> None
     res = gens.publish("ns", [put(root, "k/a", b"a")], node="A")
     assert (res.added, res.already) == (1, 0)
     assert set(root.generations().entries("ns").entries) == {"k/a", "k/b"}
+
+
+def test_a_publication_after_another_nodes_drop_builds_on_the_drop(root: SharedRoot) -> None:
+    """The same, across nodes: B's publication builds on the newest seq it found within
+    PUBLISH_FRESH (no request); A dropped the path since. With nothing to create, no lost
+    race told B of A's generation: it looks (one HEAD) before saying "already"."""
+    a, b = root.generations(), SharedRoot.open(root.path).generations()
+    a.publish("ns", [put(root, "k/a", b"a"), put(root, "k/b", b"b")], node="A")
+    b.publish("ns", [put(root, "k/c", b"c")], node="B")  # B's newest: fresh, with k/a
+    assert a.drop("ns", lambda snap: {"k/a"}, node="A")[1] == ["k/a"]
+    res = b.publish("ns", [put(root, "k/a", b"a")], node="B")
+    assert (res.added, res.already) == (1, 0)
+    assert set(root.generations().entries("ns").entries) == {"k/a", "k/b", "k/c"}
+    again = b.publish("ns", [put(root, "k/a", b"a")], node="B")  # found, and the same
+    assert (again.added, again.already) == (0, 1)
