@@ -20,10 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from casfs.node.config import MountConfig
-from casfs.node.mount import MountService
 from casfs.store.root import SharedRoot
-from casfs.tenants import DEFAULT_POLICY
+from tests.security.test_dir_mode_symlinks import service
 from tests.users import RealUser, open_tmp, real_users
 
 
@@ -36,20 +34,14 @@ def setting() -> Iterator[tuple[RealUser, Path]]:
 def test_a_link_to_a_file_she_cannot_read_is_never_published(
         setting: tuple[RealUser, Path]) -> None:
     user, d = setting
-    tenant = user.tenant
-    ns = f"{tenant}~ns"
-    cfg = MountConfig(name=f"{tenant}/ns", family="generic", namespace=ns,
-                      mountpoint=d / "mnt" / tenant / "ns", root=d / "root",
-                      state_dir=d / "state", mode="dir", tenant=tenant,
-                      tenants=DEFAULT_POLICY.to_dict(), stable_after=0.0)
-    (d / "mnt" / tenant).mkdir(parents=True)
+    ns = f"{user.tenant}~ns"
     secret = d / "secret"
     secret.write_bytes(b"root:$6$hash:19000:0:99999:7:::\n")
     os.chmod(secret, 0o600)
-    svc = MountService(cfg, hosted=True)
+    svc = service(d, user, "generic", stable_after=0.0)
     try:
         svc.server.restore()  # type: ignore[attr-defined]
-        mp = cfg.mountpoint
+        mp = svc.cfg.mountpoint
         r = user.sh(f"mkdir -p {mp}/KEY && echo kernel > {mp}/KEY/k.bin")
         assert r.returncode == 0, r.stderr
         os.link(secret, mp / "KEY" / "stolen.bin")  # hers to make where the sysctl is 0

@@ -51,12 +51,13 @@ def publish(root_dir: Path, ns: str, files: dict[str, bytes], mtime: int = MTIME
     assert res.conflicts == 0, res
 
 
-def service(d: Path, user: RealUser, family: str) -> MountService:
+def service(d: Path, user: RealUser, family: str, stable_after: float = 0.2) -> MountService:
+    """A dir-mode mount of ``user``'s namespace ``<tenant>~ns``, as casfsd runs it."""
     tenant = user.tenant
     cfg = MountConfig(name=f"{tenant}/ns", family=family, namespace=f"{tenant}~ns",
                       mountpoint=d / "mnt" / tenant / "ns", root=d / "root",
                       state_dir=d / "state", mode="dir", tenant=tenant,
-                      tenants=DEFAULT_POLICY.to_dict(), stable_after=0.2)
+                      tenants=DEFAULT_POLICY.to_dict(), stable_after=stable_after)
     (d / "mnt" / tenant).mkdir(parents=True)
     return MountService(cfg, hosted=True)
 

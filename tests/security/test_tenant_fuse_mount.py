@@ -21,6 +21,7 @@ nothing once told to.
 
 from __future__ import annotations
 
+import itertools
 import os
 import subprocess
 import sys
@@ -28,47 +29,37 @@ import threading
 import traceback
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import pytest
 
-from casfs.node.config import MountConfig
-from casfs.node.mount import MountService
-from casfs.tenants import DEFAULT_POLICY
 from casfs.util import beneath
+from casfs.util.bounded import StillBlocked, call_bounded
 from casfs.view import session
 from casfs.view.dirmode import open_for_writing
 from casfs.view.inowatch import TreeWatch
 from tests.security.hangfs import abort
-from tests.security.test_dir_mode_symlinks import publish
+from tests.security.test_dir_mode_symlinks import publish, service
 from tests.users import RealUser, open_tmp, real_users
 
 T = TypeVar("T")
+_calls = itertools.count()
 REPO = Path(__file__).resolve().parents[2]
 BOUND_S = 20.0
 
 
 def bounded(fn: Callable[[], T]) -> T:
     """``fn()``'s result (or its exception) if it returns within BOUND_S, else a failure
-    (the thread stays blocked until the fixture aborts her server's connection)."""
-    out: dict[str, Any] = {}
-
-    def run() -> None:
-        try:
-            out["value"] = fn()
-        except BaseException as e:  # handed to the caller
-            out["error"] = e
-
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-    t.join(BOUND_S)
-    if t.is_alive():
-        frame = sys._current_frames().get(t.ident or 0)
+    naming where it waits (the thread stays blocked until the fixture aborts her
+    server's connection)."""
+    key = f"hangfs-{next(_calls)}"
+    try:
+        return call_bounded(key, fn, BOUND_S)
+    except StillBlocked:
+        stuck = next((t for t in threading.enumerate() if t.name == f"bounded:{key}"), None)
+        frame = sys._current_frames().get(stuck.ident or 0) if stuck else None
         where = "".join(traceback.format_stack(frame)[-4:]) if frame else "?"
         pytest.fail(f"waited on her FUSE server, at:\n{where}")
-    if "error" in out:
-        raise out["error"]
-    return out["value"]  # type: ignore[no-any-return]
 
 
 class HerMounts:
@@ -190,13 +181,8 @@ def test_a_dir_mode_mount_promotes_around_her_mounts(setting: tuple[RealUser, Pa
     mounts in the directory, her job's new kernel beside them; the final promotion walks
     the directory (nothing watched it here), publishes the kernel, and the mount closes."""
     user, d = setting
-    tenant = user.tenant
-    cfg = MountConfig(name=f"{tenant}/ns", family="generic", namespace=f"{tenant}~ns",
-                      mountpoint=d / "mnt" / tenant / "ns", root=d / "root",
-                      state_dir=d / "state", mode="dir", tenant=tenant,
-                      tenants=DEFAULT_POLICY.to_dict(), stable_after=0.0)
-    (d / "mnt" / tenant).mkdir(parents=True)
-    svc = MountService(cfg, hosted=True)
+    svc = service(d, user, "generic", stable_after=0.0)
+    cfg = svc.cfg
     mounts: HerMounts | None = None
     try:
         svc.server.restore()  # type: ignore[attr-defined]  # what serving starts with
@@ -222,16 +208,10 @@ def test_her_mount_over_the_whole_directory_is_not_entered(
     """She owns the directory itself, so she may stack her mount on it: casfs stops
     acting there (a warning naming it), never waits on her server, and closes."""
     user, d = setting
-    tenant = user.tenant
-    ns = f"{tenant}~ns"
-    cfg = MountConfig(name=f"{tenant}/ns", family="generic", namespace=ns,
-                      mountpoint=d / "mnt" / tenant / "ns", root=d / "root",
-                      state_dir=d / "state", mode="dir", tenant=tenant,
-                      tenants=DEFAULT_POLICY.to_dict(), stable_after=0.0)
-    (d / "mnt" / tenant).mkdir(parents=True)
+    ns = f"{user.tenant}~ns"
     publish(d / "root", ns, {"KEY/k.json": b"{}"})
-    svc = MountService(cfg, hosted=True)
-    mp = cfg.mountpoint
+    svc = service(d, user, "generic", stable_after=0.0)
+    mp = svc.cfg.mountpoint
     flag = d / "hang-now"
     proc: subprocess.Popen[str] | None = None
     try:
