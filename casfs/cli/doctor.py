@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import shutil
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from casfs.cli.output import emit_json
@@ -84,18 +86,34 @@ def _s3_root(loc: S3Location) -> tuple[str, str]:
                  f" format ok, {n} namespaces"
 
 
+MOUNT_PROBE_S = 5.0  # a mount whose process is stuck answers nothing: never wait on it
+
+
 def _mounts() -> tuple[str, str]:
-    from casfs.node import control
+    from casfs.errors import UsageError
+    from casfs.node import control, guard
+    from casfs.util.bounded import StillBlocked, call_bounded
+    from casfs.view.session import is_dead
 
     live = control.registered(default_state_dir() / "run")
-    dead = []
+    dead: list[str] = []
+    problems: list[str] = []
     for m in live:
-        try:
-            os.stat(m["mountpoint"])
-        except OSError:
-            dead.append(m["mountpoint"])
+        mp = Path(m["mountpoint"])
+        try:  # the mount table first: a tenant's FUSE mount stacked there is never asked
+            guard.refuse_foreign(mp, "nothing")
+            if call_bounded(f"doctor:{mp}", functools.partial(is_dead, mp), MOUNT_PROBE_S):
+                dead.append(str(mp))
+        except UsageError as e:
+            problems.append(e.message.split(";")[0])
+        except StillBlocked:
+            problems.append(f"{mp}: no answer within {MOUNT_PROBE_S:g} s (its process is"
+                            " stuck: see its log, or casfs umount it)")
     if dead:
-        return "fail", f"dead mounts (ENOTCONN): {', '.join(dead)}; run casfs umount on them"
+        problems.insert(0, f"dead mounts (ENOTCONN): {', '.join(dead)}; run casfs umount"
+                           " on them")
+    if problems:
+        return "fail", "; ".join(problems)
     return "ok", f"{len(live)} running mounts"
 
 

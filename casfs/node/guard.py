@@ -99,13 +99,13 @@ def refuse_foreign(path: Path, what: str) -> None:
 
 def refuse_stacking(path: Path, what: str) -> None:
     """UsageError if a live FUSE mount already serves ``path`` (a dead one is cleared later)."""
-    from casfs.view.session import _is_dead
+    from casfs.view.session import is_dead
 
     found = mounts_at(path)
     top = found[-1] if found else None
     if top is None or is_guard(top) or not top.fstype.startswith("fuse"):
         return
-    if _is_dead(path):
+    if is_dead(path):
         return  # a dead mount: clear_stale_mount detaches it
     raise UsageError(f"{path} is already mounted ({top.source}); refusing to mount {what}"
                      " on top of it: unmount it first or use another path")

@@ -314,7 +314,7 @@ async def _keep_read_wake_off() -> None:
 
 def is_mountpoint(path: Path) -> bool:
     """True if ``path`` is a mount point (including a dead FUSE mount)."""
-    if _is_dead(path):
+    if is_dead(path):
         return True
     try:
         st = os.lstat(path)
@@ -333,14 +333,15 @@ def clear_stale_mount(path: Path) -> bool:
     statfs is asked too because stat may be answered from attributes the kernel
     cached before the daemon died; statfs always reaches the (dead) connection.
     """
-    if not _is_dead(path):
+    if not is_dead(path):
         return False
     log.warning("clearing a dead mount at %s", path)
     lazy_unmount(path)
     return True
 
 
-def _is_dead(path: Path) -> bool:
+def is_dead(path: Path) -> bool:
+    """Whether ``path`` is a dead FUSE mount (ENOTCONN); another user's is never asked."""
     # Another user's FUSE mount stacked on ``path`` (a directory she can write): its
     # server may never answer stat or statfs. Not ours, and never asked.
     try:

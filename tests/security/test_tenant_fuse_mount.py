@@ -22,10 +22,12 @@ nothing once told to.
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import subprocess
 import sys
 import threading
+import time
 import traceback
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -33,6 +35,7 @@ from typing import TypeVar
 
 import pytest
 
+from casfs.node import control
 from casfs.util import beneath
 from casfs.util.bounded import StillBlocked, call_bounded
 from casfs.view import session
@@ -255,3 +258,58 @@ def test_a_stale_mount_check_never_asks_her_server(setting: tuple[RealUser, Path
         abort(mp)
         proc.kill()
         proc.wait()
+
+
+@pytest.mark.parametrize("who", ["hers", "stuck"])
+def test_casfs_doctor_never_waits_on_a_mount(setting: tuple[RealUser, Path], who: str) -> None:
+    """``casfs doctor`` (an operator's first command at 3 a.m.) stat()ed every running
+    mount's mount point: it waited for good, reporting nothing, on a tenant's FUSE mount
+    stacked there, and on one of casfs's own whose process is stuck. Now it reads the
+    mount table first (hers: never asked) and bounds its probe of its own (5 s), and
+    its report names each. (A thread stuck on a FUSE request cannot be killed, so in
+    the second case the process itself ends only once the mount answers or is
+    aborted: the report is written before.)"""
+    user, d = setting
+    mp = d / "mp"
+    mp.mkdir()
+    os.chown(mp, user.uid, user.gid)
+    flag = d / "hang-now"
+    # "stuck": a FUSE mount of root's whose server answers nothing (as a casfs mount
+    # process that hangs would); "hers": her own, stacked on her mount point.
+    uid = [str(user.uid)] if who == "hers" else []
+    proc = subprocess.Popen([sys.executable, "-m", "tests.security.hangfs", str(mp), str(flag),
+                             *uid], cwd=REPO, stdout=subprocess.PIPE, text=True)
+    doctor: subprocess.Popen[bytes] | None = None
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "mounted"
+        flag.write_text("")
+        state = d / "state"
+        control.write_registry(state / "run", "hangfs", {
+            "name": "hangfs", "pid": proc.pid, "mountpoint": str(mp),
+            "socket": str(d / "nothing.sock")})
+        report = d / "report.json"
+        with open(report, "wb") as out:
+            doctor = subprocess.Popen(
+                [sys.executable, "-m", "casfs.cli.main", "--root", str(d / "root"),
+                 "--state-dir", str(state), "doctor", "--json"], stdout=out,
+                stderr=subprocess.DEVNULL)
+        checks = bounded(lambda: _report(report))
+        assert checks["mounts"]["status"] == "fail", checks["mounts"]
+        want = ("another user's FUSE mount (hangfs) is stacked on it" if who == "hers"
+                else "no answer within 5 s")
+        assert f"{mp}: {want}" in checks["mounts"]["detail"], checks["mounts"]
+    finally:
+        abort(mp)
+        proc.kill()
+        proc.wait()
+        if doctor is not None:
+            assert doctor.wait(30) == 1  # it ends (1: a check failed) once freed
+
+
+def _report(path: Path) -> dict[str, dict[str, str]]:
+    """casfs doctor's --json report, once it is whole."""
+    while True:
+        try:
+            return {c["check"]: c for c in json.loads(path.read_text())}
+        except ValueError:
+            time.sleep(0.1)
