@@ -316,7 +316,10 @@ def is_mountpoint(path: Path) -> bool:
     """True if ``path`` is a mount point (including a dead FUSE mount)."""
     if is_dead(path):
         return True
-    try:
+    try:  # the kernel's mount-root attribute: a FUSE server (another user's) never asked
+        root = statx.ident(statx.AT_FDCWD, str(path)).mount_root
+        if root is not None:
+            return root
         st = os.lstat(path)
     except OSError:
         return False

@@ -313,3 +313,31 @@ def _report(path: Path) -> dict[str, dict[str, str]]:
             return {c["check"]: c for c in json.loads(path.read_text())}
         except ValueError:
             time.sleep(0.1)
+
+
+def test_casfs_umount_takes_her_mount_off_a_path_without_asking_it(
+        setting: tuple[RealUser, Path]) -> None:
+    """``casfs umount PATH`` where no casfs process serves: her hanging mount there is
+    detached (its mount root read from the kernel's attribute; before, an lstat of it
+    waited on her server for good)."""
+    user, d = setting
+    mp = d / "mp"
+    mp.mkdir()
+    os.chown(mp, user.uid, user.gid)
+    flag = d / "hang-now"
+    proc = subprocess.Popen([sys.executable, "-m", "tests.security.hangfs", str(mp), str(flag),
+                             str(user.uid)], cwd=REPO, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "mounted"
+        flag.write_text("")
+        out = bounded(lambda: subprocess.run(
+            [sys.executable, "-m", "casfs.cli.main", "--state-dir", str(d / "state"),
+             "umount", str(mp)], capture_output=True, text=True, check=False))
+        assert out.returncode == 0, out.stderr
+        assert f"unmounted {mp}" in out.stdout
+        mounts = Path("/proc/self/mounts").read_text().splitlines()
+        assert not any(ln.split()[1] == str(mp) for ln in mounts)
+    finally:
+        abort(mp)
+        proc.kill()
+        proc.wait()
