@@ -21,6 +21,7 @@ nothing once told to.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
@@ -240,24 +241,34 @@ def test_her_mount_over_the_whole_directory_is_not_entered(
     assert (mp / "KEY/mine.bin").read_bytes() == b"the job's"
 
 
+@contextlib.contextmanager
+def hanging_on(mp: Path, user: RealUser, as_her: bool = True
+               ) -> Iterator[subprocess.Popen[str]]:
+    """Her server (``user_id`` hers, or root's) mounted on the new directory ``mp`` she
+    owns, answering nothing from the start; aborted and stopped on exit."""
+    mp.mkdir()
+    os.chown(mp, user.uid, user.gid)
+    flag = mp.parent / f"hang-now-{mp.name}"
+    proc = subprocess.Popen([sys.executable, "-m", "tests.security.hangfs", str(mp), str(flag),
+                             *([str(user.uid)] if as_her else [])], cwd=REPO,
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "mounted"
+        flag.write_text("")
+        yield proc
+    finally:
+        abort(mp)
+        proc.kill()
+        proc.wait()
+
+
 def test_a_stale_mount_check_never_asks_her_server(setting: tuple[RealUser, Path]) -> None:
     """Before serving, a mount point is probed for a dead casfs mount (stat, statfs:
     ENOTCONN). Her mount stacked there (``user_id`` hers) is not casfs's: never asked."""
     user, d = setting
     mp = d / "mp"
-    mp.mkdir()
-    os.chown(mp, user.uid, user.gid)
-    flag = d / "hang-now"
-    proc = subprocess.Popen([sys.executable, "-m", "tests.security.hangfs", str(mp), str(flag),
-                             str(user.uid)], cwd=REPO, stdout=subprocess.PIPE, text=True)
-    try:
-        assert proc.stdout is not None and proc.stdout.readline().strip() == "mounted"
-        flag.write_text("")
+    with hanging_on(mp, user):
         assert bounded(lambda: session.clear_stale_mount(mp)) is False
-    finally:
-        abort(mp)
-        proc.kill()
-        proc.wait()
 
 
 @pytest.mark.parametrize("who", ["hers", "stuck"])
@@ -271,18 +282,10 @@ def test_casfs_doctor_never_waits_on_a_mount(setting: tuple[RealUser, Path], who
     aborted: the report is written before.)"""
     user, d = setting
     mp = d / "mp"
-    mp.mkdir()
-    os.chown(mp, user.uid, user.gid)
-    flag = d / "hang-now"
+    doctor: subprocess.Popen[bytes] | None = None
     # "stuck": a FUSE mount of root's whose server answers nothing (as a casfs mount
     # process that hangs would); "hers": her own, stacked on her mount point.
-    uid = [str(user.uid)] if who == "hers" else []
-    proc = subprocess.Popen([sys.executable, "-m", "tests.security.hangfs", str(mp), str(flag),
-                             *uid], cwd=REPO, stdout=subprocess.PIPE, text=True)
-    doctor: subprocess.Popen[bytes] | None = None
-    try:
-        assert proc.stdout is not None and proc.stdout.readline().strip() == "mounted"
-        flag.write_text("")
+    with hanging_on(mp, user, as_her=who == "hers") as proc:
         state = d / "state"
         control.write_registry(state / "run", "hangfs", {
             "name": "hangfs", "pid": proc.pid, "mountpoint": str(mp),
@@ -298,12 +301,7 @@ def test_casfs_doctor_never_waits_on_a_mount(setting: tuple[RealUser, Path], who
         want = ("another user's FUSE mount (hangfs) is stacked on it" if who == "hers"
                 else "no answer within 5 s")
         assert f"{mp}: {want}" in checks["mounts"]["detail"], checks["mounts"]
-    finally:
-        abort(mp)
-        proc.kill()
-        proc.wait()
-        if doctor is not None:
-            assert doctor.wait(30) == 1  # it ends (1: a check failed) once freed
+    assert doctor is not None and doctor.wait(30) == 1  # it ends (1: a failed check) once freed
 
 
 def _report(path: Path) -> dict[str, dict[str, str]]:
@@ -322,14 +320,7 @@ def test_casfs_umount_takes_her_mount_off_a_path_without_asking_it(
     waited on her server for good)."""
     user, d = setting
     mp = d / "mp"
-    mp.mkdir()
-    os.chown(mp, user.uid, user.gid)
-    flag = d / "hang-now"
-    proc = subprocess.Popen([sys.executable, "-m", "tests.security.hangfs", str(mp), str(flag),
-                             str(user.uid)], cwd=REPO, stdout=subprocess.PIPE, text=True)
-    try:
-        assert proc.stdout is not None and proc.stdout.readline().strip() == "mounted"
-        flag.write_text("")
+    with hanging_on(mp, user):
         out = bounded(lambda: subprocess.run(
             [sys.executable, "-m", "casfs.cli.main", "--state-dir", str(d / "state"),
              "umount", str(mp)], capture_output=True, text=True, check=False))
@@ -337,7 +328,3 @@ def test_casfs_umount_takes_her_mount_off_a_path_without_asking_it(
         assert f"unmounted {mp}" in out.stdout
         mounts = Path("/proc/self/mounts").read_text().splitlines()
         assert not any(ln.split()[1] == str(mp) for ln in mounts)
-    finally:
-        abort(mp)
-        proc.kill()
-        proc.wait()
