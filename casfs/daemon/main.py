@@ -396,6 +396,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"configuration OK: {len(cfg.mounts)} mounts, root {cfg.root},"
               f" state dir {cfg.state_dir}")
         return 0
+    # Its children (mount processes, workers) find the node state dir here too: an S3
+    # root's staging directory lies in it (casfs.store.s3backend.staging_dir_for)
+    os.environ["CASFS_STATE_DIR"] = str(cfg.state_dir)
     try:
         daemon = Daemon(cfg, load=lambda: dconfig.load(cfg.source, ov))
         rc = daemon.run()

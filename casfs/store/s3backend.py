@@ -44,7 +44,6 @@ import json
 import logging
 import os
 import random
-import tempfile
 import threading
 from collections import OrderedDict
 from collections.abc import Iterator
@@ -93,11 +92,16 @@ def _check_key(key: str) -> str:
 
 
 def staging_dir_for(loc: S3Location) -> Path:
-    """A node-local, per-user staging directory (objects are staged before upload)."""
-    base = Path(os.environ.get("CASFS_STATE_DIR") or tempfile.gettempdir())
-    d = base / f"casfs-s3-staging-{os.getuid()}"
-    d.mkdir(mode=0o700, parents=True, exist_ok=True)
-    return d
+    """Where this process stages objects, packs and records before an upload: the node
+    state dir's ``s3-staging``, its user's alone (checked and made like the state dir,
+    casfs.util.owned). Never a fixed name in /tmp, which another user can make first
+    and watch: what root stages there she could read, or swap for bytes of her own
+    before the upload (found by a review on 2026-12-06)."""
+    from casfs.util.defaults import default_state_dir
+    from casfs.util.owned import check_dir
+
+    return check_dir(default_state_dir() / "s3-staging", "S3 staging directory",
+                     create_mode=0o700)
 
 
 class _StreamRaw(io.RawIOBase):
