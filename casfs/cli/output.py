@@ -8,6 +8,8 @@ import sys
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+from casfs.node.logfmt import one_line
+
 
 def emit_json(obj: Any) -> None:
     json.dump(obj, sys.stdout, indent=1, sort_keys=True, default=str)
@@ -15,7 +17,9 @@ def emit_json(obj: Any) -> None:
 
 
 def table(rows: Sequence[Sequence[Any]], header: Sequence[str] | None = None) -> None:
-    all_rows = [list(map(str, r)) for r in ([header] if header else []) + list(rows)]
+    # one_line: cells may hold what a tenant wrote on the root (a node name in a record,
+    # a path); a terminal's escape sequence or a newline there is shown escaped
+    all_rows = [[one_line(str(c)) for c in r] for r in ([header] if header else []) + list(rows)]
     if not all_rows:
         return
     widths = [max(len(r[i]) for r in all_rows) for i in range(len(all_rows[0]))]

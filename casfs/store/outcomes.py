@@ -31,6 +31,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import time
 from collections import Counter
 from collections.abc import Iterable, Iterator
@@ -115,6 +116,11 @@ def _int(v: Any) -> int | None:
     return v if type(v) is int and 0 <= v < 1 << 53 else None
 
 
+# A record is a tenant's file: a node name or path with control characters (a
+# terminal's escape sequences, a newline forging a line of `casfs report`) is dropped.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
 def _parse(data: bytes, ns: str) -> tuple[str | None, list[Row], list[tuple[str, int]]] | None:
     try:
         doc = json.loads(data)
@@ -129,7 +135,7 @@ def _parse(data: bytes, ns: str) -> tuple[str | None, list[Row], list[tuple[str,
     for r in doc["rows"]:
         if not (isinstance(r, list) and len(r) >= 6 and isinstance(r[0], str)
                 and _name_day(r[0].replace("-", "")) == r[0] and isinstance(r[1], str)
-                and 0 < len(r[1]) <= _NODE_MAX):
+                and 0 < len(r[1]) <= _NODE_MAX and not _CONTROL.search(r[1])):
             continue
         nums = [_int(v) for v in r[2:6]]
         if any(n is None for n in nums):
@@ -138,7 +144,8 @@ def _parse(data: bytes, ns: str) -> tuple[str | None, list[Row], list[tuple[str,
     missed = []
     for m in doc.get("missed") or []:
         if (isinstance(m, list) and len(m) == 2 and isinstance(m[0], str)
-                and len(m[0]) <= 4096 and _int(m[1]) is not None):
+                and len(m[0]) <= 4096 and not _CONTROL.search(m[0])
+                and _int(m[1]) is not None):
             missed.append((m[0], m[1]))
     return (fam if isinstance(fam, str) else None), rows, missed
 

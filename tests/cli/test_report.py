@@ -107,3 +107,40 @@ def test_gc_keeps_outcomes_for_the_window(tmp_path: Path) -> None:
 def test_parse_since() -> None:
     assert parse_since("7d") == 7 * 86400 and parse_since("12h") == 12 * 3600
     assert parse_since("3") == 3 * 86400 and parse_since("30m") == 1800
+
+
+def test_a_tenants_control_characters_never_reach_the_terminal(tmp_path: Path) -> None:
+    """An outcome record is a tenant's file: a node name holding a terminal's escape
+    sequences and a most-missed entry holding a newline and a forged line were printed
+    as they are by `casfs report` (found by a review on 2026-12-06). Such a record is
+    dropped now, and every table cell is printed with its control characters escaped."""
+    import json
+
+    from casfs.cli.output import table
+
+    root = build(tmp_path / "root")
+    now = time.time()
+    key = outcomes.record(root.backend, "triton-aa11", family="triton", node="evil", now=now,
+                          hits=1000, misses=1, saved_ms=1, missed=[("Kx", 999)])
+    assert key is not None
+    path = tmp_path / "root" / key
+    doc = json.loads(path.read_bytes())
+    doc["rows"][0][1] = "\x1b]0;PWNED\x07\x1b[2K\rnode-a"
+    doc["missed"] = [["K1\ncasfs: all caches verified OK", 999]]
+    path.chmod(0o644)
+    path.write_text(json.dumps(doc))
+    r = cli(tmp_path / "root", "report", "--since", "7d")
+    assert r.returncode == 0, r.stderr
+    assert "\x1b" not in r.stdout and "\x07" not in r.stdout and "\r" not in r.stdout
+    assert not any(line.startswith("casfs: all caches") for line in r.stdout.splitlines())
+    assert "PWNED" not in r.stdout  # the record is dropped whole
+    rep = report_json(tmp_path / "root", "--since", "7d")
+    assert all(n["node"] in ("node-a", "node-b") for n in rep["nodes"])
+    # and whatever else a cell holds is shown escaped, on its line
+    import contextlib
+    import io
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        table([["a\x1b[2Jb", "c\nd"]], ["X", "Y"])
+    assert "\x1b" not in out.getvalue() and len(out.getvalue().splitlines()) == 2
