@@ -105,6 +105,11 @@ class Lease:
     follows: str | None = None
 
 
+def _holds(lease: Lease, tenant: str) -> bool:
+    """Whether ``tenant`` may extend or release ``lease``: its namespaces are hers."""
+    return all(k[0] == tenant for k in lease.keys)
+
+
 @dataclass
 class Served:
     key: Key
@@ -279,6 +284,8 @@ class NodeHost:
             raise UsageError("lease needs caches: [{family, namespace}, ...]")
         lid = str(req.get("lease") or "")
         lease = self.leases.get(lid)
+        if lease is not None and not _holds(lease, tenant):
+            lease = None  # another tenant's lease id: a new lease of this one's
         limits = req.get("limits")  # casfsd's [jobs] bounds, on a lease from its jobs socket
         if isinstance(limits, dict) and (no := self._bounded(
                 tenant, [str(c.get("namespace")) if isinstance(c, dict) else "" for c in caches],
@@ -340,9 +347,13 @@ class NodeHost:
                                     serving=[*self.served, *self._attaching, *self._detaching])
 
     async def release(self, req: dict[str, Any]) -> dict[str, Any]:
-        lease = self.leases.pop(str(req.get("lease")), None)
-        if lease is None:
+        lid = str(req.get("lease"))
+        lease = self.leases.get(lid)
+        if lease is None or not _holds(lease, tenant_of(req, self.policy).id):
+            # Another tenant's lease (its id leaked) is never released for her: its
+            # namespaces would go, after their grace, under its holder's running job.
             return {"ok": False, "error": "no such lease"}
+        self.leases.pop(lid, None)
         self._persist()
         if req.get("killed"):  # casfs run saw its job killed by a signal just now
             self._torn(lease.keys, late=0.0)
