@@ -11,6 +11,16 @@ conformance suite (tests/store/test_backend_conformance.py).
 NFS, Lustre, CephFS, WEKA). It never rewrites or modifies a name in place: new
 content is staged in ``<root>/tmp``, fsynced, and linked into place
 (casfs.util.atomic holds the durability policy).
+
+Other users write a multi-user root (they own their namespace directories and
+object fan-out directories they made first), so every key is reached beneath
+the root's directory through ``casfs.util.beneath``: no symlink followed, and no
+mount point crossed. A user may mount a FUSE file system of her own on a
+directory she owns there, and where /etc/fuse.conf has ``user_allow_other`` a
+stat or open by root inside it waits on her server, which need never answer
+(casfsd's attach, gc, report, verify hung for good: found by a review on
+2026-12-06). A key under such a mount is a refusal (EXDEV), as a symlink is: a
+miss for a reader, an error for a writer.
 """
 
 from __future__ import annotations
@@ -19,7 +29,6 @@ import contextlib
 import errno
 import logging
 import os
-import shutil
 import stat
 import time
 from collections.abc import Iterator
@@ -127,6 +136,13 @@ class LocalBackend:
     def _path(self, key: str) -> Path:
         return Path(self._spath(key))
 
+    def _rel(self, key: str) -> str:
+        return self._spath(key)[len(self._root) + 1:]
+
+    def _base(self) -> int:
+        """An O_PATH fd of the root directory (the caller closes it)."""
+        return os.open(self._root, beneath.DIR_FLAGS | os.O_CLOEXEC)
+
     def _spath(self, key: str) -> str:
         # Keys are built by casfs itself from validated parts; check anyway (not
         # with assert: python -O would drop the check). A str: pathlib's join cost
@@ -146,17 +162,22 @@ class LocalBackend:
         redirect the write outside the root. ``/proc/self/fd/<fd>/<name>`` names
         the directory opened, not a path resolved again.
         """
-        *dirs, name = self._spath(key)[len(self._root) + 1:].split("/")
-        base = os.open(self._root, beneath.DIR_FLAGS | os.O_CLOEXEC)
-        try:
-            self._check_ident(base)
-            fd = beneath.mkdirs(base, "/".join(dirs)) if dirs else os.dup(base)
-        finally:
-            os.close(base)
+        fd, name = self._dir_fd(key)
         try:
             yield Path(f"/proc/self/fd/{fd}/{name}")
         finally:
             os.close(fd)
+
+    def _dir_fd(self, key: str) -> tuple[int, str]:
+        """(fd of ``key``'s directory, made if missing, beneath the root as opened; the
+        key's last name): ``_beneath``'s parts."""
+        *dirs, name = self._rel(key).split("/")
+        base = self._base()
+        try:
+            self._check_ident(base)
+            return (beneath.mkdirs(base, "/".join(dirs)) if dirs else os.dup(base)), name
+        finally:
+            os.close(base)
 
     def _check_ident(self, fd: int) -> None:
         """Writes go only into the directory opened: a shared filesystem unmounted under
@@ -178,59 +199,90 @@ class LocalBackend:
         atomic.sync_filesystem(self.root)
 
     def replace(self, key: str, staged: Path) -> None:
-        with self._beneath(key) as target:
+        fd, name = self._dir_fd(key)
+        try:
+            target = Path(f"/proc/self/fd/{fd}/{name}")
             with contextlib.suppress(FileNotFoundError):
-                if stat.S_ISDIR(os.lstat(target).st_mode):
+                if stat.S_ISDIR(beneath.lstat(fd, name).st_mode):  # (never into a mount)
                     # rename() cannot replace a directory: move it into staging,
                     # where gc removes it after the grace period.
                     os.rename(target, atomic.temp_name(self.staging_dir, "damaged-"))
             atomic.replace_file(staged, target, sync=False)
+        finally:
+            os.close(fd)
 
     def create_exclusive(self, key: str, data: bytes) -> bool:
         with self._beneath(key) as target:
             return atomic.create_exclusive(target, data, self.staging_dir)
 
     def open(self, key: str) -> BinaryIO:
-        path = self._path(key)
-        # Not following links and not blocking: a FIFO planted under objects/
-        # must not hang a reader, nor a symlink make it read /etc/passwd. lstat
-        # first so a device node is never even opened; fstat after, so a name
-        # swapped in between is caught too.
-        st = os.lstat(path)
-        if not stat.S_ISREG(st.st_mode):
-            raise NotRegularFileError(errno.EINVAL, "not a regular file", str(path))
+        # Reached beneath the root (no symlink, no mount point on the way: the module's
+        # docstring) and never blocking: a FIFO planted under objects/ must not hang a
+        # reader, nor a symlink make it read /etc/passwd. Opened O_PATH and fstat()ed
+        # first, so a device node is never even opened; then that same inode is opened
+        # for reading through its /proc entry.
+        base = self._base()
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+            fd = beneath.open(base, self._rel(key), os.O_PATH)
         except OSError as e:
-            if e.errno == errno.ELOOP:
-                raise NotRegularFileError(errno.EINVAL, "not a regular file", str(path)) from None
+            if e.errno in (errno.ELOOP, errno.EXDEV):
+                raise NotRegularFileError(errno.EINVAL, "not a regular file (a symbolic link"
+                                          " or another mount on its path)", key) from None
             raise
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        finally:
+            os.close(base)
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise NotRegularFileError(errno.EINVAL, "not a regular file", key)
+            rfd = os.open(f"/proc/self/fd/{fd}", os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        finally:
             os.close(fd)
-            raise NotRegularFileError(errno.EINVAL, "not a regular file", str(path))
-        return os.fdopen(fd, "rb")
+        return os.fdopen(rfd, "rb")
 
     def read_range(self, key: str, offset: int, length: int) -> bytes:
         with self.open(key) as f:  # the same checks: regular files only, never blocking
             return os.pread(f.fileno(), length, offset) if length > 0 else b""
 
     def info(self, key: str) -> KeyInfo | None:
+        """None if absent, or reached only through a symlink or another mount (absent to
+        a reader; a write there is refused). The name itself is looked at: a dangling
+        symlink exists too."""
+        base = self._base()
         try:
-            st = os.lstat(self._spath(key))  # the name itself: a dangling symlink exists too
+            st = beneath.lstat(base, self._rel(key))
         except (FileNotFoundError, NotADirectoryError):
             return None
+        except OSError as e:
+            if e.errno in (errno.ELOOP, errno.EXDEV):
+                return None
+            raise
+        finally:
+            os.close(base)
         return KeyInfo(st.st_size, st.st_mtime)
 
     def touch(self, key: str) -> None:
         with contextlib.suppress(OSError):  # best effort: read-only roots still serve
-            os.utime(self._spath(key), follow_symlinks=False)
+            base = self._base()
+            try:
+                now = time.time_ns()
+                beneath.utime(base, self._rel(key), (now, now))
+            finally:
+                os.close(base)
 
     def list(self, prefix: str) -> Iterator[str]:
+        base = self._base()
         try:
-            with os.scandir(self._path(prefix) if prefix else self.root) as it:
-                names = [e.name for e in it]
+            names = beneath.names(base, self._rel(prefix) if prefix else "")
         except (FileNotFoundError, NotADirectoryError):
             return iter(())
+        except OSError as e:
+            if e.errno not in (errno.ELOOP, errno.EXDEV):
+                raise
+            log.warning("not listing %s in the shared root: a symbolic link or another"
+                        " mount on its path", prefix)
+            return iter(())
+        finally:
+            os.close(base)
         return iter(sorted(names))
 
     def list_after(self, prefix: str, after: str) -> Iterator[str]:
@@ -244,17 +296,16 @@ class LocalBackend:
         ``objects/ab -> /home/x``) must never let gc unlink outside it. ELOOP or
         ENOTDIR if a directory on the way is a symlink or not a directory.
         """
-        *dirs, name = self._spath(key)[len(self._root) + 1:].split("/")
-        fd = os.open(self._root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        *dirs, name = self._rel(key).split("/")
+        base = self._base()
         try:
-            for part in dirs:
-                sub = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
-                              dir_fd=fd)
-                os.close(fd)
-                fd = sub
-        except BaseException:
-            os.close(fd)
+            fd = beneath.open_dir(base, "/".join(dirs)) if dirs else os.dup(base)
+        except OSError as e:
+            if e.errno == errno.EXDEV:  # another mount on the way: refused as a symlink is
+                raise OSError(errno.ELOOP, "another mount on the way", key) from None
             raise
+        finally:
+            os.close(base)
         return fd, name
 
     def delete(self, key: str) -> None:
@@ -266,7 +317,7 @@ class LocalBackend:
             if e.errno not in (errno.ELOOP, errno.ENOTDIR):
                 raise
             log.warning("not deleting %s: a directory on its path in the shared root is a"
-                        " symbolic link or not a directory", key)
+                        " symbolic link, another mount or not a directory", key)
             return
         try:
             os.unlink(name, dir_fd=fd)
@@ -276,7 +327,7 @@ class LocalBackend:
             if key.startswith("tmp/untrusted-"):
                 # A namespace directory moved aside by casfs.store.tenancy: the whole
                 # tree is garbage once gc's grace has passed.
-                shutil.rmtree(name, dir_fd=fd, ignore_errors=True)
+                beneath.rmtree(fd, name)  # (never into a mount of hers there)
                 return
             with contextlib.suppress(OSError):
                 os.rmdir(name, dir_fd=fd)
@@ -287,18 +338,23 @@ class LocalBackend:
             os.close(fd)
 
     def staging_entries(self) -> Iterator[tuple[str, float]]:
-        """(name, age in seconds) of each file in the staging directory."""
+        """(name, age in seconds) of each file in the staging directory (each looked at
+        beneath it: a planted symlink as tmp/, or a mount of someone's there, is left)."""
         now = time.time()
-        with contextlib.suppress(OSError):
-            if not stat.S_ISDIR(os.lstat(self.staging_dir).st_mode):
-                # A symlink planted as tmp/: its target is not ours to collect.
-                log.warning("%s is not a directory (a symbolic link?): not collecting it",
-                            self.staging_dir)
-                return
+        base = self._base()
         try:
-            with os.scandir(self.staging_dir) as it:
-                for e in it:
-                    with contextlib.suppress(FileNotFoundError):
-                        yield e.name, now - e.stat(follow_symlinks=False).st_mtime
-        except (FileNotFoundError, NotADirectoryError):  # nothing staged there to collect
-            return
+            fd = beneath.open_dir(base, "tmp")
+            names = beneath.names(fd, "")
+        except OSError as e:
+            if e.errno in (errno.ELOOP, errno.EXDEV, errno.ENOTDIR):
+                log.warning("%s is not a directory (a symbolic link, another mount?): not"
+                            " collecting it", self.staging_dir)
+            return  # (FileNotFoundError: nothing staged there to collect)
+        finally:
+            os.close(base)
+        try:
+            for name in names:
+                with contextlib.suppress(OSError):  # gone, or a mount point: not ours
+                    yield name, now - beneath.lstat(fd, name).st_mtime
+        finally:
+            os.close(fd)

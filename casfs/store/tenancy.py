@@ -41,12 +41,18 @@ from typing import Any, Protocol
 
 from casfs.errors import ConfigError, HostileManifestError, UntrustedError
 from casfs.tenants import CLUSTER, TenantPolicy, split_store_namespace
+from casfs.util import beneath
 from casfs.util.counters import Counters
 
 log = logging.getLogger(__name__)
 
 # reads: casfs.store.reads (retention); outcomes: casfs.store.outcomes (casfs report)
 SUBDIRS = ("generations", "pins", "reads", "outcomes")
+
+
+def _rels(ns: str) -> list[str]:
+    """A namespace's directories, relative to the root."""
+    return [f"namespaces/{ns}", *(f"namespaces/{ns}/{s}" for s in SUBDIRS)]
 
 
 class RecordTrust(Protocol):
@@ -188,22 +194,39 @@ class TenantTrust:
     def _dir(self, ns: str) -> Path | None:
         return None if self.root is None else self.root / "namespaces" / ns
 
+    def _root_fd(self) -> int:
+        """The root's directory, every namespace path reached beneath it (casfs.util.beneath):
+        a tenant owns her namespace directory and may mount a FUSE file system of her
+        own on it, whose server need never answer an lstat or mkdir of root's there."""
+        assert self.root is not None
+        return os.open(self.root, beneath.DIR_FLAGS | os.O_CLOEXEC)
+
     # --- ownership ---------------------------------------------------------------
     def check_namespace(self, ns: str) -> None:
         d = self._dir(ns)
         if self._open or self.policy.trust != "owner" or d is None:
             return
         tenant, _ = split_store_namespace(ns)
-        for path in (d, *(d / s for s in SUBDIRS)):
-            try:
-                st = os.lstat(path)
-            except FileNotFoundError:
-                continue  # nothing there yet: nothing to serve, nothing to distrust
-            problem = self._problem(tenant, st)
-            if problem:
-                self.counters.inc("untrusted_namespaces")
-                log.warning("not serving namespace %s: %s %s", ns, path, problem)
-                raise UntrustedError(f"namespace {ns}: {path} {problem}; not served")
+        base = self._root_fd()
+        try:
+            for rel in _rels(ns):
+                try:
+                    st = beneath.lstat(base, rel)
+                except FileNotFoundError:
+                    continue  # nothing there yet: nothing to serve, nothing to distrust
+                except OSError as e:
+                    if e.errno not in beneath.REFUSED:
+                        raise
+                    problem: str | None = "is reached through a symbolic link or another mount"
+                else:
+                    problem = self._problem(tenant, st)
+                if problem:
+                    path = d.parent.parent / rel
+                    self.counters.inc("untrusted_namespaces")
+                    log.warning("not serving namespace %s: %s %s", ns, path, problem)
+                    raise UntrustedError(f"namespace {ns}: {path} {problem}; not served")
+        finally:
+            os.close(base)
 
     def _problem(self, tenant: str | None, st: os.stat_result) -> str | None:
         if not stat.S_ISDIR(st.st_mode):
@@ -234,19 +257,25 @@ class TenantTrust:
         mode = t.dir_mode
         self._quarantine_if_untrusted(ns, d)
         self.check_namespace(ns)  # never create anything inside someone else's directory
-        for path in (d, *(d / s for s in SUBDIRS)):
-            try:
-                os.mkdir(path, 0o700)
-            except FileExistsError:
-                continue
-            try:
-                if os.geteuid() == 0:
-                    os.chown(path, t.uid, t.gid)
-                elif t.group_shared:
-                    os.chown(path, -1, t.gid)  # a member may give its dir the domain's group
-            except OSError as e:  # root-squashed NFS: only signatures can tell then
-                log.warning("cannot give %s to tenant %s: %s", path, tenant, e)
-            os.chmod(path, mode)  # after chown: chown clears setgid
+        base = self._root_fd()
+        try:
+            for rel in _rels(ns):
+                try:
+                    with beneath.parent(base, rel) as (pfd, leaf):
+                        os.mkdir(leaf, 0o700, dir_fd=pfd)
+                except FileExistsError:
+                    continue
+                try:
+                    if os.geteuid() == 0:
+                        beneath.chown(base, rel, t.uid, t.gid)
+                    elif t.group_shared:  # a member may give its dir the domain's group
+                        beneath.chown(base, rel, -1, t.gid)
+                except OSError as e:  # root-squashed NFS: only signatures can tell then
+                    log.warning("cannot give %s to tenant %s: %s", d.parent.parent / rel,
+                                tenant, e)
+                beneath.chmod(base, rel, mode)  # after chown: chown clears setgid
+        finally:
+            os.close(base)
         self._prepared.add(ns)
 
     def _quarantine_if_untrusted(self, ns: str, d: Path) -> None:

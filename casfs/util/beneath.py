@@ -314,6 +314,41 @@ def rmdir(base: int, rel: str) -> None:
         os.rmdir(leaf, dir_fd=fd)
 
 
+def rmtree(base: int, rel: str) -> None:
+    """``rm -rf rel`` beneath ``base``, best effort: nothing followed, no mount point
+    entered (what lies under one stays, with the directories above it), no recursion
+    (a tree as deep as a path may be). shutil.rmtree lstat()s each name, which a
+    tenant's FUSE mount there answers, or never does."""
+    stack = [(rel, False)]
+    while stack:
+        d, listed = stack.pop()
+        if listed:
+            with contextlib.suppress(OSError):
+                rmdir(base, d)
+            continue
+        try:
+            fd = open_read(base, d, os.O_DIRECTORY)
+        except OSError as e:
+            if e.errno in (errno.ENOTDIR, errno.ELOOP):  # a file or a symlink: unlinked
+                with contextlib.suppress(OSError):
+                    unlink(base, d)
+            continue  # (EXDEV: a mount point, left)
+        try:
+            with os.scandir(fd) as it:
+                entries = [(e.name, e.is_dir(follow_symlinks=False)) for e in it]
+        except OSError:
+            entries = []
+        finally:
+            os.close(fd)
+        stack.append((d, True))
+        for name, is_dir in entries:
+            if is_dir:
+                stack.append((f"{d}/{name}", False))
+            else:
+                with contextlib.suppress(OSError):
+                    unlink(base, f"{d}/{name}")
+
+
 def _proc(fd: int) -> str:
     # Linux has no fchmodat(AT_SYMLINK_NOFOLLOW) before 6.6, and fchmod refuses O_PATH
     # fds: the fd's /proc entry names exactly the inode opened (never a symlink: refused).
