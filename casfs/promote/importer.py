@@ -8,6 +8,7 @@ be a wrong hit, so it is skipped instead).
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import stat
@@ -16,7 +17,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from casfs.errors import CasfsError, UsageError
 from casfs.families import CacheRules, walk_files
@@ -25,6 +26,7 @@ from casfs.store.generations import RELOCATE, PublishResult
 from casfs.store.objects import digest_bytes, max_object_bytes
 from casfs.store.packs import SMALL_OBJECT, PackWriter, parse_location, read_pack
 from casfs.store.root import SharedRoot
+from casfs.util import beneath
 from casfs.util.paths import is_valid_relpath
 
 log = logging.getLogger(__name__)
@@ -47,17 +49,33 @@ def _storable(rel: str, st: os.stat_result) -> bool:
             and st.st_size <= max_object_bytes() and mtime_storable(st.st_mtime_ns))
 
 
-def scan_tree(src: Path, rules: CacheRules, report: ImportReport) -> list[tuple[str, Path]]:
-    """(relpath, path) of every regular, non-scratch file under ``src``."""
+def scan_tree(src: Path, rules: CacheRules, report: ImportReport,
+              base: int | None = None) -> list[tuple[str, Path]]:
+    """(relpath, path) of every regular, non-scratch file under ``src``; ``base``: an
+    fd of ``src`` every file is looked at beneath (casfs.util.beneath)."""
     out: list[tuple[str, Path]] = []
-    for rel, full, scratch in walk_files(src, rules):
+    for rel, full, scratch in walk_files(src, rules, base):
         if scratch:
             report.skipped_scratch += 1
-        elif not _storable(rel, os.lstat(full)):
+            continue
+        try:
+            st = os.lstat(full) if base is None else beneath.lstat(base, rel)
+        except OSError:  # gone, or a symlink or mount on its way: not imported
+            report.skipped_other.append(rel)
+            continue
+        if not _storable(rel, st):
             report.skipped_other.append(rel)
         else:
             out.append((rel, Path(full)))
     return sorted(out)
+
+
+def _read(base: int, rel: str) -> bytes:
+    fd = beneath.open_read(base, rel)
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", rel)
+        return f.read()
 
 
 def complete_groups(
@@ -95,8 +113,27 @@ def import_tree(
         packs = not root.is_local
     if not src.is_dir():
         raise UsageError(f"{src} is not a directory")
+    # Every file is read beneath the source's directory, no symlink followed and no
+    # mount point crossed: root importing a user's tree must never be made to read
+    # a file of its own (a parent swapped for a symlink to /root after the scan).
+    try:
+        base = beneath.open_base(src)
+    except OSError as e:
+        raise UsageError(f"{src}: {e.strerror or e}") from None
+    try:
+        return _import(root, src, base, namespace, rules=rules, node=node,
+                       fingerprint=fingerprint, max_bytes=max_bytes, progress=progress,
+                       on_total=on_total, threads=threads, packs=packs)
+    finally:
+        os.close(base)
+
+
+def _import(root: SharedRoot, src: Path, base: int, namespace: str, *, rules: CacheRules,
+            node: str, fingerprint: dict[str, Any] | None, max_bytes: int | None,
+            progress: Callable[[int], None] | None, on_total: Callable[[int], None] | None,
+            threads: int, packs: bool) -> ImportReport:
     report = ImportReport()
-    found = scan_tree(src, rules, report)
+    found = scan_tree(src, rules, report, base)
     if on_total:
         on_total(len(found))
     packer = PackWriter(root.objects) if packs else None
@@ -104,10 +141,23 @@ def import_tree(
     sound = _SoundPacks(root)
 
     def put(item: tuple[str, Path]) -> tuple[Entry | None, bool]:
-        rel, path = item
-        st = os.stat(path)
+        rel, _ = item
+        try:
+            fd = beneath.open_read(base, rel)
+        except OSError:  # gone, or a symlink or mount on its way since the scan
+            report.skipped_other.append(rel)
+            return None, False
+        with os.fdopen(fd, "rb") as f:
+            return put_open(rel, f)
+
+    def put_open(rel: str, f: BinaryIO) -> tuple[Entry | None, bool]:
+        fd = f.fileno()
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            report.skipped_other.append(rel)
+            return None, False
         bearer = rules.path_bearer(rel)
-        data = path.read_bytes() if bearer is not None else None
+        data = f.read() if bearer is not None else None
         stored = bearer.to_pathfree(rel, data) if bearer is not None and data is not None else None
         count = bearer.count(rel, stored) if bearer is not None and stored is not None else None
         # Stored path-free (casfs.families), served at any path; packed like any small
@@ -117,10 +167,10 @@ def import_tree(
         if packer is not None and (st.st_size if pathfree is None
                                    else len(pathfree)) <= SMALL_OBJECT:
             if data is None:
-                data = path.read_bytes()
+                data = f.read()
             blob = data if pathfree is None else pathfree
             digest = digest_bytes(blob)
-            if os.stat(path).st_mtime_ns != st.st_mtime_ns or len(data) != st.st_size:
+            if os.fstat(fd).st_mtime_ns != st.st_mtime_ns or len(data) != st.st_size:
                 report.skipped_other.append(rel)  # changed while being read: not stable
                 return None, False
             if digest in known:  # already stored (loose or packed): name it as it is
@@ -140,9 +190,9 @@ def import_tree(
             res = root.objects.put_bytes(pathfree)
             read = len(data)
         else:
-            res = root.objects.put_file(path)
+            res = root.objects.put_file(fd)  # (from its start: the Source an fd)
             read = res.size
-        if os.stat(path).st_mtime_ns != st.st_mtime_ns or read != st.st_size:
+        if os.fstat(fd).st_mtime_ns != st.st_mtime_ns or read != st.st_size:
             report.skipped_other.append(rel)  # changed while being read: not stable
             return None, False
         return (Entry(rel, res.digest, res.size, st.st_mode & 0o7777, st.st_mtime_ns,
@@ -166,7 +216,7 @@ def import_tree(
                 extras = {**rest, "pack": list(loc)} if loc is not None else rest or None
                 entries[rel] = replace(e, extras=extras)
         report.packs = packer.packs_written
-    complete_groups(entries, lambda rel: (src / rel).read_bytes(), report, rules)
+    complete_groups(entries, lambda rel: _read(base, rel), report, rules)
     report.files = len(entries)
     report.bytes = sum(e.size for e in entries.values())
     report.publish = root.generations().publish(

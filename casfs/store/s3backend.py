@@ -53,7 +53,9 @@ from typing import Any, BinaryIO
 
 from casfs.store.backend import KeyInfo
 from casfs.util.crashpoint import crashpoint
+from casfs.util.defaults import default_state_dir
 from casfs.util.location import S3Location
+from casfs.util.owned import check_dir
 
 log = logging.getLogger(__name__)
 
@@ -97,9 +99,6 @@ def staging_dir_for(loc: S3Location) -> Path:
     casfs.util.owned). Never a fixed name in /tmp, which another user can make first
     and watch: what root stages there she could read, or swap for bytes of her own
     before the upload (found by a review on 2026-12-06)."""
-    from casfs.util.defaults import default_state_dir
-    from casfs.util.owned import check_dir
-
     return check_dir(default_state_dir() / "s3-staging", "S3 staging directory",
                      create_mode=0o700)
 
