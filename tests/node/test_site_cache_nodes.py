@@ -127,7 +127,10 @@ def _env(tmp: Path, node: str, url: str, site: Site) -> dict[str, str]:
 def _run(tmp: Path, node: str, url: str, site: Site, *job: str) -> str:
     require_fuse()
     r = subprocess.run([sys.executable, "-m", "casfs.cli.main", "run", "--family", "triton",
-                        "--namespace", "site", "--stable-after", "0.2", "--", *job],
+                        "--namespace", "site", "--stable-after", "0.2",
+                        # every byte is checked below: an open past the default 10 s on
+                        # a loaded CI machine would be a miss (ENOENT), not this test's point
+                        "--fetch-timeout", "60", "--", *job],
                        env=_env(tmp, node, url, site), capture_output=True, text=True,
                        timeout=600, check=False)
     assert r.returncode == 0, r.stderr[-4000:]
