@@ -40,6 +40,7 @@ from casfs.daemon.signals import SignalRelay
 from casfs.daemon.supervisor import QUERY_TIMEOUT, Supervisor
 from casfs.errors import CasfsError
 from casfs.node import logfmt
+from casfs.util import owned
 
 log = logging.getLogger(__name__)
 
@@ -263,6 +264,7 @@ class Daemon:
         if _needs_fuse(self.cfg):
             check_fuse()
         _raise_fd_limit()  # every open jobs-socket connection is a file descriptor
+        owned.private_dir(self.cfg.state_dir, "state dir")  # before anything made in it
         lock_fd = take_daemon_lock(self.cfg.run_dir)
         # Handled in a thread, never in a signal handler (casfs.daemon.signals: a handler
         # setting stop_requested deadlocked against the main loop's wait on it).

@@ -161,7 +161,7 @@ class MountService:
         if not hosted and adopt is None:  # an adopted mount point waits for us: untouched
             session.clear_stale_mount(cfg.mountpoint)  # a dead mount (ENOTCONN) fails mkdir
         quota.prepare(cfg)  # the tenant's own filesystem ([quota] mechanism "loopfs")
-        cfg.writable_dir.mkdir(parents=True, exist_ok=True)
+        cfg.writable_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         root_mode = give_to_tenant(cfg.writable_dir, self.tenant)
         self.access = Access(cfg, self.lower, self.link, self.counters, self._t0)
         source = RootSource(self.link, self.counters, self.access.ondemand)

@@ -183,7 +183,7 @@ def check_paths(cfg: Any) -> None:
     Missing directories are made here, one at a time: 0700, or 0755 as root (the
     mount base holds casfsd's jobs socket, which every user reaches)."""
     mode = 0o755 if os.geteuid() == 0 else 0o700
-    owned.check_dir(cfg.state_dir, "state dir", create_mode=0o700)
+    owned.private_dir(cfg.state_dir, "state dir")
     owned.check_mountpoint(cfg.mountpoint, "mount point", create_mode=mode)
     if isinstance(cfg.root, Path):
         try:

@@ -24,12 +24,15 @@ root or the user can change it, so using the path string afterwards is safe.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import stat
 from collections.abc import Iterable
 from pathlib import Path
 
 from casfs.errors import ConfigError
+
+log = logging.getLogger(__name__)
 
 _MAX_LINKS = 40
 
@@ -154,3 +157,20 @@ def check_mountpoint(path: Path, what: str, *, create_mode: int | None = None) -
     process takes over; it lies in a directory only the user (or root) can change.
     """
     return check_dir(Path(path).parent, what, create_mode=create_mode) / Path(path).name
+
+
+def private_dir(path: Path, what: str) -> Path:
+    """A state dir: checked and made (0700) as ``check_dir`` does, and, as root, closed
+    to every other user if it is wider (0755: made by an older casfs, by hand, or by a
+    ``mkdir -p`` of one of its subdirectories). Tenants own directories inside root's
+    state dir (their uppers, their links layers): reached there, behind casfs's view,
+    one could swap a directory of hers for a symlink under a file the view writes as
+    root (found by a review on 2026-12-06)."""
+    p = check_dir(path, what, create_mode=0o700)
+    if os.geteuid() == 0:
+        mode = stat.S_IMODE(os.lstat(p).st_mode)
+        if mode & 0o077:
+            os.chmod(p, mode & ~0o077)
+            log.warning("%s %s was open to other users (mode %04o): made %04o", what, p,
+                        mode, mode & ~0o077)
+    return p

@@ -222,3 +222,29 @@ def test_cluster_mode_shares_everything_as_before(
         finally:
             for j in jobs:
                 j.stop()
+
+
+@pytest.mark.expect_log(r"state dir .* was open to other users \(mode 0755\): made 0700")
+def test_a_tenant_never_reaches_her_upper_behind_the_view(
+        daemons: Callable[..., Daemon], tmp_path: Path) -> None:
+    """Her upper (``<state>/upper/<tenant>~<ns>``) is hers; reached directly, behind the
+    view, she could swap a directory of it for a symlink to /etc under a file the view
+    then writes as root (found by a review on 2026-12-06: casfsd made its state dir
+    0755). The state dir is 0700, and one left 0755 (an older casfsd's) is closed at
+    start."""
+    (tmp_path / "a" / "state").mkdir(parents=True, mode=0o755)
+    os.chmod(tmp_path / "a" / "state", 0o755)
+    a = daemons("a", [], defaults=FAST, node={"lease_grace": 0.5})
+    with real_users(1, tmp_path) as (u1,):
+        job = Job(u1, a)
+        try:
+            ok(u1.sh(f"mkdir {job.path}/d && echo mine > {job.path}/d/target.txt"))
+            upper = a.state / "upper" / f"{u1.tenant}~{job.path.name}"
+            assert (upper / "d" / "target.txt").read_text() == "mine\n"  # it is there...
+            assert os.stat(upper).st_uid == u1.uid  # ...hers...
+            assert os.stat(a.state).st_mode & 0o777 == 0o700
+            denied(u1.sh(f"ls {upper}"))  # ...and out of her reach
+            denied(u1.sh(f"mv {upper}/d {upper}/d.old"))
+            denied(u1.sh(f"ls {a.state}"))
+        finally:
+            job.stop()

@@ -133,3 +133,18 @@ def test_a_mountpoint_is_checked_by_its_parent_only(top: Path) -> None:
     other = mine(top / "other", 0o777, OTHER)
     with pytest.raises(UnsafePathError):
         check_mountpoint(other / "triton", "x")
+
+
+@pytest.mark.expect_log(r"state dir .* was open to other users \(mode 0751\): made 0700")
+def test_a_state_dir_is_made_and_kept_private(tmp_path: Path) -> None:
+    """``private_dir``: made 0700 (parents too); as root one open to others is closed."""
+    from casfs.util.owned import private_dir
+
+    fresh = tmp_path / "var" / "lib" / "casfs"
+    assert private_dir(fresh, "state dir") == fresh
+    assert fresh.stat().st_mode & 0o777 == 0o700
+    wide = tmp_path / "wide"
+    wide.mkdir()
+    wide.chmod(0o751)
+    private_dir(wide, "state dir")
+    assert wide.stat().st_mode & 0o777 == (0o700 if os.geteuid() == 0 else 0o751)
