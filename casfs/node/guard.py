@@ -39,6 +39,7 @@ class MountEntry:
     id: int = 0  # the mount's id (mountinfo's first field; kept by a move)
     parent: int = 0  # the id of the mount it is mounted on
     options: str = ""  # the filesystem's (super block) options
+    dev: int = 0  # its device (st_dev of what lies in it), from mountinfo's major:minor
 
 
 def _unescape(s: str) -> str:
@@ -60,9 +61,11 @@ def mounts_at(path: Path) -> list[MountEntry]:
                 a = left.split()
                 b = right.split()
                 if len(a) >= 5 and len(b) >= 2 and _unescape(a[4]) == target:
+                    major, _, minor = a[2].partition(":")
                     found.append(MountEntry(_unescape(a[4]), _unescape(a[3]), b[0],
                                             _unescape(b[1]), int(a[0]), int(a[1]),
-                                            _unescape(b[2]) if len(b) > 2 else ""))
+                                            _unescape(b[2]) if len(b) > 2 else "",
+                                            os.makedev(int(major), int(minor))))
     except (OSError, ValueError):
         pass
     by_parent = {m.parent: m for m in found}

@@ -79,9 +79,9 @@ from casfs.util.flock import try_flock
 log = logging.getLogger(__name__)
 
 
-def _users(dirs: list[str]) -> dict[str, set[int]]:
+def _users(dirs: list[str], owns: leases.Owns | None) -> dict[str, set[int]]:
     """leases.users, in a worker thread: the host grants leases meanwhile."""
-    found = leases.users(dirs)
+    found = leases.users(dirs, owns=owns)
     pausepoint("host-users-scanned")
     return found
 
@@ -340,6 +340,25 @@ class NodeHost:
         self._persist()
         return {"ok": True, "lease": lid, "caches": out, "mountpoint": str(self.cfg.base)}
 
+    def _owns(self, idle: dict[str, Key]) -> leases.Owns | None:
+        """Which files are a served namespace's (for the users scan): those on this host's
+        FUSE mount in its slot (a predecessor's mount, after a handover: any of its). A
+        path's text alone is another user's to forge in a mount namespace of her own."""
+        from casfs.view.mux import slot_of
+
+        stack = [m for m in guard.mounts_at(self.cfg.base) if m.fstype.startswith("fuse")]
+        if not stack:
+            return None  # (not mounted yet, or gone: nothing served to scan for)
+        current, older = stack[-1].dev, {m.dev for m in stack[:-1]}
+        slots = {p: self.mux.slot(*k) for p, k in idle.items()}
+
+        def owns(prefix: str, dev: int, ino: int) -> bool:
+            if dev in older:
+                return True
+            return dev == current and slots.get(prefix) is not None and \
+                slot_of(ino) == slots[prefix]
+        return owns
+
     def _bounded(self, tenant: str, namespaces: list[str], new_lease: bool,
                  limits: dict[str, Any]) -> tuple[str, str] | None:
         return bounds.lease_refusal(tenant, namespaces, new_lease=new_lease,
@@ -404,7 +423,7 @@ class NodeHost:
             if k in held:
                 s.idle_since = None
         if idle:
-            found = await trio.to_thread.run_sync(_users, list(idle))
+            found = await trio.to_thread.run_sync(_users, list(idle), self._owns(idle))
             now = time.monotonic()
             for p, k in idle.items():
                 # A lease may have come for it during the scan (or a detach before).

@@ -7,13 +7,23 @@ has a file open, a file mapped (a dlopen'ed ``.so`` stays mapped after its fd
 is closed) or its working directory under the namespace's path. Everything is
 read from /proc as path strings: nothing here touches the mount itself (the
 mount process must never do that: it would wait on its own FUSE loop).
+
+A path string is what the process's own mount namespace shows: another user,
+in a user and mount namespace of her own, can put a directory of hers at the
+text of another tenant's namespace path and keep it served for ever (its
+tenant's namespaces bound, its torn files never removed). Where the caller says
+which files are a namespace's (``owns``), a hit by text counts only if the file
+itself is one: its device and inode, read without asking any FUSE server
+(``statx(AT_STATX_DONT_SYNC)`` through /proc's link, the maps line's own).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
+
+from casfs.util import statx
 
 
 def start_time(pid: int) -> str | None:
@@ -48,8 +58,13 @@ def _under(path: str, prefixes: tuple[str, ...]) -> str | None:
     return None
 
 
-def users(dirs: Iterable[str], skip_pids: Iterable[int] = ()) -> dict[str, set[int]]:
-    """For each of ``dirs``, the pids with an fd, a mapping or their cwd under it."""
+Owns = Callable[[str, int, int], bool]  # (prefix, st_dev, st_ino): a file of its namespace
+
+
+def users(dirs: Iterable[str], skip_pids: Iterable[int] = (),
+          owns: Owns | None = None) -> dict[str, set[int]]:
+    """For each of ``dirs``, the pids with an fd, a mapping or their cwd under it (with
+    ``owns``: that really is a file of it, not only its path's text)."""
     prefixes = tuple(os.path.normpath(d) for d in dirs)
     found: dict[str, set[int]] = {}
     if not prefixes:
@@ -59,25 +74,42 @@ def users(dirs: Iterable[str], skip_pids: Iterable[int] = ()) -> dict[str, set[i
         if not entry.name.isdigit() or int(entry.name) in skip:
             continue
         pid = int(entry.name)
-        for path in _paths_of(pid):
+        for path, ident in _paths_of(pid):
             hit = _under(path, prefixes)
-            if hit is not None:
+            if hit is not None and (owns is None or _owned(hit, ident, owns)):
                 found.setdefault(hit, set()).add(pid)
                 break
     return found
 
 
-def _paths_of(pid: int) -> Iterable[str]:
+def _owned(prefix: str, ident: Callable[[], tuple[int, int]], owns: Owns) -> bool:
+    try:
+        dev, ino = ident()
+    except OSError:  # gone meanwhile
+        return False
+    return owns(prefix, dev, ino)
+
+
+def _link_ident(link: str) -> Callable[[], tuple[int, int]]:
+    def get() -> tuple[int, int]:
+        st = statx.ident(statx.AT_FDCWD, link, follow=True)  # the file, never its server
+        return st.dev, st.ino
+    return get
+
+
+def _paths_of(pid: int) -> Iterator[tuple[str, Callable[[], tuple[int, int]]]]:
+    """(path text, how to read that file's (dev, ino)) of ``pid``'s cwd, fds, mappings."""
     base = f"/proc/{pid}"
     with contextlib.suppress(OSError):
-        yield os.readlink(f"{base}/cwd")
+        yield os.readlink(f"{base}/cwd"), _link_ident(f"{base}/cwd")
     try:
         fds = os.listdir(f"{base}/fd")
     except OSError:
         fds = []
     for fd in fds:
         try:
-            yield os.readlink(f"{base}/fd/{fd}").removesuffix(" (deleted)")
+            yield (os.readlink(f"{base}/fd/{fd}").removesuffix(" (deleted)"),
+                   _link_ident(f"{base}/fd/{fd}"))
         except OSError:
             continue
     try:
@@ -85,6 +117,17 @@ def _paths_of(pid: int) -> Iterable[str]:
             for line in f:
                 parts = line.split(maxsplit=5)
                 if len(parts) == 6 and parts[5].startswith(b"/"):
-                    yield os.fsdecode(parts[5].rstrip(b"\n")).removesuffix(" (deleted)")
+                    yield (os.fsdecode(parts[5].rstrip(b"\n")).removesuffix(" (deleted)"),
+                           _map_ident(parts[3], parts[4]))
     except OSError:
         pass
+
+
+def _map_ident(dev: bytes, ino: bytes) -> Callable[[], tuple[int, int]]:
+    def get() -> tuple[int, int]:  # maps: "MM:mm" in hex, then the inode
+        try:
+            major, minor = dev.split(b":")
+            return os.makedev(int(major, 16), int(minor, 16)), int(ino)
+        except ValueError:
+            raise OSError("unreadable maps line") from None
+    return get

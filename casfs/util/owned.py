@@ -171,6 +171,6 @@ def private_dir(path: Path, what: str) -> Path:
         mode = stat.S_IMODE(os.lstat(p).st_mode)
         if mode & 0o077:
             os.chmod(p, mode & ~0o077)
-            log.warning("%s %s was open to other users (mode %04o): made %04o", what, p,
-                        mode, mode & ~0o077)
+            log.info("%s %s was open to other users (mode %04o): made %04o", what, p, mode,
+                     mode & ~0o077)
     return p

@@ -179,6 +179,9 @@ class MuxOperations(pyfuse3.Operations):
     def served(self) -> list[tuple[str, str]]:
         return sorted(self._ns)
 
+    def slot(self, tenant: str, name: str) -> int | None:
+        return self._ns.get((tenant, name))
+
     def ops_of(self, tenant: str, name: str) -> Any | None:
         slot = self._ns.get((tenant, name))
         return self._slots[slot].ops if slot is not None else None

@@ -135,7 +135,6 @@ def test_a_mountpoint_is_checked_by_its_parent_only(top: Path) -> None:
         check_mountpoint(other / "triton", "x")
 
 
-@pytest.mark.expect_log(r"state dir .* was open to other users \(mode 0751\): made 0700")
 def test_a_state_dir_is_made_and_kept_private(tmp_path: Path) -> None:
     """``private_dir``: made 0700 (parents too); as root one open to others is closed."""
     from casfs.util.owned import private_dir
