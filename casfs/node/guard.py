@@ -100,6 +100,38 @@ def refuse_foreign(path: Path, what: str) -> None:
                          f" it; refusing to mount {what} there: unmount it first")
 
 
+def detach_foreign(path: Path, what: str) -> int:
+    """Lazily detach every FUSE mount another user stacked at ``path`` (a mount point of
+    casfs's she can write: her dir-mode directory, the view's root): found in the mount
+    table and detached with MNT_DETACH, neither of which asks her server anything.
+    Left there, the start's first stat of the path went to her server (EACCES without
+    ``allow_other``, for good with it) and casfsd refused to start for every tenant
+    (found by a review on 2026-12-06). Returns how many were detached."""
+    n = 0
+    for _ in range(16):  # a stack of hers, one at a time from the top
+        found = mounts_at(path)
+        top = found[-1] if found else None
+        if top is None or not top.fstype.startswith("fuse") or our_fuse(top):
+            break
+        opts = dict(o.split("=", 1) for o in top.options.split(",") if "=" in o)
+        try:
+            _umount_detach(path)
+        except OSError as e:
+            log.warning("%s: cannot detach the FUSE mount of uid %s stacked on it: %s", path,
+                        opts.get("user_id", "?"), e)
+            break
+        n += 1
+        log.warning("%s: detached a FUSE mount (%s) of uid %s stacked on it: casfs serves %s"
+                    " there", path, top.source, opts.get("user_id", "?"), what)
+    return n
+
+
+def _umount_detach(path: Path) -> None:
+    if libc().umount2(os.fsencode(path), _MNT_DETACH) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err), str(path))
+
+
 def refuse_stacking(path: Path, what: str) -> None:
     """UsageError if a live FUSE mount already serves ``path`` (a dead one is cleared later)."""
     from casfs.view.session import is_dead

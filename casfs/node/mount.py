@@ -47,6 +47,7 @@ from casfs.node import (
     compiletime,
     control,
     fetchproc,
+    guard,
     handover,
     lifeline,
     nsregistry,
@@ -158,6 +159,7 @@ class MountService:
         self.link.connect()
         self.feed = LowerFeed(cfg, self.rules, self.index, self.link, self.counters)
         self.adopt = adopt
+        guard.detach_foreign(cfg.mountpoint, f"namespace {cfg.namespace}")  # (before any stat)
         if not hosted and adopt is None:  # an adopted mount point waits for us: untouched
             session.clear_stale_mount(cfg.mountpoint)  # a dead mount (ENOTCONN) fails mkdir
         quota.prepare(cfg)  # the tenant's own filesystem ([quota] mechanism "loopfs")
@@ -523,8 +525,6 @@ class MountService:
         self.mount_ready_s = round(time.monotonic() - self._t0, 3)
 
     def serve(self, on_ready: Callable[[], None] | None = None) -> None:
-        from casfs.node import guard
-
         cfg = self.cfg
         adoption = None
         if self.adopt is not None:

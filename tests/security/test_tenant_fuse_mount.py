@@ -328,3 +328,32 @@ def test_casfs_umount_takes_her_mount_off_a_path_without_asking_it(
         assert f"unmounted {mp}" in out.stdout
         mounts = Path("/proc/self/mounts").read_text().splitlines()
         assert not any(ln.split()[1] == str(mp) for ln in mounts)
+
+
+@pytest.mark.expect_log(r"detached a FUSE mount \(hangfs\) of uid \d+ stacked on it")
+def test_her_mount_on_her_mount_point_is_detached_at_start(
+        setting: tuple[RealUser, Path]) -> None:
+    """Her own FUSE mount on her dir-mode mount point (no ``allow_other`` needed: root's
+    stat is then EACCES) stopped casfsd's start, for every tenant: the mount process's
+    first stat of the path went to her server (found by a review on 2026-12-06). The
+    mount table names it; it is detached (MNT_DETACH asks her server nothing) and the
+    namespace is served there."""
+    from casfs.node.config import MountConfig
+    from casfs.node.guard import mounts_at
+    from casfs.node.mount import MountService
+    from casfs.tenants import DEFAULT_POLICY
+
+    user, d = setting
+    tenant = user.tenant
+    (d / "mnt" / tenant).mkdir(parents=True)
+    mp = d / "mnt" / tenant / "ns"
+    cfg = MountConfig(name=f"{tenant}/ns", family="generic", namespace=f"{tenant}~ns",
+                      mountpoint=mp, root=d / "root", state_dir=d / "state", mode="dir",
+                      tenant=tenant, tenants=DEFAULT_POLICY.to_dict(), stable_after=0.2)
+    with hanging_on(mp, user):
+        svc = bounded(lambda: MountService(cfg, hosted=True))
+        try:
+            assert not any(m.fstype.startswith("fuse") for m in mounts_at(mp))
+            assert mp.is_dir() and mp.stat().st_uid == user.uid  # hers, served by casfs
+        finally:
+            svc.close()
