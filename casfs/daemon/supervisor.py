@@ -132,7 +132,10 @@ class Supervisor:
 
     # --- start ----------------------------------------------------------------
     def start(self) -> None:
-        """Bring every mount up in parallel; on any failure stop the others and raise."""
+        """Bring every mount up in parallel. One that fails is retried like a dead worker
+        (backoff; its error logged) while the others serve: one tenant's directory must
+        not keep every tenant's caches down. If every mount fails (a broken node or
+        configuration), stop and raise the first error."""
         errors: dict[str, CasfsError] = {}
 
         def one(slot: Slot) -> None:
@@ -150,10 +153,22 @@ class Supervisor:
             t.start()
         for t in threads:
             t.join()
-        if errors:
+        if errors and len(errors) == len(self.slots):
             self.stop()
             first = next(s.cfg.name for s in self.slots if s.cfg.name in errors)
             raise errors[first]
+        now = time.monotonic()
+        for slot in self.slots:
+            e = errors.get(slot.cfg.name)
+            if e is None:
+                continue
+            with self._lock:
+                slot.worker = None
+                slot.state = "restarting"
+                slot.last_exit = e.message
+            self._schedule(slot, now)
+            log.error("%s: start failed: %s; next try in %.0fs (the other mounts serve)",
+                      slot.cfg.name, e.message, slot.next_start - now)
 
     def _start_slot(self, slot: Slot, ready_timeout: float = 120.0) -> None:
         from casfs.view.session import clear_stale_mount

@@ -168,6 +168,34 @@ def test_reconfigure_a_mount_that_fails_to_start_is_retried_like_a_dead_worker(
     assert sup.slots[0].state == "up"
 
 
+@pytest.mark.expect_log(r"bad: start failed: mount bad: cannot serve; next try in 0s \(the"
+                        r" other mounts serve\)")
+def test_a_mount_that_fails_at_start_is_retried_while_the_others_serve(
+        tmp_path: Path, calls: list[tuple[str, str]], fake_spawn: Callable[..., FakeWorker],
+) -> None:
+    """One mount failing at casfsd's start (a tenant's own mount on its path, found by a
+    review on 2026-12-06) stopped every mount; now it is retried like a dead worker."""
+    cfg = config(tmp_path, [mount("good", tmp_path),
+                            mount("bad", tmp_path, namespace="fails-to-start")])
+    sup = Supervisor(cfg, fake_spawn)
+    sup.start()
+    good, bad = sup.slots
+    assert good.state == "up" and good.worker is not None
+    assert bad.state == "restarting" and bad.worker is None
+    assert bad.last_exit == "mount bad: cannot serve"
+    assert ("stop", "good") not in calls
+
+
+def test_every_mount_failing_at_start_stops_the_start(
+        tmp_path: Path, calls: list[tuple[str, str]], fake_spawn: Callable[..., FakeWorker],
+) -> None:
+    from casfs.errors import CasfsError
+
+    cfg = config(tmp_path, [mount("bad", tmp_path, namespace="fails-to-start")])
+    with pytest.raises(CasfsError, match="mount bad: cannot serve"):
+        Supervisor(cfg, fake_spawn).start()
+
+
 # --- the daemon's reload -------------------------------------------------------------------
 
 
