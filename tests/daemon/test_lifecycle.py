@@ -201,16 +201,37 @@ def test_dead_worker_is_restarted(daemons: Callable[..., Daemon]) -> None:
     assert d.terminate() == 0
 
 
-@pytest.mark.expect_log(r"File exists: ")
-def test_failed_start_mounts_nothing(daemons: Callable[..., Daemon], tmp_path: Path) -> None:
-    """One mount cannot come up (its path is a regular file): casfsd exits non-zero with one
-    error line, and the mount that did come up is unmounted again."""
+@pytest.mark.expect_log(r"File exists", r"bad: start failed: .*; next try in")
+def test_a_mount_failing_at_start_leaves_the_others_serving(
+        daemons: Callable[..., Daemon], tmp_path: Path) -> None:
+    """One mount cannot come up (its path is a regular file): the others serve (READY),
+    and that one is retried like a dead worker, its error in one line. (Before, casfsd
+    exited and unmounted every mount: one tenant's directory, a mount of her own on it,
+    could keep every tenant's caches down; a review's finding, 2026-12-06.)"""
     blocker = tmp_path / "a" / "not-a-dir"
     blocker.parent.mkdir(parents=True)
     blocker.write_text("in the way")
     d = daemons("a", [{"name": "kern", "family": "generic", "namespace": "kern-test"},
                       {"name": "bad", "family": "generic", "namespace": "bad-test",
                        "path": str(blocker)}], start=False)
+    d.start()  # READY
+    assert mounted(d.mount_paths[0]) and not mounted(blocker)
+    failed = [ln for ln in d.log().splitlines() if "bad: start failed:" in ln]
+    assert failed and "File exists" in failed[0] and "the other mounts serve" in failed[0]
+    assert d.terminate() == 0
+    assert not any(mounted(p) for p in d.mount_paths)
+
+
+@pytest.mark.expect_log(r"File exists: ")
+def test_a_start_where_every_mount_fails_mounts_nothing(
+        daemons: Callable[..., Daemon], tmp_path: Path) -> None:
+    """Every mount fails (a broken node or configuration): casfsd exits non-zero with one
+    error line, not READY, nothing mounted."""
+    blocker = tmp_path / "a" / "not-a-dir"
+    blocker.parent.mkdir(parents=True)
+    blocker.write_text("in the way")
+    d = daemons("a", [{"name": "bad", "family": "generic", "namespace": "bad-test",
+                       "path": str(blocker)}], node={"on_demand": False}, start=False)
     d.start(wait_ready=False)
     assert d.proc is not None
     rc = d.proc.wait(120)
