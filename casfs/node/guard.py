@@ -27,6 +27,7 @@ log = logging.getLogger(__name__)
 
 GUARD_DIR_NAME = "casfs-guard-empty"
 _MS_RDONLY, _MS_REMOUNT, _MS_BIND, _MNT_DETACH = 1, 32, 4096, 2  # <sys/mount.h>
+_UMOUNT_NOFOLLOW = 8
 _MS_PRIVATE, _MS_SHARED = 1 << 18, 1 << 20
 
 
@@ -127,7 +128,8 @@ def detach_foreign(path: Path, what: str) -> int:
 
 
 def _umount_detach(path: Path) -> None:
-    if libc().umount2(os.fsencode(path), _MNT_DETACH) != 0:
+    # UMOUNT_NOFOLLOW: the mount point itself, never where a symlink there would lead
+    if libc().umount2(os.fsencode(path), _MNT_DETACH | _UMOUNT_NOFOLLOW) != 0:
         err = ctypes.get_errno()
         raise OSError(err, os.strerror(err), str(path))
 

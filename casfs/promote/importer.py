@@ -8,7 +8,6 @@ be a wrong hit, so it is skipped instead).
 
 from __future__ import annotations
 
-import errno
 import logging
 import os
 import stat
@@ -23,7 +22,7 @@ from casfs.errors import CasfsError, UsageError
 from casfs.families import CacheRules, walk_files
 from casfs.store.entry import Entry, mtime_storable
 from casfs.store.generations import RELOCATE, PublishResult
-from casfs.store.objects import digest_bytes, max_object_bytes
+from casfs.store.objects import digest_bytes, max_object_bytes, read_regular
 from casfs.store.packs import SMALL_OBJECT, PackWriter, parse_location, read_pack
 from casfs.store.root import SharedRoot
 from casfs.util import beneath
@@ -72,10 +71,10 @@ def scan_tree(src: Path, rules: CacheRules, report: ImportReport,
 
 def _read(base: int, rel: str) -> bytes:
     fd = beneath.open_read(base, rel)
-    with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise OSError(errno.EINVAL, "not a regular file", rel)
-        return f.read()
+    try:
+        return read_regular(fd, max_object_bytes())
+    finally:
+        os.close(fd)
 
 
 def complete_groups(
