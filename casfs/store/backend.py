@@ -133,6 +133,9 @@ class LocalBackend:
             st = os.stat(self._root)
             self._ident = (st.st_dev, st.st_ino)
 
+    def _path(self, key: str) -> Path:
+        return Path(self._spath(key))
+
     def _rel(self, key: str) -> str:
         return self._spath(key)[len(self._root) + 1:]
 
