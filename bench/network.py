@@ -29,6 +29,11 @@ For each run and each delay:
     ``zstd -dc | tar -x`` into an empty local dir, then the same read; the
     whole process timed (boto3, as the copy scripts casfs replaces use).
 (c) **plain**: the same read job on a warm plain local dir.
+(d) **fuse floor**: the same read job through the pyfuse3 floor (bench.floorfs:
+    the tree in memory, nothing fetched, nothing verified), mounted afresh so the
+    kernel knows none of its names: the least any pyfuse3 view can cost a first
+    read of the tree, whatever the network. fuse mode's job cannot read faster;
+    the JSON's ``fuse_floor_read_s`` and ``fuse_floor_over_copy_restore``.
 
 Prints one JSON document: medians, every run's raw figures, requests by kind,
 bytes, the casfs/copy-restore ratio, and where the time goes as the proxy saw
@@ -483,6 +488,19 @@ class Bed:
         wall = time.monotonic() - t0
         return {"wall_s": round(wall, 3), "job": json.loads(p.stdout.strip().splitlines()[-1])}
 
+    def fuse_floor(self) -> dict[str, Any]:
+        """The same job through a fresh pyfuse3 floor mount of the tree (d)."""
+        from bench.mounts import floor_mounted
+
+        mnt = self.work / "floor"
+        with floor_mounted(self.src, mnt):
+            t0 = time.monotonic()
+            p = subprocess.run([sys.executable, SCRIPT, "--read-tree-job", str(mnt)],
+                               env=self.env(), cwd=REPO, capture_output=True, text=True,
+                               timeout=300, check=True)
+            wall = time.monotonic() - t0
+        return {"wall_s": round(wall, 3), "job": json.loads(p.stdout.strip().splitlines()[-1])}
+
 
 def _kinds(counts: dict[str, int]) -> dict[str, int]:
     from netem import KINDS
@@ -528,7 +546,8 @@ def measure(work: Path, runs: int, rtt_ms: float, kernels: int = KERNELS,
     warn_scratch_fs(fs)
     bed = Bed(work, kernels, casfs_src, reader_args)
     raw: dict[str, dict[str, list[Any]]] = {
-        name: {"casfs": [], "copy_restore": [], "plain": [], "publish": []} for name in delays}
+        name: {"casfs": [], "copy_restore": [], "plain": [], "fuse_floor": [],
+               "publish": []} for name in delays}
     try:
         for r in range(runs):
             for name, delay in delays.items():
@@ -541,6 +560,7 @@ def measure(work: Path, runs: int, rtt_ms: float, kernels: int = KERNELS,
                 raw[name]["casfs"].append(bed.casfs_fresh_node(pub["namespace"], delay))
                 raw[name]["copy_restore"].append(bed.copy_restore(delay))
                 raw[name]["plain"].append(bed.plain())
+                raw[name]["fuse_floor"].append(bed.fuse_floor())
         summary: dict[str, Any] = {}
         for name, d in raw.items():
             c = _med([x["wall_s"] for x in d["casfs"]])
@@ -559,6 +579,9 @@ def measure(work: Path, runs: int, rtt_ms: float, kernels: int = KERNELS,
                 "copy_restore_get_unpack_s": _med([x["job"]["restore_s"]
                                                    for x in d["copy_restore"]]),
                 "plain_read_s": _med([x["job"]["read_s"] for x in d["plain"]]),
+                "fuse_floor_read_s": _med([x["job"]["read_s"] for x in d["fuse_floor"]]),
+                "fuse_floor_over_copy_restore": round(
+                    _med([x["wall_s"] for x in d["fuse_floor"]]) / cr, 2),
                 "casfs_requests": [x["requests"] for x in d["casfs"]],
                 "casfs_files_per_request": [x["files_per_request"] for x in d["casfs"]],
                 "casfs_bytes_down": [x["bytes_down"] for x in d["casfs"]],
@@ -591,13 +614,16 @@ def run(s: Any) -> list[Any]:
         doc = measure(tmp, 1 if s.quick else 3, 20.0)
     out = []
     for name, v in doc["summary"].items():
-        figs = {k: v[k] for k in ("casfs_s", "copy_restore_s", "plain_s")}
+        figs = {k: v[k] for k in ("casfs_s", "copy_restore_s", "plain_s",
+                                  "fuse_floor_read_s")}
         figs["casfs_requests"] = statistics.median(x["total"] for x in v["casfs_requests"])
         figs["files"] = doc["tree"]["files"]
         figs["journaled"] = doc["workdir_fs"]["journal"]
         targets = [Target("casfs_over_copy_restore", 1.0)] if name != "0.1ms" else []
         out.append(Result("network", f"RTT {name}, {doc['tree']['files']} files", figs,
-                          {"casfs_over_copy_restore": v["casfs_over_copy_restore"]}, targets,
+                          {"casfs_over_copy_restore": v["casfs_over_copy_restore"],
+                           "fuse_floor_over_copy_restore": v["fuse_floor_over_copy_restore"]},
+                          targets,
                           raw={"summary": v, "tree": doc["tree"]}))
     return out
 
