@@ -56,6 +56,11 @@ _CORE_KEYS = frozenset({
 })
 SEQ_WIDTH = 12
 MAX_RECORD_BYTES = 1 << 20
+# A record's parts are decoded and merged whole: a record listing more deltas than
+# a publisher ever leaves (it compacts at generations.COMPACT_DELTAS, 32), or parts
+# adding up to more than this many of the largest manifest read, is damage.
+MAX_DELTAS = 128
+MAX_PARTS_FACTOR = 2
 NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,127}\Z")  # \Z: "$" lets "x\n" through
 # A namespace on the root may carry its tenant: "<tenant>~<name>" (casfs.tenants).
 NS_RE = re.compile(r"^(?:[a-z0-9][a-z0-9_-]{0,31}~)?[A-Za-z0-9_][A-Za-z0-9._-]{0,127}\Z")
@@ -164,6 +169,9 @@ def parse_record(data: bytes, namespace: str, seq: int) -> Record:
     deltas = doc.get("deltas")
     if not isinstance(deltas, list):
         raise HostileManifestError(f"generation {namespace}@{seq}: deltas is not a list")
+    if len(deltas) > MAX_DELTAS:
+        raise HostileManifestError(f"generation {namespace}@{seq}: {len(deltas)} delta"
+                                   f" manifests (a publisher compacts long before {MAX_DELTAS})")
     created = doc.get("created")
     if not isinstance(created, int | float):
         raise HostileManifestError(f"generation {namespace}@{seq}: bad created time")
@@ -176,6 +184,14 @@ def parse_record(data: bytes, namespace: str, seq: int) -> Record:
         logical_bytes = _int(doc, "bytes")
     except HostileManifestError as e:  # name the record: "bad 'bytes'" alone says nothing
         raise HostileManifestError(f"generation {namespace}@{seq}: {e.message}") from None
+    # Each manifest is bounded (max_manifest_bytes), their sum must be too: every part is
+    # decoded and merged in memory. A publisher compacts once its deltas reach a quarter
+    # of the base, so a genuine record's parts add up to ~1.25 manifests at most.
+    total = sum(p.size for p in ((base,) if base is not None else ()) + parts)
+    if total > MAX_PARTS_FACTOR * manifest.max_manifest_bytes():
+        raise HostileManifestError(
+            f"generation {namespace}@{seq}: its manifests add up to {total} bytes, over"
+            f" {MAX_PARTS_FACTOR}x the largest one read (CASFS_MAX_MANIFEST_BYTES)")
     return Record(
         namespace=namespace,
         seq=seq,

@@ -299,3 +299,23 @@ def test_nested_json_in_a_gc_mark_a_pack_index_and_a_profile_is_damage(tmp_path:
     assert any(pack in p and "bad index" in p for p in maintenance.verify(root).problems)
     with pytest.raises(ValueError, match="nested"):
         profile.decode(b"[" * 200_000)
+
+
+def test_a_record_of_many_or_huge_parts_is_refused_before_any_is_read() -> None:
+    """A record under its 1 MiB bound could list ~10,000 deltas, each manifest just under
+    its own bound: all decoded and merged in memory (8 of 58 MiB each put a mount process
+    at 4 GB, found by a review on 2026-12-06). Refused from the record alone."""
+    from casfs.store.record import MAX_DELTAS, MAX_PARTS_FACTOR, parse_record
+
+    digests = [f"{i:064x}" for i in range(MAX_DELTAS + 2)]
+    many = _record_doc("ns", 1, [(d, 100, 1) for d in digests], len(digests))
+    with pytest.raises(HostileManifestError, match="delta manifests"):
+        parse_record(json.dumps(many).encode(), "ns", 1)
+    big = manifest.max_manifest_bytes() - 1
+    huge = _record_doc("ns", 1, [(d, big, 1) for d in digests[:MAX_PARTS_FACTOR + 1]],
+                       MAX_PARTS_FACTOR + 1)
+    with pytest.raises(HostileManifestError, match="add up to"):
+        parse_record(json.dumps(huge).encode(), "ns", 1)
+    # A genuine shape is read: a base at the bound and a delta beside it.
+    fine = _record_doc("ns", 1, [(digests[0], big, 1), (digests[1], 1000, 1)], 2)
+    assert len(parse_record(json.dumps(fine).encode(), "ns", 1).deltas) == 1
