@@ -47,6 +47,11 @@ OTHER_FILL_WAIT = 30.0  # a fill waits this long for another thread's fill of it
 MAX_PACK = 4 << 20  # fill_many's "packs": a pack is read whole only up to this size ...
 MAX_PACK_BYTES = 16 << 20  # ... filling at most this many bytes of its members ...
 MAX_PACK_MEMBER = 1 << 20  # ... none larger than this (packs hold objects up to 64 KiB)
+# A pack casfs writes is closed at ~1 MiB (casfs.store.packs.PACK_TARGET). The members
+# asked of one pack are read in one range from the lowest to the highest: a manifest
+# placing two 9-byte members 1.5 GiB apart had that span read into memory. Members of
+# a wider span are fetched one by one (each at most MAX_MEMBER_BYTES).
+MAX_PACK_SPAN = 16 << 20
 MAX_PACKS_DONE = 1 << 16  # packs read whole by this worker (each once; then no more)
 # fill_packs (a whole-namespace prefetch's wave): pack reads in flight at once (object
 # stores want tens of parallel GETs), threads installing the objects (decoding and
@@ -349,6 +354,10 @@ class Worker(ChildServer):
                 else:
                     span[0] = min(span[0], loc[1])
                     span[1] = max(span[1], loc[1] + loc[2])
+            for pack, (lo, hi) in list(spans.items()):
+                if hi - lo > MAX_PACK_SPAN:  # not a pack casfs wrote: no read that wide
+                    del spans[pack]
+                    loose += [it for it in items if it[2] is not None and it[2][0] == pack]
             if rid in self._cancelled:
                 items, spans, loose = [], {}, []
             diskroom.check_room(self.directory, sum(n for _, n, _ in items))

@@ -63,3 +63,42 @@ def test_a_prepared_worker_fills_from_that_root(tmp_path: Path) -> None:
         assert worker.counters.snapshot().get("worker_starts") == 1  # served on
     finally:
         worker.close()
+
+
+def test_a_pack_span_wider_than_any_pack_is_never_read_whole(tmp_path: Path) -> None:
+    """A hostile manifest places two 9-byte members of one pack 1.5 GiB apart: the whole-
+    namespace prefetch (fill_packs) read that span into memory in one piece (the worker
+    at 3 GB, found by a review on 2026-12-06). Now each comes by itself, verified."""
+    import struct
+
+    import blake3
+
+    from casfs.store.packloc import pack_key
+
+    SharedRoot.open(tmp_path / "root", create=True)
+    a, b = b"member-a\n", b"member-b\n"
+    ma, mb = (b"CASF\x01\x00\x00\x00" + struct.pack("<Q", len(d)) + d for d in (a, b))
+    pack = "ab" + "cd" * 31
+    off_b = (3 << 29) - len(mb)  # 1.5 GiB, a sparse file: no disk taken
+    path = tmp_path / "root" / pack_key(pack)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "wb") as f:
+        f.write(ma)
+        f.seek(off_b)
+        f.write(mb)
+    da, db = blake3.blake3(a).hexdigest(), blake3.blake3(b).hexdigest()
+    spec = {"root": str(tmp_path / "root"), "tenant": None, "tenants": None, "timeout": 10.0}
+    worker = FetchWorker(tmp_path / "objects")
+    try:
+        worker.call({"op": "fill_packs", "root": spec, "ns": "ns",
+                     "objects": [[da, len(a), [pack, 0, len(ma)]],
+                                 [db, len(b), [pack, off_b, len(mb)]]]},
+                    lambda: None, Counters(), lambda one: None)
+        for d, data in ((da, a), (db, b)):
+            assert (tmp_path / "objects" / d[:2] / d[2:]).read_bytes() == data
+        assert worker.pid is not None
+        with open(f"/proc/{worker.pid}/status") as st:
+            peak_kb = next(int(ln.split()[1]) for ln in st if ln.startswith("VmHWM:"))
+        assert peak_kb < 400_000, f"the worker peaked at {peak_kb} kB"
+    finally:
+        worker.close()
