@@ -388,6 +388,11 @@ class GenerationStore:
     def _key(self, ns: str, seq: int) -> str:
         return f"namespaces/{ns}/generations/{seq_name(seq)}"
 
+    def exists(self, ns: str, seq: int) -> bool:
+        """Whether ``ns``'s record ``seq`` is there (one HEAD or stat, no listing)."""
+        check_name(ns)
+        return self.backend.info(self._key(ns, seq)) is not None
+
     # --- reading ----------------------------------------------------------
     def record(self, ns: str, seq: int, *, digest: str | None = None,
                cached: bool = False) -> Record:

@@ -217,3 +217,34 @@ def test_publish_rewrites_a_reused_condemned_object(root: SharedRoot) -> None:
     assert info is not None and mark.spares(info.mtime)  # rewritten after the mark
     report = maintenance.gc(root, keep=1, grace=3600, now=time.time() + 3600)
     assert report.removed_objects == 0 and root.objects.has(old.digest)
+
+
+@pytest.mark.parametrize("hidden", [{4, 5}, {1}])
+def test_gc_deletes_nothing_when_the_listing_of_records_leaves_some_out(
+        root: SharedRoot, hidden: set[int]) -> None:
+    """A LIST may lag behind creates, or a broken gateway leave records out: gc took the
+    listing of a namespace's records as complete and swept the objects of the newest
+    generations (found by a review on 2026-12-06). It now probes past the listing's end
+    (one HEAD), and checks the pins, as readers do; a record found there aborts the run."""
+    from casfs.store.generations import seq_name
+
+    _five_generations(root)
+    gens = root.generations()
+    gens.pin("ns", 1, "golden")
+    _age_everything(root, 7200)
+    listed = root.backend.list
+    names = {seq_name(s) for s in hidden}
+
+    def lagging(prefix: str):  # type: ignore[no-untyped-def]
+        return (n for n in listed(prefix)
+                if not (prefix.endswith("ns/generations") and n in names))
+
+    root.backend.list = lagging  # type: ignore[method-assign]
+    before = set(root.objects.iter_digests())
+    for now in (None, time.time() + 7200):  # both phases: nothing marked, nothing swept
+        with pytest.raises(CasfsError, match="listing"):
+            maintenance.gc(root, keep=2, grace=0, now=now)
+    assert set(root.objects.iter_digests()) == before
+    root.backend.list = listed  # type: ignore[method-assign]
+    assert maintenance.verify(root).problems == []
+    assert gens.seqs("ns") == [1, 2, 3, 4, 5]
