@@ -19,15 +19,27 @@ itself is one: its device and inode, read without asking any FUSE server
 
 from __future__ import annotations
 
-import contextlib
+import errno
 import os
 from collections.abc import Callable, Iterable, Iterator
 
 from casfs.util import statx
 
+# /proc could not be read now (this process out of file descriptors or memory): the
+# answer is unknown, never "gone". Another tenant holding the shared mount process
+# at its open-file limit made every lease's holder look dead, and their namespaces
+# went from under running jobs.
+UNKNOWN = ""
+_GONE = (errno.ENOENT, errno.ESRCH)
+
+
+class ScanIncomplete(OSError):
+    """``users`` could not look at every process: the answer is unknown."""
+
 
 def start_time(pid: int) -> str | None:
-    """The process's start time in clock ticks (field 22 of /proc/PID/stat); None if gone.
+    """The process's start time in clock ticks (field 22 of /proc/PID/stat); None if gone,
+    ``UNKNOWN`` if /proc cannot be read now (EMFILE, ENOMEM ...).
 
     A zombie is gone: it has exited, only nobody reaped it yet (a job orphaned by a
     killed ``casfs run`` under a container init that never reaps would otherwise
@@ -36,8 +48,8 @@ def start_time(pid: int) -> str | None:
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             data = f.read()
-    except OSError:
-        return None
+    except OSError as e:
+        return None if e.errno in _GONE else UNKNOWN
     # comm (field 2) may hold spaces and parentheses: split after the last ')'.
     rest = data[data.rfind(b")") + 2:].split()
     if len(rest) <= 19 or rest[0] in (b"Z", b"X"):  # field 3: the state
@@ -46,9 +58,18 @@ def start_time(pid: int) -> str | None:
 
 
 def alive(pid: int, started: str | None) -> bool:
-    """``pid`` is the same process that took the lease (not a reused pid)."""
+    """``pid`` is the same process that took the lease (not a reused pid); True while
+    that cannot be told (``UNKNOWN``): the next check asks again."""
     now = start_time(pid)
-    return now is not None and (started is None or now == started)
+    return now is not None and (not now or not started or now == started)
+
+
+def _unless_short(e: OSError) -> None:
+    """Raise ScanIncomplete if ``e`` says this process is short of descriptors or
+    memory (the file was not looked at), rather than that the process went away."""
+    if e.errno not in _GONE and e.errno not in (errno.EACCES, errno.EPERM, errno.ENOTDIR,
+                                                 errno.EINVAL, errno.ELOOP):
+        raise ScanIncomplete(e.errno, f"cannot scan /proc: {e.strerror}") from e
 
 
 def _under(path: str, prefixes: tuple[str, ...]) -> str | None:
@@ -64,13 +85,18 @@ Owns = Callable[[str, int, int], bool]  # (prefix, st_dev, st_ino): a file of it
 def users(dirs: Iterable[str], skip_pids: Iterable[int] = (),
           owns: Owns | None = None) -> dict[str, set[int]]:
     """For each of ``dirs``, the pids with an fd, a mapping or their cwd under it (with
-    ``owns``: that really is a file of it, not only its path's text)."""
+    ``owns``: that really is a file of it, not only its path's text). ScanIncomplete
+    if a process could not be looked at for want of descriptors or memory."""
     prefixes = tuple(os.path.normpath(d) for d in dirs)
     found: dict[str, set[int]] = {}
     if not prefixes:
         return found
     skip = {os.getpid(), *skip_pids}
-    for entry in os.scandir("/proc"):
+    try:
+        procs = list(os.scandir("/proc"))
+    except OSError as e:
+        raise ScanIncomplete(e.errno, f"cannot scan /proc: {e.strerror}") from e
+    for entry in procs:
         if not entry.name.isdigit() or int(entry.name) in skip:
             continue
         pid = int(entry.name)
@@ -85,7 +111,8 @@ def users(dirs: Iterable[str], skip_pids: Iterable[int] = (),
 def _owned(prefix: str, ident: Callable[[], tuple[int, int]], owns: Owns) -> bool:
     try:
         dev, ino = ident()
-    except OSError:  # gone meanwhile
+    except OSError as e:  # gone meanwhile
+        _unless_short(e)
         return False
     return owns(prefix, dev, ino)
 
@@ -100,18 +127,23 @@ def _link_ident(link: str) -> Callable[[], tuple[int, int]]:
 def _paths_of(pid: int) -> Iterator[tuple[str, Callable[[], tuple[int, int]]]]:
     """(path text, how to read that file's (dev, ino)) of ``pid``'s cwd, fds, mappings."""
     base = f"/proc/{pid}"
-    with contextlib.suppress(OSError):
-        yield os.readlink(f"{base}/cwd"), _link_ident(f"{base}/cwd")
+    try:
+        cwd = os.readlink(f"{base}/cwd")
+    except OSError as e:
+        _unless_short(e)
+    else:
+        yield cwd, _link_ident(f"{base}/cwd")
     try:
         fds = os.listdir(f"{base}/fd")
-    except OSError:
+    except OSError as e:
+        _unless_short(e)
         fds = []
     for fd in fds:
         try:
-            yield (os.readlink(f"{base}/fd/{fd}").removesuffix(" (deleted)"),
-                   _link_ident(f"{base}/fd/{fd}"))
+            target = os.readlink(f"{base}/fd/{fd}")
         except OSError:
-            continue
+            continue  # (a readlink takes no descriptor: closed meanwhile)
+        yield target.removesuffix(" (deleted)"), _link_ident(f"{base}/fd/{fd}")
     try:
         with open(f"{base}/maps", "rb") as f:
             for line in f:
@@ -119,8 +151,8 @@ def _paths_of(pid: int) -> Iterator[tuple[str, Callable[[], tuple[int, int]]]]:
                 if len(parts) == 6 and parts[5].startswith(b"/"):
                     yield (os.fsdecode(parts[5].rstrip(b"\n")).removesuffix(" (deleted)"),
                            _map_ident(parts[3], parts[4]))
-    except OSError:
-        pass
+    except OSError as e:
+        _unless_short(e)
 
 
 def _map_ident(dev: bytes, ino: bytes) -> Callable[[], tuple[int, int]]:

@@ -23,6 +23,13 @@ namespace's ``reopen`` (casfs.view.op_restore). ``layout()`` is what else such
 a process needs: which slot is which namespace, and the tenants' inodes.
 
 Attach and detach happen at run time, on the trio thread (no remount).
+
+Every open handle the kernel holds may be a file descriptor of this process
+(an upper file, a cold object), and the process's RLIMIT_NOFILE is shared by
+every tenant: one tenant's jobs may hold at most ``handles_per_tenant`` (a
+quarter of that limit) open files and directories here at once; past it its
+own opens get EMFILE, and the other tenants' opens, the leases' checks of
+/proc and the control socket keep their descriptors (docs/security.md).
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import resource
 import stat
 import time
 from collections.abc import Callable, Sequence
@@ -49,6 +57,18 @@ MAX_SLOTS = (1 << (64 - SLOT_BITS)) - 1
 ROOT = pyfuse3.ROOT_INODE
 LAYOUT_VERSION = 1  # docs/format.md "Node state dir", host-served.json "mux"
 SYNTH_TIMEOUT = 1.0  # synthetic directories change (namespaces come and go)
+
+HANDLE_SHARE = 4  # one tenant's open handles: at most the open-file limit / this
+HANDLE_WARN_S = 60.0  # a tenant at its bound is logged at most this often
+
+
+def handles_per_tenant() -> int:
+    """The most handles one tenant may hold open here: a quarter of RLIMIT_NOFILE."""
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    if soft == resource.RLIM_INFINITY:
+        soft = 1 << 20
+    return max(64, soft // HANDLE_SHARE)
+
 
 # uid, gid, permission bits of a tenant's directory
 Owner = Callable[[str], tuple[int, int, int]]
@@ -102,6 +122,11 @@ class MuxOperations(pyfuse3.Operations):
         self._fh: dict[int, tuple[Any, int]] = {}  # mux file handle -> (ops, inner fh)
         self._dh: dict[int, tuple[Any, Any]] = {}  # mux dir handle -> (ops | None, inner)
         self.handles = HandleSlots()  # the numbers of both (in memory until keep_handles)
+        self.handles_per_tenant = handles_per_tenant()
+        self._open_by: dict[str, int] = {}  # tenant -> handles it holds open
+        self._holder: dict[int, str] = {}  # mux handle -> its tenant
+        self._warned: dict[str, float] = {}  # tenant -> when its bound was last logged
+        self.handles_refused = 0
 
     # --- what a process adopting the connection needs (casfs.view.adopt) -----------
     def keep_handles(self, path: Path, restore_from: Path | None = None) -> None:
@@ -213,10 +238,41 @@ class MuxOperations(pyfuse3.Operations):
             raise _err(errno.EACCES)
         return self._ops(parent)
 
-    def _new_fh(self, ops: Any, inner: Any, table: dict[int, Any], ino: int, kind: int) -> int:
+    def _new_fh(self, ops: Any, inner: Any, table: dict[int, Any], ino: int, kind: int,
+                tenant: str | None = None) -> int:
         fh = self.handles.alloc(ino, kind)
         table[fh] = (ops, inner)
+        if tenant is not None:
+            self._holder[fh] = tenant
+            self._open_by[tenant] = self._open_by.get(tenant, 0) + 1
         return fh
+
+    def _admit(self, inode: int) -> str:
+        """The tenant of ``inode``'s namespace, if it may open one more handle; EMFILE
+        for it (one warning a minute) once it holds ``handles_per_tenant``."""
+        s = self._slots.get(slot_of(inode))
+        if s is None:
+            raise _err(errno.ENOENT)
+        held = self._open_by.get(s.tenant, 0)
+        if held >= self.handles_per_tenant:
+            self.handles_refused += 1
+            now = time.monotonic()
+            if now - self._warned.get(s.tenant, -HANDLE_WARN_S) >= HANDLE_WARN_S:
+                self._warned[s.tenant] = now
+                log.warning("tenant %s holds %d open files and directories on this node's"
+                            " mount, the most one tenant may (a quarter of the process's"
+                            " open-file limit): its further opens get EMFILE", s.tenant, held)
+            raise _err(errno.EMFILE)
+        return s.tenant
+
+    def _let_go(self, fh: int) -> None:
+        tenant = self._holder.pop(fh, None)
+        if tenant is not None:
+            n = self._open_by[tenant] - 1
+            if n > 0:
+                self._open_by[tenant] = n
+            else:
+                del self._open_by[tenant]
 
     async def _held(self, fh: int, table: dict[int, Any]) -> Any:
         """``table``'s entry for a handle of the crashed process (reopened now); EBADF
@@ -371,16 +427,18 @@ class MuxOperations(pyfuse3.Operations):
         if slot_of(inode) == 0:
             raise _err(errno.EISDIR)
         ops = self._ops(inode)
+        tenant = self._admit(inode)
         fi = await ops.open(inode, flags, ctx)
-        fi.fh = self._new_fh(ops, fi.fh, self._fh, inode, _kind(flags))
+        fi.fh = self._new_fh(ops, fi.fh, self._fh, inode, _kind(flags), tenant)
         return fi
 
     async def create(self, parent_inode: int, name: bytes, mode: int, flags: int,
                      ctx: pyfuse3.RequestContext
                      ) -> tuple[pyfuse3.FileInfo, pyfuse3.EntryAttributes]:
         ops = self._writable(parent_inode)
+        tenant = self._admit(parent_inode)
         fi, attrs = await ops.create(parent_inode, name, mode, flags, ctx)
-        fi.fh = self._new_fh(ops, fi.fh, self._fh, attrs.st_ino, _kind(flags))
+        fi.fh = self._new_fh(ops, fi.fh, self._fh, attrs.st_ino, _kind(flags), tenant)
         return fi, attrs
 
     async def read(self, fh: int, off: int, size: int) -> bytes:
@@ -401,6 +459,7 @@ class MuxOperations(pyfuse3.Operations):
 
     async def release(self, fh: int) -> None:
         entry = self._fh.pop(fh, None)
+        self._let_go(fh)
         if entry is not None or fh in self.handles.held:
             self.handles.free(fh)
         if entry is not None:
@@ -413,7 +472,8 @@ class MuxOperations(pyfuse3.Operations):
             return self._new_fh(None, (inode, self._synth_children(inode)), self._dh, inode,
                                 DIR)
         ops = self._ops(inode)
-        return self._new_fh(ops, await ops.opendir(inode, ctx), self._dh, inode, DIR)
+        tenant = self._admit(inode)
+        return self._new_fh(ops, await ops.opendir(inode, ctx), self._dh, inode, DIR, tenant)
 
     async def readdir(self, fh: int, start_id: int, token: pyfuse3.ReaddirToken) -> None:
         ops, inner = self._dh.get(fh) or await self._held(fh, self._dh)
@@ -435,6 +495,7 @@ class MuxOperations(pyfuse3.Operations):
 
     async def releasedir(self, fh: int) -> None:
         entry = self._dh.pop(fh, None)
+        self._let_go(fh)
         if entry is not None or fh in self.handles.held:
             self.handles.free(fh)
         if entry is not None and entry[0] is not None:
