@@ -29,6 +29,8 @@ def byte_count(text: str) -> int:
     from casfs.errors import ConfigError
     from casfs.util.toml import as_bytes
 
+    if text.strip() == "0":
+        return 0  # never (the help says so; as_bytes refuses 0 for sizes that need one)
     try:
         return as_bytes(text if not text.isdigit() else int(text), "--prefetch-budget")
     except ConfigError as e:
