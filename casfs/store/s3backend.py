@@ -60,6 +60,9 @@ from casfs.util.owned import check_dir
 log = logging.getLogger(__name__)
 
 STREAM_CHUNK = 1 << 20
+# Keys one listing of a leaf prefix (a namespace's records, a fan-out dir) may read
+# before it is refused: a bound on a server whose pages never end.
+MAX_LISTED = 1_000_000
 # Staged files larger than this are uploaded in parts of PART_SIZE, at most
 # PART_CONCURRENCY in flight (S3's smallest part is 5 MiB, the last one excepted).
 MULTIPART_OVER = 16 << 20
@@ -359,6 +362,11 @@ class S3Backend:
         p = prefix.strip("/")
         if p:
             _check_key(p)
+        if "/" in p:
+            # Below the layout's top levels every listed prefix is a leaf directory (a
+            # namespace's records, pins, reads; a fan-out of objects or packs): walked
+            # page by page, bounded (MAX_LISTED), never followed into memory for good.
+            return self._walk(p, None)
         try:
             res = self._ob.list_with_delimiter(self.store, p + "/" if p else None)
         except (FileNotFoundError, self._x.NotFoundError):
@@ -372,16 +380,30 @@ class S3Backend:
 
     def list_after(self, prefix: str, after: str) -> Iterator[str]:
         p = _check_key(prefix.strip("/"))
+        return iter([n for n in self._walk(p, f"{p}/{after}") if n > after])
+
+    def _walk(self, p: str, offset: str | None) -> Iterator[str]:
+        """The first segments of the keys under ``p/`` (from ``offset`` on), sorted: a
+        recursive listing read a page at a time. A server whose pages never end (a
+        continuation token repeated, IsTruncated for ever) or a prefix holding more
+        than MAX_LISTED keys is refused (OSError) once that many are read: obstore's
+        own paging held every page in memory for as long as the server went on."""
         names: set[str] = set()
-        try:  # recursive, from ``after`` on: a name's first segment is what list() gives
-            for chunk in self._ob.list(self.store, p + "/", offset=f"{p}/{after}",
-                                       chunk_size=1000):
+        seen = 0
+        try:
+            for chunk in self._ob.list(self.store, p + "/", offset=offset, chunk_size=1000):
+                seen += len(chunk)
+                if seen > MAX_LISTED:
+                    break  # (the stream is dropped: no page more is asked for)
                 names.update(o["path"][len(p) + 1:].split("/", 1)[0] for o in chunk)
         except (FileNotFoundError, self._x.NotFoundError):
             return iter(())
         except Exception as e:
             raise _oserror(e) from None
-        return iter(sorted(n for n in names if n > after))
+        if seen > MAX_LISTED:
+            raise OSError(errno.EOVERFLOW, f"listing {p}/: more than {MAX_LISTED} keys (a"
+                          " broken or hostile listing?)")
+        return iter(sorted(n for n in names if n))
 
     def delete(self, key: str) -> None:
         _check_key(key)
