@@ -24,12 +24,12 @@ a process needs: which slot is which namespace, and the tenants' inodes.
 
 Attach and detach happen at run time, on the trio thread (no remount).
 
-Every open handle the kernel holds may be a file descriptor of this process
-(an upper file, a cold object), and the process's RLIMIT_NOFILE is shared by
-every tenant: one tenant's jobs may hold at most ``handles_per_tenant`` (a
-quarter of that limit) open files and directories here at once; past it its
-own opens get EMFILE, and the other tenants' opens, the leases' checks of
-/proc and the control socket keep their descriptors (docs/security.md).
+An open file handle may hold a file descriptor of this process (an upper
+file, a cold object), and the process's RLIMIT_NOFILE is shared by every
+tenant: one tenant's jobs may hold at most ``handles_per_tenant`` (a quarter
+of that limit) such handles here at once; past it its own opens get EMFILE,
+and the other tenants' opens, the leases' checks of /proc and the control
+socket keep their descriptors (docs/security.md).
 """
 
 from __future__ import annotations
@@ -247,6 +247,15 @@ class MuxOperations(pyfuse3.Operations):
             self._open_by[tenant] = self._open_by.get(tenant, 0) + 1
         return fh
 
+    @staticmethod
+    def _fd_of(ops: Any, inner: int, tenant: str) -> str | None:
+        """``tenant`` if the handle holds a descriptor of its own (counted), else None. (A
+        warm object's shared descriptor, a directory's snapshot: nothing per handle; and
+        the kernel sends RELEASE in the background, after the close, so a job opening
+        many files in turn may hold more handles here than it has files open.)"""
+        owns = getattr(ops, "owns_fd", None)
+        return tenant if owns is None or owns(inner) else None
+
     def _admit(self, inode: int) -> str:
         """The tenant of ``inode``'s namespace, if it may open one more handle; EMFILE
         for it (one warning a minute) once it holds ``handles_per_tenant``."""
@@ -259,9 +268,9 @@ class MuxOperations(pyfuse3.Operations):
             now = time.monotonic()
             if now - self._warned.get(s.tenant, -HANDLE_WARN_S) >= HANDLE_WARN_S:
                 self._warned[s.tenant] = now
-                log.warning("tenant %s holds %d open files and directories on this node's"
-                            " mount, the most one tenant may (a quarter of the process's"
-                            " open-file limit): its further opens get EMFILE", s.tenant, held)
+                log.warning("tenant %s holds %d open files on this node's mount, the most"
+                            " one tenant may (a quarter of the process's open-file limit):"
+                            " its further opens get EMFILE", s.tenant, held)
             raise _err(errno.EMFILE)
         return s.tenant
 
@@ -429,7 +438,8 @@ class MuxOperations(pyfuse3.Operations):
         ops = self._ops(inode)
         tenant = self._admit(inode)
         fi = await ops.open(inode, flags, ctx)
-        fi.fh = self._new_fh(ops, fi.fh, self._fh, inode, _kind(flags), tenant)
+        fi.fh = self._new_fh(ops, fi.fh, self._fh, inode, _kind(flags), self._fd_of(
+            ops, fi.fh, tenant))
         return fi
 
     async def create(self, parent_inode: int, name: bytes, mode: int, flags: int,
@@ -438,7 +448,8 @@ class MuxOperations(pyfuse3.Operations):
         ops = self._writable(parent_inode)
         tenant = self._admit(parent_inode)
         fi, attrs = await ops.create(parent_inode, name, mode, flags, ctx)
-        fi.fh = self._new_fh(ops, fi.fh, self._fh, attrs.st_ino, _kind(flags), tenant)
+        fi.fh = self._new_fh(ops, fi.fh, self._fh, attrs.st_ino, _kind(flags),
+                             self._fd_of(ops, fi.fh, tenant))
         return fi, attrs
 
     async def read(self, fh: int, off: int, size: int) -> bytes:
@@ -472,8 +483,8 @@ class MuxOperations(pyfuse3.Operations):
             return self._new_fh(None, (inode, self._synth_children(inode)), self._dh, inode,
                                 DIR)
         ops = self._ops(inode)
-        tenant = self._admit(inode)
-        return self._new_fh(ops, await ops.opendir(inode, ctx), self._dh, inode, DIR, tenant)
+        self._admit(inode)
+        return self._new_fh(ops, await ops.opendir(inode, ctx), self._dh, inode, DIR)
 
     async def readdir(self, fh: int, start_id: int, token: pyfuse3.ReaddirToken) -> None:
         ops, inner = self._dh.get(fh) or await self._held(fh, self._dh)

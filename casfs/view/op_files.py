@@ -282,6 +282,12 @@ class FileOps(CopyUpOps):
         self.tracker.modified(self.inodes.path(h.ino) or h.path)
         return n
 
+    def owns_fd(self, fh: int) -> bool:
+        """Whether handle ``fh`` holds a file descriptor of its own (an upper file, a cold
+        object), not a shared one (casfs.view.mux bounds those per tenant)."""
+        h = self._handles.get(fh)
+        return h is not None and not h.shared and h.presented is None
+
     async def flush(self, fh: int) -> None:
         # Writes reach the upper file as they come (the kernel writes its dirty
         # pages back before it would send FLUSH), so there is nothing to do:
