@@ -674,7 +674,9 @@ class NodeHost:
             return {"ok": all(r.get("ok", True) for r in out), "host": True,
                     "pid": os.getpid(), "mountpoint": str(self.cfg.base),
                     "uptime": round(time.time() - self.started, 1), "namespaces": out,
-                    "leases": len(self.leases)}
+                    "leases": len(self.leases),
+                    "handles_per_tenant": self.mux.handles_per_tenant,
+                    "handles_refused": self.mux.handles_refused}
         return {"ok": False, "error": f"unknown command {cmd!r}"}
 
     async def _background(self, nursery: trio.Nursery) -> None:

@@ -90,6 +90,8 @@ def test_a_tenant_holding_many_handles_leaves_the_others_their_files_and_leases(
             assert ok(victim.sh(f"cat {v.path}/during2")) == "during2\n"
             assert v.proc.poll() is None and os.path.isdir(v.path)
             ok(attacker.sh(f"cat {a.path}/held >/dev/null"))  # hers work again too
+            assert (f"tenant {attacker.tenant} holds {LIMIT // 4} open files on this node's"
+                    " mount") in d.log()  # an operator's grep finds who
         finally:
             v.stop()
             a.stop()
