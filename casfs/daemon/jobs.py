@@ -193,7 +193,7 @@ class JobsSocket:
         reply = self._forward("lease", req)
         if reply.get("bound"):
             self.warnings.warn(tenant, str(reply["bound"]), str(reply.get("error")))
-        elif reply.get("ok") and leases.start_time(holder) != started:
+        elif reply.get("ok") and not leases.alive(holder, started):
             # The holder died and its pid was reused while the lease was granted.
             self._forward("release", {"lease": reply.get("lease"), "_peer": peer})
             return self.refuse(tenant, "holder", f"process {holder} exited while its lease"

@@ -141,6 +141,7 @@ class NodeHost:
         self._attaching: dict[Key, trio.Event] = {}
         self._detaching: dict[Key, trio.Event] = {}
         self._last_check = 0.0  # monotonic start of the last lease check
+        self._scan_warned = -60.0  # when a users scan that could not look was last logged
         self._check_lock: trio.Lock | None = None
         self._exits = procexit.ExitWatch()  # how casfs env leases' holders ended
         self._nursery: trio.Nursery | None = None
@@ -426,7 +427,9 @@ class NodeHost:
             try:
                 found = await trio.to_thread.run_sync(_users, list(idle), self._owns(idle))
             except leases.ScanIncomplete as e:  # who uses them is unknown: none goes now
-                log.warning("lease check: %s: no idle namespace released this round", e)
+                if now - self._scan_warned >= 60.0:
+                    self._scan_warned = now
+                    log.warning("lease check: %s: no idle namespace released meanwhile", e)
                 return
             now = time.monotonic()
             for p, k in idle.items():

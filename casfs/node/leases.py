@@ -30,7 +30,7 @@ from casfs.util import statx
 # at its open-file limit made every lease's holder look dead, and their namespaces
 # went from under running jobs.
 UNKNOWN = ""
-_GONE = (errno.ENOENT, errno.ESRCH)
+_SHORT = (errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS, errno.EAGAIN)
 
 
 class ScanIncomplete(OSError):
@@ -49,7 +49,7 @@ def start_time(pid: int) -> str | None:
         with open(f"/proc/{pid}/stat", "rb") as f:
             data = f.read()
     except OSError as e:
-        return None if e.errno in _GONE else UNKNOWN
+        return UNKNOWN if e.errno in _SHORT else None
     # comm (field 2) may hold spaces and parentheses: split after the last ')'.
     rest = data[data.rfind(b")") + 2:].split()
     if len(rest) <= 19 or rest[0] in (b"Z", b"X"):  # field 3: the state
@@ -67,8 +67,7 @@ def alive(pid: int, started: str | None) -> bool:
 def _unless_short(e: OSError) -> None:
     """Raise ScanIncomplete if ``e`` says this process is short of descriptors or
     memory (the file was not looked at), rather than that the process went away."""
-    if e.errno not in _GONE and e.errno not in (errno.EACCES, errno.EPERM, errno.ENOTDIR,
-                                                 errno.EINVAL, errno.ELOOP):
+    if e.errno in _SHORT:
         raise ScanIncomplete(e.errno, f"cannot scan /proc: {e.strerror}") from e
 
 
