@@ -187,8 +187,10 @@ def parse_record(data: bytes, namespace: str, seq: int) -> Record:
     # Each manifest is bounded (max_manifest_bytes), their sum must be too: every part is
     # decoded and merged in memory. A publisher compacts once its deltas reach a quarter
     # of the base, so a genuine record's parts add up to ~1.25 manifests at most.
-    total = sum(p.size for p in ((base,) if base is not None else ()) + parts)
-    if total > MAX_PARTS_FACTOR * manifest.max_manifest_bytes():
+    # (One part alone is the manifest bound's: refused unread where it is loaded.)
+    every = ((base,) if base is not None else ()) + parts
+    total = sum(p.size for p in every)
+    if len(every) > 1 and total > MAX_PARTS_FACTOR * manifest.max_manifest_bytes():
         raise HostileManifestError(
             f"generation {namespace}@{seq}: its manifests add up to {total} bytes, over"
             f" {MAX_PARTS_FACTOR}x the largest one read (CASFS_MAX_MANIFEST_BYTES)")
