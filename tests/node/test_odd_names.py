@@ -19,8 +19,10 @@ ODD = b"bad\xff\xfename"
 
 def run(tmp: Path, node: str, job: str) -> subprocess.CompletedProcess[str]:
     require_fuse()
+    # Each node its own mount base: node-a's mount process outlives its casfs run by
+    # its lease grace, and node-b's refuses (an ERROR) to mount over another's.
     env = dict(os.environ, CASFS_ROOT=str(tmp / "root"), CASFS_STATE_DIR=str(tmp / node),
-               CASFS_MOUNT_BASE=str(tmp / "mnt"))
+               CASFS_MOUNT_BASE=str(tmp / f"mnt-{node}"))
     return subprocess.run([sys.executable, "-m", "casfs.cli.main", "run", "--family", "generic",
                            "--namespace", "odd", "--stable-after", "0.2", "--",
                            sys.executable, "-c", job],
