@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import trio
 
 from casfs.errors import FuseUnavailableError
-from casfs.util import statx
+from casfs.util import fusectl, statx
 
 if TYPE_CHECKING:
     import pyfuse3
@@ -143,6 +143,7 @@ def serve(
                                             debug=debug, read_only=read_only))
     except RuntimeError as e:
         raise FuseUnavailableError(f"cannot mount {at}: {e}") from e
+    fusectl.widen_background(at)  # one tenant's closes never queue ahead of the others'
     if adoption is not None:
         adoption.probe(str(mountpoint))
     if handing is not None:
