@@ -68,28 +68,35 @@ class GcReport:
     outcome_rows_dropped: int = 0  # their rows older than --keep-outcomes days
 
 
+PROBE_PAST_LISTING = 64  # records gc looks for past a namespace's listing, one HEAD each
+
+
 def _kept(gens: GenerationStore, ns: str, keep: int) -> tuple[list[int], list[int]]:
     seqs = gens.seqs(ns)
-    # A LIST may lag behind creates, or a broken gateway leave records out: the listing
-    # of a namespace's records is never taken as complete (readers probe past it too,
-    # GenerationStore.latest_seq). A record past its end, or a pinned one it left out,
-    # and everything the live generations name would be swept: delete nothing.
-    past = (seqs[-1] if seqs else 0) + 1
-    if gens.exists(ns, past):
-        raise CasfsError(f"the listing of {ns}'s generations ends before {ns}@{past}, which"
-                         " exists: a lagging or broken listing of the shared root (run gc"
-                         " again later)")
+    # A LIST may lag behind creates (a publication meanwhile), or a broken gateway
+    # leave records out: the listing of a namespace's records is never taken as
+    # complete, as readers never take it (GenerationStore.latest_seq). The records
+    # past its end are probed for, one HEAD each; a pinned record it left out is kept.
+    # Else the live generations' objects would be swept as no one's.
+    past: list[int] = []
+    while gens.exists(ns, (past[-1] if past else seqs[-1] if seqs else 0) + 1):
+        past.append((past[-1] if past else seqs[-1] if seqs else 0) + 1)
+        if len(past) > PROBE_PAST_LISTING:
+            raise CasfsError(f"the listing of {ns}'s generations ends more than"
+                             f" {PROBE_PAST_LISTING} records before its newest: a lagging or"
+                             " broken listing of the shared root (run gc again later)")
+    seqs = seqs + past
     pins = gens.pins(ns)
     bad = sorted(name for name, s in pins.items() if s < 0)
     if bad:  # an unreadable pin might protect anything: delete nothing
         raise CasfsError(f"unreadable pin {ns}/{bad[0]}: fix or remove it (casfs unpin)")
     pinned = set(pins.values())
-    unlisted = sorted(s for s in pinned - set(seqs) if gens.exists(ns, s))
-    if unlisted:
-        raise CasfsError(f"pinned {ns}@{unlisted[0]} exists but its namespace's listing"
-                         " leaves it out: a lagging or broken listing of the shared root"
-                         " (run gc again later)")
-    kept = sorted(set(seqs[-keep:] if keep > 0 else []) | (pinned & set(seqs))
+    unlisted = {s for s in pinned - set(seqs) if gens.exists(ns, s)}
+    if not seqs and not unlisted and (pins or _head_names(gens, ns)):
+        raise CasfsError(f"{ns} has pins or statements but its listing shows no generation:"
+                         " a lagging or broken listing of the shared root (run gc again"
+                         " later)")
+    kept = sorted(set(seqs[-keep:] if keep > 0 else []) | (pinned & set(seqs)) | unlisted
                   | {s for s in seqs if s >= _head_floor(gens, ns)})
     return kept, [s for s in seqs if s not in kept]
 

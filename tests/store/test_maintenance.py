@@ -219,13 +219,13 @@ def test_publish_rewrites_a_reused_condemned_object(root: SharedRoot) -> None:
     assert report.removed_objects == 0 and root.objects.has(old.digest)
 
 
-@pytest.mark.parametrize("hidden", [{4, 5}, {1}])
-def test_gc_deletes_nothing_when_the_listing_of_records_leaves_some_out(
+@pytest.mark.parametrize("hidden", [{4, 5}, {1}, {1, 2, 3, 4, 5}])
+def test_gc_keeps_what_the_listing_of_records_leaves_out(
         root: SharedRoot, hidden: set[int]) -> None:
     """A LIST may lag behind creates, or a broken gateway leave records out: gc took the
     listing of a namespace's records as complete and swept the objects of the newest
     generations (found by a review on 2026-12-06). It now probes past the listing's end
-    (one HEAD), and checks the pins, as readers do; a record found there aborts the run."""
+    (one HEAD a record), as readers do, and keeps a pinned record the listing left out."""
     from casfs.store.generations import seq_name
 
     _five_generations(root)
@@ -240,11 +240,32 @@ def test_gc_deletes_nothing_when_the_listing_of_records_leaves_some_out(
                 if not (prefix.endswith("ns/generations") and n in names))
 
     root.backend.list = lagging  # type: ignore[method-assign]
-    before = set(root.objects.iter_digests())
-    for now in (None, time.time() + 7200):  # both phases: nothing marked, nothing swept
-        with pytest.raises(CasfsError, match="listing"):
-            maintenance.gc(root, keep=2, grace=0, now=now)
-    assert set(root.objects.iter_digests()) == before
+    maintenance.gc(root, keep=2, grace=3600)  # phase 1: mark
+    maintenance.gc(root, keep=2, grace=3600, now=time.time() + 3600)  # phase 2: sweep
     root.backend.list = listed  # type: ignore[method-assign]
-    assert maintenance.verify(root).problems == []
-    assert gens.seqs("ns") == [1, 2, 3, 4, 5]
+    for seq in (1, 4, 5):  # the newest two and the pinned one: whole
+        rep = export_tree(root, gens.record("ns", seq), root.path.parent / f"out{seq}")
+        assert rep.failed == [] and rep.files == gens.record("ns", seq).entries
+
+
+def test_gc_deletes_nothing_when_a_namespace_lists_no_record_but_has_pins(
+        root: SharedRoot) -> None:
+    _five_generations(root)
+    root.generations().pin("ns", 3, "golden")
+    _age_everything(root, 7200)
+    listed = root.backend.list
+    root.backend.list = (  # type: ignore[method-assign]
+        lambda prefix: iter(()) if prefix.endswith("ns/generations") else listed(prefix))
+    for s in range(1, 6):  # and none where a probe from the listing's end looks
+        (root.path / "namespaces" / "ns" / "generations" / seq_name_(s)).rename(
+            root.path / "namespaces" / "ns" / "generations" / seq_name_(s + 100))
+    before = set(root.objects.iter_digests())
+    with pytest.raises(CasfsError, match="listing"):
+        maintenance.gc(root, keep=2, grace=0, now=time.time() + 7200)
+    assert set(root.objects.iter_digests()) == before
+
+
+def seq_name_(seq: int) -> str:
+    from casfs.store.generations import seq_name
+
+    return seq_name(seq)
