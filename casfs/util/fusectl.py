@@ -12,14 +12,19 @@ took 7 s (a review, 2026-12-06). With the queue as wide as the server can take
 requests, background requests reach the server in the order they came, and a
 flood throttles itself: each OPENDIR waits behind its own RELEASEDIRs.
 
-``/sys/fs/fuse/connections/<dev>/`` is root's (systemd mounts fusectl at boot);
-without it, or not as root, nothing changes (logged at debug).
+``/sys/fs/fuse/connections/<dev>/`` is root's. systemd mounts fusectl there at
+boot; a container (casfsd's privileged pod) may have the directory without it,
+so root mounts it there once if it is missing. Without it, or not as root,
+nothing changes (logged at debug).
 """
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
+
+from casfs.util.libc import libc
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +60,8 @@ def widen_background(mountpoint: str, limit: int = MAX_BACKGROUND) -> bool:
         log.debug("%s: no FUSE mount found to widen its background queue", mountpoint)
         return False
     conn = f"{CONNECTIONS}/{dev}"
+    if not os.path.isdir(conn):
+        _mount_fusectl()
     try:
         # congestion_threshold may not exceed max_background: raise that first.
         with open(f"{conn}/max_background", "w") as f:
@@ -66,3 +73,12 @@ def widen_background(mountpoint: str, limit: int = MAX_BACKGROUND) -> bool:
                   e)
         return False
     return True
+
+
+def _mount_fusectl() -> None:
+    """Mount fusectl at CONNECTIONS if nothing is there (a container's /sys): root only."""
+    if os.geteuid() != 0 or not os.path.isdir(CONNECTIONS) or os.listdir(CONNECTIONS):
+        return
+    if libc().mount(b"fusectl", CONNECTIONS.encode(), b"fusectl", 0, None) != 0:
+        e = ctypes.get_errno()
+        log.debug("cannot mount fusectl at %s: %s", CONNECTIONS, os.strerror(e))
