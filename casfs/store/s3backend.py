@@ -4,13 +4,14 @@ Why obstore and not boto3 (bench/s3_clients.py, docs/architecture.md): it
 releases the GIL for the whole request, speaks create-only PUT natively
 (``mode="create"`` = ``If-None-Match: *``), and on the reads that sit under a
 lazy fetch (GET, ranged GET, HEAD) it did 1.3-4.7x boto3's requests/s here.
-boto3 stays for one thing: resolving credentials through the standard AWS
+boto3 stays for two things. It resolves credentials through the standard AWS
 chain (environment, ``~/.aws`` profiles, SSO, instance and container roles),
-which obstore then uses through its credential-provider hook. Not when the
+which obstore then uses through its credential-provider hook; not when the
 environment holds the keys and the region or endpoint is known: that is where
 the chain would stop anyway, and importing boto3 costs ~0.4 CPU-seconds in each
 of a node's processes (mount, fetch and promotion workers, `casfs run`), on a
-fresh node's critical path (issue 23).
+fresh node's critical path (issue 23). And it pages the top-level listings
+(below), which no mount process makes.
 
 Mapping of the verbs:
 - put_if_absent / create_exclusive: PUT with ``If-None-Match: *``; 412 or 409
@@ -27,8 +28,13 @@ Mapping of the verbs:
   sees (a bucket lifecycle rule ``AbortIncompleteMultipartUpload`` frees its
   parts).
 - sync: nothing (a PUT is durable once it returns).
-- list: LIST with a delimiter. Listing may lag on some servers; callers never
-  depend on it for correctness (records are found by probing forward).
+- list: a leaf prefix (a namespace's records, a fan-out dir: what a mount
+  process lists) is walked a page at a time through obstore; the layout's top
+  levels (``namespaces``, ``objects``, ``packs``: the CLI and gc) by a LIST
+  with a delimiter through boto3, since obstore's follows every page into
+  memory. Both are bounded (MAX_LISTED). Listing may lag on some servers;
+  callers never depend on it for correctness (records are found by probing
+  forward).
 - touch: nothing. gc does not rely on mtimes being refreshed (maintenance.py).
 - Every other failure (server down, timeout, 5xx, auth) is an OSError, which
   the fetch path turns into a miss and publication into a retry.
@@ -172,6 +178,32 @@ def _profile_endpoint() -> str:
     return ep if isinstance(ep, str) else ""
 
 
+def _endpoint_region(loc: S3Location) -> tuple[str, str]:
+    """The endpoint ("" for AWS's own) and region ("" if none named) ``loc`` resolves to."""
+    endpoint = (loc.endpoint or os.environ.get("AWS_ENDPOINT_URL_S3")
+                or os.environ.get("AWS_ENDPOINT_URL") or _profile_endpoint())
+    region = loc.region or os.environ.get("AWS_REGION") \
+        or os.environ.get("AWS_DEFAULT_REGION") or ""
+    return endpoint, region
+
+
+def _lister(loc: S3Location, timeout: float, retries: int) -> Any:
+    """A boto3 S3 client for the top-level listings (``_by_name``), which obstore cannot
+    page: built on first use only, since importing boto3 costs ~0.4 CPU-seconds."""
+    import boto3
+    from botocore import UNSIGNED
+    from botocore.config import Config
+
+    endpoint, region = _endpoint_region(loc)
+    session = boto3.Session()
+    cfg = Config(connect_timeout=min(5.0, timeout), read_timeout=timeout,
+                 retries={"max_attempts": retries + 1, "mode": "standard"},
+                 s3={"addressing_style": "path"} if endpoint else None,
+                 signature_version=UNSIGNED if session.get_credentials() is None else None)
+    return session.client("s3", endpoint_url=endpoint or None,
+                          region_name=region or session.region_name or "us-east-1", config=cfg)
+
+
 # One client, with its connection pool, per process for each root, timeout and
 # environment: a host's namespaces and a worker's requests reuse warm connections (a
 # new one costs a round trip before its first request, two more with TLS), and the
@@ -206,10 +238,7 @@ def _client(loc: S3Location, timeout: float, retries: int) -> tuple[Any, dict[st
         if kept is not None:
             _CLIENTS.move_to_end(key)
             return kept
-    endpoint = (loc.endpoint or os.environ.get("AWS_ENDPOINT_URL_S3")
-                or os.environ.get("AWS_ENDPOINT_URL") or _profile_endpoint())
-    region = loc.region or os.environ.get("AWS_REGION") \
-        or os.environ.get("AWS_DEFAULT_REGION") or ""
+    endpoint, region = _endpoint_region(loc)
     cfg: Any = {}
     if endpoint:
         cfg["endpoint"] = endpoint
@@ -254,6 +283,8 @@ class S3Backend:
         self._ob = obstore
         self._x = ox
         self.store, self.retry_config = _client(loc, timeout, retries)
+        self.timeout, self.retries = timeout, retries
+        self._boto: Any = None  # (_by_name's client, made on its first use)
 
     def __repr__(self) -> str:
         return f"S3Backend({self.loc})"  # never the credentials
@@ -367,15 +398,50 @@ class S3Backend:
             # namespace's records, pins, reads; a fan-out of objects or packs): walked
             # page by page, bounded (MAX_LISTED), never followed into memory for good.
             return self._walk(p, None)
-        try:
-            res = self._ob.list_with_delimiter(self.store, p + "/" if p else None)
-        except (FileNotFoundError, self._x.NotFoundError):
-            return iter(())
-        except Exception as e:
-            raise _oserror(e) from None
-        cut = len(p) + 1 if p else 0
-        names = {cp.rstrip("/")[cut:] for cp in res["common_prefixes"]}
-        names.update(o["path"][cut:] for o in res["objects"])
+        return self._by_name(p)
+
+    def _by_name(self, p: str) -> Iterator[str]:
+        """The names directly under ``p/`` (the layout's top levels: ``namespaces``,
+        ``objects``, ``packs``), from a LIST with a delimiter, a page at a time. obstore's
+        own delimiter listing follows every page into memory: a server whose pages never
+        end grew a process for good. Refused (OSError) past MAX_LISTED names, or at a
+        page whose continuation token repeats the one before."""
+        if self._boto is None:
+            try:
+                self._boto = _lister(self.loc, self.timeout, self.retries)
+            except Exception as e:
+                raise _oserror(e) from None
+        full = "/".join(x for x in (self.loc.prefix.strip("/"), p) if x)
+        full = full + "/" if full else ""
+        names: set[str] = set()
+        seen, token = 0, ""
+        while True:
+            kw: dict[str, Any] = {"Bucket": self.loc.bucket, "Prefix": full, "Delimiter": "/"}
+            if token:
+                kw["ContinuationToken"] = token
+            try:
+                page = self._boto.list_objects_v2(**kw)
+            except Exception as e:
+                if type(e).__name__ == "NoSuchBucket" or "NoSuchBucket" in str(e):
+                    return iter(())
+                raise _oserror(e) from None
+            cps = page.get("CommonPrefixes") or []
+            objs = page.get("Contents") or []
+            # a page counts as at least 100 names (S3 gives 1,000): a server paging one
+            # name at a time, or none, cannot make a million requests of one listing
+            seen += max(len(cps) + len(objs), 100)
+            if seen > MAX_LISTED:
+                raise OSError(errno.EOVERFLOW, f"listing {p or '/'}: more than {MAX_LISTED}"
+                              " names (a broken or hostile listing?)")
+            names.update(str(c.get("Prefix", ""))[len(full):].rstrip("/") for c in cps)
+            names.update(str(o.get("Key", ""))[len(full):] for o in objs)
+            nxt = str(page.get("NextContinuationToken") or "")
+            if not page.get("IsTruncated") or not nxt:
+                break
+            if nxt == token:
+                raise OSError(errno.EPROTO, f"listing {p or '/'}: the server repeats its"
+                              " continuation token (a broken or hostile listing?)")
+            token = nxt
         return iter(sorted(n for n in names if n and "/" not in n))
 
     def list_after(self, prefix: str, after: str) -> Iterator[str]:

@@ -175,10 +175,10 @@ def test_a_leaf_listing_names_what_is_under_it_and_is_bounded(
         assert backend.create_exclusive(k, b"x")
     assert list(backend.list("namespaces/a/generations")) == ["1", "2", "sub"]
     assert list(backend.list_after("namespaces/a/generations", "1")) == ["2", "sub"]
+    assert list(backend.list("namespaces")) == ["a", "b"]  # the top level: by name
     monkeypatch.setattr(s3backend, "MAX_LISTED", 5)
     assert list(backend.list("namespaces/a/generations")) == ["1", "2", "sub"]
     with pytest.raises(OSError, match="more than 5 keys"):
         backend.list("namespaces/b/generations")
     with pytest.raises(OSError, match="more than 5 keys"):
         backend.list_after("namespaces/b/generations", "")
-    assert list(backend.list("namespaces")) == ["a", "b"]  # the top level: by name
