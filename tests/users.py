@@ -25,6 +25,7 @@ import tempfile
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -125,13 +126,26 @@ class RealUser:
         env.update(extra)
         return env
 
+    def argv(self, args: Sequence[str]) -> list[str]:
+        """``args`` run as this user (her uid, gid and groups)."""
+        return ["setpriv", f"--reuid={self.uid}", f"--regid={self.gid}", "--init-groups",
+                "--", *args]
+
     def run(self, args: Sequence[str], *, env: dict[str, str] | None = None,
             timeout: float = 120, check: bool = False, cwd: str | None = None
             ) -> subprocess.CompletedProcess[str]:
-        cmd = ["setpriv", f"--reuid={self.uid}", f"--regid={self.gid}", "--init-groups",
-               "--", *args]
-        return subprocess.run(cmd, env=env or self.env(), capture_output=True, text=True,
-                              timeout=timeout, check=check, cwd=cwd or str(self.home))
+        return subprocess.run(self.argv(args), env=env or self.env(), capture_output=True,
+                              text=True, timeout=timeout, check=check,
+                              cwd=cwd or str(self.home))
+
+    def popen(self, args: Sequence[str], *, env: dict[str, str] | None = None,
+              **kw: Any) -> subprocess.Popen[str]:
+        """``args`` started as this user in her home, in the background: stdout and
+        stderr piped, text (``kw`` passes on, e.g. ``start_new_session``)."""
+        opts: dict[str, Any] = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE}
+        opts.update(kw)
+        return subprocess.Popen(self.argv(args), env=env or self.env(), text=True,
+                                cwd=str(self.home), **opts)
 
     def sh(self, script: str, **kw: object) -> subprocess.CompletedProcess[str]:
         return self.run(["/bin/sh", "-c", script], **kw)  # type: ignore[arg-type]

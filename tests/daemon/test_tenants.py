@@ -46,10 +46,7 @@ class Job:
                        CASFS_BUILD_KEY=build)
         script = (f'eval "$({py} -m casfs.cli.main env --family generic)" || exit 1; '
                   'echo "$CASFS_CACHE_DIR"; exec sleep 600')
-        self.proc = subprocess.Popen(
-            ["setpriv", f"--reuid={user.uid}", f"--regid={user.gid}", "--init-groups", "--",
-             "/bin/sh", "-c", script], env=env, stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE, text=True, cwd=str(user.home))
+        self.proc = user.popen(["/bin/sh", "-c", script], env=env)
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline().strip()
         if not line:

@@ -158,10 +158,8 @@ sys.stdin.readline()
 class Flood:
     def __init__(self, user: RealUser, d: Daemon, n: int, settle: float = 1.0) -> None:
         py, _ = user_python()
-        self.proc = subprocess.Popen(
-            ["setpriv", f"--reuid={user.uid}", f"--regid={user.gid}", "--init-groups", "--",
-             py, "-c", FLOOD], env=user.env(SOCK=sock_of(d), N=str(n), SETTLE=str(settle)),
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.proc = user.popen([py, "-c", FLOOD], stdin=subprocess.PIPE,
+                               env=user.env(SOCK=sock_of(d), N=str(n), SETTLE=str(settle)))
 
     def line(self) -> dict[str, Any]:
         assert self.proc.stdout is not None
@@ -307,10 +305,8 @@ def test_a_lease_is_held_only_by_the_callers_own_process(
     the same user are refused. Before: any live pid was accepted."""
     d = daemons("a", [], defaults=FAST, node={"lease_grace": 0.5})
     with real_users(2, tmp_path) as (u1, u2):
-        theirs = subprocess.Popen(["setpriv", f"--reuid={u2.uid}", f"--regid={u2.gid}",
-                                   "--init-groups", "--", "sleep", "600"])
-        stray = subprocess.Popen(["setpriv", f"--reuid={u1.uid}", f"--regid={u1.gid}",
-                                  "--init-groups", "--", "sleep", "600"])
+        theirs = subprocess.Popen(u2.argv(["sleep", "600"]))
+        stray = subprocess.Popen(u1.argv(["sleep", "600"]))
         try:
             wait_until(lambda: _uid_of(theirs.pid) == u2.uid and _uid_of(stray.pid) == u1.uid,
                        "the sleepers running as their users")
