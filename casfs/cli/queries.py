@@ -18,12 +18,14 @@ QUERY_TIMEOUT = 10.0
 CONNECT_WAIT = 2.0  # seconds a query tries again while a mount's socket is not bound
 
 
-def _ask(args: argparse.Namespace, cmd: str, timeout: float = 60.0) -> list[dict[str, Any]]:
+def _ask(args: argparse.Namespace, cmd: str, timeout: float = 60.0,
+         hosts: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
     """One reply per namespace: the node's mount process answers for each it serves.
 
     A mount that does not answer within ``timeout`` gets an entry of its own
     (``ok`` false, ``unreachable`` true, ``error``) and the others are still
-    asked; DaemonUnavailableError only when none answers.
+    asked; DaemonUnavailableError only when none answers. An on-demand mount's own
+    reply, less its namespaces, goes to ``hosts`` where given.
     """
     out: list[dict[str, Any]] = []
     lost: list[dict[str, Any]] = []
@@ -41,6 +43,8 @@ def _ask(args: argparse.Namespace, cmd: str, timeout: float = 60.0) -> list[dict
         if not r.get("host"):
             out.append(r)
             continue
+        if hosts is not None:
+            hosts.append({k: v for k, v in r.items() if k != "namespaces"})
         for ns in r.get("namespaces", []):
             if want is None or want == m["mountpoint"] or ns.get("path") == want:
                 out.append(ns)
@@ -68,8 +72,9 @@ def _daemon_status() -> dict[str, Any] | None:
 
 def cmd_status(args: argparse.Namespace) -> int:
     daemon = None if args.json or args.mountpoint else _daemon_status()
+    hosts: list[dict[str, Any]] = []
     try:
-        replies = _ask(args, "status", QUERY_TIMEOUT)
+        replies = _ask(args, "status", QUERY_TIMEOUT, hosts)
     except DaemonUnavailableError:
         if daemon is None:
             raise
@@ -84,6 +89,11 @@ def cmd_status(args: argparse.Namespace) -> int:
             if m.get("state") != "up":
                 print(f"{m['name']}: {str(m['state']).upper()} at {m['mountpoint']}"
                       f" (last exit: {m.get('last_exit') or 'none'})")
+    for h in hosts:
+        if "handles_per_tenant" in h:  # (a mount process from before the bound: none)
+            print(f"on-demand mount at {h['mountpoint']} (pid {h['pid']}, up {h['uptime']}s):"
+                  f" {h['leases']} leases; open files at most {h['handles_per_tenant']} a"
+                  f" tenant, {h['handles_refused']} refused")
     for r in replies:
         if r.get("unreachable"):
             print(_unreachable_line(r))

@@ -13,6 +13,7 @@ EMFILE, and a lease is never dropped for want of a descriptor to check it.
 from __future__ import annotations
 
 import os
+import re
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -88,6 +89,10 @@ def test_a_tenant_holding_many_handles_leaves_the_others_their_files_and_leases(
             ok(attacker.sh(f"cat {a.path}/held >/dev/null"))  # hers work again too
             assert (f"tenant {attacker.tenant} holds {LIMIT // 4} open files on this node's"
                     " mount") in d.log()  # an operator's grep finds who
+            # and `casfs status` shows the bound and how often it refused
+            st = re.search(r"^on-demand mount at .*: \d+ leases; open files at most (\d+) a"
+                           r" tenant, (\d+) refused$", d.cli("status").stdout, re.M)
+            assert st is not None and int(st[1]) == LIMIT // 4 and int(st[2]) >= 1, st
         finally:
             v.stop()
             a.stop()
