@@ -42,6 +42,7 @@ Mapping of the verbs:
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import errno
 import hashlib
@@ -453,19 +454,39 @@ class S3Backend:
         recursive listing read a page at a time. A server whose pages never end (a
         continuation token repeated, IsTruncated for ever) or a prefix holding more
         than MAX_LISTED keys is refused (OSError) once that many are read: obstore's
-        own paging held every page in memory for as long as the server went on."""
+        own paging held every page in memory for as long as the server went on. One
+        whose pages hold nothing for ever is refused once no key came for
+        ``2 x timeout``: obstore's stream hands nothing back until it holds a key,
+        so it is read asynchronously, and dropping it stops its requests."""
         names: set[str] = set()
-        seen = 0
-        try:
-            for chunk in self._ob.list(self.store, p + "/", offset=offset, chunk_size=1000):
+        seen, starved = 0, False
+        wait = 2 * max(self.timeout, 5.0)
+
+        async def pages() -> None:
+            nonlocal seen, starved
+            stream = self._ob.list(self.store, p + "/", offset=offset, chunk_size=1000)
+            while True:
+                try:
+                    chunk = await asyncio.wait_for(stream.__anext__(), wait)
+                except StopAsyncIteration:
+                    return
+                except TimeoutError:
+                    starved = True  # (wait_for's own: the stream is dropped with it)
+                    return
                 seen += len(chunk)
                 if seen > MAX_LISTED:
-                    break  # (the stream is dropped: no page more is asked for)
+                    return  # (the stream is dropped: no page more is asked for)
                 names.update(o["path"][len(p) + 1:].split("/", 1)[0] for o in chunk)
+
+        try:
+            asyncio.run(pages())
         except (FileNotFoundError, self._x.NotFoundError):
             return iter(())
         except Exception as e:
             raise _oserror(e) from None
+        if starved:
+            raise OSError(errno.ETIMEDOUT, f"listing {p}/: no key in {wait:.0f} s (a broken or"
+                          " hostile listing?)")
         if seen > MAX_LISTED:
             raise OSError(errno.EOVERFLOW, f"listing {p}/: more than {MAX_LISTED} keys (a"
                           " broken or hostile listing?)")
