@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import ctypes
 import logging
 import os
 import signal
@@ -18,6 +19,7 @@ from casfs.errors import CasfsError, DaemonUnavailableError, UsageError
 from casfs.node import control
 from casfs.node.config import MountConfig
 from casfs.util.defaults import default_root, default_state_dir
+from casfs.util.libc import libc
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +94,9 @@ def cmd_mount(args: argparse.Namespace) -> int:
     return 0
 
 
+MNT_DETACH = 2
+
+
 def find(mountpoint: str | None) -> list[dict[str, Any]]:
     live = control.registered(default_state_dir() / "run")
     if mountpoint:
@@ -106,20 +111,32 @@ def find(mountpoint: str | None) -> list[dict[str, Any]]:
 
 
 def cmd_umount(args: argparse.Namespace) -> int:
-    from casfs.view.session import clear_stale_mount, is_mountpoint, lazy_unmount
+    from casfs.util import beneath
+    from casfs.view.session import clear_stale_mount
 
     mp = Path(args.mountpoint).absolute()
     try:
-        mounts = find(str(mp))
-    except DaemonUnavailableError:
-        if clear_stale_mount(mp):
-            print(f"cleared a dead mount at {mp}")
-            return 0
-        if is_mountpoint(mp):
-            lazy_unmount(mp)
-            print(f"unmounted {mp} (no casfs process was serving it)")
-            return 0
-        raise
+        # walked through fds, following only root's own symlinks: a tenant's
+        # /tmp/casfs-<uid> swapped for a link to casfsd's mount base must not steer
+        # root's umount onto casfsd's own mount
+        fd: int | None = beneath.open_named(str(mp))
+    except FileNotFoundError:
+        fd = None  # a mount's name (``casfs umount triton``), or nothing there
+    except OSError as e:
+        raise UsageError(f"{mp}: {e.strerror} at {e.filename!r}: name the mount point by a"
+                         " path of root's own, with no symlink another user could make") from None
+    try:
+        if fd is not None:
+            mp = Path(os.readlink(f"/proc/self/fd/{fd}"))  # where the walk really ended
+        try:
+            mounts = find(str(mp) if fd is not None else args.mountpoint)
+        except DaemonUnavailableError:
+            if fd is not None and _detach_unserved(fd, mp):
+                return 0
+            raise
+    finally:
+        if fd is not None:
+            os.close(fd)
     inside = [m for m in mounts if m.get("host") and m["mountpoint"] != str(mp)]
     if inside:
         raise UsageError(
@@ -141,6 +158,35 @@ def cmd_umount(args: argparse.Namespace) -> int:
         clear_stale_mount(Path(m["mountpoint"]))
         print(f"unmounted {m['mountpoint']}")
     return 0
+
+
+def _detach_unserved(fd: int, mp: Path) -> bool:
+    """Lazily detach the mount (dead, or served by no casfs process) whose root ``fd``
+    is, acting on that fd, never on a path string again; False if it is no mount."""
+    from casfs.util import statx
+    from casfs.view.session import is_dead, lazy_unmount
+
+    at = f"/proc/self/fd/{fd}"  # (a magic link: followed, to exactly the fd's mount)
+    dead = is_dead(Path(at))
+    root = statx.ident(fd, "").mount_root
+    if root is None:  # (a kernel before 5.8 does not say)
+        with contextlib.suppress(OSError):
+            up = os.open("..", os.O_PATH | os.O_CLOEXEC, dir_fd=fd)
+            try:
+                root = statx.ident(up, "").dev != statx.ident(fd, "").dev
+            finally:
+                os.close(up)
+    if not dead and not root:
+        return False
+    if os.geteuid() == 0:
+        if libc().umount2(at.encode(), MNT_DETACH) != 0:
+            e = ctypes.get_errno()
+            raise CasfsError(f"could not unmount {mp}: {os.strerror(e)}")
+    else:
+        lazy_unmount(mp)  # fusermount3 (setuid) checks the mount is this user's
+    print(f"cleared a dead mount at {mp}" if dead
+          else f"unmounted {mp} (no casfs process was serving it)")
+    return True
 
 
 def prewarm(workers: list[Any], stop: threading.Event | None = None) -> None:

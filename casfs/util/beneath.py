@@ -147,6 +147,52 @@ def open_read(base: int, rel: str, flags: int = 0) -> int:
         return open(base, rel, flags)
 
 
+MAX_LINKS = 40  # symlinks one named path may pass through (the kernel's own bound)
+
+
+def open_named(path: str) -> int:
+    """An O_PATH fd of ``path``, an absolute path an operator named as root (``casfs
+    umount PATH``), walked one component at a time through fds, mounts crossed.
+
+    A symlink is followed only if it is root's, in a directory of root's that others
+    cannot write (``/var/run -> /run``): any other (a tenant's ``/tmp/casfs-<uid>``
+    swapped for a link to casfsd's own mount base) is refused with ELOOP, and no
+    component can be swapped between a check and its use."""
+    if not path.startswith("/"):
+        raise OSError(errno.EINVAL, "not an absolute path", path)
+    todo = [c for c in path.split("/") if c and c != "."]
+    fd = os.open("/", DIR_FLAGS | os.O_CLOEXEC)
+    links = 0
+    try:
+        while todo:
+            name = todo.pop(0)
+            nxt = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+            st = statx.ident(nxt, "")  # (never a request to a FUSE server: hers may hang)
+            if stat.S_ISLNK(st.mode):
+                os.close(nxt)
+                d = statx.ident(fd, "")
+                links += 1
+                open_dir = d.mode & 0o022 and not d.mode & stat.S_ISVTX  # (/tmp: sticky)
+                if st.uid != 0 or d.uid != 0 or open_dir or links > MAX_LINKS:
+                    raise OSError(errno.ELOOP, "a symlink another user could have made or"
+                                  " swapped: not followed", name)
+                target = os.readlink(name, dir_fd=fd)
+                todo = [c for c in target.split("/") if c and c != "."] + todo
+                if target.startswith("/"):
+                    os.close(fd)
+                    fd = os.open("/", DIR_FLAGS | os.O_CLOEXEC)
+                continue
+            if todo and not stat.S_ISDIR(st.mode):
+                os.close(nxt)
+                raise OSError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), name)
+            os.close(fd)
+            fd = nxt
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise
+
+
 def walk(base: int, rel: str) -> Iterator[str]:
     """The relative path of everything but directories under the directory ``rel``,
     each directory opened beneath ``base`` (a symlink is listed, never descended)."""

@@ -25,6 +25,7 @@ AT_SYMLINK_NOFOLLOW = 0x100
 AT_NO_AUTOMOUNT = 0x800
 AT_STATX_DONT_SYNC = 0x4000
 STATX_TYPE = 0x1
+STATX_UID = 0x8
 STATX_INO = 0x100
 STATX_ATTR_MOUNT_ROOT = 0x2000  # kernel 5.8
 
@@ -47,6 +48,7 @@ class Ident:
     ino: int
     mode: int
     mount_root: bool | None  # None: the kernel does not say (before 5.8)
+    uid: int = -1
 
 
 def ident(dirfd: int, path: str, follow: bool = False) -> Ident:
@@ -59,13 +61,13 @@ def ident(dirfd: int, path: str, follow: bool = False) -> Ident:
         flags |= AT_EMPTY_PATH
     buf = _Statx()
     rc = libc().statx(ctypes.c_int(dirfd), os.fsencode(path), ctypes.c_int(flags),
-                      ctypes.c_uint(STATX_TYPE | STATX_INO), ctypes.byref(buf))
+                      ctypes.c_uint(STATX_TYPE | STATX_INO | STATX_UID), ctypes.byref(buf))
     if rc != 0:
         err = ctypes.get_errno() or errno.EIO
         raise OSError(err, os.strerror(err), path)
     known = bool(buf.attributes_mask & STATX_ATTR_MOUNT_ROOT)
     return Ident(os.makedev(buf.dev_major, buf.dev_minor), buf.ino, buf.mode,
-                 bool(buf.attributes & STATX_ATTR_MOUNT_ROOT) if known else None)
+                 bool(buf.attributes & STATX_ATTR_MOUNT_ROOT) if known else None, buf.uid)
 
 
 def refuse_mount(dirfd: int, name: str) -> None:

@@ -226,3 +226,44 @@ def test_as_tenant_applies_the_kernels_checks_and_restores_root(tmp_path: Path) 
     assert os.getgroups() == groups
     with beneath.as_tenant(None):  # no tenant: nothing changes
         assert os.getgroups() == groups
+
+
+def test_open_named_follows_only_roots_symlinks_in_roots_directories(tmp_path: Path) -> None:
+    """``casfs umount PATH``'s walk: a symlink another user owns, or one of root's in a
+    directory others can write (not sticky), is refused with ELOOP; root's in root's
+    own directory, or in a sticky one, is followed, as ``/var/run -> /run`` is."""
+    (tmp_path / "real" / "leaf").mkdir(parents=True)
+    want = os.stat(tmp_path / "real" / "leaf")
+
+    def named(path: Path) -> os.stat_result | int:
+        try:
+            fd = beneath.open_named(str(path))
+        except OSError as e:
+            return e.errno or -1
+        try:
+            return os.fstat(fd)
+        finally:
+            os.close(fd)
+
+    def same(got: os.stat_result | int) -> bool:
+        return isinstance(got, os.stat_result) and got.st_ino == want.st_ino
+
+    for mode in (0o755, 0o1777):
+        d = tmp_path / f"d{mode:o}"
+        d.mkdir()
+        os.chmod(d, mode)
+        (d / "root").symlink_to(tmp_path / "real")
+        (d / "theirs").symlink_to(tmp_path / "real")
+        os.lchown(d / "theirs", 4242, 4242)
+        assert same(named(d / "root" / "leaf"))
+        assert named(d / "theirs" / "leaf") == errno.ELOOP
+        assert named(d / "theirs") == errno.ELOOP  # the last component too
+    open_dir = tmp_path / "open"
+    open_dir.mkdir()
+    os.chmod(open_dir, 0o777)
+    (open_dir / "root").symlink_to(tmp_path / "real")
+    assert named(open_dir / "root" / "leaf") == errno.ELOOP
+    assert same(named(tmp_path / "real" / ".." / "real" / "leaf"))
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")
+    assert named(tmp_path / "loop") == errno.ELOOP
+    assert named(tmp_path / "real" / "leaf" / "nothing") == errno.ENOENT
