@@ -35,7 +35,9 @@ def summary_line(family: str, st: dict[str, Any] | None) -> str:
                " --report lists them)" if c.get("publish_conflicts") else "")
             + _saved(c)
             + _not_published(last)
-            + _readiness(st))
+            + _readiness(st)
+            + (f"; served {st['kept_s']:.0f} s more for a next job on this node, then"
+               " released" if st.get("kept_s") else ""))
 
 
 def saved_text(ms: int) -> str:

@@ -82,8 +82,10 @@ class JobCaches:
             if self.job_lease is not None:
                 # said just below; the job has exited, so its lease may be reaped already
                 client.release(self.lease[0], self.job_lease, wait=False, reaped_ok=True)
-            got = {st.get("namespace"): st
-                   for st in client.release(*self.lease, wait=True, killed=killed(rc))}
+            got: dict[str, dict[str, Any]] = {}
+            for st in client.release(*self.lease, wait=True, killed=killed(rc)):
+                ns = str(st.get("namespace"))
+                got[ns] = got[ns.split("~", 1)[-1]] = st  # (a tenant's are "<tenant>~ns")
             stats = [(c["family"], got.get(c["namespace"])) for c in self.caches]
         if killed(rc):
             _tell_torn([w.cfg.socket_path for w in self.workers]

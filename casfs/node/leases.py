@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import errno
 import os
+import time
 from collections.abc import Callable, Iterable, Iterator
 
 from casfs.util import statx
@@ -82,10 +83,12 @@ Owns = Callable[[str, int, int], bool]  # (prefix, st_dev, st_ino): a file of it
 
 
 def users(dirs: Iterable[str], skip_pids: Iterable[int] = (),
-          owns: Owns | None = None) -> dict[str, set[int]]:
+          owns: Owns | None = None, deadline: float | None = None) -> dict[str, set[int]]:
     """For each of ``dirs``, the pids with an fd, a mapping or their cwd under it (with
     ``owns``: that really is a file of it, not only its path's text). ScanIncomplete
-    if a process could not be looked at for want of descriptors or memory."""
+    if a process could not be looked at for want of descriptors or memory, or the scan
+    ran past ``deadline`` (time.monotonic()): its cost grows with every descriptor
+    open on the node, which any user can hold by the hundred thousand."""
     prefixes = tuple(os.path.normpath(d) for d in dirs)
     found: dict[str, set[int]] = {}
     if not prefixes:
@@ -95,11 +98,14 @@ def users(dirs: Iterable[str], skip_pids: Iterable[int] = (),
         procs = list(os.scandir("/proc"))
     except OSError as e:
         raise ScanIncomplete(e.errno, f"cannot scan /proc: {e.strerror}") from e
-    for entry in procs:
+    for n, entry in enumerate(procs):
         if not entry.name.isdigit() or int(entry.name) in skip:
             continue
         pid = int(entry.name)
-        for path, ident in _paths_of(pid):
+        for i, (path, ident) in enumerate(_paths_of(pid)):
+            if deadline is not None and not i % 1024 and time.monotonic() > deadline:
+                raise ScanIncomplete(errno.ETIMEDOUT, "the scan of who uses them ran out of"
+                                     f" time ({len(procs) - n} of {len(procs)} processes left)")
             hit = _under(path, prefixes)
             if hit is not None and (owns is None or _owned(hit, ident, owns)):
                 found.setdefault(hit, set()).add(pid)

@@ -20,6 +20,14 @@ def test_summary_line_names_conflicts_only_when_there_are_some() -> None:
     assert "4 paths conflicted (another node's version kept" in summary_line("inductor", st)
 
 
+def test_summary_line_of_a_namespace_kept_for_its_grace() -> None:
+    st = {"namespace": "u1001~generic-x", "counters": {"files_published": 1}, "kept_s": 60.0}
+    line = summary_line("generic", st)
+    assert line.startswith("generic: restored 0 entries") and "1 published" in line
+    assert line.endswith("; served 60 s more for a next job on this node, then released")
+    assert "another job" not in line
+
+
 def test_summary_line_when_the_mount_process_died() -> None:
     assert summary_line("triton", None) == "triton: no statistics (the mount process died)"
 
