@@ -25,7 +25,7 @@ from casfs.util import beneath
 from casfs.util.counters import Counters
 from casfs.view import whiteout as wh
 from casfs.view.lower import DIR, LowerNode, LowerTree
-from casfs.view.quota import BLOCK, NamespaceQuota
+from casfs.view.quota import BLOCK, NamespaceQuota, link_charge
 from casfs.view.whiteout import merge_children
 
 log = logging.getLogger(__name__)
@@ -267,20 +267,21 @@ class Layers:
             os.mknod(self.rel(path), mode, rdev, dir_fd=self.fd)
 
     def symlink(self, target: bytes, path: str) -> None:
-        with self._new_inode():
+        with self._new_inode(link_charge(len(target))):
             os.symlink(target, os.fsencode(self.rel(path)), dir_fd=self.fd)
 
     @contextlib.contextmanager
-    def _new_inode(self) -> Iterator[None]:
-        """Charge one inode for an entry made in the block (given back if it fails)."""
+    def _new_inode(self, nbytes: int = 0) -> Iterator[None]:
+        """Charge one inode (and ``nbytes``) for an entry made in the block (given back
+        if it fails)."""
         q = self.quota
         if q is not None:
-            q.take(0, 1)
+            q.take(nbytes, 1)
         try:
             yield
         except BaseException:
             if q is not None:
-                q.give(0, 1)
+                q.give(nbytes, 1)
             raise
         finally:
             self._creating()

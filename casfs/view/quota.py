@@ -4,7 +4,10 @@ What is counted, per tenant, across all its namespaces' uppers on the node
 (``<upper root>/<tenant>~<ns>``; a legacy tenant's names carry no prefix):
 
 * bytes: the apparent size of each regular file rounded up to 4 KiB (one
-  charge per inode, hard links included once), plus 4 KiB per directory. Not
+  charge per inode, hard links included once), plus 4 KiB per directory and
+  per symlink whose target is too long to live in its inode (ext4 keeps 59
+  bytes there; a review filled a state filesystem past its reserve with
+  65,000 uncounted symlinks of 4,000-byte targets). Not
   allocated blocks: those are known only after the filesystem allocated them
   (a stat after every write), and a sparse file's holes would let one tenant
   promise more than the disk holds once the holes are filled by a copy. The
@@ -51,12 +54,22 @@ def round_up(size: int) -> int:
     return -(-size // BLOCK) * BLOCK
 
 
+INLINE_LINK = 59  # the longest symlink target ext4 keeps in the inode itself
+
+
+def link_charge(target_len: int) -> int:
+    """The bytes a symlink of this target's length counts for."""
+    return 0 if target_len <= INLINE_LINK else round_up(target_len)
+
+
 def charge_of(st: os.stat_result) -> int:
     """The bytes one upper entry counts for (see the module's docstring)."""
     if stat.S_ISREG(st.st_mode):
         return round_up(st.st_size)
     if stat.S_ISDIR(st.st_mode):
         return BLOCK
+    if stat.S_ISLNK(st.st_mode):
+        return link_charge(st.st_size)
     return 0
 
 

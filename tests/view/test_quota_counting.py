@@ -326,3 +326,43 @@ def test_scan_leaves_directory_access_times_alone(tmp_path: Path) -> None:
     assert scan(tmp_path / "upper").inodes == 2
     st = os.lstat(d)
     assert (st.st_atime_ns, st.st_mtime_ns) == old
+
+
+def test_a_long_symlink_counts_its_block_against_the_bound_and_the_reserve(
+        tmp_path: Path) -> None:
+    """A symlink whose target does not fit in its inode takes a block of the state
+    filesystem: a review filled one past its reserve with 65,000 of them (4,000-byte
+    targets), each charged an inode and no byte. Now charged like the block it takes."""
+    class Fixed(vq.Reserve):
+        def __init__(self, free: int, reserve: int) -> None:
+            super().__init__(tmp_path, reserve)
+            self.left = free
+
+        def free(self) -> int:
+            return self.left
+
+    res = Fixed(free=1 << 30, reserve=64 * KB)
+    q = tenant(tmp_path, max_bytes=3 * vq.BLOCK, reserve=res)
+    ops = make_ops(tmp_path, q)
+    long = b"x" * 4000
+
+    async def main() -> None:
+        await ops.symlink(ROOT, b"short", b"y" * vq.INLINE_LINK, CTX)  # in its inode
+        assert (q.bytes, q.inodes) == (0, 1)
+        await ops.symlink(ROOT, b"l1", long, CTX)
+        await ops.symlink(ROOT, b"l2", long, CTX)
+        assert (q.bytes, q.inodes) == (2 * vq.BLOCK, 3)
+        counted_like_a_scan(q)
+        with refused(errno.ENOSPC):  # the tenant's byte bound
+            for i in range(2):
+                await ops.symlink(ROOT, f"more{i}".encode(), long, CTX)
+        assert q.bytes == 3 * vq.BLOCK
+        await ops.unlink(ROOT, b"l1", CTX)
+        counted_like_a_scan(q)
+        res.left = 64 * KB + 100  # the disk filled meanwhile: below the reserve
+        res._at = -1e9
+        with refused(errno.ENOSPC):
+            await ops.symlink(ROOT, b"l3", long, CTX)
+
+    trio.run(main)
+    assert q.bytes == 2 * vq.BLOCK and q.inodes == 3
