@@ -92,8 +92,17 @@ class FetchWorkerError(CasfsError):
     """The fetch worker died or hung during this fetch: a miss for this open only."""
 
 
+class MessageTooLarge(ValueError):
+    """A message over MAX_MESSAGE: refused before a byte is sent, the stream intact."""
+
+
 def send_msg(sock: socket.socket, msg: dict[str, Any]) -> None:
     data = json.dumps(msg, separators=(",", ":")).encode()
+    if len(data) > MAX_MESSAGE:
+        # The reader would drop the stream, and a worker every tenant's mount shares
+        # with it (a review: a 68 MB request, the worker replaced in a loop)
+        raise MessageTooLarge(f"a {msg.get('op', 'reply')} message of {len(data)} bytes"
+                              f" (the bound is {MAX_MESSAGE})")
     sock.sendall(HEADER.pack(len(data)) + data)
 
 
@@ -287,6 +296,10 @@ class FetchWorker:
         req.sent_at = time.monotonic()
         try:
             send_msg(self._wsock, req.msg)
+        except MessageTooLarge as e:  # this request's own fault: the worker serves on
+            self._pending.pop(int(req.msg["id"]), None)
+            req.error = WorkerBugError(str(e))
+            req.done.set()
         except OSError as e:  # dead or wedged worker: the watchdog replaces it
             log.warning("cannot send to the %s: %s", self.label, e)
             self._kill_locked("it does not read its requests")

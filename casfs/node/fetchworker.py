@@ -33,7 +33,7 @@ import blake3
 from casfs.errors import CasfsError, CorruptObjectError, ObjectMissingError
 from casfs.index.objcache import fill_file, install_file, object_path
 from casfs.node import logfmt
-from casfs.node.fetchproc import recv_msg, send_msg
+from casfs.node.fetchproc import MessageTooLarge, recv_msg, send_msg
 from casfs.util import diskroom
 from casfs.util.crashpoint import crashpoint
 
@@ -161,7 +161,12 @@ class ChildServer:
     def send(self, msg: dict[str, Any]) -> None:
         with self._send_lock:
             try:
-                send_msg(self.sock, msg)
+                try:
+                    send_msg(self.sock, msg)
+                except MessageTooLarge as e:  # a reply naming too much: that request fails
+                    log.warning("request %s: %s", msg.get("id"), e)
+                    send_msg(self.sock, {"id": msg.get("id"), "ok": False, "kind": "bug",
+                                         "error": str(e)})
             except OSError:
                 os._exit(0)  # the mount process is gone
 

@@ -1055,14 +1055,17 @@ class GenerationStore:
             or len(current.deltas) + 1 >= compact_deltas
             or delta_entries + len(new) > max(1024, base_entries // 4)
         )
-        if compact:
-            full = {**snap.entries, **{e.path: e for e in new}}
-            base = self._store_part(list(full.values()), "full")
-            deltas = ()
-        else:
-            assert current is not None
-            base = current.base
-            deltas = (*current.deltas, self._store_part(new, "delta"))
+        try:
+            if compact:
+                full = {**snap.entries, **{e.path: e for e in new}}
+                base = self._store_part(list(full.values()), "full")
+                deltas = ()
+            else:
+                assert current is not None
+                base = current.base
+                deltas = (*current.deltas, self._store_part(new, "delta"))
+        except QuotaExceededError as e:
+            raise QuotaExceededError(f"namespace {ns}: {e}") from None
         return Record(
             namespace=ns,
             seq=seq,
@@ -1081,6 +1084,15 @@ class GenerationStore:
 
     def _store_part(self, entries: list[Entry], kind: str) -> Part:
         data = manifest.encode(entries, kind)
+        if len(data) > manifest.max_manifest_bytes():
+            # Readers skip such a generation, the publisher's own node included, whose
+            # mount then promoted its files again for ever (a review: the promotion
+            # worker every tenant shares replaced in a loop): refused here instead.
+            raise QuotaExceededError(
+                f"a {kind} manifest of {len(entries)} entries would be {len(data)} bytes,"
+                f" over the {manifest.max_manifest_bytes()} every reader takes"
+                " (CASFS_MAX_MANIFEST_BYTES): not published; its new files stay on this"
+                " node")
         digest = digest_bytes(data)
         at = self._parts_stored.get(digest)
         if at is not None and time.monotonic() - at < PART_STORED_FRESH:

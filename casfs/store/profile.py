@@ -29,6 +29,15 @@ log = logging.getLogger(__name__)
 FORMAT = 1
 MAX_PATHS = 50_000
 MAX_BYTES = 16 << 20  # a profile object larger than this is ignored
+# The paths one recording or profile holds, in bytes of JSON: 50,000 paths of 4 KiB
+# (PATH_MAX) made a 200 MB profile no reader takes, and a publish request over the
+# promotion worker's message bound (a review: the worker replaced in a loop).
+MAX_PATH_BYTES = 8 << 20
+
+
+def path_bytes(p: str) -> int:
+    """What ``p`` adds to a profile's JSON (or a request's), hits and separators too."""
+    return len(p) + 12 if p.isascii() else len(json.dumps(p)) + 10
 
 
 def encode(paths: list[tuple[str, int]], runs: int) -> bytes:
@@ -70,34 +79,45 @@ def merge(older: list[tuple[str, int]], older_runs: int, newest: Iterable[str]
     old_pos = {p: i for i, (p, _) in enumerate(older)}
     n = len(order)
     ranked = sorted(hits, key=lambda p: (-hits[p], order.get(p, n + old_pos.get(p, 0))))
-    return [(p, hits[p]) for p in ranked[:MAX_PATHS]], older_runs + 1
+    out, size = [], 0
+    for p in ranked[:MAX_PATHS]:
+        size += path_bytes(p)
+        if size > MAX_PATH_BYTES:
+            break
+        out.append((p, hits[p]))
+    return out, older_runs + 1
 
 
 class Recorder:
     """The lower files a mount's jobs opened, first open only, in order (thread-safe)."""
 
-    def __init__(self, limit: int = MAX_PATHS) -> None:
+    def __init__(self, limit: int = MAX_PATHS, max_bytes: int = MAX_PATH_BYTES) -> None:
         self._seen: dict[str, None] = {}
         self._limit = limit
+        self._room = max_bytes  # bytes of paths left (path_bytes)
         self._lock = threading.Lock()
         self._published = 0  # how many of _seen went into a published profile
 
     def opened(self, path: str) -> None:
-        if path in self._seen or len(self._seen) >= self._limit:
+        if path in self._seen or len(self._seen) >= self._limit or self._room <= 0:
             return
-        with self._lock:
-            self._seen.setdefault(path, None)
+        self.opened_many([path])
 
     def opened_many(self, paths: list[str]) -> None:
         """``opened`` for each of ``paths``, in order (one lock for all)."""
         with self._lock:
             seen, room = self._seen, self._limit - len(self._seen)
             for p in paths:
-                if room <= 0:
+                if room <= 0 or self._room <= 0:
                     return
                 if p not in seen:
+                    cost = path_bytes(p)
+                    if cost > self._room:
+                        self._room = 0
+                        return
                     seen[p] = None
                     room -= 1
+                    self._room -= cost
 
     def __len__(self) -> int:
         return len(self._seen)

@@ -291,3 +291,32 @@ def test_a_publication_with_nothing_promoted_asks_no_worker(
         svc.close()
         promoteproc.stop(cfg.state_dir)
     assert set(_published(tmp_path / "root")) == {"k"}
+
+
+def test_a_request_over_the_message_bound_fails_alone_and_the_worker_serves_on(
+        tmp_path: Path) -> None:
+    """A publish request naming 50,000 long opened paths (~70 MB) was over the worker's
+    message bound: the worker dropped its stream and was replaced, the request sent
+    again, in a loop, every tenant's promotion and publication waiting (a review,
+    2026-12-06: 0.7 s to 44 s). It is refused before a byte is sent now, as a bug in
+    that request's input; the worker is the same one after, and answers the next."""
+    from casfs.errors import WorkerBugError
+    from casfs.node.fetchproc import MAX_MESSAGE
+    from casfs.util.counters import Counters
+
+    SharedRoot.open(tmp_path / "root", create=True)
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    w = promoteproc.shared(state)
+    base = {"op": "prepare", "root": {"root": str(tmp_path / "root")}, "ns": "ns"}
+    try:
+        w.call(dict(base), lambda: None, Counters())
+        pid = w.pid
+        assert pid is not None
+        with pytest.raises(WorkerBugError, match=r"message of \d+ bytes \(the bound is"):
+            w.call({**base, "opened": ["p" * 4000] * (MAX_MESSAGE // 4000 + 10)},
+                   lambda: None, Counters())
+        w.call(dict(base), lambda: None, Counters())
+        assert w.pid == pid
+    finally:
+        promoteproc.stop(state)

@@ -498,3 +498,29 @@ def test_a_part_evicted_by_another_thread_while_found_is_no_error(
     assert [e.path for e in gens.part_entries(parts[0])] == ["k/x"]
     other[0].join(10)
     assert evicted.is_set() and list(gens._parts) == [parts[1].digest]
+
+
+def test_a_manifest_over_what_readers_take_is_never_published(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Readers skip a generation whose manifest is over CASFS_MAX_MANIFEST_BYTES, the
+    publishing node's own mount too, which then promoted its files again for ever (a
+    review, 2026-12-06: the promotion worker every tenant shares replaced in a loop).
+    The publisher refuses it, naming the namespace and the variable."""
+    root = SharedRoot.open(tmp_path / "root", create=True)
+    gens = root.generations()
+    put = root.objects.put_bytes(b"k")
+
+    def entries(n: int, at: int = 0) -> list[Entry]:
+        return [Entry(f"{'d' * 200}/{i:05d}", put.digest, put.size, 0o644, 1)
+                for i in range(at, at + n)]
+
+    gens.publish("ns", entries(10), node="n")
+    monkeypatch.setenv("CASFS_MAX_MANIFEST_BYTES", str(16 << 10))
+    with pytest.raises(QuotaExceededError, match=r"namespace ns: a (full|delta) manifest of"
+                       r" \d+ entries would be \d+ bytes, over the 16384 .*"
+                       r"CASFS_MAX_MANIFEST_BYTES"):
+        gens.publish("ns", entries(200, 10), node="n")
+    fresh = SharedRoot.open(tmp_path / "root").generations()
+    assert fresh.latest("ns") is not None and fresh.latest("ns").seq == 1  # type: ignore[union-attr]
+    gens.publish("ns", entries(5, 300), node="n")  # small enough: published
+    assert SharedRoot.open(tmp_path / "root").generations().latest("ns").seq == 2  # type: ignore[union-attr]

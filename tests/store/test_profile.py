@@ -39,3 +39,21 @@ def test_recorder_keeps_first_opens_in_order() -> None:
     many.opened("x")
     many.opened_many(["y", "x", "z", "w"])
     assert many.paths() == ["x", "y", "z"]
+
+
+def test_a_recording_and_a_profile_are_bounded_in_bytes_too() -> None:
+    """50,000 paths of 4 KiB made a 200 MB profile that no reader takes, and a publish
+    request over the promotion worker's message bound (a review, 2026-12-06)."""
+    long = ["/".join(["d" * 240] * 14 + [f"{i:05d}"]) for i in range(5000)]
+    r = profile.Recorder()
+    r.opened_many(long)
+    kept = r.paths()
+    assert 0 < len(kept) < len(long) and kept == long[:len(kept)]
+    assert sum(profile.path_bytes(p) for p in kept) <= profile.MAX_PATH_BYTES
+    r.opened("short")  # past the bound: nothing more, short or long
+    assert r.paths() == kept
+    merged, _ = profile.merge([], 0, long)
+    data = profile.encode(merged, 1)
+    assert len(data) <= profile.MAX_PATH_BYTES + 100 and len(merged) == len(kept)
+    assert profile.decode(data)[0] == merged  # a profile readers take
+    assert profile.path_bytes("é") == len('"\\u00e9"') + 10  # as JSON writes it
