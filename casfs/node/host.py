@@ -110,11 +110,15 @@ class Lease:
     # The lease of a ``casfs run``'s command (its pid), following that run's lease
     # (``casfs.node.client.follow``): the job holds its caches should casfs run die.
     follows: str | None = None
+    tenant: str | None = None  # whose it is (None: recorded by a release before it)
 
 
 def _holds(lease: Lease, tenant: str) -> bool:
-    """Whether ``tenant`` may extend or release ``lease``: its namespaces are hers."""
-    return all(k[0] == tenant for k in lease.keys)
+    """Whether ``tenant`` may extend, release or follow ``lease``: hers from its start
+    (while its first namespaces attach it has none to tell by)."""
+    if lease.tenant is not None:
+        return lease.tenant == tenant
+    return bool(lease.keys) and all(k[0] == tenant for k in lease.keys)
 
 
 @dataclass
@@ -301,8 +305,14 @@ class NodeHost:
             return {"ok": False, "bound": no[0], "error": no[1]}
         if lease is None:
             lid = uuid.uuid4().hex[:16]
+            follows = str(req.get("follows") or "") or None
+            if follows is not None and (
+                    (led := self.leases.get(follows)) is None or not _holds(led, tenant)):
+                # Following another tenant's casfs run (its id leaked) would make its
+                # killed job's last writes look finished, and be published.
+                follows = None
             lease = Lease(lid, pid, leases.start_time(pid), run=bool(req.get("run")),
-                          follows=str(req.get("follows") or "") or None)
+                          follows=follows, tenant=tenant)
         # Registered before attaching: the lease check must not release the first
         # namespace while the next one is being attached.
         self.leases[lid] = lease
@@ -583,7 +593,7 @@ class NodeHost:
                        for k, s in sorted(self.served.items())],
             "leases": [{"id": lease.id, "pid": lease.pid, "started": lease.started,
                         "keys": sorted(lease.keys), "run": lease.run,
-                        "follows": lease.follows}
+                        "follows": lease.follows, "tenant": lease.tenant}
                        for lease in self.leases.values()],
             "mux": self._layout(),
         }
@@ -672,7 +682,8 @@ class NodeHost:
             try:
                 lease = Lease(item["id"], int(item["pid"]), item.get("started"),
                               {(k[0], k[1]) for k in item["keys"]}, bool(item.get("run")),
-                              str(item.get("follows") or "") or None)
+                              str(item.get("follows") or "") or None,
+                              str(item["tenant"]) if item.get("tenant") else None)
             except (KeyError, TypeError, ValueError, IndexError):
                 continue
             if leases.alive(lease.pid, lease.started):

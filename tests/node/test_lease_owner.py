@@ -47,3 +47,40 @@ def test_another_tenant_can_neither_release_nor_extend_a_lease(node: dict[str, A
             j.kill()
             j.wait()
         w.stop()
+
+
+def test_another_tenant_cannot_follow_a_lease(node: dict[str, Any]) -> None:
+    """A job's lease follows its casfs run's (client.follow), so that casfs run dying
+    first counts the job as killed unless its own lease still stands. Another tenant
+    following a leaked run lease's id would make that killed job's last writes look
+    finished, and published; and a lease still attaching its first namespaces (none to
+    tell its tenant by) was anyone's to take over. A lease is its tenant's from its
+    start now; another's ``follows`` is dropped."""
+    import json
+
+    w = spawn_host(host_cfg(node, grace=0.0, exit_when_idle=False), log_to_stderr=True)
+    sock = w.cfg.socket_path
+    run, job, hers = sleeper(), sleeper(), sleeper()
+    try:
+        r = control.request(sock, "lease", pid=run.pid, run=True,
+                            caches=[{"family": "generic", "namespace": "alpha"}])
+        assert r["ok"], r
+        caches = [{"family": "generic", "namespace": "alpha"}]
+        own = control.request(sock, "lease", pid=job.pid, follows=r["lease"], caches=caches)
+        theirs = control.request(sock, "lease", pid=hers.pid, follows=r["lease"],
+                                 for_peer=HERS,
+                                 caches=[{"family": "generic", "namespace": "beta"}])
+        assert own["ok"] and theirs["ok"], (own, theirs)
+        kept = {x["id"]: x for x in json.loads(w.cfg.served_file.read_bytes())["leases"]}
+        assert kept[own["lease"]]["follows"] == r["lease"]
+        assert kept[theirs["lease"]]["follows"] is None
+        assert kept[theirs["lease"]]["tenant"] == "u4242"
+        assert kept[r["lease"]]["tenant"] == kept[own["lease"]]["tenant"] != "u4242"
+        for lid, who in ((theirs["lease"], HERS), (own["lease"], None), (r["lease"], None)):
+            kw: dict[str, Any] = {"for_peer": who} if who else {}
+            assert control.request(sock, "release", lease=lid, wait=True, **kw)["ok"]
+    finally:
+        for j in (run, job, hers):
+            j.kill()
+            j.wait()
+        w.stop()
