@@ -45,8 +45,10 @@ systemd watchdog pings only while it is alive.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -483,17 +485,36 @@ class Supervisor:
 
     def stop(self) -> None:
         """SIGTERM every worker at once; each publishes, unmounts and exits (bounded)."""
+        from casfs.node.handover import draining_pids
+
         self.stopping = True
         self._drop_standby()
         with self._lock:
             drained, self.draining = self.draining, []
         stoppers = [threading.Thread(target=w.stop, name=f"stop-{w.proc.pid}")
                     for w in drained]
+        # Replaced processes a casfsd before a re-exec left draining: not in ``draining``
+        # (kept in memory), they served a job's held cwd for good after the stop, an old
+        # release's code among them (a review, 2026-12-06). Found by their writers files.
+        strays = draining_pids(self.cfg.run_dir) - {w.proc.pid for w in drained}
+        for pid in sorted(strays):
+            log.info("stopping pid %d, a replaced mount process still draining", pid)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
         for t in stoppers:
             t.start()
         self._stop_slots(self.slots)
         for t in stoppers:
             t.join()
+        deadline = time.monotonic() + ORPHAN_STOP_TIMEOUT
+        while strays and time.monotonic() < deadline:
+            strays = {pid for pid in strays if control.running(pid)}
+            time.sleep(0.1)
+        for pid in strays:
+            log.warning("pid %d (draining) did not stop in %.0fs: killed", pid,
+                        ORPHAN_STOP_TIMEOUT)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
     def _stop_slots(self, slots: list[Slot]) -> None:
         def one(slot: Slot) -> None:

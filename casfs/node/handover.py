@@ -377,8 +377,30 @@ async def take_over(mountpoint: Path, handing: Handing, pred: Predecessor) -> li
     return [str(p) for p in reply.get("writing") or []]
 
 
+DRAINING_FRESH_S = 10.0  # a writers file older than this is no live drainer's
+
+
 def writers_file(run_dir: Path, ns: str, pid: int) -> Path:
     return run_dir / f"draining-{ns}.{pid}.json"
+
+
+def draining_pids(run_dir: Path) -> set[int]:
+    """Processes that handed their mount over and drain, this node's: each keeps its
+    writers files fresh (every 0.5 s) while it serves what jobs hold. A casfsd that
+    re-executed since its handover knows them only from here."""
+    out: set[int] = set()
+    now = time.time()
+    for p in run_dir.glob("draining-*.json"):
+        try:
+            pid = int(p.name.rsplit(".", 2)[-2])
+            fresh = now - p.stat().st_mtime < DRAINING_FRESH_S
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                ours = b"casfs.node." in f.read()
+        except (ValueError, IndexError, OSError):
+            continue
+        if fresh and ours and pid != os.getpid() and control.running(pid):
+            out.add(pid)
+    return out
 
 
 def drained_writers(run_dir: Path, ns: str) -> set[str]:

@@ -266,3 +266,38 @@ def test_a_mount_removed_while_casfsd_was_down_is_stopped_at_its_start(
 
     assert published(d.root, "gonens") == {"left.txt": b"written before the edit"}
     assert d.terminate() == 0
+
+
+def test_a_process_replaced_before_a_reexec_is_stopped_with_casfsd(
+        daemons: Callable[..., Daemon], tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A job holding its cwd on the mount keeps the replaced process draining after a
+    handover. casfsd re-executed since (a restart) knew it no more: stopped, it left
+    that process serving, unsupervised and publishing, for as long as the job held on
+    (a review, 2026-12-06). Now casfsd's stop finds it by its writers files."""
+    import subprocess
+
+    site = tmp_path / "site"
+    shutil.copytree(REPO / "casfs", site / "casfs",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.setenv("PYTHONPATH", str(site))
+    d = daemons("a", _mount(), defaults=OPTS, node={"on_demand": False})
+    mp = d.mount_paths[0]
+    holder = subprocess.Popen(["sleep", "600"], cwd=mp)
+    try:
+        pid = _worker(d)
+        with open(site / "casfs" / "__init__.py", "a") as f:
+            f.write("\n# an upgrade\n")
+        _reexec(d)  # the new casfsd hands the mount over: pid drains (the holder's cwd)
+        assert _worker(d) != pid
+        _reexec(d)  # a restart: this casfsd never saw the handover
+        time.sleep(1)
+        assert os.path.exists(f"/proc/{pid}"), "the replaced process drains"
+        assert d.terminate() == 0
+        assert f"stopping pid {pid}, a replaced mount process still draining" in d.log()
+        # (before: serving on, for good; its exit reaped by init once casfsd is gone)
+        wait_until(lambda: not os.path.exists(f"/proc/{pid}"), "the replaced process gone",
+                   timeout=10)
+    finally:
+        holder.kill()
+        holder.wait()
