@@ -303,7 +303,8 @@ class Layers:
         if q is None or st is None or wh.is_whiteout(st):
             return
         if not stat.S_ISDIR(st.st_mode) and st.st_nlink > 1:
-            return  # another name keeps the inode
+            q.give(0, 1)  # this name; another keeps the inode
+            return
         if stat.S_ISREG(st.st_mode) and self.is_open(path):
             self.deferred.add((st.st_dev, st.st_ino))
             return
@@ -313,11 +314,9 @@ class Layers:
         return os.readlink(os.fsencode(self.rel(path)), dir_fd=self.fd)
 
     def link(self, src: str, dst: str) -> None:
-        try:
+        with self._new_inode():  # a name, counted as an inode (casfs.view.quota)
             os.link(self.rel(src), self.rel(dst), src_dir_fd=self.fd, dst_dir_fd=self.fd,
                     follow_symlinks=False)
-        finally:
-            self._creating()
 
     def unlink(self, path: str) -> None:
         self._changes += 1
@@ -366,6 +365,10 @@ class Layers:
         self._touched(old)
         self._touched(new)
         replaced = self._removing(new)  # an entry renamed over is removed
+        if replaced is not None and not stat.S_ISDIR(replaced.st_mode):
+            st = self._removing(old)
+            if st is not None and (st.st_dev, st.st_ino) == (replaced.st_dev, replaced.st_ino):
+                replaced = None  # two names of one file: rename(2) leaves both
         try:
             os.rename(self.rel(old), self.rel(new), src_dir_fd=self.fd, dst_dir_fd=self.fd)
         finally:

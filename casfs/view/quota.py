@@ -12,7 +12,9 @@ What is counted, per tenant, across all its namespaces' uppers on the node
   (a stat after every write), and a sparse file's holes would let one tenant
   promise more than the disk holds once the holes are filled by a copy. The
   apparent size over-counts sparse files (refused earlier, never later);
-* inodes: files, directories, symlinks and other nodes. Whiteouts (overlayfs's
+* inodes: files, directories, symlinks and other nodes, and every name of a file
+  beyond its first (a hard link takes no inode but a directory entry of up to
+  263 bytes: millions of them were a way past both bounds). Whiteouts (overlayfs's
   0/0 character devices, made when a job deletes a published entry) are not:
   they are bounded by the published entries, and a deletion must not fail
   for want of room.
@@ -155,6 +157,7 @@ def _scan_dir(fd: int, d: str, use: Usage, seen: set[tuple[int, int]], todo: lis
             elif st.st_nlink > 1:
                 key = (st.st_dev, st.st_ino)
                 if key in seen:
+                    use.inodes += 1  # another name of it: counted as one
                     continue
                 seen.add(key)
             use.bytes += charge_of(st)
