@@ -93,6 +93,8 @@ class Slot:
     last_final: dict[str, Any] | None = field(default=None, repr=False)
     outdated: bool = False  # adopted, but to be replaced (another config or build)
     conn: int | None = None  # our dup of the worker's FUSE connection (casfs.node.fuseconn)
+    detached: bool = False  # up, but its mount point shows its mount no more
+    shown: int | None = None  # the worker (pid) whose mount was last seen at its point
     adopted_at: float = 0.0  # monotonic time a new process last adopted that connection
 
     @property
@@ -622,6 +624,30 @@ class Supervisor:
             st = self.query(slot)
             with self._lock:
                 slot.last_status = st
+            self._check_mounted(slot)
+
+    def _check_mounted(self, slot: Slot) -> None:
+        """An up mount whose mount point shows its mount no more (someone detached it:
+        ``umount -l``) while its process serves on, for what jobs hold there: new jobs
+        find no cache there. Said once (ERROR), and in the status, until it is back."""
+        from casfs.node import guard
+
+        if slot.cfg.mode == "dir" or slot.worker is None or slot.state != "up":
+            slot.detached = False
+            return
+        top = guard.mounts_at(slot.cfg.mountpoint)[-1:]
+        shown = bool(top) and not guard.is_guard(top[0]) and (
+            top[0].fstype.startswith("fuse") or top[0].fstype == "overlay")
+        if shown:
+            slot.shown = slot.worker.proc.pid
+        elif slot.shown != slot.worker.proc.pid:
+            return  # never seen mounted by this check (yet): nothing gone
+        if not shown and not slot.detached:
+            log.error("%s: its mount at %s is gone (detached: `umount -l`?) while pid %d"
+                      " serves what jobs still hold there; new jobs get no cache there. A"
+                      " restart keeps the detached mount: stop casfsd, then start it",
+                      slot.cfg.name, slot.cfg.mountpoint, slot.worker.proc.pid)
+        slot.detached = not shown
 
     def summary(self) -> str:
         """One line for systemd's STATUS= (``systemctl status casfsd``)."""
@@ -632,12 +658,13 @@ class Supervisor:
         on_demand = ""
         for s in self.slots:
             st = s.last_status or {}
+            state = "detached" if s.detached else s.state
             if s.cfg.namespace == "*":  # the node's mount process for on-demand namespaces
                 on_demand = (f"; on demand: {len(st.get('namespaces', []))} namespaces at"
-                             f" {s.cfg.mountpoint}" if s.state == "up"
-                             else f"; on demand: {s.state.upper()}")
-            elif s.state != "up":
-                parts.append(f"{s.cfg.name} {s.state.upper()}")
+                             f" {s.cfg.mountpoint}" if state == "up"
+                             else f"; on demand: {state.upper()}")
+            elif state != "up":
+                parts.append(f"{s.cfg.name} {state.upper()}")
             else:
                 parts.append(f"{s.cfg.name}@{st.get('served_seq', '?')}")
             pending += int(st.get("pending_publication") or 0)
@@ -657,7 +684,8 @@ class Supervisor:
         with self._lock:
             mounts = [{
                 "name": s.cfg.name, "family": s.cfg.family, "namespace": s.cfg.namespace,
-                "mountpoint": str(s.cfg.mountpoint), "state": s.state, "worker_pid": s.pid,
+                "mountpoint": str(s.cfg.mountpoint), "worker_pid": s.pid,
+                "state": "detached" if s.detached else s.state,
                 "restarts": s.restarts, "last_exit": s.last_exit,
             } for s in self.slots]
         return {

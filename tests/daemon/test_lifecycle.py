@@ -241,3 +241,36 @@ def test_a_start_where_every_mount_fails_mounts_nothing(
     assert "File exists" in errors[0]  # the worker said why, in one line
     assert d.notify is not None and not d.notify.has("READY", "1")
     assert not any(mounted(p) for p in d.mount_paths)
+
+
+@pytest.mark.expect_log(r"kern: its mount at .* is gone \(detached",
+                        r"kern: worker pid \d+ exited with status 0; restarting")
+def test_a_mount_detached_under_its_process_is_said(daemons: Callable[..., Daemon]) -> None:
+    """Someone detaches a mount (``umount -l``: a review steered root's own there)
+    while its process serves what a job holds: new jobs find no cache there, and
+    casfsd said nothing, `casfs status` neither. One ERROR now, and DETACHED."""
+    import subprocess
+    import time
+
+    d = daemons("a", two_mounts(), defaults=FAST)
+    mp = d.mount_paths[0]
+    holder = subprocess.Popen(["sleep", "600"], cwd=mp)  # keeps the detached mount alive
+    try:
+        time.sleep(1)  # casfsd's first look at its mounts (at once after READY) saw it
+        subprocess.run(["umount", "-l", str(mp)], check=True)
+        t = time.monotonic()
+        wait_until(lambda: "kern: its mount at" in d.log(), "the error", timeout=40,
+                   proc=d.proc)
+        assert time.monotonic() - t < 30
+        out = d.cli("status").stdout
+        assert f"kern: DETACHED at {mp}" in out, out
+        assert "vllm: DETACHED" not in out
+        holder.kill()
+        holder.wait()
+        # its last holder gone, the connection ends, the process with it: mounted again
+        wait_until(lambda: mounted(mp) and "DETACHED" not in d.cli("status").stdout,
+                   "the mount made again", timeout=60, proc=d.proc)
+        (mp / "after.bin").write_bytes(b"after")
+    finally:
+        holder.kill()
+        holder.wait()
