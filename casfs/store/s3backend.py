@@ -42,7 +42,6 @@ Mapping of the verbs:
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import errno
 import hashlib
@@ -458,6 +457,8 @@ class S3Backend:
         whose pages hold nothing for ever is refused once no key came for
         ``2 x timeout``: obstore's stream hands nothing back until it holds a key,
         so it is read asynchronously, and dropping it stops its requests."""
+        import asyncio  # (here: ~30 ms of a process's start, for its first listing only)
+
         names: set[str] = set()
         seen, starved = 0, False
         wait = 2 * max(self.timeout, 5.0)
