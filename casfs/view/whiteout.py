@@ -106,30 +106,6 @@ def make_opaque(path: str | int) -> None:
     os.setxattr(path, opaque_xattr(), b"y", follow_symlinks=isinstance(path, int))
 
 
-def clear_opaque(path: str) -> None:
-    for name in OPAQUE_XATTRS:
-        try:
-            os.removexattr(path, name, follow_symlinks=False)
-        except PermissionError:  # a dir the job made read-only (user.* xattrs need write)
-            with contextlib.suppress(OSError):
-                _owner_writable(path, functools.partial(os.removexattr, path, name,
-                                                        follow_symlinks=False))
-        except OSError:
-            pass
-
-
-def _owner_writable(dirpath: str, fn: Callable[[], None]) -> None:
-    """``fn()`` with ``dirpath`` open to its owner's write and search for that one
-    call, its mode restored after: the view's own markers under a directory the job
-    made read-only (0555, as its owner may) are still the view's to remove."""
-    mode = stat.S_IMODE(os.lstat(dirpath).st_mode)
-    os.chmod(dirpath, mode | stat.S_IWUSR | stat.S_IXUSR)
-    try:
-        fn()
-    finally:
-        os.chmod(dirpath, mode)
-
-
 def entry_is_whiteout(entry: os.DirEntry[str]) -> bool:
     """Classify a scandir entry, with an lstat only for the rare special files."""
     if entry.is_dir(follow_symlinks=False) or entry.is_file(follow_symlinks=False):
@@ -172,18 +148,43 @@ def _size(e: os.DirEntry[str]) -> int:
         return -1
 
 
-def _unlink_marker(path: str) -> bool:
-    """Remove a marker (see ``_owner_writable``); False, logged, if it stays."""
+def _fd_owner_writable(dfd: int, fn: Callable[[], None]) -> None:
+    """``fn()`` with the directory open at ``dfd`` open to its owner's write and search
+    for that one call, its mode restored after: the view's own markers under a
+    directory the job made read-only (0555, as its owner may) are still the view's to
+    remove."""
+    mode = stat.S_IMODE(os.fstat(dfd).st_mode)
+    os.chmod(dfd, mode | stat.S_IWUSR | stat.S_IXUSR)
+    try:
+        fn()
+    finally:
+        os.chmod(dfd, mode)
+
+
+def _clear_opaque_fd(dfd: int) -> None:
+    for name in OPAQUE_XATTRS:
+        try:
+            os.removexattr(dfd, name)
+        except PermissionError:  # a dir the job made read-only (user.* xattrs need write)
+            with contextlib.suppress(OSError):
+                _fd_owner_writable(dfd, functools.partial(os.removexattr, dfd, name))
+        except OSError:
+            pass
+
+
+def _unlink_marker(dfd: int, name: str, where: str) -> bool:
+    """Remove the marker ``name`` in the directory open at ``dfd`` (see
+    ``_fd_owner_writable``); False, logged, if it stays."""
     try:
         try:
-            os.unlink(path)
+            os.unlink(name, dir_fd=dfd)
         except PermissionError:
-            _owner_writable(os.path.dirname(path), lambda: os.unlink(path))
+            _fd_owner_writable(dfd, lambda: os.unlink(name, dir_fd=dfd))
         return True
     except FileNotFoundError:
         return True
     except OSError as e:
-        log.warning("sweeping %s: %s", path, e)
+        log.warning("sweeping %s/%s: %s", where, name, e)
         return False
 
 
@@ -195,45 +196,77 @@ def sweep(upper_dir: Path, errors: list[str] | None = None) -> int:
     ``errors``: gets the directories that could not be listed or still hold a
     marker (the view then keeps checking for whiteouts). Never raises for one
     marker: a view that cannot start is every job's miss on this node.
-    """
-    if not upper_dir.is_dir():
-        return 0
-    legacy = upper_dir / LEGACY_WORK_DIR
-    migrate = legacy.is_dir() and not legacy.is_symlink()
-    if migrate:
-        import shutil
 
-        shutil.rmtree(legacy, ignore_errors=True)
+    Every directory is reached beneath the upper through fds (casfs.util.beneath:
+    no symlink followed, no mount crossed) and its markers removed through its fd:
+    in overlay mode a job holding the previous, detached overlay still writes this
+    upper, and swapped a directory for a symlink mid-sweep to have root remove
+    markers and attributes wherever it pointed (a review, 2026-12-06).
+    """
+    from casfs.util import beneath
+
+    try:
+        base = beneath.open_base(upper_dir)
+    except OSError:
+        return 0  # none (yet), or not a directory
+    try:
+        return _sweep(base, upper_dir, errors)
+    finally:
+        os.close(base)
+
+
+def _sweep(base: int, upper_dir: Path, errors: list[str] | None) -> int:
+    from casfs.util import beneath
+
+    try:
+        migrate = stat.S_ISDIR(beneath.lstat(base, LEGACY_WORK_DIR).st_mode)
+    except OSError:
+        migrate = False
+    if migrate:
+        beneath.rmtree(base, LEGACY_WORK_DIR)
     removed = 0
     # scandir's d_type: only special files get an lstat, so a sweep of a large
     # upper costs one readdir per directory and one getxattr per directory.
-    stack = [str(upper_dir)]
+    stack = [""]
     while stack:
-        dirpath = stack.pop()
-        if dirpath != str(upper_dir) and is_opaque(dirpath):
-            clear_opaque(dirpath)
-            removed += 1
+        rel = stack.pop()
+        where = os.path.join(upper_dir, rel) if rel else str(upper_dir)
         try:
-            with os.scandir(dirpath) as it:
-                entries = list(it)
+            dfd = (os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=base)
+                   if not rel else beneath.open_read(base, rel, os.O_DIRECTORY))
+        except FileNotFoundError:
+            continue  # gone meanwhile: nothing of it to sweep
         except OSError as err:
-            log.warning("sweeping %s: %s", dirpath, err)
+            if err.errno not in beneath.REFUSED:
+                log.warning("sweeping %s: %s", where, err)
             if errors is not None:
-                errors.append(dirpath)
+                errors.append(where)
             continue
-        for ent in entries:
-            if ent.is_dir(follow_symlinks=False):
-                stack.append(ent.path)
-                continue
-            legacy_marker = (
-                migrate and ent.name.startswith(LEGACY_PREFIX)
-                and ent.is_file(follow_symlinks=False) and _size(ent) == 0
-            )
-            if legacy_marker or entry_is_whiteout(ent):
-                if _unlink_marker(ent.path):
-                    removed += 1
-                elif errors is not None and dirpath not in errors:
-                    errors.append(dirpath)
+        try:
+            if rel and is_opaque(dfd):
+                _clear_opaque_fd(dfd)
+                removed += 1
+            with os.scandir(dfd) as it:
+                entries = list(it)
+            for ent in entries:
+                if ent.is_dir(follow_symlinks=False):
+                    stack.append(f"{rel}/{ent.name}" if rel else ent.name)
+                    continue
+                legacy_marker = (
+                    migrate and ent.name.startswith(LEGACY_PREFIX)
+                    and ent.is_file(follow_symlinks=False) and _size(ent) == 0
+                )
+                if legacy_marker or entry_is_whiteout(ent):
+                    if _unlink_marker(dfd, ent.name, where):
+                        removed += 1
+                    elif errors is not None and where not in errors:
+                        errors.append(where)
+        except OSError as err:
+            log.warning("sweeping %s: %s", where, err)
+            if errors is not None:
+                errors.append(where)
+        finally:
+            os.close(dfd)
     if removed:
         log.info("%s: dropped %d deletion markers of an earlier view%s", upper_dir, removed,
                  " (old .wh. format)" if migrate else "")

@@ -98,15 +98,17 @@ def test_whiteouts_are_possible_only_after_one_is_made_or_a_sweep_missed_a_dir(
     assert ly.whiteouts_possible
     # A directory the sweep could not list may still hold markers: scan as before.
     wh.make_whiteout(str(upper / "a" / "k" / "gone"))
-    real = os.scandir
+    from casfs.util import beneath
 
-    def failing(path: object) -> object:
-        if str(path).endswith("/k"):
-            raise PermissionError(13, "denied", str(path))
-        return real(path)  # type: ignore[call-overload]
+    real = beneath.open_read
 
-    monkeypatch.setattr(wh.os, "scandir", failing)
+    def failing(base: int, rel: str, flags: int = 0) -> int:
+        if rel.endswith("/k"):
+            raise PermissionError(13, "denied", rel)
+        return real(base, rel, flags)
+
+    monkeypatch.setattr(beneath, "open_read", failing)
     ly2 = Layers(DictLowerTree([]), upper)
     assert ly2.whiteouts_possible
-    monkeypatch.setattr(wh.os, "scandir", real)
+    monkeypatch.setattr(beneath, "open_read", real)
     assert Layers(DictLowerTree([]), upper).whiteouts_possible is False  # now swept
