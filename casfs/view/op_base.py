@@ -45,7 +45,9 @@ S = TypeVar("S", bound="OpsBase")
 
 # Flags that make no sense on the upper fd: the kernel already resolved
 # creation, and it computes O_APPEND offsets itself (pwrite must not append).
-STRIP_FLAGS = os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_NOCTTY
+# O_DIRECT is the job's say over its own page cache: on the upper fd it made the
+# mount's own unaligned buffers fail the job's aligned writes with EINVAL.
+STRIP_FLAGS = os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_NOCTTY | os.O_DIRECT
 ROOT_TIMEOUT = 1.0
 _FS_ENCODING = sys.getfilesystemencoding()  # os.fsdecode's (with surrogateescape)
 # Negative dentries the kernel may hold at once on this view's word (~100 B each):

@@ -237,8 +237,7 @@ class FileOps(CopyUpOps):
         created = self._initial_perm(ctx, mode, 0o600)
         fd = self.layers.open(
             path,
-            _writeback_flags(flags & ~(os.O_APPEND | os.O_NOCTTY))
-            | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC,
+            _writeback_flags(flags & ~STRIP_FLAGS) | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC,
             created,
         )
         try:
