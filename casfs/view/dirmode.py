@@ -27,6 +27,7 @@ import errno
 import json
 import logging
 import os
+import re
 import shutil
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -551,6 +552,39 @@ def _open_fds() -> Iterator[tuple[str, str]]:
                 continue
 
 
+_SHARED_WRITABLE = re.compile(rb"\S+ [r-]w[x-]s ")  # a maps line's range, then its perms
+
+
+def _shared_writable_maps(wanted: dict[str, str]) -> Iterator[tuple[str, tuple[int, int]]]:
+    """(path, (dev, ino)) of every shared writable mapping (``rw-s``) on the node of a
+    path in ``wanted``, read from /proc/<pid>/maps (a process gone meanwhile skipped)."""
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/maps", "rb") as f:
+                lines = [ln for ln in f if _SHARED_WRITABLE.match(ln)]
+        except OSError:
+            continue
+        for line in lines:
+            parts = line.split(maxsplit=5)
+            if len(parts) < 6:
+                continue
+            path = os.fsdecode(parts[5].rstrip(b"\n"))
+            if path not in wanted:
+                continue
+            try:  # the file as stat shows it (an overlay's maps line has its sb's device)
+                st = statx.ident(statx.AT_FDCWD, f"/proc/{pid}/map_files/"
+                                 f"{os.fsdecode(parts[0])}", follow=True)
+                yield path, (st.dev, st.ino)
+            except OSError:  # (map_files needs CAP_SYS_ADMIN): the maps line's own
+                try:
+                    major, minor = parts[3].split(b":")
+                    yield path, (os.makedev(int(major, 16), int(minor, 16)), int(parts[4]))
+                except ValueError:
+                    continue
+
+
 def _fdinfo(path: str) -> dict[str, int] | None:
     """An fd's ``flags`` (octal in the file) and ``mnt_id``; None if gone or unreadable."""
     try:
@@ -585,6 +619,11 @@ def open_for_writing(directory: Path, rels: list[str]) -> set[str]:
             except OSError:
                 continue
             held.setdefault(rel, []).append((st.dev, st.ino))
+    # A shared writable mapping writes the file with no fd open and no event: a job
+    # that mapped it, closed its fd and wrote half of it had that half published
+    # (another writer's close had ended the "written" state; a review, 2026-12-06).
+    for target, ident in _shared_writable_maps(wanted):
+        held.setdefault(wanted[target], []).append(ident)
     if not held:
         return set()
     # A path's text is not the file: another user's mount namespace (unshare -Urm, a
