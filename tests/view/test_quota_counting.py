@@ -288,16 +288,19 @@ def test_scan_counts_a_files_bytes_once_its_names_each_and_skips_whiteouts(
     assert (use.bytes, use.inodes) == (KB + 2 * KB, 4)  # d/, f (bytes once), g, s
 
 
+class Fixed(vq.Reserve):
+    """A reserve over a state filesystem whose free bytes the test sets (``left``)."""
+
+    def __init__(self, path: Path, free: int, reserve: int) -> None:
+        super().__init__(path, reserve)
+        self.left = free
+
+    def free(self) -> int:
+        return self.left
+
+
 def test_the_reserve_is_enospc_for_every_tenant(tmp_path: Path) -> None:
-    class Fixed(vq.Reserve):
-        def __init__(self, free: int, reserve: int) -> None:
-            super().__init__(tmp_path, reserve)
-            self.left = free
-
-        def free(self) -> int:
-            return self.left
-
-    res = Fixed(free=100 * KB, reserve=64 * KB)
+    res = Fixed(tmp_path, free=100 * KB, reserve=64 * KB)
     q = tenant(tmp_path, reserve=res)
     ops = make_ops(tmp_path, q)
 
@@ -335,15 +338,7 @@ def test_a_long_symlink_counts_its_block_against_the_bound_and_the_reserve(
     """A symlink whose target does not fit in its inode takes a block of the state
     filesystem: a review filled one past its reserve with 65,000 of them (4,000-byte
     targets), each charged an inode and no byte. Now charged like the block it takes."""
-    class Fixed(vq.Reserve):
-        def __init__(self, free: int, reserve: int) -> None:
-            super().__init__(tmp_path, reserve)
-            self.left = free
-
-        def free(self) -> int:
-            return self.left
-
-    res = Fixed(free=1 << 30, reserve=64 * KB)
+    res = Fixed(tmp_path, free=1 << 30, reserve=64 * KB)
     q = tenant(tmp_path, max_bytes=3 * vq.BLOCK, reserve=res)
     ops = make_ops(tmp_path, q)
     long = b"x" * 4000
