@@ -107,6 +107,10 @@ class InodeTable:
         if key is not None:
             self._set_key(ino, key)
 
+    def aliases(self, ino: int) -> set[str]:
+        """The names of ``ino`` besides its primary one (hard links), if any."""
+        return self._aliases.get(ino) or set()
+
     def names(self, ino: int) -> list[str]:
         """Every current name of ``ino`` (primary first)."""
         primary = self.path(ino)

@@ -132,6 +132,8 @@ class AttrOps(CopyUpOps):
         st = stat_target()
         if path is not None:
             self.tracker.modified(path)
+            for name in self.inodes.aliases(inode):  # (its other names: the same file)
+                self.tracker.modified(name)
         if path is not None:
             return self._attrs(self._resolve(path), inode)  # merged dirs: their link count
         return self._upper_attrs(st, inode)

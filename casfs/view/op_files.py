@@ -333,6 +333,10 @@ class FileOps(CopyUpOps):
                 self.fetcher.unpin(h.digest)
             if h.writable:
                 self.tracker.closed_for_write(self.inodes.path(h.ino) or h.path)
+                # Every other name of the file holds the same new bytes (a hard link
+                # written through one name had the other published as it was).
+                for other in self.inodes.aliases(h.ino):
+                    self.tracker.modified(other)
         except OSError as e:
             raise err(e.errno or errno.EIO) from None
         except Exception:

@@ -302,3 +302,25 @@ def test_rmdir_of_a_full_upper_dir_looks_for_whiteouts_only_once_the_view_made_o
     assert not (ov.mnt / "K").exists() and not (ov.mnt / "top.txt").exists()
     ov.view.stop()
     assert counters(ov)["whiteout_scan"] == 1
+
+
+@pytest.mark.parametrize("through", ["a", "b"])
+def test_a_file_written_through_one_of_its_names_is_changed_under_every_name(
+        overlay: MakeOverlay, through: str) -> None:
+    """Two names of one file, then a rewrite through one of them: both hold the new
+    bytes, so both must be promoted again. Only the name written through was marked,
+    and the other was published with the old bytes (a review, 2026-12-06)."""
+    ov = overlay({})
+    (ov.mnt / "a").write_bytes(b"old-bytes")
+    os.link(ov.mnt / "a", ov.mnt / "b")
+    ov.view.stop()  # (a round: what came before is settled)
+    ov.view.start()
+    assert (ov.mnt / "a").read_bytes() == b"old-bytes"  # both names looked up again
+    assert (ov.mnt / "b").read_bytes() == b"old-bytes"
+    with open(ov.mnt / through, "r+b") as f:
+        f.write(b"NEW-BYTES")
+    os.truncate(ov.mnt / through, 9)  # a size change by path, too
+    ov.view.stop()
+    marked = {e[1] for e in events(ov) if e[0] == "modified"}
+    assert {"a", "b"} <= marked, events(ov)
+    assert (ov.upper / "a").read_bytes() == (ov.upper / "b").read_bytes() == b"NEW-BYTES"
