@@ -132,6 +132,8 @@ class Promoter:
         # symlink followed (casfs.util.beneath), open for the round or the scan.
         self._base = -1
         self._known: dict[str, PromotedRecord] = {}  # this wave's promoted records
+        # ctime of each path hashed here whose ctime is not its mtime (see _settled)
+        self._ctimes: dict[str, int] = {}
         self._records = False  # this wave is the commit records' (family rules, once a path)
         self.objects = objects
         self.index = index
@@ -146,6 +148,7 @@ class Promoter:
         # Files casfs itself put in place (dir mode's restore): published already.
         self.unchanged = unchanged
         self._batch: dict[str, tuple[Entry, float]] = {}  # promoted this round, not yet indexed
+        self._batch_ctimes: dict[str, int] = {}  # their ctimes, for _ctimes once indexed
         self._proc_decides = False  # this round: writers come from busy(), not the tracker
         self._read_sizes: dict[str, int] = {}  # path-bearing files: bytes read, before rewriting
         self.packs = packs  # small objects into packs (casfs.store.packs)
@@ -223,6 +226,7 @@ class Promoter:
     def _run_once(self, final: bool) -> RoundResult:
         res = RoundResult()
         self._batch = {}
+        self._batch_ctimes = {}
         self._packer = PackWriter(self.objects) if self.packs else None
         self._reused = {}
         self._unstored = set()
@@ -258,6 +262,8 @@ class Promoter:
                                      self.root_id)
         for rel, (_, seen_at) in self._batch.items():
             self.tracker.forget(rel, seen_at)
+        self._ctimes.update(self._batch_ctimes)
+        self._batch_ctimes = {}
         if res.promoted:
             self.counters.inc("promoted_files", res.promoted)
             self.counters.inc("promoted_bytes", res.bytes)
@@ -451,6 +457,12 @@ class Promoter:
         rec = self._known.get(rel) if prefetched else self.index.get_promoted(self.key, rel)
         if rec is None or rec.entry.mtime_ns != st.st_mtime_ns:
             return False
+        # A write sets mtime and ctime alike; a ctime past the mtime is a change since
+        # (a rewrite of the same size with its mtime put back, as cp -p does, was taken
+        # for the promoted file: a review, 2026-12-06), unless this process hashed the
+        # file as it is (its mtime set by whoever made it: copied, restored).
+        if st.st_ctime_ns != st.st_mtime_ns and self._ctimes.get(rel) != st.st_ctime_ns:
+            return False
         # A path-bearing file is stored path-free (another size): its mtime tells.
         return rec.entry.size == st.st_size or self.rules.path_bearer(rel) is not None
 
@@ -575,6 +587,8 @@ class Promoter:
             return
         entry = Entry(c.rel, put.digest, put.size, st.st_mode & 0o7777, st.st_mtime_ns)
         self._batch[c.rel] = (entry, c.seen_at)
+        if st.st_ctime_ns != st.st_mtime_ns:
+            self._batch_ctimes[c.rel] = st.st_ctime_ns
         res.promoted += 1
         res.bytes += put.size
 

@@ -50,8 +50,9 @@ class RestoreStamps:
     """What each restored file looked like when casfs put it in place.
 
     ``unchanged(rel, st)`` is True for a file casfs restored and nobody has
-    touched since (same size, mtime_ns and inode: a rename over it or an
-    in-place rewrite changes one of them), and for a file whose size and
+    touched since (same size, mtime_ns, inode and ctime: a rename over it or an
+    in-place rewrite changes one of them, a rewrite that puts the mtime back
+    the ctime), and for a file whose size and
     mtime_ns equal its lower entry's (restored by an earlier process or node
     into this same directory). Such files are published already: promotion
     skips them without hashing. Safe to call from any thread.
@@ -60,10 +61,11 @@ class RestoreStamps:
     def __init__(self, path: Path | None, lower: LowerTree | None = None) -> None:
         self.path = path  # persisted here (node state dir); None: memory only
         self.lower = lower
-        self._stamps: dict[str, tuple[int, int, int]] = {}
+        # (size, mtime_ns, ino, ctime_ns); -1: a ctime an older release did not keep
+        self._stamps: dict[str, tuple[int, int, int, int]] = {}
         if path is not None:
             try:
-                self._stamps = {k: (v[0], v[1], v[2]) for k, v in
+                self._stamps = {k: (v[0], v[1], v[2], v[3] if len(v) > 3 else -1) for k, v in
                                 json.loads(path.read_bytes()).items()}
             except (OSError, ValueError, TypeError, IndexError, AttributeError):
                 self._stamps = {}
@@ -72,11 +74,13 @@ class RestoreStamps:
         return len(self._stamps)
 
     def add(self, rel: str, st: os.stat_result) -> None:
-        self._stamps[rel] = (st.st_size, st.st_mtime_ns, st.st_ino)
+        self._stamps[rel] = (st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns)
 
     def unchanged(self, rel: str, st: os.stat_result) -> bool:
-        if self._stamps.get(rel) == (st.st_size, st.st_mtime_ns, st.st_ino):
-            return True
+        stamp = self._stamps.get(rel)
+        if stamp is not None:  # (then never the lower's size and mtime: the job's own)
+            return stamp[:3] == (st.st_size, st.st_mtime_ns, st.st_ino) and (
+                stamp[3] in (-1, st.st_ctime_ns))
         if self.lower is None:
             return False
         e = self.lower.lookup(rel)

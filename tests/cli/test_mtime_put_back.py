@@ -1,0 +1,52 @@
+"""A rewrite that keeps the size and puts the old mtime back is published as rewritten.
+
+``cp -p``, ``rsync -t`` and ``touch -r`` set a file's mtime; a job rewriting a promoted
+file in place with the same size and its old mtime had the promotion take it for the
+file already promoted (size and mtime matched its record), in every mode, and the
+older bytes were published for every fresh node (a review, 2026-12-06). The ctime,
+which no one can set back, tells now. Real casfs run, real job.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from casfs.store.root import SharedRoot
+
+pytestmark = pytest.mark.fuse
+
+JOB = """
+import os, time
+path = os.path.join(os.environ["CASFS_CACHE_DIR"], "cfg.json")
+with open(path, "wb") as f:
+    f.write(b"version-1 " * 100)
+st = os.stat(path)
+time.sleep(2.5)  # stable_after passes: promoted (not published: the interval is long)
+with open(path, "r+b") as f:
+    f.write(b"version-2 " * 100)
+os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))  # as cp -p would
+"""
+
+
+@pytest.mark.parametrize("mode", ["fuse", "dir", "overlay"])
+def test_a_rewrite_with_its_mtime_put_back_is_published(tmp_path: Path, mode: str) -> None:
+    script = tmp_path / "job.py"
+    script.write_text(JOB)
+    env = dict(os.environ, CASFS_ROOT=str(tmp_path / "root"),
+               CASFS_STATE_DIR=str(tmp_path / "a"), CASFS_MOUNT_BASE=str(tmp_path / "mnt"),
+               CASFS_SOCKET=str(tmp_path / "no-daemon.sock"))
+    r = subprocess.run([sys.executable, "-m", "casfs.cli.main", "run", "--family", "generic",
+                        "--mode", mode, "--stable-after", "0.3", "--publish-interval", "60",
+                        "--python", sys.executable, "--", sys.executable, str(script)],
+                       env=env, capture_output=True, text=True, timeout=300, check=False)
+    assert r.returncode == 0, r.stderr[-3000:]
+    root = SharedRoot.open(tmp_path / "root")
+    gens = root.generations()
+    (ns,) = gens.namespaces()
+    entry = gens.snapshot(gens.latest(ns)).entries["cfg.json"]
+    assert root.objects.get_bytes(entry.digest) == b"version-2 " * 100, r.stderr[-2000:]
