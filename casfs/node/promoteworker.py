@@ -284,7 +284,8 @@ class Worker(ChildServer):
             probe_loose=sp.root.is_local, progress=self.activity.tick)
         res = p.run_once(final=True)  # the mount chose the quiet paths
         return {"promoted": res.promoted, "bytes": res.bytes, "deferred": res.deferred,
-                "errors": res.errors, "last_error": res.last_error, "events": tracker.events}
+                "errors": res.errors, "last_error": res.last_error, "linked": res.linked,
+                "events": tracker.events}
 
     def publish(self, sp: _Namespace, msg: dict[str, Any]) -> dict[str, Any]:
         lost: list[str] = []

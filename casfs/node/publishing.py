@@ -209,6 +209,7 @@ class WorkerTransport:
         res.promoted += int(reply.get("promoted", 0))
         res.bytes += int(reply.get("bytes", 0))
         res.deferred += int(reply.get("deferred", 0))
+        res.linked += int(reply.get("linked", 0))
         res.errors += int(reply.get("errors", 0))
         res.last_error = str(reply.get("last_error", "")) or res.last_error
         return True
@@ -349,6 +350,7 @@ class Publication:
         self.publisher: Publisher | None = None
         self.last_promotion_error = ""
         self._prepared = False
+        self._walk_for_links = False  # a round promoted a file with other names
         self.last_publish: dict[str, Any] | None = None
         # The latest paths published with other bytes than this node's (first writer kept).
         self.conflict_paths: list[str] = []
@@ -388,10 +390,21 @@ class Publication:
         p = self.promoter()
         if p is None:
             return 0
-        if self.view.wants_scan(final):
-            p.scan_all()  # events may be missing (overlayfs writes, inotify overflow)
+        if self.view.wants_scan(final) or self._walk_for_links:
+            # events may be missing (overlayfs writes, inotify overflow), or name only one
+            # of a file's names: dir mode's inotify, a file with hard links written
+            p.scan_all()
+            self._walk_for_links = False
             self.ctx.counters.inc("promotion_walks")
         res = self.transport.promote(p, final, self.view.busy)
+        if res.linked and final:  # no round after this one: its other names now
+            p.scan_all()
+            more = self.transport.promote(p, final, self.view.busy)
+            res.promoted += more.promoted
+            res.errors += more.errors
+            res.last_error = more.last_error or res.last_error
+        elif res.linked:
+            self._walk_for_links = True  # its other names: the next round's walk
         if res.errors:
             self.last_promotion_error = res.last_error
         elif res.promoted:

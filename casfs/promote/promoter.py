@@ -99,6 +99,7 @@ class RoundResult:
     deferred: int = 0
     errors: int = 0
     last_error: str = ""  # the last error's message, for `casfs publish` and status
+    linked: int = 0  # promoted files with other names (hard links): worth a walk after
 
 
 class Promoter:
@@ -589,6 +590,8 @@ class Promoter:
         self._batch[c.rel] = (entry, c.seen_at)
         if st.st_ctime_ns != st.st_mtime_ns:
             self._batch_ctimes[c.rel] = st.st_ctime_ns
+        if st.st_nlink > 1:
+            res.linked += 1
         res.promoted += 1
         res.bytes += put.size
 
