@@ -285,7 +285,7 @@ class Worker(ChildServer):
         res = p.run_once(final=True)  # the mount chose the quiet paths
         return {"promoted": res.promoted, "bytes": res.bytes, "deferred": res.deferred,
                 "errors": res.errors, "last_error": res.last_error, "linked": res.linked,
-                "events": tracker.events}
+                "ctimes": p.ctimes, "events": tracker.events}
 
     def publish(self, sp: _Namespace, msg: dict[str, Any]) -> dict[str, Any]:
         lost: list[str] = []

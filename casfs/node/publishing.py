@@ -80,6 +80,7 @@ class InProcessTransport:
 
     def __init__(self, ctx: Context) -> None:
         self.ctx = ctx
+        self.ctimes: dict[str, int] = {}  # Promoter.ctimes, kept from round to round
 
     def prepare(self) -> None:
         """Nothing to get ready: this process has the root open already."""
@@ -109,6 +110,7 @@ class WorkerTransport:
 
     def __init__(self, ctx: Context) -> None:
         self.ctx = ctx
+        self.ctimes: dict[str, int] = {}  # Promoter.ctimes, as the worker's replies say
         self._lock = threading.Lock()  # one round per namespace at a time
         self._record_sent = -1  # the served generation whose record the worker was sent
         promoteproc.shared(ctx.cfg.state_dir)  # started now: a first round does not wait
@@ -210,6 +212,10 @@ class WorkerTransport:
         res.bytes += int(reply.get("bytes", 0))
         res.deferred += int(reply.get("deferred", 0))
         res.linked += int(reply.get("linked", 0))
+        ctimes = reply.get("ctimes")
+        if isinstance(ctimes, dict):  # hashed as they are: the next rounds' walks skip them
+            self.ctimes.update({k: v for k, v in ctimes.items()
+                                if isinstance(k, str) and isinstance(v, int)})
         res.errors += int(reply.get("errors", 0))
         res.last_error = str(reply.get("last_error", "")) or res.last_error
         return True
@@ -376,6 +382,7 @@ class Publication:
             counters=ctx.counters, lower=ctx.lower, stable_after=ctx.cfg.stable_after,
             busy=self.view.busy, unchanged=self.view.unchanged, reader=self.view.reader,
             packs=ctx.cfg.packs, root_id=root.root_id, probe_loose=root.is_local,
+            ctimes=self.transport.ctimes,
         )
 
     def prepare(self) -> None:

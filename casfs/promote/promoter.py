@@ -123,6 +123,7 @@ class Promoter:
         root_id: str = "",
         probe_loose: bool = True,
         progress: Callable[[], None] | None = None,
+        ctimes: dict[str, int] | None = None,
     ) -> None:
         self.upper = upper
         # Files are opened with these fs credentials (dir mode: the tenant's), so the
@@ -133,8 +134,9 @@ class Promoter:
         # symlink followed (casfs.util.beneath), open for the round or the scan.
         self._base = -1
         self._known: dict[str, PromotedRecord] = {}  # this wave's promoted records
-        # ctime of each path hashed here whose ctime is not its mtime (see _settled)
-        self._ctimes: dict[str, int] = {}
+        # ctime of each path hashed whose ctime is not its mtime (see _settled): the
+        # caller's, kept from round to round (a round's Promoter is made anew)
+        self.ctimes: dict[str, int] = ctimes if ctimes is not None else {}
         self._records = False  # this wave is the commit records' (family rules, once a path)
         self.objects = objects
         self.index = index
@@ -149,7 +151,7 @@ class Promoter:
         # Files casfs itself put in place (dir mode's restore): published already.
         self.unchanged = unchanged
         self._batch: dict[str, tuple[Entry, float]] = {}  # promoted this round, not yet indexed
-        self._batch_ctimes: dict[str, int] = {}  # their ctimes, for _ctimes once indexed
+        self._batch_ctimes: dict[str, int] = {}  # their ctimes, for ctimes once indexed
         self._proc_decides = False  # this round: writers come from busy(), not the tracker
         self._read_sizes: dict[str, int] = {}  # path-bearing files: bytes read, before rewriting
         self.packs = packs  # small objects into packs (casfs.store.packs)
@@ -263,7 +265,7 @@ class Promoter:
                                      self.root_id)
         for rel, (_, seen_at) in self._batch.items():
             self.tracker.forget(rel, seen_at)
-        self._ctimes.update(self._batch_ctimes)
+        self.ctimes.update(self._batch_ctimes)
         self._batch_ctimes = {}
         if res.promoted:
             self.counters.inc("promoted_files", res.promoted)
@@ -462,7 +464,7 @@ class Promoter:
         # (a rewrite of the same size with its mtime put back, as cp -p does, was taken
         # for the promoted file: a review, 2026-12-06), unless this process hashed the
         # file as it is (its mtime set by whoever made it: copied, restored).
-        if st.st_ctime_ns != st.st_mtime_ns and self._ctimes.get(rel) != st.st_ctime_ns:
+        if st.st_ctime_ns != st.st_mtime_ns and self.ctimes.get(rel) != st.st_ctime_ns:
             return False
         # A path-bearing file is stored path-free (another size): its mtime tells.
         return rec.entry.size == st.st_size or self.rules.path_bearer(rel) is not None

@@ -50,3 +50,28 @@ def test_a_rewrite_with_its_mtime_put_back_is_published(tmp_path: Path, mode: st
     (ns,) = gens.namespaces()
     entry = gens.snapshot(gens.latest(ns)).entries["cfg.json"]
     assert root.objects.get_bytes(entry.digest) == b"version-2 " * 100, r.stderr[-2000:]
+
+
+COPIED = """
+import os, time
+path = os.path.join(os.environ["CASFS_CACHE_DIR"], "copied.bin")
+with open(path, "wb") as f:
+    f.write(b"copied " * 100)
+os.utime(path, ns=(1_000_000_000, 1_000_000_000))  # its mtime kept, as cp -p keeps it
+time.sleep(12)  # overlay mode walks its upper every 5 s
+"""
+
+
+def test_a_file_whose_mtime_was_set_is_hashed_once_not_at_every_walk(tmp_path: Path) -> None:
+    """Its ctime is past its mtime for good: hashed once, then known as it is."""
+    script = tmp_path / "job.py"
+    script.write_text(COPIED)
+    env = dict(os.environ, CASFS_ROOT=str(tmp_path / "root"),
+               CASFS_STATE_DIR=str(tmp_path / "a"), CASFS_MOUNT_BASE=str(tmp_path / "mnt"),
+               CASFS_SOCKET=str(tmp_path / "no-daemon.sock"))
+    r = subprocess.run([sys.executable, "-m", "casfs.cli.main", "run", "--family", "generic",
+                        "--mode", "overlay", "--stable-after", "0.3", "--publish-interval",
+                        "60", "--python", sys.executable, "--", sys.executable, str(script)],
+                       env=env, capture_output=True, text=True, timeout=300, check=False)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert ", 1 promoted," in r.stderr, r.stderr[-2000:]
