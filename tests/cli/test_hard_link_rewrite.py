@@ -9,14 +9,11 @@ dir mode (inotify names only that one). Real casfs run, real job.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from casfs.store.root import SharedRoot
+from .jobrun import published, run_job
 
 pytestmark = pytest.mark.fuse
 
@@ -37,20 +34,6 @@ time.sleep(1)
                                           ("dir", "b"), ("overlay", "b")])
 def test_a_rewrite_through_one_name_is_published_under_both(
         tmp_path: Path, mode: str, through: str) -> None:
-    script = tmp_path / "job.py"
-    script.write_text(JOB)
-    env = dict(os.environ, CASFS_ROOT=str(tmp_path / "root"),
-               CASFS_STATE_DIR=str(tmp_path / "a"), CASFS_MOUNT_BASE=str(tmp_path / "mnt"),
-               CASFS_SOCKET=str(tmp_path / "no-daemon.sock"))
-    r = subprocess.run([sys.executable, "-m", "casfs.cli.main", "run", "--family", "generic",
-                        "--mode", mode, "--stable-after", "0.3", "--publish-interval", "60",
-                        "--python", sys.executable, "--", sys.executable, str(script),
-                        through],
-                       env=env, capture_output=True, text=True, timeout=300, check=False)
-    assert r.returncode == 0, r.stderr[-3000:]
-    root = SharedRoot.open(tmp_path / "root")
-    gens = root.generations()
-    (ns,) = gens.namespaces()
-    entries = gens.snapshot(gens.latest(ns)).entries
-    got = {name: root.objects.get_bytes(entries[name].digest) for name in ("a", "b")}
-    assert got == {"a": b"NEW-BYTES", "b": b"NEW-BYTES"}, (got, r.stderr[-2000:])
+    err = run_job(tmp_path, mode, JOB, through)
+    got = published(tmp_path, "a", "b")
+    assert got == {"a": b"NEW-BYTES", "b": b"NEW-BYTES"}, (got, err[-2000:])

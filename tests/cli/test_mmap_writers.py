@@ -10,14 +10,11 @@ process's shared writable mappings count as a writer now. Real casfs run, real j
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from casfs.store.root import SharedRoot
+from .jobrun import published, run_job
 
 pytestmark = pytest.mark.fuse
 
@@ -50,22 +47,9 @@ libc.munmap(ctypes.c_void_p(p), {SIZE})
 @pytest.mark.parametrize("mode", ["dir", "overlay"])
 def test_a_file_written_through_a_shared_mapping_is_published_whole(
         tmp_path: Path, mode: str) -> None:
-    script = tmp_path / "job.py"
-    script.write_text(JOB)
-    env = dict(os.environ, CASFS_ROOT=str(tmp_path / "root"),
-               CASFS_STATE_DIR=str(tmp_path / "a"), CASFS_MOUNT_BASE=str(tmp_path / "mnt"),
-               CASFS_SOCKET=str(tmp_path / "no-daemon.sock"))
-    r = subprocess.run([sys.executable, "-m", "casfs.cli.main", "run", "--family", "generic",
-                        "--mode", mode, "--stable-after", "0.3", "--publish-interval", "0.5",
-                        "--python", sys.executable, "--", sys.executable, str(script)],
-                       env=env, capture_output=True, text=True, timeout=300, check=False)
-    assert r.returncode == 0, r.stderr[-3000:]
-    root = SharedRoot.open(tmp_path / "root")
-    gens = root.generations()
-    (ns,) = gens.namespaces()
-    entry = gens.snapshot(gens.latest(ns)).entries["k.bin"]
-    data = root.objects.get_bytes(entry.digest)
+    err = run_job(tmp_path, mode, JOB, publish_interval="0.5")
+    data = published(tmp_path, "k.bin")["k.bin"]
     # (before: A x 32768 then 32768 zeros, published first and kept)
     assert data == b"A" * (SIZE // 2) + b"B" * (SIZE // 2), (data[SIZE // 2:SIZE // 2 + 8],
-                                                            r.stderr[-2000:])
-    assert "conflicted" not in r.stderr, r.stderr[-2000:]
+                                                            err[-2000:])
+    assert "conflicted" not in err, err[-2000:]

@@ -9,14 +9,11 @@ which no one can set back, tells now. Real casfs run, real job.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from casfs.store.root import SharedRoot
+from .jobrun import published, run_job
 
 pytestmark = pytest.mark.fuse
 
@@ -35,21 +32,8 @@ os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))  # as cp -p would
 
 @pytest.mark.parametrize("mode", ["fuse", "dir", "overlay"])
 def test_a_rewrite_with_its_mtime_put_back_is_published(tmp_path: Path, mode: str) -> None:
-    script = tmp_path / "job.py"
-    script.write_text(JOB)
-    env = dict(os.environ, CASFS_ROOT=str(tmp_path / "root"),
-               CASFS_STATE_DIR=str(tmp_path / "a"), CASFS_MOUNT_BASE=str(tmp_path / "mnt"),
-               CASFS_SOCKET=str(tmp_path / "no-daemon.sock"))
-    r = subprocess.run([sys.executable, "-m", "casfs.cli.main", "run", "--family", "generic",
-                        "--mode", mode, "--stable-after", "0.3", "--publish-interval", "60",
-                        "--python", sys.executable, "--", sys.executable, str(script)],
-                       env=env, capture_output=True, text=True, timeout=300, check=False)
-    assert r.returncode == 0, r.stderr[-3000:]
-    root = SharedRoot.open(tmp_path / "root")
-    gens = root.generations()
-    (ns,) = gens.namespaces()
-    entry = gens.snapshot(gens.latest(ns)).entries["cfg.json"]
-    assert root.objects.get_bytes(entry.digest) == b"version-2 " * 100, r.stderr[-2000:]
+    err = run_job(tmp_path, mode, JOB)
+    assert published(tmp_path, "cfg.json") == {"cfg.json": b"version-2 " * 100}, err[-2000:]
 
 
 COPIED = """
@@ -64,14 +48,5 @@ time.sleep(12)  # overlay mode walks its upper every 5 s
 
 def test_a_file_whose_mtime_was_set_is_hashed_once_not_at_every_walk(tmp_path: Path) -> None:
     """Its ctime is past its mtime for good: hashed once, then known as it is."""
-    script = tmp_path / "job.py"
-    script.write_text(COPIED)
-    env = dict(os.environ, CASFS_ROOT=str(tmp_path / "root"),
-               CASFS_STATE_DIR=str(tmp_path / "a"), CASFS_MOUNT_BASE=str(tmp_path / "mnt"),
-               CASFS_SOCKET=str(tmp_path / "no-daemon.sock"))
-    r = subprocess.run([sys.executable, "-m", "casfs.cli.main", "run", "--family", "generic",
-                        "--mode", "overlay", "--stable-after", "0.3", "--publish-interval",
-                        "60", "--python", sys.executable, "--", sys.executable, str(script)],
-                       env=env, capture_output=True, text=True, timeout=300, check=False)
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert ", 1 promoted," in r.stderr, r.stderr[-2000:]
+    err = run_job(tmp_path, "overlay", COPIED)
+    assert ", 1 promoted," in err, err[-2000:]
