@@ -17,7 +17,9 @@ bounded per tenant (``[jobs]``, casfs.daemon.config.JobsLimits):
   forever), or be a stranger whose death makes the job look killed.
 
 Every refusal is one line to the client and a WARNING in casfsd's log that
-starts ``jobs socket: refused tenant <tenant>``.
+starts ``jobs socket: refused tenant <tenant>``; an INFO where the process
+named has already exited (a very short job under load: its ``casfs run``
+names it after it ended; nothing is held and nothing is wrong).
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ class RateLimitedWarnings:
         self._lock = threading.Lock()
         self._last: dict[tuple[str, str], tuple[float, int]] = {}
 
-    def warn(self, tenant: str, kind: str, line: str) -> None:
+    def warn(self, tenant: str, kind: str, line: str, level: int = logging.WARNING) -> None:
         now = time.monotonic()
         with self._lock:
             last, held = self._last.get((tenant, kind), (-1e9, 0))
@@ -59,7 +61,7 @@ class RateLimitedWarnings:
             if len(self._last) > 4096:  # many tenants over time: forget the old ones
                 self._last = {k: v for k, v in self._last.items() if now - v[0] < self.every}
         more = f" ({held} more like it in the last {now - last:.0f}s)" if held else ""
-        log.warning("jobs socket: refused tenant %s: %s%s", tenant, line, more)
+        log.log(level, "jobs socket: refused tenant %s: %s%s", tenant, line, more)
 
 
 def _stat_fields(pid: int) -> list[bytes] | None:
@@ -161,8 +163,9 @@ class JobsSocket:
         except CasfsError:
             return f"u{uid}"
 
-    def refuse(self, tenant: str, kind: str, line: str) -> dict[str, Any]:
-        self.warnings.warn(tenant, kind, line)
+    def refuse(self, tenant: str, kind: str, line: str,
+               level: int = logging.WARNING) -> dict[str, Any]:
+        self.warnings.warn(tenant, kind, line, level)
         return {"ok": False, "error": line, "bound": kind}
 
     def handle(self, req: dict[str, Any]) -> dict[str, Any]:
@@ -181,7 +184,9 @@ class JobsSocket:
         started = leases.start_time(holder) if holder > 0 else None
         why = holder_refusal(peer, holder, self.policy, tenant)
         if why is not None:
-            return self.refuse(tenant, "holder", why)
+            gone = holder > 0 and started is None and holder != int(peer.get("pid", 0))
+            return self.refuse(tenant, "holder_gone" if gone else "holder", why,
+                               logging.INFO if gone else logging.WARNING)
         caches = req.get("caches")
         most = self.limits.namespaces_per_tenant
         if isinstance(caches, list) and len(caches) > most:
