@@ -13,13 +13,14 @@ import threading
 from collections.abc import Iterable, Mapping
 
 from casfs.errors import UsageError
-from casfs.families.base import HOST_INGREDIENTS, Family
+from casfs.families.base import HOST_INGREDIENTS, MAX_PARSED_BYTES, Family, too_large_to_parse
 from casfs.families.rules import CacheRules, Relocator, walk_files
 
 __all__ = [
     "DEFAULT_DAEMON",
     "FALLBACK",
     "HOST_INGREDIENTS",
+    "MAX_PARSED_BYTES",
     "CacheRules",
     "Family",
     "Relocator",
@@ -28,6 +29,7 @@ __all__ = [
     "get",
     "names",
     "rules",
+    "too_large_to_parse",
     "walk_files",
 ]
 

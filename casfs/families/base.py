@@ -35,6 +35,29 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
+# Commit records, merged indexes and path-bearing files are parsed by root's
+# processes every tenant shares (the promotion worker, the publisher, the view).
+# Real ones are small (a Triton group file ~1 KB, a vLLM index of a few hundred
+# compiled graphs ~50 KB); a larger one is not in the format: a miss (not a group,
+# not merged, not rewritten), never parsed. ast.literal_eval takes ~470 bytes of
+# memory a byte of source, so one tenant's 10 MB "index" took the shared worker to
+# 4.7 GB and a core every round; bounded here, a parse costs at most a few tens of MB.
+MAX_PARSED_BYTES = 1 << 20
+# A Python literal's parse grows with its items, not its bytes ("0," is two bytes and
+# ~900 bytes parsed): at most this many separators and brackets.
+MAX_LITERAL_ITEMS = 50_000
+
+
+def too_large_to_parse(size: int) -> bool:
+    """Whether a commit record or index of ``size`` bytes is past what casfs parses."""
+    return size > MAX_PARSED_BYTES
+
+
+def literal_items(data: bytes) -> int:
+    """An upper bound's worth of a Python literal's items: its separators and brackets."""
+    return sum(data.count(c) for c in (b",", b":", b"(", b"[", b"{", b"+", b"-"))
+
+
 # Host ingredients every probe knows (casfs/fingerprint.py); any other
 # ingredient is a package, looked up in ``Family.packages``.
 HOST_INGREDIENTS = (

@@ -14,7 +14,14 @@ import re
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from casfs.families.base import CommitRecord, Family, PathBearing, ReplacedPath, ReplaceRule
+from casfs.families.base import (
+    CommitRecord,
+    Family,
+    PathBearing,
+    ReplacedPath,
+    ReplaceRule,
+    too_large_to_parse,
+)
 from casfs.util import beneath, noatime
 
 
@@ -62,9 +69,12 @@ class CacheRules:
         return self.commit_record(relpath) is not None
 
     def record_children(self, relpath: str, data: bytes) -> list[str] | None:
-        """What a commit record names (relative paths), or None if it is unusable."""
+        """What a commit record names (relative paths), or None if it is unusable
+        (a record past ``MAX_PARSED_BYTES`` is, unparsed)."""
         r = self.commit_record(relpath)
-        return r.children(relpath, data) if r is not None else None
+        if r is None or too_large_to_parse(len(data)):
+            return None
+        return r.children(relpath, data)
 
     # --- replaced paths ------------------------------------------------------
     def replace_rule(self, relpath: str) -> ReplaceRule | None:

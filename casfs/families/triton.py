@@ -24,7 +24,7 @@ import logging
 import posixpath
 import re
 
-from casfs.families.base import Family, common_scratch
+from casfs.families.base import Family, common_scratch, too_large_to_parse
 from casfs.util.paths import is_valid_relpath
 
 log = logging.getLogger(__name__)
@@ -62,6 +62,8 @@ def _parsed_child_paths(data: bytes) -> dict[str, str] | None:
 
 
 def _parse_child_paths(data: bytes) -> dict[str, str] | None:
+    if too_large_to_parse(len(data)):
+        return None  # no group file Triton writes is this large: not in the format
     try:
         doc = json.loads(data)
     except (ValueError, UnicodeDecodeError, RecursionError):  # deep nesting: damaged too

@@ -27,13 +27,25 @@ import posixpath
 import pprint
 from typing import Any
 
-from casfs.families.base import NEWEST, Family, ReplacedPath, ReplaceRule, common_scratch
+from casfs.families.base import (
+    MAX_LITERAL_ITEMS,
+    NEWEST,
+    Family,
+    ReplacedPath,
+    ReplaceRule,
+    common_scratch,
+    literal_items,
+    too_large_to_parse,
+)
 from casfs.util.paths import is_valid_relpath
 
 INDEX_NAME = "vllm_compile_cache.py"
 
 
 def _literal(data: bytes) -> Any:
+    """The literal, or None: not one, or past what casfs parses (base.MAX_PARSED_BYTES)."""
+    if too_large_to_parse(len(data)) or literal_items(data) > MAX_LITERAL_ITEMS:
+        return None
     try:
         return ast.literal_eval(data.decode("utf-8"))
     # TypeError: a dict literal with an unhashable key ("{[1]: 2}").

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from casfs.families import CacheRules, walk_files
+from casfs.families import MAX_PARSED_BYTES, CacheRules, too_large_to_parse, walk_files
 from casfs.index.node_index import NodeIndex
 from casfs.index.promoted import PromotedRecord
 from casfs.index.tree import DIR, LowerTree
@@ -101,6 +101,20 @@ class RoundResult:
     last_error: str = ""  # the last error's message, for `casfs publish` and status
     linked: int = 0  # promoted files with other names (hard links): worth a walk after
 
+
+
+_said_too_large: set[str] = set()
+
+
+def _say_once(rel: str, size: int) -> None:
+    """One line per path and process: a commit record too large to parse stays unpublished."""
+    if rel in _said_too_large:
+        return
+    if len(_said_too_large) > 4096:
+        _said_too_large.clear()
+    _said_too_large.add(rel)
+    log.warning("not publishing %s: a commit record of %d bytes, past the %d casfs parses"
+                " (not in its family's format)", rel, size, MAX_PARSED_BYTES)
 
 class Promoter:
     def __init__(
@@ -598,6 +612,9 @@ class Promoter:
         res.bytes += put.size
 
     def _group_ready(self, rel: str, size: int) -> bool:
+        if too_large_to_parse(size):  # not in the format: never read, never a group
+            _say_once(rel, size)
+            return False
         try:
             data = self._read_upper(rel, size + 1, size)[0]
         except OSError:

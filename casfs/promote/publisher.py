@@ -31,7 +31,7 @@ from casfs.errors import (
     UnreadableHereError,
     UntrustedError,
 )
-from casfs.families import CacheRules
+from casfs.families import CacheRules, too_large_to_parse
 from casfs.index.node_index import NodeIndex
 from casfs.index.promoted import PromotedRecord
 from casfs.promote.timing import with_compile_times
@@ -226,6 +226,8 @@ class Publisher:
         have = snap.entries.get(e.path)
         if rule is None or rule.merge is None or have is None or have.digest == e.digest:
             return e
+        if too_large_to_parse(have.size) or too_large_to_parse(e.size):
+            return e  # not in the format: newest wins, nothing read or parsed
         try:
             older = self.gens.objects.get_bytes(have.digest, have.size)
             newer = self.gens.objects.get_bytes(e.digest, e.size)
@@ -258,6 +260,8 @@ class Publisher:
         return keep
 
     def _children(self, group: Entry) -> list[str] | None:
+        if too_large_to_parse(group.size):
+            return None  # not in the format: never read
         try:
             data = self.gens.objects.get_bytes(group.digest, group.size)
         except CasfsError:

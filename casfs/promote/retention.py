@@ -63,7 +63,8 @@ def unused(gens: GenerationStore, ns: str, snap: Snapshot, cutoff: float) -> set
         if p in gone or not rules.is_commit_record(p):
             continue
         try:
-            children = rules.record_children(p, gens.objects.get_bytes(e.digest, e.size))
+            children = (None if families.too_large_to_parse(e.size) else
+                        rules.record_children(p, gens.objects.get_bytes(e.digest, e.size)))
         except Exception as err:  # unreadable: it names what it names, drop it with them
             log.warning("%s: cannot read commit record %s: %s", ns, p, err)
             children = None

@@ -97,6 +97,19 @@ def _real_group(root: str) -> bytes:
     return json.dumps({"child_paths": {n: f"{root}/{KEY}/{n}" for n in names}}).encode()
 
 
+def test_a_group_file_past_what_casfs_parses_is_not_one() -> None:
+    """Group files are parsed by root's shared processes: past MAX_PARSED_BYTES one is
+    not a group (never published), whatever it names."""
+    from casfs.families.base import MAX_PARSED_BYTES
+
+    rel = f"{KEY}/__grp__k.json"
+    data = json.dumps({"child_paths": {"k.cubin": f"/c/{KEY}/k.cubin"},
+                       "pad": "y" * MAX_PARSED_BYTES}).encode()
+    assert group_children(rel, data) is None
+    assert family_rules("triton").record_children(rel, data) is None
+    assert group_children(rel, data[:-MAX_PARSED_BYTES // 2 - 2] + b'"}') is not None
+
+
 def test_group_children_maps_absolute_paths_by_basename() -> None:
     data = _real_group("/tmp/tw/c1")
     children = group_children(f"{KEY}/__grp__k.json", data)

@@ -70,6 +70,30 @@ def test_index_is_a_commit_record_of_its_artifacts() -> None:
     assert rules.record_children(idx, b"not a dict") is None
 
 
+def test_an_index_past_what_casfs_parses_is_not_one() -> None:
+    """Root's shared processes parse indexes: past MAX_PARSED_BYTES, or with more
+    items than MAX_LITERAL_ITEMS (~900 bytes of parse each), one is not in the format
+    (no children, no merge), whatever it names. Before: parsed, at ~470x its size."""
+    from casfs.families.base import MAX_LITERAL_ITEMS, MAX_PARSED_BYTES
+
+    rules = families.rules("vllm")
+    idx = f"{RANK}/vllm_compile_cache.py"
+    named = {"x": {"graph_handle": ("artifact_a", "p")}}
+    ok = _index({**named, "pad": "y" * (MAX_PARSED_BYTES // 2)})  # one large string: fine
+    assert rules.record_children(idx, ok) == [f"{RANK}/artifact_a"]
+    big = _index({**named, "pad": "y" * MAX_PARSED_BYTES})
+    items = _index({**named, "pad": [0] * MAX_LITERAL_ITEMS})  # ~250 KB, 50,000 items
+    assert len(items) < MAX_PARSED_BYTES
+    for bad in (big, items):
+        assert rules.record_children(idx, bad) is None
+        assert merge_dict_literal(bad, ok) is None and merge_dict_literal(ok, bad) is None
+    # a real index of 500 compiled graphs is well within both
+    real = _index({((1, 8192), i, "inductor_standalone"): {
+        "graph_handle": (f"artifact_compile_range_1_8192_subgraph_{i}", f"/abs/{RANK}/x"),
+        "cache_key": "k" * 52} for i in range(500)})
+    assert len(rules.record_children(idx, real) or []) == 500
+
+
 @pytest.mark.fuse
 def test_an_index_with_an_unhashable_key_does_not_stop_publication(tmp_path: Path) -> None:
     """Was: ``{[1]: 2}`` made ast.literal_eval raise TypeError, which the parser let
