@@ -582,6 +582,11 @@ class Supervisor:
                 try:
                     old_worker = swap.get(slot.cfg.name)
                     if old_worker is not None:
+                        # The held connection goes with its worker (as in ``restart``),
+                        # let go once the new one holds its own: left on the old slot, a
+                        # dead drainer's connection stayed held unserved, and its jobs'
+                        # next request hung in D state until casfsd exited (a review).
+                        slot.conn, old[slot.cfg.name].conn = old[slot.cfg.name].conn, None
                         self._replace(slot, old_worker, slot.cfg)
                     else:
                         self._start_slot(slot)

@@ -403,10 +403,53 @@ def draining_pids(run_dir: Path) -> set[int]:
     return out
 
 
-def drained_writers(run_dir: Path, ns: str) -> set[str]:
+@dataclass
+class Drained:
+    """What draining predecessors' jobs hold of a namespace (``drained_writers``)."""
+
+    writing: set[str] = field(default_factory=set)  # open for writing: not promoted now
+    # A predecessor died with these open for writing through its FUSE mount: its
+    # connection ended, so what is in the upper is half-written for good (held, removed).
+    torn: dict[int, set[str]] = field(default_factory=dict)
+
+
+def _read_writers(p: Path) -> dict[str, Any] | None:
+    """A writers file: ``{"paths", "layer", "mount_id", "mountpoint"}``, or an older
+    release's bare list of paths (its layer unknown); None if unreadable."""
+    try:
+        doc = json.loads(p.read_bytes())
+    except (OSError, ValueError):
+        return None
+    if isinstance(doc, list):
+        doc = {"paths": doc}
+    if not isinstance(doc, dict) or not isinstance(doc.get("paths"), list):
+        return None
+    doc["paths"] = {str(x) for x in doc["paths"]}
+    return doc
+
+
+def _still_written(doc: dict[str, Any]) -> set[str]:
+    """A dead overlay predecessor's paths while jobs still write through its detached
+    overlay (overlayfs writes the upper without it); empty once none does."""
+    from casfs.view import dirmode
+
+    mount_id, mountpoint = doc.get("mount_id"), doc.get("mountpoint")
+    if doc.get("layer") != "overlay" or type(mount_id) is not int or not mountpoint:
+        return set()
+    tops = {p.split("/", 1)[0] for p in doc["paths"]}
+    live = dirmode.writers_on_mount(mount_id, Path(mountpoint), tops)
+    return doc["paths"] | live if live else set()
+
+
+def drained_writers(run_dir: Path, ns: str) -> Drained:
     """Paths of ``ns`` open for writing through the mounts of processes that handed it
-    over and drain (their ``draining-<ns>.<pid>.json``; a dead process's is removed)."""
-    out: set[str] = set()
+    over and drain (their ``draining-<ns>.<pid>.json``).
+
+    A dead drainer's file is removed once it says nothing more: an overlay one's
+    paths stay written while jobs write through its detached overlay (the kernel's,
+    it needs no process); a FUSE one's connection ended with it, so its paths are
+    ``torn`` (a job's data still in flight never reached the upper)."""
+    out = Drained()
     for p in run_dir.glob(f"draining-{glob.escape(ns)}.*.json"):
         try:
             pid = int(p.name[len(f"draining-{ns}."):-len(".json")])
@@ -414,28 +457,37 @@ def drained_writers(run_dir: Path, ns: str) -> set[str]:
             continue
         if pid == os.getpid():
             continue  # our own (we drain): our tracker knows
-        if not control.running(pid):
-            with contextlib.suppress(OSError):
-                p.unlink()
+        doc = _read_writers(p)
+        if control.running(pid):
+            out.writing |= doc["paths"] if doc is not None else set()
             continue
-        try:
-            out.update(str(x) for x in json.loads(p.read_bytes()))
-        except (OSError, ValueError, TypeError):
+        held = _still_written(doc) if doc is not None else set()
+        if held:
+            out.writing |= held
             continue
+        if doc is not None and doc.get("layer") != "overlay" and doc["paths"]:
+            out.torn[pid] = doc["paths"]
+        with contextlib.suppress(OSError):
+            p.unlink()
     return out
 
 
-def busy_hook(run_dir: Path, ns: str,
-              own: Callable[[list[str]], set[str]]) -> Callable[[list[str]], set[str]]:
+def busy_hook(run_dir: Path, ns: str, own: Callable[[list[str]], set[str]],
+              torn: Callable[[int, set[str]], None]) -> Callable[[list[str]], set[str]]:
     """A mount's promotion ``busy`` hook: its own writers (``own``, as without the
     hook) and the paths draining predecessors hold open for writing: a file another
-    process writes is never promoted half-written (first writer kept would keep that)."""
+    process writes is never promoted half-written (first writer kept would keep that).
+    A predecessor that died with files open through its FUSE mount: ``torn`` is told
+    (once), and holds them."""
 
     def busy(paths: list[str]) -> set[str]:
         if not paths:
             return set()
-        held = drained_writers(run_dir, ns)
-        return {p for p in paths if p in held} | own(paths)
+        drained = drained_writers(run_dir, ns)
+        for pid, rels in drained.torn.items():
+            torn(pid, rels)
+            drained.writing |= rels  # this round's paths were chosen before the hold
+        return {p for p in paths if p in drained.writing} | own(paths)
 
     return busy
 
@@ -487,9 +539,11 @@ class Drain:
         """What this draining process's jobs write, for the other processes' promotion."""
         by_ns = self.writing()
         for ns in self._namespaces:
+            doc = {"paths": by_ns.get(ns, []), "layer": self.handing.kind,
+                   "mount_id": self.handing.mount_id, "mountpoint": str(self.mountpoint)}
             try:
                 atomic.write_atomic(writers_file(self.run_dir, ns, os.getpid()),
-                                    json.dumps(by_ns.get(ns, [])).encode())
+                                    json.dumps(doc).encode())
             except OSError as e:
                 log.warning("%s: cannot record the files open for writing here: %s",
                             self.mountpoint, e)

@@ -607,6 +607,18 @@ class Publication:
             self.torn.add(ctx.tracker.held())
         return n
 
+    def drained_torn(self, pid: int, rels: set[str]) -> None:
+        """A replaced process (pid) died draining, with ``rels`` open for writing through
+        its FUSE mount: what its jobs had in flight never reached the upper. Held as they
+        are (a later write lifts it), recorded, removed at release like a killed job's."""
+        ctx = self.ctx
+        n = ctx.tracker.hold_paths(rels)
+        ctx.counters.inc("torn_held", n)
+        log.warning("%s: replaced mount process pid %d died with %d files open for writing"
+                    " through it: not published, removed at release unless written again",
+                    ctx.cfg.name, pid, n)
+        self.torn.add(ctx.tracker.held())
+
     def discard_recorded_torn(self) -> None:
         """At start: remove what a killed job left that a previous process held but did
         not remove (it stopped first); each file only if unchanged since it was held."""

@@ -32,6 +32,9 @@ class WriteTracker:
         # every killed job of a namespace adds one for as long as it is served.
         self._holds: list[tuple[float, float]] = []
         self._hold_starts: list[float] = []
+        # Paths held as they are (``hold_paths``): held while their last change is no
+        # later than the hold; a change after it (written again) lifts it.
+        self._path_holds: dict[str, float] = {}
 
     def _set_dirty(self, path: str, t: float) -> None:
         if path not in self._dirty:
@@ -40,6 +43,7 @@ class WriteTracker:
         self._dirty[path] = t
 
     def _drop_dirty(self, path: str) -> None:
+        self._path_holds.pop(path, None)
         if self._dirty.pop(path, None) is not None:
             for d in parent_dirs(path):
                 self._below[d] -= 1
@@ -126,7 +130,7 @@ class WriteTracker:
             return sorted(
                 p for p, t in self._dirty.items()
                 if t <= cutoff and (with_writers or p not in self._writers)
-                and not (self._holds and self._in_hold(t))
+                and not self._is_held(p, t)
             )
 
     # --- a job killed mid-write -------------------------------------------
@@ -149,15 +153,32 @@ class WriteTracker:
             self._hold_starts = [a for a, _ in merged]
             return sum(1 for t in self._dirty.values() if since <= t <= until)
 
+    def hold_paths(self, paths: set[str]) -> int:
+        """Keep ``paths`` out of promotion as they are now (a writer that can no longer
+        finish them left them): a later change lifts the hold. Returns how many."""
+        now = time.monotonic()
+        with self._lock:
+            for p in paths:
+                if p not in self._dirty:
+                    self._set_dirty(p, now)
+                self._path_holds[p] = now
+        return len(paths)
+
     def holding(self) -> bool:
         """Whether a ``hold`` keeps any dirty path out of promotion."""
         with self._lock:
-            return bool(self._holds) and any(self._in_hold(t) for t in self._dirty.values())
+            return ((bool(self._holds) or bool(self._path_holds))
+                    and any(self._is_held(p, t) for p, t in self._dirty.items()))
 
     def held(self) -> list[str]:
         """The dirty paths a ``hold`` keeps out of promotion."""
         with self._lock:
-            return sorted(p for p, t in self._dirty.items() if self._in_hold(t))
+            return sorted(p for p, t in self._dirty.items() if self._is_held(p, t))
+
+    def _is_held(self, path: str, t: float) -> bool:
+        held_at = self._path_holds.get(path)
+        return ((held_at is not None and t <= held_at)
+                or (bool(self._holds) and self._in_hold(t)))
 
     def _in_hold(self, t: float) -> bool:
         i = bisect.bisect_right(self._hold_starts, t) - 1

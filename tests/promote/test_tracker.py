@@ -127,3 +127,18 @@ def test_many_holds_cost_a_promotion_round_little() -> None:
     _Counted.made = 0
     assert len(t.quiet(0.0)) == 2000  # none changed in a window
     assert _Counted.made < 2000 * 30  # a search per path, not a walk over 1,000 windows
+
+
+def test_paths_held_as_they_are_until_written_again() -> None:
+    """A drainer died with files open through its FUSE mount: held as they are (dirty
+    or not yet seen here), listed as held (removed at release); a later write lifts it."""
+    t = WriteTracker()
+    t.modified("seen")
+    time.sleep(0.01)
+    assert t.hold_paths({"seen", "unseen"}) == 2
+    assert t.quiet(0.0) == [] and t.held() == ["seen", "unseen"] and t.holding()
+    time.sleep(0.01)
+    t.modified("seen")  # written again through this process
+    assert t.quiet(0.0) == ["seen"] and t.held() == ["unseen"]
+    t.removed("unseen")
+    assert not t.holding() and t.held() == []
