@@ -25,6 +25,10 @@ What it emulates, per direction (client -> server "up", server -> client "down")
 - **Reset mid-body** (``reset_next(n, after)`` or ``reset_share``): a response
   is cut after ``after`` bytes of its body and the client's connection is reset
   (RST), the upstream connection closed.
+- **Refused creates accepted** (``accept_refused_creates``): a create-only PUT the
+  server refused (412: the key exists) is answered 200, as a gateway that does not
+  pass ``If-None-Match`` on (or a server that ignores it) would have the client
+  believe; what the server holds is unchanged.
 - **503 SlowDown** (``slowdown_share``): that share of requests is answered by
   the proxy with S3's 503 SlowDown error (an XML body) after one round trip,
   without reaching the server (the request's body is read and dropped; with
@@ -271,7 +275,7 @@ class NetProxy:
                  bandwidth: float | None = None, handshake_rtts: float = 1.0,
                  slowdown_share: float = 0.0, reset_share: float = 0.0,
                  reset_after: int = 1024, seed: int = 0, record: bool = False,
-                 port: int = 0) -> None:
+                 port: int = 0, accept_refused_creates: bool = False) -> None:
         if isinstance(upstream, int):
             self.upstream = ("127.0.0.1", upstream)
         elif isinstance(upstream, str):
@@ -286,6 +290,7 @@ class NetProxy:
         self.reset_share = reset_share
         self.reset_after = reset_after
         self.record = record
+        self.accept_refused_creates = accept_refused_creates
         self.rng = random.Random(seed)
         self.port = port
         self._lock = threading.Lock()
@@ -322,7 +327,7 @@ class NetProxy:
             old = dict(self._counts)
             self._counts = dict.fromkeys(
                 (*KINDS, "requests", "responses", "bytes_up", "bytes_down", "connections",
-                 "slowdown_503", "resets", "upstream_5xx"), 0)
+                 "slowdown_503", "resets", "upstream_5xx", "creates_faked"), 0)
             self._requests = []
             return old
 
@@ -544,7 +549,7 @@ class NetProxy:
                 done: list[Request] = []
                 for ev, val in conn.resf.feed(data):
                     if ev == "head":
-                        out += val.raw
+                        out += self._response_raw(conn, val)
                         self._response_head(conn, val)
                     elif ev == "raw":
                         out += val
@@ -579,6 +584,16 @@ class NetProxy:
         except (ConnectionError, ValueError):
             await conn.downq.put((0.0, _RESET))
             raise
+
+    def _response_raw(self, conn: _Conn, head: _Head) -> bytes:
+        """The response head as passed on: a refused create-only PUT (412) made a 200,
+        with an ETag, where ``accept_refused_creates``."""
+        if not (self.accept_refused_creates and head.final and conn.pending
+                and conn.pending[0].method == "PUT" and head.first.split(" ", 2)[1] == "412"):
+            return head.raw
+        self._add("creates_faked")
+        rest = head.raw.split(b"\r\n", 1)[1]
+        return b'HTTP/1.1 200 OK\r\nETag: "netem-faked"\r\n' + rest
 
     def _response_head(self, conn: _Conn, head: _Head) -> None:
         if not head.final:

@@ -62,7 +62,7 @@ from casfs.errors import (
     UnreadableHereError,
     UsageError,
 )
-from casfs.store import manifest
+from casfs.store import createonly, manifest
 from casfs.store.backend import Backend, NotRegularFileError
 from casfs.store.digests import digest_bytes
 from casfs.store.entry import Entry
@@ -822,6 +822,7 @@ class GenerationStore:
         attempt = 0
         computing: Callable[[], dict[str, Any]] | None = None
         later: int | None = None  # after a lost race: the newest seq found since
+        checking: Callable[[], str | None] | None = None  # createonly.refusal, beside
         while True:
             attempt += 1
             result = PublishResult(ns, None, attempts=attempt)
@@ -856,6 +857,8 @@ class GenerationStore:
                     f" its bound of {max_bytes} bytes; nothing was published"
                 )
             seq = (newest or 0) + 1
+            if checking is None:  # beside the manifest's upload: two PUTs, the first time
+                checking = _beside(functools.partial(createonly.refusal, self.backend))
             if self._condemned is None:
                 self._condemned = Condemned(self.backend)
             # The gc marks (a LIST, kept a while) read while the manifest goes up:
@@ -879,6 +882,9 @@ class GenerationStore:
             crashpoint("after-sync")
             self.trust.check_namespace(ns)  # nobody slipped their own directory in meanwhile
             data = self.trust.seal(ns, record.to_json())
+            refused = checking()
+            if refused is not None:
+                raise PublishError(refused)
             if self.backend.create_exclusive(self._key(ns, record.seq), data):
                 result.seq = record.seq
                 self._newest[ns] = (record.seq, time.monotonic())
@@ -969,6 +975,9 @@ class GenerationStore:
                 casfs_version=__version__, fingerprint=current.fingerprint, options=options,
                 requires=current.requires)
             self.backend.sync()
+            refused = createonly.refusal(self.backend)
+            if refused is not None:
+                raise PublishError(refused)
             data = self.trust.seal(ns, record.to_json())  # tenant and signature, as publish
             if self.backend.create_exclusive(self._key(ns, record.seq), data):
                 self._newest[ns] = (record.seq, time.monotonic())  # a publication next
