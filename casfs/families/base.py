@@ -37,15 +37,16 @@ from typing import Literal, Protocol
 
 # Commit records, merged indexes and path-bearing files are parsed by root's
 # processes every tenant shares (the promotion worker, the publisher, the view).
-# Real ones are small (a Triton group file ~1 KB, a vLLM index of a few hundred
-# compiled graphs ~50 KB); a larger one is not in the format: a miss (not a group,
-# not merged, not rewritten), never parsed. ast.literal_eval takes ~470 bytes of
-# memory a byte of source, so one tenant's 10 MB "index" took the shared worker to
-# 4.7 GB and a core every round; bounded here, a parse costs at most a few tens of MB.
-MAX_PARSED_BYTES = 1 << 20
-# A Python literal's parse grows with its items, not its bytes ("0," is two bytes and
-# ~900 bytes parsed): at most this many separators and brackets.
-MAX_LITERAL_ITEMS = 50_000
+# ast.literal_eval takes ~470 bytes of memory a byte of a list of small items ("0,"),
+# and an index naming an artifact that never comes was parsed again every round: one
+# tenant's 10 MB "index" took the shared worker to 4.7 GB and a core. Past these
+# bounds a record is not in the format: a miss (not a group, not merged, not
+# rewritten), never parsed. A real vLLM index is ~370 bytes and ~20 items an entry
+# (81 piecewise graphs x 35 compile sizes: ~1 MB, ~57,000 items); a Triton group ~1 KB.
+MAX_PARSED_BYTES = 8 << 20
+# A Python literal's parse grows with its items, not its bytes: at most this many
+# separators, brackets and quotes (~150 MB to parse at worst, one parse at a time).
+MAX_LITERAL_ITEMS = 150_000
 
 
 def too_large_to_parse(size: int) -> bool:
@@ -54,8 +55,8 @@ def too_large_to_parse(size: int) -> bool:
 
 
 def literal_items(data: bytes) -> int:
-    """An upper bound's worth of a Python literal's items: its separators and brackets."""
-    return sum(data.count(c) for c in (b",", b":", b"(", b"[", b"{", b"+", b"-"))
+    """An upper bound's worth of a Python literal's items: separators, brackets, quotes."""
+    return sum(data.count(c) for c in (b",", b":", b"(", b"[", b"{", b"+", b"-", b"'", b'"'))
 
 
 # Host ingredients every probe knows (casfs/fingerprint.py); any other

@@ -25,6 +25,7 @@ from __future__ import annotations
 import ast
 import posixpath
 import pprint
+import threading
 from typing import Any
 
 from casfs.families.base import (
@@ -42,12 +43,21 @@ from casfs.util.paths import is_valid_relpath
 INDEX_NAME = "vllm_compile_cache.py"
 
 
+# One large parse at a time per process: the shared worker serves every tenant's
+# namespaces from threads of its own, and each parse may take ~100 MB for a moment.
+_LARGE = 64 << 10
+_large_parse = threading.Lock()
+
+
 def _literal(data: bytes) -> Any:
     """The literal, or None: not one, or past what casfs parses (base.MAX_PARSED_BYTES)."""
     if too_large_to_parse(len(data)) or literal_items(data) > MAX_LITERAL_ITEMS:
         return None
     try:
-        return ast.literal_eval(data.decode("utf-8"))
+        if len(data) <= _LARGE:
+            return ast.literal_eval(data.decode("utf-8"))
+        with _large_parse:
+            return ast.literal_eval(data.decode("utf-8"))
     # TypeError: a dict literal with an unhashable key ("{[1]: 2}").
     except (ValueError, TypeError, SyntaxError, UnicodeDecodeError, MemoryError,
             RecursionError):
@@ -88,7 +98,11 @@ def merge_dict_literal(older: bytes, newer: bytes) -> bytes | None:
         return None
     merged = {**old, **new}
     # As vLLM's CompilerManager.save_to_file writes it.
-    return pprint.PrettyPrinter(indent=4).pformat(merged).encode("utf-8")
+    out = pprint.PrettyPrinter(indent=4).pformat(merged).encode("utf-8")
+    # Past the bound the merge would be no index to anyone (dropped every round, a new
+    # object each time): newest wins instead.
+    return None if too_large_to_parse(len(out)) or literal_items(out) > MAX_LITERAL_ITEMS \
+        else out
 
 
 MERGE_DICT_LITERAL = ReplaceRule("merge", merge_dict_literal,

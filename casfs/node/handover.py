@@ -381,7 +381,14 @@ DRAINING_FRESH_S = 10.0  # a writers file older than this is no live drainer's
 
 
 def writers_file(run_dir: Path, ns: str, pid: int) -> Path:
+    """The paths a draining process's jobs write (a JSON list: every release reads it)."""
     return run_dir / f"draining-{ns}.{pid}.json"
+
+
+def mount_file(run_dir: Path, ns: str, pid: int) -> Path:
+    """Beside it, which mount they write through: ``{"layer", "mount_id", "mountpoint"}``.
+    A name a release before it parses as no pid (``<pid>.mount``), so it skips it."""
+    return run_dir / f"draining-{ns}.{pid}.mount.json"
 
 
 def draining_pids(run_dir: Path) -> set[int]:
@@ -413,18 +420,21 @@ class Drained:
     torn: dict[int, set[str]] = field(default_factory=dict)
 
 
-def _read_writers(p: Path) -> dict[str, Any] | None:
-    """A writers file: ``{"paths", "layer", "mount_id", "mountpoint"}``, or an older
-    release's bare list of paths (its layer unknown); None if unreadable."""
+def _read_writers(run_dir: Path, ns: str, pid: int) -> dict[str, Any] | None:
+    """A drainer's paths and, where it wrote it, its mount (``mount_file``: a release
+    before 2026-12-06 wrote none, its layer then unknown); None if unreadable."""
     try:
-        doc = json.loads(p.read_bytes())
+        paths = json.loads(writers_file(run_dir, ns, pid).read_bytes())
     except (OSError, ValueError):
         return None
-    if isinstance(doc, list):
-        doc = {"paths": doc}
-    if not isinstance(doc, dict) or not isinstance(doc.get("paths"), list):
+    if not isinstance(paths, list):
         return None
-    doc["paths"] = {str(x) for x in doc["paths"]}
+    doc: dict[str, Any] = {}
+    with contextlib.suppress(OSError, ValueError):
+        mount = json.loads(mount_file(run_dir, ns, pid).read_bytes())
+        if isinstance(mount, dict):
+            doc.update(mount)
+    doc["paths"] = {str(x) for x in paths}
     return doc
 
 
@@ -441,24 +451,26 @@ def _still_written(doc: dict[str, Any]) -> set[str]:
     return doc["paths"] | live if live else set()
 
 
-def drained_writers(run_dir: Path, ns: str) -> Drained:
+def drained_writers(run_dir: Path, ns: str, claim: bool = True) -> Drained:
     """Paths of ``ns`` open for writing through the mounts of processes that handed it
     over and drain (their ``draining-<ns>.<pid>.json``).
 
     A dead drainer's file is removed once it says nothing more: an overlay one's
     paths stay written while jobs write through its detached overlay (the kernel's,
     it needs no process); a FUSE one's connection ended with it, so its paths are
-    ``torn`` (a job's data still in flight never reached the upper)."""
+    ``torn`` (a job's data still in flight never reached the upper). Only the process
+    serving the namespace ``claim``s them: another drainer counts them as written."""
     out = Drained()
+    prefix = f"draining-{ns}."
     for p in run_dir.glob(f"draining-{glob.escape(ns)}.*.json"):
         try:
-            pid = int(p.name[len(f"draining-{ns}."):-len(".json")])
+            pid = int(p.name[len(prefix):-len(".json")])
         except ValueError:
-            continue
+            continue  # a mount file (<pid>.mount.json)
         if pid == os.getpid():
             continue  # our own (we drain): our tracker knows
-        doc = _read_writers(p)
-        if control.running(pid):
+        doc = _read_writers(run_dir, ns, pid)
+        if control.running(pid) or not claim:
             out.writing |= doc["paths"] if doc is not None else set()
             continue
         held = _still_written(doc) if doc is not None else set()
@@ -467,23 +479,27 @@ def drained_writers(run_dir: Path, ns: str) -> Drained:
             continue
         if doc is not None and doc.get("layer") != "overlay" and doc["paths"]:
             out.torn[pid] = doc["paths"]
-        with contextlib.suppress(OSError):
-            p.unlink()
+        for f in (p, mount_file(run_dir, ns, pid)):
+            with contextlib.suppress(OSError):
+                f.unlink()
     return out
 
 
 def busy_hook(run_dir: Path, ns: str, own: Callable[[list[str]], set[str]],
-              torn: Callable[[int, set[str]], None]) -> Callable[[list[str]], set[str]]:
+              torn: Callable[[int, set[str]], None],
+              serving: Callable[[], bool] = lambda: True) -> Callable[[list[str]], set[str]]:
     """A mount's promotion ``busy`` hook: its own writers (``own``, as without the
     hook) and the paths draining predecessors hold open for writing: a file another
     process writes is never promoted half-written (first writer kept would keep that).
     A predecessor that died with files open through its FUSE mount: ``torn`` is told
-    (once), and holds them."""
+    (once), and holds them; only while ``serving`` (a drainer of its own leaves a dead
+    drainer's paths to the process that serves the namespace: its tracker sees the
+    rewrites that lift the hold)."""
 
     def busy(paths: list[str]) -> set[str]:
         if not paths:
             return set()
-        drained = drained_writers(run_dir, ns)
+        drained = drained_writers(run_dir, ns, claim=serving())
         for pid, rels in drained.torn.items():
             torn(pid, rels)
             drained.writing |= rels  # this round's paths were chosen before the hold
@@ -530,20 +546,30 @@ class Drain:
             with contextlib.suppress(OSError):
                 os.close(fd)
         self._draining = []
-        if self.handing.stepped_aside:
-            for ns in self._namespaces:
+        self._unlink_writers()
+
+    def _unlink_writers(self) -> None:
+        """Ours, whether we stepped aside or not: left behind, a later process would
+        take their paths for a dead drainer's, torn (a step aside whose detach failed
+        wrote them and served on)."""
+        for ns in self._namespaces:
+            for f in (writers_file(self.run_dir, ns, os.getpid()),
+                      mount_file(self.run_dir, ns, os.getpid())):
                 with contextlib.suppress(OSError):
-                    writers_file(self.run_dir, ns, os.getpid()).unlink()
+                    f.unlink()
 
     def _publish_writers(self) -> None:
         """What this draining process's jobs write, for the other processes' promotion."""
         by_ns = self.writing()
+        mount = {"layer": self.handing.kind, "mount_id": self.handing.mount_id,
+                 "mountpoint": str(self.mountpoint)}
         for ns in self._namespaces:
-            doc = {"paths": by_ns.get(ns, []), "layer": self.handing.kind,
-                   "mount_id": self.handing.mount_id, "mountpoint": str(self.mountpoint)}
             try:
+                if not mount_file(self.run_dir, ns, os.getpid()).exists():  # first: it stays
+                    atomic.write_atomic(mount_file(self.run_dir, ns, os.getpid()),
+                                        json.dumps(mount).encode())
                 atomic.write_atomic(writers_file(self.run_dir, ns, os.getpid()),
-                                    json.dumps(doc).encode())
+                                    json.dumps(by_ns.get(ns, [])).encode())
             except OSError as e:
                 log.warning("%s: cannot record the files open for writing here: %s",
                             self.mountpoint, e)
@@ -626,6 +652,7 @@ class Drain:
         try:
             detach(self.mountpoint)
         except OSError as e:
+            self._unlink_writers()  # serving on: no drainer's
             return {"ok": False, "handover_version": version, "error": str(e)}
         self.handing.stepped_aside = True
         lifeline.detach()  # drains and exits by itself: casfsd's end no longer matters

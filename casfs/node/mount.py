@@ -188,7 +188,8 @@ class MountService:
         self.server.busy = handover.busy_hook(cfg.run_dir, cfg.namespace,
                                               self.server.busy or self._tracked_writers,
                                               lambda pid, rels: self.publication.drained_torn(
-                                                  pid, rels))
+                                                  pid, rels),
+                                              lambda: not self.handing.stepped_aside)
         if self.server.has_fuse and fetchproc.enabled():
             source.worker()  # started now, so a first fetch does not wait
         # A miss fetches the rest of its directory (objects fetched on open only).

@@ -103,18 +103,18 @@ class RoundResult:
 
 
 
-_said_too_large: set[str] = set()
+_said_unusable: set[str] = set()
 
 
-def _say_once(rel: str, size: int) -> None:
-    """One line per path and process: a commit record too large to parse stays unpublished."""
-    if rel in _said_too_large:
+def _say_once(rel: str, why: str, level: int = logging.WARNING) -> None:
+    """One line per path and process: a commit record no client could use stays local."""
+    if rel in _said_unusable:
         return
-    if len(_said_too_large) > 4096:
-        _said_too_large.clear()
-    _said_too_large.add(rel)
-    log.warning("not publishing %s: a commit record of %d bytes, past the %d casfs parses"
-                " (not in its family's format)", rel, size, MAX_PARSED_BYTES)
+    if len(_said_unusable) > 4096:
+        _said_unusable.clear()
+    _said_unusable.add(rel)
+    log.log(level, "not publishing %s: %s", rel, why)
+
 
 class Promoter:
     def __init__(
@@ -613,7 +613,8 @@ class Promoter:
 
     def _group_ready(self, rel: str, size: int) -> bool:
         if too_large_to_parse(size):  # not in the format: never read, never a group
-            _say_once(rel, size)
+            _say_once(rel, f"a commit record of {size} bytes, past the {MAX_PARSED_BYTES}"
+                           " casfs parses (not in its family's format)")
             return False
         try:
             data = self._read_upper(rel, size + 1, size)[0]
@@ -621,6 +622,8 @@ class Promoter:
             return False
         children = self.rules.record_children(rel, data)
         if children is None:
+            _say_once(rel, "a commit record not in its family's format (unparsable, or past"
+                           " the items casfs parses)", logging.INFO)
             return False
         for child in children:
             if child in self._batch or self.index.get_promoted(self.key, child) is not None:

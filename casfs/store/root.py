@@ -12,6 +12,8 @@
     <root>/gc/marks/<created>-<32 hex>    gc marks (casfs.store.marks)
     <root>/probes/<32 hex>/<n>            create-only probes (``probe_create_only``); removed
                                           after each probe
+    <root>/probes/create-only             kept: the check before a process's first record
+                                          (casfs.store.createonly)
     <root>/tmp/                           staging; old files here are garbage
 
 docs/format.md ("Shared root" and the sections after it) has each of them in full.

@@ -82,16 +82,36 @@ def test_an_index_past_what_casfs_parses_is_not_one() -> None:
     ok = _index({**named, "pad": "y" * (MAX_PARSED_BYTES // 2)})  # one large string: fine
     assert rules.record_children(idx, ok) == [f"{RANK}/artifact_a"]
     big = _index({**named, "pad": "y" * MAX_PARSED_BYTES})
-    items = _index({**named, "pad": [0] * MAX_LITERAL_ITEMS})  # ~250 KB, 50,000 items
-    assert len(items) < MAX_PARSED_BYTES
-    for bad in (big, items):
+    items = _index({**named, "pad": [0] * MAX_LITERAL_ITEMS})  # small, but 150,000 items
+    strings = _index({**named, "pad": ["y"] * (MAX_LITERAL_ITEMS // 2)})  # quotes count
+    assert len(items) < MAX_PARSED_BYTES and len(strings) < MAX_PARSED_BYTES
+    for bad in (big, items, strings):
         assert rules.record_children(idx, bad) is None
         assert merge_dict_literal(bad, ok) is None and merge_dict_literal(ok, bad) is None
-    # a real index of 500 compiled graphs is well within both
-    real = _index({((1, 8192), i, "inductor_standalone"): {
-        "graph_handle": (f"artifact_compile_range_1_8192_subgraph_{i}", f"/abs/{RANK}/x"),
-        "cache_key": "k" * 52} for i in range(500)})
-    assert len(rules.record_children(idx, real) or []) == 500
+
+
+def test_a_large_real_index_is_within_the_bounds_and_a_merge_past_them_is_refused() -> None:
+    """81 piecewise graphs x 35 compile sizes (a review's measure of a large real
+    index: ~1 MB, ~57,000 items) parses; two halves whose union would be past the
+    items bound are not merged (newest wins), rather than dropped every round."""
+    from casfs.families.base import MAX_LITERAL_ITEMS, literal_items
+
+    rules = families.rules("vllm")
+    idx = f"{RANK}/vllm_compile_cache.py"
+
+    def entries(sizes: range) -> dict[object, object]:
+        return {((s, s), g, "inductor_standalone"): {
+            "graph_handle": (f"artifact_compile_range_{s}_{s}_subgraph_{g}", f"/abs/{RANK}/x"),
+            "cache_key": "k" * 52} for s in sizes for g in range(81)}
+
+    real = _index(entries(range(35)))
+    assert len(rules.record_children(idx, real) or []) == 81 * 35
+    per = literal_items(real) / (81 * 35)  # items an entry
+    sizes = int(MAX_LITERAL_ITEMS / per * 0.6) // 81  # each half ~60 % of the bound
+    half_a = _index(entries(range(sizes)))
+    half_b = _index(entries(range(1000, 1000 + sizes)))
+    assert rules.record_children(idx, half_a) is not None
+    assert merge_dict_literal(half_a, half_b) is None
 
 
 @pytest.mark.fuse

@@ -101,3 +101,25 @@ def test_compaction_keeps_each_paths_latest_use(tmp_path: Path) -> None:
     reads.record(root.backend, ns, "d", ["b"], t0)  # written after a compaction: kept
     assert reads.compact(root.backend, ns, "gc", t0 - 7 * DAY, t0) == 2
     assert reads.read_since(root.backend, ns, t0 - 1) == {"b"}
+
+
+def test_a_used_record_past_the_parse_bound_is_kept_with_its_directory(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A commit record past families.MAX_PARSED_BYTES (published before the bound) is
+    never read: kept while used, with everything beside it (what it may name); was
+    dropped as unreadable, every job then recompiling."""
+    from casfs.families.base import MAX_PARSED_BYTES
+
+    root = SharedRoot.open(tmp_path / "root", create=True)
+    gens = root.generations()
+    t0 = time.time()
+    ns = "triton-0123456789abcdef"
+    doc = {"child_paths": {"k.cubin": f"casfs:{KEY}/k.cubin"}, "pad": "y" * MAX_PARSED_BYTES}
+    big = put(root, f"{KEY}/__grp__k.json", json.dumps(doc).encode())
+    monkeypatch.setattr("casfs.store.generations.time.time", lambda: t0 - 30 * DAY)
+    gens.publish(ns, [put(root, f"{KEY}/k.cubin", b"cubin"), big, put(root, "old.bin", b"o")],
+                 node="a")
+    monkeypatch.undo()
+    reads.record(root.backend, ns, "b", [f"{KEY}/__grp__k.json"], t0 - 2 * DAY)
+    rep = drop_unused(gens, unused_for_s=7 * DAY, now=t0, node="gc", dry_run=True)
+    assert rep.dropped[ns] == ["old.bin"]  # the unread cubin beside it stays
