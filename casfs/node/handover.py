@@ -508,6 +508,69 @@ def busy_hook(run_dir: Path, ns: str, own: Callable[[list[str]], set[str]],
     return busy
 
 
+TELL_TIMEOUT = 2.0  # a successor that does not answer this soon: the change goes untold
+TELL_PAUSE = 10.0  # after a failure, nothing is told for this long (no op waits on it)
+TELL_BIND_WAIT = 0.5  # at most this long for the successor's control socket to appear
+
+
+def _identity(path: Path) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def teller(socket: Path, ns: str) -> Callable[[list[str]], None]:
+    """For a drainer's tracker (``on_change``): each upper path its jobs change (through
+    a cwd or directory fd they hold on its detached mount) is told to the successor
+    before the change's answer reaches the job, so a read through the successor's mount
+    right after it sees the new bytes (close-to-open, as NFS). Its kernel caches the
+    upper for an hour: it cannot see the change by itself. Made at the step aside, when
+    ``socket`` is still this process's own: nothing is told until the successor's
+    replaces it (told to ourselves, the answer would wait on this very thread): a
+    change waits for that at most TELL_BIND_WAIT, else goes with the next one. Best
+    effort: a successor that does not take it (an older release, gone, slow) is said
+    once in the log, and nothing is told for TELL_PAUSE after each failure."""
+    own = _identity(socket)
+    said = False
+    paused_until = 0.0
+    pending: set[str] = set()  # changed before the successor's socket was there
+
+    def tell(paths: list[str]) -> None:
+        nonlocal said, paused_until
+        now = time.monotonic()
+        if now < paused_until:
+            return
+        ident = _identity(socket)
+        wait_until = now + TELL_BIND_WAIT
+        while (ident is None or ident == own) and time.monotonic() < wait_until:
+            time.sleep(0.01)  # it binds right after its step aside answered
+            ident = _identity(socket)
+        if ident is None or ident == own:
+            if len(pending) < 4096:
+                pending.update(paths)
+            return
+        told = sorted(pending.union(paths))
+        pending.clear()
+        try:
+            r = control.request(socket, "upper_changed", timeout=TELL_TIMEOUT, ns=ns,
+                                paths=told)
+            ok, why = bool(r.get("ok")), r.get("error")
+        except CasfsError as e:
+            ok, why = False, e.message
+        if ok:
+            return
+        paused_until = time.monotonic() + TELL_PAUSE
+        if not said:
+            said = True
+            log.warning("%s: cannot tell the successor what this drained mount's jobs change"
+                        " (%s): its readers may see the old bytes of a file replaced here"
+                        " for as long as their kernel caches it", ns, why)
+
+    return tell
+
+
 # --- the predecessor's side -------------------------------------------------------------
 class Drain:
     """A mount process's answers to a successor (control request ``handover``).

@@ -703,6 +703,11 @@ class NodeHost:
         cmd = req.get("cmd")
         if cmd == "handover":  # a successor takes the node's namespaces over
             return await self.drain.handle(req)
+        if cmd == "upper_changed":  # a drained predecessor's jobs changed these
+            for s in list(self.served.values()):
+                if s.svc.cfg.namespace == req.get("ns"):
+                    return await s.svc.upper_changed(req)
+            return {"ok": True}  # not served here (any more): nothing cached
         if cmd in ("lease", "release") and self.handing_over:
             # The successor restores leases from what prepare wrote: ask it (a moment)
             return {"ok": False, "retry": True,
@@ -837,7 +842,7 @@ class NodeHost:
             for t in s.tasks:
                 if t.name == "refresh_once":
                     t.stop()
-            await s.svc.stepped_aside()
+            await s.svc.stepped_aside(self.cfg.socket_path)
 
     def final_stats(self) -> dict[str, Any]:
         return {"host": True, "namespaces": list(self.final.values())}

@@ -74,6 +74,7 @@ from casfs.promote.tracker import WriteTracker
 from casfs.store.root import SharedRoot
 from casfs.tenants import TenantPolicy
 from casfs.util.flock import try_flock
+from casfs.util.paths import is_valid_relpath
 from casfs.view import session
 
 log = logging.getLogger(__name__)
@@ -372,6 +373,8 @@ class MountService:
             return await trio.to_thread.run_sync(self.refresh_once, abandon_on_cancel=True)
         if cmd == "handover":  # a successor takes the mount point over (casfs.node.handover)
             return await self.drain.handle(req)
+        if cmd == "upper_changed":  # a drained predecessor's jobs changed these
+            return await self.upper_changed(req)
         if cmd == "torn":  # casfs run: its job was killed ``late`` seconds ago
             late = req.get("late")
             late = min(float(late), 3600.0) if isinstance(late, (int, float)) and late >= 0 else 0.0
@@ -499,14 +502,29 @@ class MountService:
         self._lock_fd = fd
         return True
 
-    async def stepped_aside(self) -> None:
+    async def stepped_aside(self, successor: Path | None = None) -> None:
         """What a drained mount no longer does: refresh (the successor serves the newer
-        generations), prefetch. Promotion and publication of what it tracks go on."""
+        generations), prefetch. Promotion and publication of what it tracks go on; what
+        its jobs change through it is told to the successor (``successor``: its control
+        socket; this mount's own path by default) whose FUSE view caches the upper."""
         for t in self._periodic:
             if t.name == "refresh_once":
                 t.stop()
+        if self.server.name == "fuse":
+            self.tracker.on_change = handover.teller(successor or self.cfg.socket_path,
+                                                     self.cfg.namespace)
         await trio.to_thread.run_sync(self.server.stepped_aside)
         await trio.to_thread.run_sync(self.stop_prefetch)
+
+    async def upper_changed(self, req: dict[str, Any]) -> dict[str, Any]:
+        """A predecessor still draining changed upper paths of ours (casfs.node.handover):
+        the view forgets what it caches of them, before the answer."""
+        paths = req.get("paths")
+        if req.get("ns") != self.cfg.namespace or not isinstance(paths, list):
+            return {"ok": False, "error": f"not namespace {req.get('ns')!r}'s mount"}
+        rels = [p for p in paths if isinstance(p, str) and is_valid_relpath(p)]
+        await trio.to_thread.run_sync(self.server.upper_changed_elsewhere, rels)
+        return {"ok": True}
 
     async def release(self, timeout: float | None = None) -> None:
         """Final promotion and publication, bounded by ``timeout`` (shutdown_timeout):

@@ -11,6 +11,7 @@ import bisect
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from typing import TypeVar
 
 from casfs.util.paths import parent_dirs
@@ -35,6 +36,11 @@ class WriteTracker:
         # Paths held as they are (``hold_paths``): held while their last change is no
         # later than the hold; a change after it (written again) lifts it.
         self._path_holds: dict[str, float] = {}
+        # Told (outside the lock, in the caller's thread) the paths a finished change
+        # touched: a write handle's close, a rename, a removal, a change with no writer
+        # open. A mount that handed over sets it: its successor drops what its kernel
+        # caches of them (casfs.node.handover, "upper_changed").
+        self.on_change: Callable[[list[str]], None] | None = None
 
     def _set_dirty(self, path: str, t: float) -> None:
         if path not in self._dirty:
@@ -71,11 +77,20 @@ class WriteTracker:
             else:
                 self._writers.pop(path, None)
             self._set_dirty(path, time.monotonic())
+        self._told([path])
 
     def modified(self, path: str) -> None:
         """Content or metadata of ``path`` changed (write, truncate, chmod, utimens, create)."""
         with self._lock:
             self._set_dirty(path, time.monotonic())
+            writing = path in self._writers
+        if not writing:  # else its close tells
+            self._told([path])
+
+    def _told(self, paths: list[str]) -> None:
+        tell = self.on_change
+        if tell is not None:
+            tell(paths)
 
     def removed(self, path: str) -> None:
         """``path`` (file or directory, with everything under it) is gone."""
@@ -84,6 +99,7 @@ class WriteTracker:
                 self._drop_dirty(p)
             for p in self._subtree(self._writers, path):
                 del self._writers[p]  # a later release of the old file must not count
+        self._told([path])
 
     def renamed(self, old: str, new: str) -> None:
         """``old`` (file or directory) is now ``new``; descendants move with it."""
@@ -99,6 +115,7 @@ class WriteTracker:
                 q = new + p[len(old):]
                 self._writers[q] = self._writers.get(q, 0) + n
             self._set_dirty(new, now)
+        self._told([old, new])
 
     # --- queries from the promoter --------------------------------------
     def has_writers(self, path: str) -> bool:

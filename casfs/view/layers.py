@@ -414,6 +414,12 @@ class Layers:
         finally:
             os.close(fd)
 
+    def changed_elsewhere(self) -> None:
+        """The upper changed other than through this class (a predecessor still draining
+        writes it, casfs.node.handover): forget what was remembered of it."""
+        self._created += 1
+        self._changes += 1
+
     def raw_stat(self, path: str) -> os.stat_result | None:
         """lstat of the upper entry at ``path``, whiteouts included."""
         created = self._created

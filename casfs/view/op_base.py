@@ -525,6 +525,34 @@ class OpsBase(pyfuse3.Operations):
                 if e.errno != errno.ENOENT:  # ENOENT: the kernel had no such dentry
                     log.warning("invalidating %r: %s", path, e)
 
+    def upper_changed_elsewhere(self, paths: Sequence[str]) -> None:
+        """A predecessor still draining (casfs.node.handover) changed these upper paths
+        through its own mount (a job's cwd there): the kernel here forgets their
+        dentries, attributes and pages (a new inode number for each, as for a replaced
+        path), and the layers what they remembered. Else a file replaced there read
+        here with the old size and bytes for the hour the timeouts allow (a review).
+        Called from a worker thread: the invalidations wait for the kernel."""
+        if not self._mounted:
+            return
+        _in_trio_thread(self.layers.changed_elsewhere)
+        for path in paths:
+            ino = self.inodes.find(path)
+            if ino is not None:
+                _in_trio_thread(self.inodes.detach, path)
+                try:
+                    pyfuse3.invalidate_inode(ino)
+                except OSError as e:
+                    if e.errno != errno.ENOENT:
+                        log.warning("invalidating %r: %s", path, e)
+            parent, name = split(path)
+            parent_ino = self.inodes.find(parent)
+            if parent_ino is not None and name:
+                try:  # a negative dentry too: a name made there
+                    pyfuse3.invalidate_entry(parent_ino, os.fsencode(name))
+                except OSError as e:
+                    if e.errno != errno.ENOENT:
+                        log.warning("invalidating %r: %s", path, e)
+
     def _invalidate_entry(self, path: str) -> None:
         """Make the kernel forget the dentry of ``path`` (asynchronously: no deadlock)."""
         if not self._mounted or not path:

@@ -330,3 +330,67 @@ def test_a_moved_session_leaves_the_stage_to_the_next_successor(tmp_path: Path) 
         assert guard.mounts_at(stage) == []
     finally:
         handover.drop_stage(stage)
+
+
+# A job whose cwd is on the mount: after a handover its cwd-relative writes go through
+# the drained predecessor, its reads by absolute path through the successor.
+CWD_JOB = textwrap.dedent("""
+    import json, os, sys, time
+    mp, out = sys.argv[1], sys.argv[2]
+    os.makedirs(os.path.join(mp, "d"), exist_ok=True)
+    os.chdir(os.path.join(mp, "d"))
+    res = {"wrong": 0, "ok": 0, "first_wrong": None, "loops": 0}
+    i = 0
+    while not os.path.exists(out + ".stop"):
+        data = (f"{i}:".encode() * 2000)[:8192]
+        with open("tmp", "wb") as f:
+            f.write(data)
+        os.rename("tmp", "same.bin")  # replaced, as a JIT cache's index is
+        with open(os.path.join(mp, "d", "same.bin"), "rb") as f:
+            got = f.read()
+        if got == data:
+            res["ok"] += 1
+        else:
+            res["wrong"] += 1
+            res["first_wrong"] = res["first_wrong"] or [i, len(got), got[:8].decode()]
+        i += 1
+        res["loops"] = i
+        if i == 20:
+            open(out + ".going", "w").close()
+        time.sleep(0.01)
+    os.chdir("/")
+    json.dump(res, open(out, "w"))
+""")
+
+
+def test_a_file_replaced_through_the_drained_mount_reads_new_through_the_successor(
+        cluster: dict[str, Any], tmp_path: Path) -> None:
+    """Before: the successor's kernel kept the old size and bytes of ``same.bin`` for
+    its hour-long timeouts (a review: 180 wrong reads in a row, and still wrong 15 s
+    after the job). Now the drainer tells the successor each path its jobs change,
+    before answering them: every read is the bytes just written."""
+    a = cluster["a"]
+    w = a.mount("generic")
+    mp = w.cfg.mountpoint
+    out = tmp_path / "cwd-job.json"
+    job = subprocess.Popen([sys.executable, "-c", CWD_JOB, str(mp), str(out)], cwd="/")
+    try:
+        deadline = time.monotonic() + 60
+        while not Path(f"{out}.going").exists():
+            assert job.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
+        new, seamless = replace(w)
+        assert seamless
+        a.workers.remove(w)
+        a.workers.append(new)
+        time.sleep(3.0)  # the job replaces the file through the old mount meanwhile
+        Path(f"{out}.stop").touch()
+        job.wait(60)
+    finally:
+        if job.poll() is None:
+            job.kill()
+    res = json.loads(out.read_text())
+    assert res["loops"] > 40 and res["wrong"] == 0, res
+    last = (f"{res['loops'] - 1}:".encode() * 2000)[:8192]
+    assert (mp / "d" / "same.bin").read_bytes() == last  # a new reader, after the job
+    _drained([w])

@@ -129,6 +129,9 @@ class DirServer:
     def replaced_changed(self, paths: list[str]) -> None:
         self._replaced.update(paths)  # swapped once they are served (generation_served)
 
+    def upper_changed_elsewhere(self, paths: list[str]) -> None:
+        pass  # a plain directory: nothing cached
+
     def lower_added(self, paths: list[str]) -> None:
         pass  # restored by generation_served
 

@@ -63,6 +63,9 @@ class FuseServer:
             self._release_published_upper(p)
         self.ops.replaced_changed(paths)
 
+    def upper_changed_elsewhere(self, paths: list[str]) -> None:
+        self.ops.upper_changed_elsewhere(paths)
+
     def lower_added(self, paths: list[str]) -> None:
         self.ops.lower_added(paths)
 

@@ -123,6 +123,9 @@ class OverlayServer:
     def replaced_changed(self, paths: list[str]) -> None:
         self.ops.replaced_changed(paths)
 
+    def upper_changed_elsewhere(self, paths: list[str]) -> None:
+        pass  # overlayfs caches the shared upper itself: not ours to invalidate
+
     def lower_added(self, paths: list[str]) -> None:
         self.ops.lower_added(paths)
 
