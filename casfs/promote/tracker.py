@@ -108,8 +108,11 @@ class WriteTracker:
             for p in self._subtree(self._dirty, new):
                 self._drop_dirty(p)  # whatever was at ``new`` is replaced
             for p in self._subtree(self._dirty, old):
+                held = self._is_held(p, self._dirty[p]) and p in self._path_holds
                 self._drop_dirty(p)
                 self._set_dirty(new + p[len(old):], now)
+                if held:  # a held file keeps its hold under its new name
+                    self._path_holds[new + p[len(old):]] = now
             moved = {p: self._writers.pop(p) for p in self._subtree(self._writers, old)}
             for p, n in moved.items():
                 q = new + p[len(old):]

@@ -140,5 +140,7 @@ def test_paths_held_as_they_are_until_written_again() -> None:
     time.sleep(0.01)
     t.modified("seen")  # written again through this process
     assert t.quiet(0.0) == ["seen"] and t.held() == ["unseen"]
-    t.removed("unseen")
+    t.renamed("unseen", "moved")  # renamed, still as it was: held under its new name
+    assert t.held() == ["moved"] and t.quiet(0.0) == ["seen"]
+    t.removed("moved")
     assert not t.holding() and t.held() == []
