@@ -65,7 +65,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from casfs.errors import CasfsError
+from casfs.errors import CasfsError, DaemonStuckError
 from casfs.node import control, guard, lifeline
 from casfs.util import atomic
 from casfs.util.crashpoint import crashpoint
@@ -557,8 +557,12 @@ def teller(socket: Path, ns: str) -> Callable[[list[str]], None]:
             r = control.request(socket, "upper_changed", timeout=TELL_TIMEOUT, ns=ns,
                                 paths=told)
             ok, why = bool(r.get("ok")), r.get("error")
-        except CasfsError as e:
+        except DaemonStuckError as e:
             ok, why = False, e.message
+        except CasfsError as e:  # no process listens there: nothing caches what we change
+            log.debug("%s: no successor to tell: %s", ns, e.message)
+            paused_until = time.monotonic() + TELL_PAUSE
+            return
         if ok:
             return
         paused_until = time.monotonic() + TELL_PAUSE
