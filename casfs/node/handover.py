@@ -536,20 +536,22 @@ def teller(socket: Path, ns: str) -> Callable[[list[str]], None]:
     said = False
     paused_until = 0.0
     pending: set[str] = set()  # changed before the successor's socket was there
+    no_wait_until = 0.0
 
     def tell(paths: list[str]) -> None:
-        nonlocal said, paused_until
+        nonlocal said, paused_until, no_wait_until
         now = time.monotonic()
         if now < paused_until:
             return
         ident = _identity(socket)
-        wait_until = now + TELL_BIND_WAIT
+        wait_until = now + TELL_BIND_WAIT if now >= no_wait_until else now
         while (ident is None or ident == own) and time.monotonic() < wait_until:
             time.sleep(0.01)  # it binds right after its step aside answered
             ident = _identity(socket)
         if ident is None or ident == own:
             if len(pending) < 4096:
                 pending.update(paths)
+            no_wait_until = time.monotonic() + TELL_PAUSE  # no op waits for it again soon
             return
         told = sorted(pending.union(paths))
         pending.clear()

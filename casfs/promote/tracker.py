@@ -87,6 +87,11 @@ class WriteTracker:
         if not writing:  # else its close tells
             self._told([path])
 
+    def named(self, path: str) -> None:
+        """A name made that holds nothing to promote (a directory, symlink, device or
+        hard link): only ``on_change`` hears of it."""
+        self._told([path])
+
     def _told(self, paths: list[str]) -> None:
         tell = self.on_change
         if tell is not None:

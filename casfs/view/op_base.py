@@ -535,6 +535,11 @@ class OpsBase(pyfuse3.Operations):
         if not self._mounted:
             return
         _in_trio_thread(self.layers.changed_elsewhere)
+        try:  # what the view remembers of misses on the way: forgotten with the kernel's
+            trio.from_thread.run_sync(self._take_negatives, list(paths))
+        except RuntimeError:  # not a trio worker thread (tests)
+            self._take_negatives(list(paths))
+        dentries: set[tuple[str, str]] = set()
         for path in paths:
             ino = self.inodes.find(path)
             if ino is not None:
@@ -544,14 +549,24 @@ class OpsBase(pyfuse3.Operations):
                 except OSError as e:
                     if e.errno != errno.ENOENT:
                         log.warning("invalidating %r: %s", path, e)
-            parent, name = split(path)
+            # The path's dentry, and the negative ones on the way (a directory made
+            # there: the kernel here may hold "no such name" for it); the positive ones
+            # on the way are right as they are.
+            parent = ""
+            for name in path.split("/"):
+                here = join(parent, name)
+                if here == path or self.inodes.find(here) is None:
+                    dentries.add((parent, name))
+                parent = here
+        for parent, name in sorted(dentries, key=lambda d: -d[0].count("/")):
             parent_ino = self.inodes.find(parent)
-            if parent_ino is not None and name:
-                try:  # a negative dentry too: a name made there
-                    pyfuse3.invalidate_entry(parent_ino, os.fsencode(name))
-                except OSError as e:
-                    if e.errno != errno.ENOENT:
-                        log.warning("invalidating %r: %s", path, e)
+            if parent_ino is None or not name:
+                continue
+            try:
+                pyfuse3.invalidate_entry(parent_ino, os.fsencode(name))
+            except OSError as e:
+                if e.errno != errno.ENOENT:  # ENOENT: the kernel had no such dentry
+                    log.warning("invalidating %r: %s", join(parent, name), e)
 
     def _invalidate_entry(self, path: str) -> None:
         """Make the kernel forget the dentry of ``path`` (asynchronously: no deadlock)."""

@@ -27,6 +27,7 @@ class DirOps(CopyUpOps):
         if self.layers.lower_lookup(path) is not None:
             self.layers.make_opaque(path)  # re-created over a removed lower dir: starts empty
         self._forget_negative(parent_inode, name)
+        self.tracker.named(path)
         return self._entry_reply(path)
 
     @sync_handler
@@ -43,6 +44,8 @@ class DirOps(CopyUpOps):
         self._own(path, ctx, mode, created)
         if stat.S_ISREG(mode):
             self.tracker.modified(path)
+        else:
+            self.tracker.named(path)
         self._forget_negative(parent_inode, name)
         return self._entry_reply(path)
 
@@ -55,6 +58,7 @@ class DirOps(CopyUpOps):
         self.layers.symlink(target, path)
         self._own(path, ctx, stat.S_IFLNK, 0)
         self._forget_negative(parent_inode, name)
+        self.tracker.named(path)
         return self._entry_reply(path)
 
     @fuse_errors
@@ -75,6 +79,7 @@ class DirOps(CopyUpOps):
             node = self._resolve(path)
             self._prepare_new(new)  # the copy-up awaited: check the name again
         self.layers.link(path, new)
+        self.tracker.named(new)
         st = self.layers.lstat(new)
         self.inodes.add_name(inode, new, (st.st_dev, st.st_ino))
         self.inodes.lookup(new)  # the reply counts as a lookup of the inode
