@@ -15,6 +15,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import resource
 import subprocess
 import sys
@@ -311,11 +312,48 @@ def _read_line(fd: int, timeout: float, proc: subprocess.Popen[bytes],
 
 
 def _last_log_line(path: Path) -> str:
+    """The log's last line that says why: a traceback's frames, its group drawing
+    (``|``, ``+-``) and INFO lines are skipped, its final ``Error: ...`` line kept."""
     try:
         lines = [ln for ln in path.read_text(errors="replace").splitlines() if ln.strip()]
     except OSError:
         return ""
-    return lines[-1] if lines else ""
+    for ln in reversed(lines):
+        body = ln.strip().lstrip("|+-").strip()
+        if not body or body.startswith(_TRACEBACK_NOISE):
+            continue
+        inside = ln[:1].isspace() or ln.lstrip().startswith(("|", "+"))
+        if inside and _EXCEPTION_LINE.match(body):
+            return body
+        if not inside and not any(f" {lv} " in ln or f"\t{lv}\t" in ln for lv in _QUIET):
+            return body
+    return ""
+
+
+_QUIET = ("INFO", "DEBUG")  # a process's last words, not its reason
+
+_TRACEBACK_NOISE = ("File ", "Traceback", "^", "~", "During handling", "The above exception",
+                    "Exception Group Traceback", "ExceptionGroup:", "BaseExceptionGroup:")
+_EXCEPTION_LINE = re.compile(r"[A-Za-z_][\w.]*(Error|Exception|Group|Exit)\b.*")
+
+
+def _environment_error(eg: BaseExceptionGroup[Any]) -> CasfsError | OSError | None:
+    """The CasfsError or OSError inside a group trio's nursery raised, where nothing but
+    those and cancellations is in it (the environment, e.g. a full disk at READY)."""
+    leaves: list[BaseException] = []
+
+    def walk(g: BaseExceptionGroup[Any]) -> None:
+        for e in g.exceptions:
+            if isinstance(e, BaseExceptionGroup):
+                walk(e)
+            else:
+                leaves.append(e)
+
+    walk(eg)
+    found = [e for e in leaves if isinstance(e, CasfsError | OSError)]
+    other = [e for e in leaves
+             if not isinstance(e, CasfsError | OSError) and type(e).__name__ != "Cancelled"]
+    return found[0] if found and not other else None
 
 
 def _failed(e: CasfsError | OSError, tell: Callable[[str], None]) -> int:
@@ -434,6 +472,11 @@ def run_child(prog: str, argv: list[str] | None, load: Callable[[str], Any],
         # an OSError here is the environment (mount point unusable, disk full), not a bug:
         # tell the parent in one line instead of dying with only a traceback in a log
         return _failed(e, tell)
+    except BaseExceptionGroup as eg:  # the same, from inside the serving nursery
+        leaf = _environment_error(eg)
+        if leaf is None:
+            raise
+        return _failed(leaf, tell)
     except ImportError as e:
         return _failed(_fuse_import(e), tell)
     finally:
