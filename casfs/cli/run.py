@@ -194,8 +194,16 @@ def cmd_run(args: argparse.Namespace) -> int:
         proc = subprocess.Popen(cmd, env=env)
         # Forwarded from the start: a Ctrl-C while the job's lease is asked for goes
         # to the job (and its status says it was killed), not into a traceback here.
-        old = {s: signal.signal(s, lambda n, f: proc.send_signal(n))
-               for s in (signal.SIGINT, signal.SIGTERM)}
+        # Not a terminal's Ctrl-C when the job is in our foreground group: the kernel
+        # sent it to the job too, and a second one broke the job's own handling of it
+        # (a review: a checkpoint saved on Ctrl-C, interrupted by the copy).
+        tty_shared = _terminal_group_is_ours()
+
+        def forward(n: int, _frame: object) -> None:
+            if not (n == signal.SIGINT and tty_shared):
+                proc.send_signal(n)
+
+        old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
         try:
             jc.follow(proc.pid)
             rc = proc.wait()
@@ -230,6 +238,21 @@ def cmd_run(args: argparse.Namespace) -> int:
                  "publish_s": time.time() - job_ended}, jc.private is not None, causes)
         jc.cleanup()
     return rc if rc >= 0 else 128 - rc
+
+
+def _terminal_group_is_ours() -> bool:
+    """Whether this process's group is its terminal's foreground group (the job, a child
+    left in it, gets the terminal's Ctrl-C from the kernel as we do)."""
+    try:
+        fd = os.open("/dev/tty", os.O_RDONLY | os.O_NOCTTY | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        return os.tcgetpgrp(fd) == os.getpgrp()
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
 
 
 def cmd_reclaim(args: argparse.Namespace) -> int:
