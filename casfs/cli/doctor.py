@@ -12,7 +12,7 @@ from typing import Any
 
 from casfs.cli.output import emit_json
 from casfs.errors import CasfsError
-from casfs.util.defaults import default_root, default_state_dir
+from casfs.util.defaults import default_root, default_serve_base, default_state_dir
 from casfs.util.location import S3Location
 
 MIN_FREE_BYTES = 1 << 30
@@ -98,8 +98,10 @@ def _mounts() -> tuple[str, str]:
     live = control.registered(default_state_dir() / "run")
     dead: list[str] = []
     problems: list[str] = []
-    for m in live:
-        mp = Path(m["mountpoint"])
+    # Left by a casfs run killed with its mount process: in no registry, still mounted.
+    known = {str(Path(m["mountpoint"])) for m in live}
+    left = [mp for mp in guard.casfs_mounts_under(default_serve_base()) if mp not in known]
+    for mp in [Path(m["mountpoint"]) for m in live] + [Path(p) for p in left]:
         try:  # the mount table first: a tenant's FUSE mount stacked there is never asked
             guard.refuse_foreign(mp, "nothing")
             if call_bounded(f"doctor:{mp}", functools.partial(is_dead, mp), MOUNT_PROBE_S):

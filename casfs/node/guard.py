@@ -80,6 +80,28 @@ def mounts_at(path: Path) -> list[MountEntry]:
     return out if len(out) == len(found) else found
 
 
+def casfs_mounts_under(base: Path) -> list[str]:
+    """Mount points of casfs's FUSE mounts (``fuse.casfs*``) this user made at or below
+    ``base``: what a killed ``casfs run`` may have left (dead: ENOTCONN)."""
+    top = os.path.normpath(os.path.abspath(base))
+    out: list[str] = []
+    try:
+        with open("/proc/self/mountinfo") as f:
+            for line in f:
+                left, _, right = line.partition(" - ")
+                a, b = left.split(), right.split()
+                if len(a) < 5 or len(b) < 3 or not b[0].startswith("fuse.casfs"):
+                    continue
+                mp = _unescape(a[4])
+                opts = dict(o.split("=", 1) for o in _unescape(b[2]).split(",") if "=" in o)
+                if ((mp == top or mp.startswith(top + "/"))
+                        and opts.get("user_id", "0") == str(os.geteuid())):
+                    out.append(mp)
+    except (OSError, ValueError):
+        pass
+    return sorted(set(out))
+
+
 def is_guard(m: MountEntry) -> bool:
     return m.root.rstrip("/").endswith("/" + GUARD_DIR_NAME)
 
