@@ -332,6 +332,29 @@ def test_a_moved_session_leaves_the_stage_to_the_next_successor(tmp_path: Path) 
         handover.drop_stage(stage)
 
 
+def _across_a_handover(node: Any, w: Worker, job_src: str, out: Path, ready: str,
+                       then: float, go: str) -> None:
+    """Run ``job_src`` (argv: the mount point, ``out``); once it made ``out.<ready>``,
+    replace the mount process, wait ``then`` seconds, make ``out.<go>``; wait for the job."""
+    job = subprocess.Popen([sys.executable, "-c", job_src, str(w.cfg.mountpoint), str(out)],
+                           cwd="/")
+    try:
+        deadline = time.monotonic() + 60
+        while not Path(f"{out}.{ready}").exists():
+            assert job.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
+        new, seamless = replace(w)
+        assert seamless
+        node.workers.remove(w)
+        node.workers.append(new)
+        time.sleep(then)
+        Path(f"{out}.{go}").touch()
+        job.wait(60)
+    finally:
+        if job.poll() is None:
+            job.kill()
+
+
 # A job whose cwd is on the mount: after a handover its cwd-relative writes go through
 # the drained predecessor, its reads by absolute path through the successor.
 CWD_JOB = textwrap.dedent("""
@@ -373,22 +396,7 @@ def test_a_file_replaced_through_the_drained_mount_reads_new_through_the_success
     w = a.mount("generic")
     mp = w.cfg.mountpoint
     out = tmp_path / "cwd-job.json"
-    job = subprocess.Popen([sys.executable, "-c", CWD_JOB, str(mp), str(out)], cwd="/")
-    try:
-        deadline = time.monotonic() + 60
-        while not Path(f"{out}.going").exists():
-            assert job.poll() is None and time.monotonic() < deadline
-            time.sleep(0.05)
-        new, seamless = replace(w)
-        assert seamless
-        a.workers.remove(w)
-        a.workers.append(new)
-        time.sleep(3.0)  # the job replaces the file through the old mount meanwhile
-        Path(f"{out}.stop").touch()
-        job.wait(60)
-    finally:
-        if job.poll() is None:
-            job.kill()
+    _across_a_handover(a, w, CWD_JOB, out, "going", 3.0, "stop")
     res = json.loads(out.read_text())
     assert res["loops"] > 40 and res["wrong"] == 0, res
     last = (f"{res['loops'] - 1}:".encode() * 2000)[:8192]
@@ -433,23 +441,8 @@ def test_names_made_through_the_drained_mount_show_through_the_successor(
     the new mount (before: ENOENT for the hour of the negative timeout; a review)."""
     a = cluster["a"]
     w = a.mount("generic")
-    mp = w.cfg.mountpoint
     out = tmp_path / "names-job.json"
-    job = subprocess.Popen([sys.executable, "-c", NAMES_JOB, str(mp), str(out)], cwd="/")
-    try:
-        deadline = time.monotonic() + 60
-        while not Path(f"{out}.ready").exists():
-            assert job.poll() is None and time.monotonic() < deadline
-            time.sleep(0.05)
-        new, seamless = replace(w)
-        assert seamless
-        a.workers.remove(w)
-        a.workers.append(new)
-        Path(f"{out}.go").touch()
-        job.wait(60)
-    finally:
-        if job.poll() is None:
-            job.kill()
+    _across_a_handover(a, w, NAMES_JOB, out, "ready", 0.0, "go")
     res = json.loads(out.read_text())
     assert res["before"] == {"dir": False, "file": "ERR No such file or directory",
                              "link": "ERR No such file or directory"}, res
