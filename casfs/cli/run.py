@@ -200,7 +200,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         tty_shared = _terminal_group_is_ours()
 
         def forward(n: int, _frame: object) -> None:
-            if not (n == signal.SIGINT and tty_shared):
+            if not (n == signal.SIGINT and tty_shared and _in_our_group(proc.pid)):
                 proc.send_signal(n)
 
         old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
@@ -238,6 +238,14 @@ def cmd_run(args: argparse.Namespace) -> int:
                  "publish_s": time.time() - job_ended}, jc.private is not None, causes)
         jc.cleanup()
     return rc if rc >= 0 else 128 - rc
+
+
+def _in_our_group(pid: int) -> bool:
+    """Whether ``pid`` is still in this process's group (a job may make its own)."""
+    try:
+        return os.getpgid(pid) == os.getpgrp()
+    except OSError:
+        return False
 
 
 def _terminal_group_is_ours() -> bool:
