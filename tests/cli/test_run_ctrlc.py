@@ -20,7 +20,9 @@ import pytest
 pytestmark = [pytest.mark.fuse]
 
 JOB = """
-import signal, sys, time
+import os, signal, sys, time
+if sys.argv[1:] == ["own-group"]:
+    os.setpgrp()  # out of the terminal's group: only casfs run can pass Ctrl-C on
 hits = []
 signal.signal(signal.SIGINT, lambda n, f: hits.append(time.monotonic()))
 print("ready", flush=True)
@@ -48,14 +50,15 @@ def _read_until(fd: int, want: bytes, timeout: float) -> bytes:
     return out
 
 
-def test_a_terminal_ctrl_c_reaches_the_job_once(tmp_path: Path) -> None:
+@pytest.mark.parametrize("group", ["shared", "own-group"])
+def test_a_terminal_ctrl_c_reaches_the_job_once(tmp_path: Path, group: str) -> None:
     script = tmp_path / "job.py"
     script.write_text(JOB)
     env = dict(os.environ, CASFS_ROOT=str(tmp_path / "root"),
                CASFS_STATE_DIR=str(tmp_path / "a"), CASFS_MOUNT_BASE=str(tmp_path / "mnt"),
                CASFS_SOCKET=str(tmp_path / "no-daemon.sock"))
     argv = [sys.executable, "-m", "casfs.cli.main", "run", "--family", "generic",
-            "--python", sys.executable, "--", sys.executable, str(script)]
+            "--python", sys.executable, "--", sys.executable, str(script), group]
     pid, fd = pty.fork()  # the child: a session of its own, this terminal its own
     if pid == 0:
         os.execvpe(argv[0], argv, env)
