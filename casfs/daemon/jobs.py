@@ -18,8 +18,9 @@ bounded per tenant (``[jobs]``, casfs.daemon.config.JobsLimits):
 
 Every refusal is one line to the client and a WARNING in casfsd's log that
 starts ``jobs socket: refused tenant <tenant>``; an INFO where the process
-named has already exited (a very short job under load: its ``casfs run``
-names it after it ended; nothing is held and nothing is wrong).
+named has already exited, or exits while its lease is granted (a very short job
+under load: its ``casfs run`` names it after it ended; nothing is held and
+nothing is wrong).
 """
 
 from __future__ import annotations
@@ -201,6 +202,6 @@ class JobsSocket:
         elif reply.get("ok") and not leases.alive(holder, started):
             # The holder died and its pid was reused while the lease was granted.
             self._forward("release", {"lease": reply.get("lease"), "_peer": peer})
-            return self.refuse(tenant, "holder", f"process {holder} exited while its lease"
-                                                 " was granted")
+            return self.refuse(tenant, "holder_gone", f"process {holder} exited while its"
+                                                      " lease was granted", logging.INFO)
         return reply

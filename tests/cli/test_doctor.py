@@ -16,6 +16,13 @@ def doctor(tmp_path: Path, root: Path) -> subprocess.CompletedProcess[str]:
         capture_output=True, text=True, check=False)
 
 
+def _cmdline(pid: str) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:  # gone meanwhile
+        return b""
+
+
 def test_doctor_on_a_fresh_node(tmp_path: Path) -> None:
     r = doctor(tmp_path, tmp_path / "root")
     checks = {c["check"]: c for c in json.loads(r.stdout)}
@@ -69,7 +76,7 @@ def test_doctor_finds_the_dead_mount_a_killed_casfs_run_left(tmp_path: Path) -> 
         pids = [int(m["pid"]) for m in control.registered(tmp_path / "state" / "run")]
         assert pids
         job = [int(p) for p in os.listdir("/proc") if p.isdigit()
-               and str(flag).encode() in Path(f"/proc/{p}/cmdline").read_bytes()]
+               and str(flag).encode() in _cmdline(p)]
         for pid in [run.pid, *job, *pids]:
             os.kill(pid, signal.SIGKILL)
         run.wait(30)
