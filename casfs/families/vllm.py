@@ -36,6 +36,7 @@ from casfs.families.base import (
     ReplaceRule,
     common_scratch,
     literal_items,
+    literal_shaped,
     too_large_to_parse,
 )
 from casfs.util.paths import is_valid_relpath
@@ -55,9 +56,9 @@ def _literal(data: bytes) -> Any:
         return None
     try:
         if len(data) <= _LARGE:
-            return ast.literal_eval(data.decode("utf-8"))
+            return ast.literal_eval(data.decode("utf-8")) if literal_shaped(data) else None
         with _large_parse:
-            return ast.literal_eval(data.decode("utf-8"))
+            return ast.literal_eval(data.decode("utf-8")) if literal_shaped(data) else None
     # TypeError: a dict literal with an unhashable key ("{[1]: 2}").
     except (ValueError, TypeError, SyntaxError, UnicodeDecodeError, MemoryError,
             RecursionError):

@@ -90,6 +90,33 @@ def test_an_index_past_what_casfs_parses_is_not_one() -> None:
         assert merge_dict_literal(bad, ok) is None and merge_dict_literal(ok, bad) is None
 
 
+def test_an_index_made_of_what_no_literal_has_is_never_parsed(monkeypatch: pytest.MonkeyPatch
+                                                              ) -> None:
+    """ast.literal_eval parses any expression before it refuses a non-literal, and a
+    review's 8 MiB "1<1<1..." (no separator, bracket or quote: no item counted) took
+    the shared worker to 3.5 GB: such text is refused on its tokens, unparsed."""
+    import ast
+
+    from casfs.families.base import MAX_LITERAL_TOKENS, MAX_PARSED_BYTES
+
+    parsed: list[int] = []
+    real_eval = ast.literal_eval
+    monkeypatch.setattr(ast, "literal_eval", lambda t: parsed.append(len(t)) or real_eval(t))
+    rules = families.rules("vllm")
+    idx = f"{RANK}/vllm_compile_cache.py"
+    named = _index({"x": {"graph_handle": ("artifact_a", "p")}})
+    n = MAX_PARSED_BYTES // 2 - 8
+    for bomb in (b"1<" * n + b"1", b"1|" * n + b"1", b"a." * n + b"a", b"not " * (n // 2) + b"1",
+                 b"{'x': f'{" + b"1<" * 1000 + b"1}'}", b"{'x': (" + b"0 " * n + b")}"):
+        assert rules.record_children(idx, bomb) is None
+        assert merge_dict_literal(bomb, named) is None and merge_dict_literal(named, bomb) is None
+    assert parsed == [len(named)] * 12  # the good one, twice a bomb; no bomb was parsed
+    # a literal's every kind of token is still one (signs, bytes, implicit concatenation)
+    odd = b"{'x': {'graph_handle': ('artifact_' 'a', 'p'), 'n': (-1, +2.5, 0x10, b'z', None)}}"
+    assert rules.record_children(idx, odd) == [f"{RANK}/artifact_a"]
+    assert merge_dict_literal(b"{0: [" + b"0," * MAX_LITERAL_TOKENS + b"]}", named) is None
+
+
 def test_a_large_real_index_is_within_the_bounds_and_a_merge_past_them_is_refused() -> None:
     """81 piecewise graphs x 35 compile sizes (a review's measure of a large real
     index: ~1 MB, ~57,000 items) parses; two halves whose union would be past the

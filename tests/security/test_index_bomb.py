@@ -78,20 +78,28 @@ def _job(user: RealUser, d: Daemon, family: str, var: str, script: str) -> str:
     return r.stdout.strip().splitlines()[-1]
 
 
+# past the items bound; past the bytes bound; under both, but no literal (a review's
+# 8 MiB chained comparison: no separator, bracket or quote for the items to count)
+INDEXES = {"4mb-items": "\"{'x': {'graph_handle': ('artifact_missing', 'p'), 'pad': [\""
+                        " + '0,' * 2_000_000 + ']}}'",
+           "10mb-bytes": "\"{'x': {'graph_handle': ('artifact_missing', 'p'), 'pad': [\""
+                         " + '0,' * 5_000_000 + ']}}'",
+           "8mb-chain": "'1<' * 4_194_296 + '1'"}
+
+
 @pytest.mark.expect_log(r"not publishing torch_compile_cache/.*vllm_compile_cache\.py: "
                         r"a commit record of \d+ bytes, past the")
-@pytest.mark.parametrize("index_mb", [4, 10])  # past the items bound; past the bytes bound
+@pytest.mark.parametrize("index", list(INDEXES))
 def test_an_oversized_vllm_index_is_never_parsed_by_the_shared_worker(
-        daemons: Callable[..., Daemon], tmp_path: Path, index_mb: int) -> None:
-    """The old code's worker peaked at ~1.9 GB on the 4 MB one, 4.7 GB on 10 MB."""
+        daemons: Callable[..., Daemon], tmp_path: Path, index: str) -> None:
+    """The old code's worker peaked at ~1.9 GB on the 4 MB one, 4.7 GB on 10 MB, and
+    3.5 GB on the chain (after the first bounds: only the chain)."""
     d = daemons("a", [], defaults=FAST, node={"lease_grace": 30})
     with real_users(2, tmp_path) as (attacker, victim):
-        # Her index names an artifact that never comes, padded to index_mb of "0,".
+        # Her index names an artifact that never comes, padded; or is no literal at all.
         rel = "torch_compile_cache/h/rank_0_0/backbone/vllm_compile_cache.py"
         gen = tmp_path / "gen_index.py"
-        gen.write_text("import sys\nopen(sys.argv[1], 'w').write(\"{'x': {'graph_handle':"
-                       " ('artifact_missing', 'p'), 'pad': [\" + '0,' * "
-                       f"{index_mb * 500_000} + ']}}}}')\n")
+        gen.write_text(f"import sys\nopen(sys.argv[1], 'w').write({INDEXES[index]})\n")
         gen.chmod(0o644)
         theirs = _job(attacker, d, "vllm", "VLLM_CACHE_ROOT",
                       f'mkdir -p "$VLLM_CACHE_ROOT/{os.path.dirname(rel)}" && "$PY" {gen}'
