@@ -31,6 +31,7 @@ from casfs.store.entry import Entry
 from casfs.util.counters import Counters
 from casfs.util.shares import EvenShares
 from casfs.view.attrs import lower_attrs, upper_attrs
+from casfs.view.breaker import FetchBreaker
 from casfs.view.handleslots import HandleSlots
 from casfs.view.inodes import InodeTable
 from casfs.view.layers import Layers, Node, join, split
@@ -273,6 +274,7 @@ class OpsBase(pyfuse3.Operations):
         self._negative: dict[int, set[bytes]] = {}
         self._negative_n = 0
         self.fetch_timeout = fetch_timeout
+        self.breaker = FetchBreaker()
         # Fetches get their own threads: stuck ones must not starve fsync or copy-up.
         self._fetch_limiter = trio.CapacityLimiter(fetch_threads)
         self.dir_mode = lower_dir_mode

@@ -16,7 +16,7 @@ import time
 
 import trio
 
-from casfs.errors import CasfsError, CorruptObjectError
+from casfs.errors import CasfsError, CorruptObjectError, ObjectMissingError
 from casfs.store.entry import Entry
 from casfs.view.layers import Node, join, split
 from casfs.view.op_base import Miss, OpsBase, err
@@ -50,6 +50,8 @@ class CopyUpOps(OpsBase):
         if bytes were still arriving (a large object on slow storage) the path
         is not hidden, and the next open joins the fill instead of missing
         again; if nothing arrived for STALL seconds the path is hidden for a while.
+        A root that answered none of the last few full waits is waited for
+        briefly (casfs.view.breaker) until it answers one.
         """
         if self.stable_names and path in self.layers.failed:
             raise Miss(path)  # failed a moment ago (shown still, see stable_names): no wait
@@ -59,7 +61,12 @@ class CopyUpOps(OpsBase):
         state = {"done": False, "abandoned": False}
 
         def run() -> str:
-            local = self.fetcher.fetch(entry)
+            try:
+                local = self.fetcher.fetch(entry)
+            except (CorruptObjectError, ObjectMissingError):
+                self.breaker.answered()  # a definite answer: the root is there
+                raise
+            self.breaker.answered()
             with lock:
                 if state["abandoned"]:
                     self.fetcher.unpin(entry.digest)  # nobody is waiting for it any more
@@ -68,8 +75,9 @@ class CopyUpOps(OpsBase):
             return local
 
         t0 = time.monotonic()
+        wait = self.breaker.wait(self.fetch_timeout)
         try:
-            with trio.move_on_after(self.fetch_timeout):
+            with trio.move_on_after(wait):
                 return await trio.to_thread.run_sync(
                     run, abandon_on_cancel=True, limiter=self._fetch_limiter
                 )
@@ -83,6 +91,14 @@ class CopyUpOps(OpsBase):
             state["abandoned"] = True
             if state["done"]:  # finished just as we gave up: its pin is ours to drop
                 self.fetcher.unpin(entry.digest)
+        if wait < self.fetch_timeout:
+            # The breaker is open: a miss for this open only, its fetch goes on (the
+            # probe whose answer closes the breaker; the next open joins it).
+            self.counters.inc("fetch_breaker_misses")
+            if not self.stable_names:
+                self.inodes.detach(path)
+            raise Miss(path)
+        self.breaker.unanswered(self.fetch_timeout)
         progress = getattr(self.fetcher, "fill_progress", None)
         idle = progress(entry.digest) if progress is not None else None
         if idle is not None and idle < STALL:

@@ -33,6 +33,7 @@ from casfs.view.testserve import RecordingTracker
 
 pytestmark = pytest.mark.expect_log(
     r"serving a miss: no answer from the shared root",
+    r"the shared root answered none of the last 3 fetches",
 )
 
 CTX = pyfuse3.RequestContext()
@@ -142,3 +143,58 @@ def test_fetch_timeout_flag_is_checked(tmp_path: Path) -> None:
                             "0", "--", "true"], capture_output=True, text=True, timeout=60,
                            check=False)
         assert r.returncode == 2 and "must be a number > 0" in r.stderr, (cmd, r.stderr)
+
+
+def test_a_root_that_stops_answering_costs_a_few_full_waits_then_lifts_at_its_answer(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """I4 for a whole job: a root that takes requests and never answers costs the job
+    the full fetch_timeout for its first few cold opens only (casfs.view.breaker), not
+    for every one; the root's first answer lifts that, and its opens hit again."""
+    monkeypatch.setattr(op_copyup, "STALL", 0.2)
+    src = SlowSource(pause=0.0)
+    src.gate.clear()
+    tree = DictLowerTree()
+    blobs = {f"k{i}.so": os.urandom(1000) + bytes([i]) for i in range(8)}
+    for name, data in blobs.items():
+        tree.add(Entry(name, digest_bytes(data), len(data), 0o644, 1))
+
+    class Source:  # each object's bytes, once the gate opens
+        def get_into(self, digest: str, expected_size: int | None, out: BinaryIO) -> int:
+            src.gate.wait(60)
+            data = next(d for d in blobs.values() if digest_bytes(d) == digest)
+            out.write(data)
+            return len(data)
+
+    index = NodeIndex.open(tmp_path / "state")
+    cache = LocalObjectCache(tmp_path / "state" / "objects", index, Source(), 1 << 30)
+    (tmp_path / "upper").mkdir()
+    ops = OverlayOperations(tree, cache, tmp_path / "upper", RecordingTracker(), Counters(),
+                            fetch_timeout=1.0)
+    ops.breaker.brief = 0.1
+
+    async def read(name: str) -> tuple[float, bytes | int]:
+        t = time.monotonic()
+        try:
+            ino = (await ops.lookup(pyfuse3.ROOT_INODE, name.encode(), CTX)).st_ino
+            fi = await ops.open(ino, os.O_RDONLY, CTX)
+        except pyfuse3.FUSEError as e:
+            return time.monotonic() - t, e.errno
+        data = await ops.read(fi.fh, 0, 1 << 20)
+        await ops.release(fi.fh)
+        return time.monotonic() - t, data
+
+    async def main() -> tuple[list[tuple[float, bytes | int]], tuple[float, bytes | int]]:
+        stalled = [await read(f"k{i}.so") for i in range(6)]
+        src.gate.set()  # the root answers again: the fetches in flight end, the breaker lifts
+        wait_until(lambda: not ops.breaker.open, "the root's first answer")
+        return stalled, await read("k7.so")
+
+    try:
+        stalled, after = trio.run(main)
+    finally:
+        src.gate.set()
+    assert all(r == errno.ENOENT for _, r in stalled)  # misses, never an error
+    assert [w >= 1.0 for w, _ in stalled] == [True] * 3 + [False] * 3  # 3 full waits, then brief
+    assert after[1] == blobs["k7.so"]  # the first open after the root's answer hits
+    c = ops.counters.snapshot()
+    assert c["fetch_timeouts"] == 3 and c["fetch_breaker_misses"] == 3

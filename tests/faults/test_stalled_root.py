@@ -23,6 +23,8 @@ from tests.node.conftest import Node
 pytestmark = [pytest.mark.fuse, pytest.mark.expect_log(
     r"serving a miss: no answer from the shared root",
     r"shared root unavailable, serving local state only: root-open:.*no answer within",
+    r"the shared root answered none of the last 3 fetches",
+    r"fetch worker \d+: \d+ requests got nothing for \d+s \(a stuck shared root\?\)",
 )]
 
 
@@ -58,6 +60,48 @@ def test_stalled_root_is_a_bounded_miss(tmp_path: Path) -> None:
             finally:
                 os.kill(served.proc.pid, signal.SIGCONT)
             assert node.ask(w, "stats")["counters"]["fetch_timeouts"] == 1
+        finally:
+            node.stop_all()
+
+
+def test_a_job_opening_many_cold_files_of_a_stalled_root_waits_in_full_only_at_first(
+        tmp_path: Path) -> None:
+    """I4 for a whole job (casfs.view.breaker): a root that stops answering costs the
+    job's first three cold opens the full fetch_timeout, the rest about a second each,
+    not 6 x fetch_timeout; once the root answers, a cold read hits."""
+    served = MountedView(tmp_path / "empty", tmp_path / "root-store", tmp_path / "rootfs")
+    (tmp_path / "empty").mkdir()
+    with served:
+        root = tmp_path / "rootfs" / "root"
+        src = tmp_path / "src"
+        src.mkdir()
+        files = {f"cold{i}": bytes([65 + i]) * 4000 for i in range(7)}
+        for rel, data in files.items():
+            (src / rel).write_bytes(data)
+        r = subprocess.run([sys.executable, "-m", "casfs.cli.main", "--root", str(root),
+                            "--state-dir", str(tmp_path / "seed"), "import", str(src), "-n",
+                            "testns"], capture_output=True, text=True, timeout=120, check=False)
+        assert r.returncode == 0, r.stderr
+        node = Node("n", root, tmp_path / "state", tmp_path / "mnt")
+        w = node.mount(fetch_timeout=4.0)
+        mp = w.cfg.mountpoint
+        try:
+            assert served.proc is not None
+            os.kill(served.proc.pid, signal.SIGSTOP)
+            waits = []
+            try:
+                for i in range(6):
+                    t = time.monotonic()
+                    res = subprocess.run(["cat", str(mp / f"cold{i}")], capture_output=True,
+                                         timeout=30, check=False)
+                    waits.append(time.monotonic() - t)
+                    assert res.returncode != 0 and b"No such file" in res.stderr, res.stderr
+            finally:
+                os.kill(served.proc.pid, signal.SIGCONT)
+            assert all(w >= 4.0 for w in waits[:3]) and all(w < 3.5 for w in waits[3:]), waits
+            counters = node.ask(w, "stats")["counters"]
+            assert counters["fetch_timeouts"] == 3 and counters["fetch_breaker_misses"] == 3
+            assert (mp / "cold6").read_bytes() == files["cold6"]  # the root answers: a hit
         finally:
             node.stop_all()
 
