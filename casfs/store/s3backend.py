@@ -112,11 +112,38 @@ def staging_dir_for(loc: S3Location) -> Path:
                      create_mode=0o700)
 
 
-class _StreamRaw(io.RawIOBase):
-    """A read-only raw file over obstore's chunk stream."""
+def bounded(stream: Any, limit: int, key: str) -> Iterator[Any]:
+    """obstore's chunks of ``key``, refused (OSError) once more than ``limit`` bytes came.
 
-    def __init__(self, stream: Any) -> None:
-        self._it = iter(stream)
+    hyper lets a chunked body win over its Content-Length while obstore's size is the
+    Content-Length, and get_range gathers a 206's body whatever its length: a review's
+    hostile server sent 768 MiB as a 100-byte record (the node's host at 1.5 GB) and as
+    pack ranges (fetch workers at 9 GB). What the server declared, or asked for, is all
+    that is read."""
+    n = 0
+    for chunk in stream:
+        n += len(chunk)
+        if n > limit:
+            raise S3UnavailableError(errno.EIO, f"object store: {key}: the server sent more"
+                                                f" than the {limit} bytes it declared")
+        yield chunk
+
+
+def read_bounded(stream: Any, limit: int, key: str) -> bytes:
+    """The whole of a bounded stream (see ``bounded``)."""
+    try:
+        return b"".join(bytes(c) for c in bounded(stream, limit, key))
+    except S3UnavailableError:
+        raise
+    except Exception as e:
+        raise _oserror(e) from None
+
+
+class _StreamRaw(io.RawIOBase):
+    """A read-only raw file over obstore's chunk stream, at most ``limit`` bytes long."""
+
+    def __init__(self, stream: Any, limit: int, key: str) -> None:
+        self._it = bounded(stream, limit, key)
         self._buf = memoryview(b"")
 
     def readable(self) -> bool:
@@ -128,6 +155,8 @@ class _StreamRaw(io.RawIOBase):
                 self._buf = memoryview(bytes(next(self._it)))
             except StopIteration:
                 return 0
+            except S3UnavailableError:
+                raise
             except Exception as e:
                 raise _oserror(e) from None
         n = min(len(b), len(self._buf))
@@ -357,20 +386,21 @@ class S3Backend:
             raise FileNotFoundError(errno.ENOENT, "no such key", key) from None
         except Exception as e:
             raise _oserror(e) from None
-        if res.meta["size"] <= STREAM_CHUNK:
-            try:
-                return io.BytesIO(bytes(res.bytes()))
-            except Exception as e:
-                raise _oserror(e) from None
-        return io.BufferedReader(_StreamRaw(res.stream(min_chunk_size=STREAM_CHUNK)))
+        size = int(res.meta["size"])
+        stream = res.stream(min_chunk_size=STREAM_CHUNK)
+        if size <= STREAM_CHUNK:
+            return io.BytesIO(read_bounded(stream, size, key))
+        return io.BufferedReader(_StreamRaw(stream, size, key))
 
     def read_range(self, key: str, offset: int, length: int) -> bytes:
         if length <= 0:
             return b""
         _check_key(key)
         try:
-            return bytes(self._ob.get_range(self.store, key, start=offset,
-                                            length=length))
+            res = self._ob.get(self.store, key, options={"range": (offset, offset + length)})
+            return read_bounded(res.stream(min_chunk_size=STREAM_CHUNK), length, key)
+        except S3UnavailableError:
+            raise
         except (FileNotFoundError, self._x.NotFoundError):
             raise FileNotFoundError(errno.ENOENT, "no such key", key) from None
         except Exception as e:

@@ -53,7 +53,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from casfs.store.backend import KeyInfo
-from casfs.store.s3backend import STREAM_CHUNK, S3Backend
+from casfs.store.s3backend import STREAM_CHUNK, S3Backend, bounded
 from casfs.util.counters import Counters
 
 log = logging.getLogger(__name__)
@@ -164,14 +164,14 @@ class SiteCachedBackend:
     def _cache_open(self, key: str) -> BinaryIO:
         res = self._ob.get(self.cache, key)
         size = int(res.meta["size"])
+        stream = bounded(res.stream(min_chunk_size=STREAM_CHUNK), size, key)
         if size <= STREAM_CHUNK:
-            data = bytes(res.bytes())
+            data = b"".join(bytes(c) for c in stream)
             if len(data) != size or not data.startswith(MAGIC):
                 raise SiteCacheError("not an object")
             self._served()
             return io.BytesIO(data)
-        f = io.BufferedReader(_Resuming(self, key, res.stream(min_chunk_size=STREAM_CHUNK)),
-                              buffer_size=STREAM_CHUNK)
+        f = io.BufferedReader(_Resuming(self, key, stream, size), buffer_size=STREAM_CHUNK)
         if not f.peek(len(MAGIC)).startswith(MAGIC):
             f.close()
             raise SiteCacheError("not an object")
@@ -181,7 +181,9 @@ class SiteCachedBackend:
     def read_range(self, key: str, offset: int, length: int) -> bytes:
         if length > 0 and self._usable(key):
             try:
-                raw = bytes(self._ob.get_range(self.cache, key, start=offset, length=length))
+                res = self._ob.get(self.cache, key, options={"range": (offset, offset + length)})
+                raw = b"".join(bytes(c) for c in bounded(
+                    res.stream(min_chunk_size=STREAM_CHUNK), length, key))
                 # every read of a pack's members starts at a member: an object header
                 if len(raw) == length and raw.startswith(MAGIC):
                     self._served()
@@ -193,12 +195,12 @@ class SiteCachedBackend:
                 self._failed(key, _text(e))
         return self.origin.read_range(key, offset, length)
 
-    def _resume(self, key: str, offset: int, why: BaseException) -> Iterator[Any]:
+    def _resume(self, key: str, offset: int, size: int, why: BaseException) -> Iterator[Any]:
         """The rest of ``key`` from ``offset``, from the endpoint (a cache stream broke)."""
         self._failed(key, f"stream cut at {offset}: {_text(why)}")
         try:
             res = self._ob.get(self.origin.store, key, options={"range": {"offset": offset}})
-            return iter(res.stream(min_chunk_size=STREAM_CHUNK))
+            return bounded(res.stream(min_chunk_size=STREAM_CHUNK), size - offset, key)
         except Exception as e:
             raise OSError(errno.EIO, f"object store: {_text(e)}") from None
 
@@ -240,9 +242,10 @@ class SiteCachedBackend:
 class _Resuming(io.RawIOBase):
     """A cache's chunk stream that, cut short, continues from the endpoint where it broke."""
 
-    def __init__(self, owner: SiteCachedBackend, key: str, stream: Any) -> None:
+    def __init__(self, owner: SiteCachedBackend, key: str, stream: Any, size: int) -> None:
         self._owner = owner
         self._key = key
+        self._size = size
         self._it: Iterator[Any] = iter(stream)
         self._buf = memoryview(b"")
         self._pos = 0
@@ -261,7 +264,7 @@ class _Resuming(io.RawIOBase):
                 if self._resumed:
                     raise OSError(errno.EIO, f"object store: {_text(e)}") from None
                 self._resumed = True
-                self._it = self._owner._resume(self._key, self._pos, e)
+                self._it = self._owner._resume(self._key, self._pos, self._size, e)
         n = min(len(b), len(self._buf))
         b[:n] = self._buf[:n]
         self._buf = self._buf[n:]
