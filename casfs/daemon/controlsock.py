@@ -118,16 +118,22 @@ class ControlServer:
         self._on_refused = on_refused or (lambda tenant, kind, line: log.warning(
             "%s socket: refused tenant %s: %s", name, tenant, line))
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o755 if public else 0o700)
+        # Bound beside it, then renamed over it: the path never goes missing. A casfsd
+        # that exits for a restart leaves its socket (close(keep_path)), so a job asking
+        # meanwhile is refused, not told nobody serves, and waits for the next casfsd
+        # (casfs.node.client); we hold the daemon lock, so whatever is there is stale.
+        fresh = path.with_name(f".{path.name}.{os.getpid()}")
         with contextlib.suppress(FileNotFoundError):
-            path.unlink()  # stale: we hold the daemon lock
+            fresh.unlink()
         self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         old = os.umask(0o111 if public else 0o177)
         try:
-            with unixpath.reachable(path) as where:  # a long state dir path fits too
+            with unixpath.reachable(fresh) as where:  # a long state dir path fits too
                 self._listener.bind(where)
         finally:
             os.umask(old)
         self._listener.listen(128)
+        os.rename(fresh, path)
         self._listener.setblocking(False)
         self._sel = selectors.DefaultSelector()
         self._sel.register(self._listener, selectors.EVENT_READ, self._accept)
@@ -400,7 +406,8 @@ class ControlServer:
             return {"ok": False, "error": str(e)}
 
     # --- the end ---------------------------------------------------------------------------
-    def close(self) -> None:
+    def close(self, *, keep_path: bool = False) -> None:
+        """``keep_path``: leave the socket's path (a restart: see __init__)."""
         self._closing = True
         self._wake()
         self._thread.join(5)
@@ -414,5 +421,6 @@ class ControlServer:
         self._listener.close()
         os.close(self._wake_r)
         os.close(self._wake_w)
-        with contextlib.suppress(FileNotFoundError):
-            self.path.unlink()
+        if not keep_path:
+            with contextlib.suppress(FileNotFoundError):
+                self.path.unlink()

@@ -271,6 +271,7 @@ class Daemon:
         signals = SignalRelay({signal.SIGTERM: self._on_signal, signal.SIGINT: self._on_signal,
                                signal.SIGHUP: self._on_hup, signal.SIGUSR2: self._on_usr2})
         control = metrics = jobs = None
+        restarting = False  # the sockets stay for the next casfsd: jobs wait for it
         sup = self.supervisor
         try:
             control = ControlServer(self.cfg.control_socket, self._control)
@@ -317,6 +318,7 @@ class Daemon:
                                      daemon=True).start()
                 sup.run(self.stop_requested, on_status=self.notifier.status, tick=self._tick)
             if self._handing_on():
+                restarting = True
                 self.notifier.reloading("restarting: the mounts serve on")
                 n = sup.leave()
                 log.info("exiting for a restart: %d mount processes serve on for the next"
@@ -332,9 +334,9 @@ class Daemon:
             if metrics is not None:
                 metrics.shutdown()
             if control is not None:
-                control.close()
+                control.close(keep_path=restarting)
             if jobs is not None:
-                jobs.close()
+                jobs.close(keep_path=restarting)
             os.close(lock_fd)
             self.notifier.close()
             signals.close()

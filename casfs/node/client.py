@@ -25,6 +25,7 @@ log = logging.getLogger(__name__)
 
 HOST_NAME = "host"
 START_TRIES = 5
+RESTART_WAIT = 20.0  # seconds a job waits for a restarting casfsd (its socket refusing)
 DEFAULT_LEASE_TIMEOUT = 120.0
 
 
@@ -52,16 +53,17 @@ def jobs_socket() -> Path:
 
 
 def _ask(sock: Path, cmd: str, timeout: float, *, stuck_raises: bool = False,
-         **kw: Any) -> dict[str, Any] | None:
+         connect_wait: float = 0.0, **kw: Any) -> dict[str, Any] | None:
     """The reply, or None when nobody serves that socket (``stuck_raises``: a process
-    that took the request and said nothing for ``timeout`` raises DaemonStuckError)."""
+    that took the request and said nothing for ``timeout`` raises DaemonStuckError;
+    ``connect_wait``: seconds to retry a socket that is there but refuses)."""
     try:
         if not sock.exists():
             return None
     except OSError:  # another user's state dir
         return None
     try:
-        return control.request(sock, cmd, timeout=timeout, **kw)
+        return control.request(sock, cmd, timeout=timeout, connect_wait=connect_wait, **kw)
     except DaemonStuckError:
         if stuck_raises:
             raise
@@ -96,9 +98,14 @@ def lease(state_dir: Path, caches: list[dict[str, Any]], pid: int, *,
             left = deadline - time.monotonic()
             if sock in stuck or left <= 0:
                 continue
+            # casfsd's sockets outlive it across a restart or an upgrade (systemd's, or
+            # its own re-execution: 0.3-6 s; after a crash, systemd's 5 s and a start),
+            # refusing meanwhile: waited for, not taken for "nobody serves" (a review saw
+            # 9 of 72 `casfs env` fail across two re-executions)
+            wait = min(left, RESTART_WAIT) if sock != host_socket(state_dir) else 0.0
             try:
                 reply = _ask(sock, "lease", left, stuck_raises=True, caches=caches, pid=pid,
-                             run=run)
+                             run=run, connect_wait=wait)
             except DaemonStuckError as e:
                 stuck.add(sock)
                 last = f"{e.message} (a stopped or stuck mount process?)"
