@@ -482,7 +482,8 @@ class Publication:
         # Nothing promoted waits (what Publisher.publish would find first): no round trip
         # to the promotion worker, which a short job's release would otherwise wait
         # for while it still starts (~50 ms of a trivial `casfs run`).
-        out = (PublishOutcome(True, "nothing to publish") if not self.pending_publication()
+        out = (PublishOutcome(True, "nothing to publish")
+               if not self.pending_publication() or not self._drop_vanished(pub)
                else self.transport.publish(pub))
         if clock is not None and out.timed:
             clock.settle(out.timed)
@@ -513,6 +514,44 @@ class Publication:
             "pending_promotion": waiting, "promotion_error": error,
         }
         return self.last_publish
+
+    def _drop_vanished(self, pub: Publisher) -> int:
+        """Forget pending entries whose upper file is gone or changed since promotion
+        (a changed one is promoted again); how many are left to publish.
+
+        Another process may change the upper between this one's promotion and its
+        record: the successor of a handover (a review: files a job removed or renamed
+        through the new mount came back for every node, published by the draining
+        process's final round), or a kernel write not reported yet. One lstat an entry;
+        what changes after it is still the next round's."""
+        ctx = self.ctx
+        left = 0
+        try:
+            base = beneath.open_base(ctx.cfg.writable_dir)
+        except OSError:
+            return 1  # no upper to look at: the publisher decides, as before
+        try:
+            for e in list(pub.pending()):
+                try:
+                    st = beneath.lstat(base, e.path)
+                except FileNotFoundError:
+                    st = None
+                except OSError:
+                    left += 1  # unreadable here (EXDEV, EACCES): not evidence of a change
+                    continue
+                if st is not None and stat.S_ISREG(st.st_mode) and (
+                        st.st_mtime_ns == e.mtime_ns):
+                    left += 1
+                    continue
+                ctx.index.forget_promoted(ctx.cfg.namespace, e.path)
+                ctx.counters.inc("pending_vanished")
+                if st is not None:
+                    ctx.tracker.modified(e.path)
+                log.info("%s: not publishing %s: %s since it was promoted", ctx.cfg.name,
+                         e.path, "changed" if st is not None else "gone")
+        finally:
+            os.close(base)
+        return left
 
     def publish_if_pending(self) -> None:
         if self.pending_publication():

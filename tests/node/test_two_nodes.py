@@ -403,3 +403,28 @@ def test_promotion_packs_small_files_dedups_and_fetches_verified(
     assert e.value.errno == errno.ENOENT  # never the damaged bytes
     counters = c.ask(wc, "stats")["counters"]
     assert counters["packed_reads"] >= 12 and counters["rejections"] >= 1
+
+
+def test_a_promoted_file_another_process_removed_or_changed_is_not_published(
+        cluster: dict[str, Any]) -> None:
+    """The upper changed behind this process between its promotion and its record (the
+    successor of a handover did it, in a review: a file the job removed through the new
+    mount came back for every node, published by the draining process's last round).
+    Gone: not published; changed: promoted again, its new bytes published."""
+    from waiting import wait_until
+
+    a = cluster["a"]
+    w = a.mount()
+    mp, upper = w.cfg.mountpoint, w.cfg.writable_dir
+    for name in ("kept", "gone", "changed"):
+        (mp / name).write_text(f"{name} v1")
+    wait_until(lambda: a.ask(w, "stats")["pending_publication"] == 3, "the three promoted")
+    (upper / "gone").unlink()  # as another process of the node would, in the upper
+    (upper / "changed").write_text("changed v2")
+    assert a.ask(w, "publish")["ok"]
+    assert set(published(cluster["root"])) == {"kept"}
+    assert a.ask(w, "publish")["ok"]  # the changed one, promoted again
+    got = published(cluster["root"])
+    assert set(got) == {"kept", "changed"}
+    assert root_objects(cluster["root"]).get_bytes(got["changed"].digest) == b"changed v2"
+    assert a.ask(w, "stats")["counters"]["pending_vanished"] == 2
