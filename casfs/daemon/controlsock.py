@@ -132,7 +132,9 @@ class ControlServer:
                 self._listener.bind(where)
         finally:
             os.umask(old)
-        self._listener.listen(128)
+        # The kernel's bound (4096 by default), not 128: one tenant's connect loop
+        # fills a small backlog faster than the accept thread drains it.
+        self._listener.listen(socket.SOMAXCONN)
         os.rename(fresh, path)
         self._listener.setblocking(False)
         self._sel = selectors.DefaultSelector()

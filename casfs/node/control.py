@@ -15,6 +15,7 @@ import errno
 import json
 import logging
 import os
+import random
 import socket
 import struct
 import time
@@ -210,8 +211,16 @@ def registered(run_dir: Path) -> list[dict[str, Any]]:
 _NOT_YET_BOUND = (errno.ENOENT, errno.ECONNREFUSED)
 
 
+# A listener whose backlog is full answers a connect EAGAIN at once (a timeout makes the
+# socket non-blocking, and a Unix socket does not wait then): a review's connect flood by
+# one tenant made other tenants' `casfs env` fail ("nobody serves"). Tried again, with
+# jitter, for at least this long.
+BUSY_WAIT = 5.0
+
+
 def _connect(sock_path: str | Path, timeout: float, wait: float) -> socket.socket:
-    deadline = time.monotonic() + wait
+    start = time.monotonic()
+    deadline, busy_deadline = start + wait, start + max(wait, BUSY_WAIT)
     while True:
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         s.settimeout(timeout)
@@ -221,7 +230,11 @@ def _connect(sock_path: str | Path, timeout: float, wait: float) -> socket.socke
             return s
         except OSError as e:
             s.close()
-            if e.errno not in _NOT_YET_BOUND or time.monotonic() >= deadline:
+            now = time.monotonic()
+            if e.errno == errno.EAGAIN and now < busy_deadline:
+                time.sleep(random.uniform(0.002, 0.02))
+                continue
+            if e.errno not in _NOT_YET_BOUND or now >= deadline:
                 raise
         time.sleep(0.05)
 
