@@ -863,7 +863,7 @@ class GenerationStore:
                 self._condemned = Condemned(self.backend)
             # The gc marks (a LIST, kept a while) read while the manifest goes up:
             # _save_condemned takes them then.
-            _beside(self._condemned.digests)
+            _beside(self._condemned.refresh)
             crashpoint("before-manifest")
             record = self._next_record(ns, seq, current, snap, new, node, fingerprint,
                                        compact_deltas)
@@ -921,7 +921,7 @@ class GenerationStore:
         """
         if self._condemned is None:
             self._condemned = Condemned(self.backend)
-        condemned = self._condemned.digests()
+        condemned = self._condemned.among(digests | packs)
         saved: dict[str, bytes | None] = {}
         for d in sorted(digests & condemned):
             saved[d] = self.objects.rewrite(d)
