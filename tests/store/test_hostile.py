@@ -319,3 +319,76 @@ def test_a_record_of_many_or_huge_parts_is_refused_before_any_is_read() -> None:
     # A genuine shape is read: a base at the bound and a delta beside it.
     fine = _record_doc("ns", 1, [(digests[0], big, 1), (digests[1], 1000, 1)], 2)
     assert len(parse_record(json.dumps(fine).encode(), "ns", 1).deltas) == 1
+
+
+def test_a_gc_mark_bomb_is_refused_in_bounded_memory(tmp_path: Path) -> None:
+    """A planted mark of 5.6 KB zstd, 64 MiB of ``{"digests":[[],[],...]}``, put every
+    publisher at ~1.6 GB (json.loads: ~24x the decompressed size; found by a review).
+    Marks are now streamed as exactly the shape gc writes: such a mark is damage, read in
+    a few MiB; legitimate marks, of either format, still name what they mark."""
+    import time
+    import tracemalloc
+
+    import zstandard
+
+    from casfs.store import marks
+
+    root = SharedRoot.open(tmp_path / "root", create=True)
+    t = int(time.time()) - 10
+    n = (8 << 20) // 3  # 8 MiB of JSON: ~200 MB in json.loads, enough to tell
+    head = b'{"casfs_gc_mark": 1, "created": 1.5, "digests": ['
+    for i, doc in enumerate((b'{"digests":[' + b"[]," * n + b"[]]}",  # the review's
+                             head + b"[]," * n + b"[]]}")):  # behind a real header
+        bomb = zstandard.ZstdCompressor(level=19).compress(doc)
+        assert len(bomb) < 16_000
+        assert root.backend.create_exclusive(f"gc/marks/{t:012d}-{i:032x}", bomb)
+    tracemalloc.start()
+    try:
+        read = list(marks.load_all(root.backend))  # what gc reads
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.reset_peak()
+        condemned = marks.Condemned(root.backend).among({"0" * 64})  # publishers
+        peak = max(peak, tracemalloc.get_traced_memory()[1])
+    finally:
+        tracemalloc.stop()
+    assert peak < 16 << 20, f"reading the marks peaked at {peak >> 20} MiB"
+    assert read == [] and condemned == set()
+
+    # Legitimate marks: written now, and of the format before packs.
+    a, b, c, p = (f"{i:064x}" for i in (1, 2, 3, 4))
+    marks.write(root.backend, [b, a], time.time(), [p])
+    old = json.dumps({"casfs_gc_mark": 1, "created": 1700000000.25, "digests": [c]})
+    assert root.backend.create_exclusive(f"gc/marks/{t:012d}-{'e' * 32}",
+                                         zstandard.ZstdCompressor().compress(old.encode()))
+    read = list(marks.load_all(root.backend))  # the bombs stay damage
+    assert sorted((sorted(m.digests), sorted(m.packs)) for m in read) == [
+        ([a, b], [p]), ([c], [])]
+    assert marks.Condemned(root.backend).among({a, c, p, "f" * 64}) == {a, c, p}
+
+
+@pytest.mark.expect_log(r"read again at each publication")
+def test_gc_splits_big_marks_and_publishers_read_marks_over_their_budget(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """gc writes marks no reader refuses (MARK_NAMES each); names over what a publisher
+    holds are read again at each publication, never ignored: gc acts on them."""
+    import time
+
+    from casfs.store import marks
+
+    monkeypatch.setattr(marks, "MARK_NAMES", 3)
+    monkeypatch.setattr(marks, "MAX_MARK_NAMES", 6)
+    monkeypatch.setattr(marks, "MAX_HELD_NAMES", 4)
+    root = SharedRoot.open(tmp_path / "root", create=True)
+    ds = [f"{i:064x}" for i in range(1, 8)]
+    assert len(marks.write(root.backend, ds[:5], time.time(), ds[5:])) == 3
+    read = list(marks.load_all(root.backend))
+    assert sorted(d for m in read for d in m.digests) == ds[:5]
+    assert sorted(d for m in read for d in m.packs) == ds[5:]
+    condemned = marks.Condemned(root.backend)
+    assert condemned.among({*ds, "f" * 64}) == set(ds)
+    assert condemned.among({ds[6]}) == {ds[6]}
+    monkeypatch.setattr(marks, "MAX_MARK_NAMES", 2)  # a mark over the cap: damage
+    with pytest.raises(marks.DamagedMarkError, match="over 2 names"):
+        big = max(read, key=lambda m: len(m.digests) + len(m.packs))
+        with root.backend.open(f"{marks.PREFIX}/{big.name}") as f:
+            marks._parse(f)
