@@ -21,6 +21,7 @@ condemns nothing and is never swept), logged.
 
 from __future__ import annotations
 
+import binascii
 import json
 import logging
 import re
@@ -147,23 +148,33 @@ def _parse(f: BinaryIO) -> tuple[bytes, bytes]:
         if buf[pos:pos + 1] == b"]":
             pos += 1
             return bytes(out)
-        last = b""
         while True:
             more(_NAME_JSON)
-            m = _ITEM_RE.match(buf, pos)
-            if m is None:
-                raise DamagedMarkError(f"not a mark's list at byte {total - len(buf) + pos}")
-            d = bytes.fromhex(m.group(1).decode())
-            if d < last:  # written sorted: refusing disorder keeps this one shape
+            # The items before the list's "]" are checked and unhexed a run at a time
+            # (C speed: a name at a time was ~7 s for a mark of 1 Mi names).
+            k = (len(buf) - pos) // _NAME_JSON
+            end = buf.find(b"]", pos)
+            if end >= 0:
+                k = min(k, (end - pos) // _NAME_JSON)
+            if k:
+                run = buf[pos:pos + k * _NAME_JSON]
+                packed = _run(run, k)
+                pos += len(run)
+            else:  # the last item, or damage
+                m = _ITEM_RE.match(buf, pos)
+                if m is None or m.group(2) != b"]":
+                    raise DamagedMarkError(
+                        f"not a mark's list at byte {total - len(buf) + pos}")
+                packed = binascii.a2b_hex(m.group(1))
+                pos = m.end()
+            # Written sorted: refusing disorder keeps the one shape (and binary search).
+            if out[-32:] > packed[:32] or not _ascending(packed):
                 raise DamagedMarkError("names not in ascending order")
-            if d != last:
-                out += d
-                count += 1
-            last = d
+            out += packed
+            count += len(packed) // 32
             if count > MAX_MARK_NAMES:
                 raise DamagedMarkError(f"over {MAX_MARK_NAMES} names")
-            pos = m.end()
-            if m.group(2) == b"]":
+            if k == 0:
                 return bytes(out)
 
     more(_HEAD_MAX)
@@ -181,6 +192,22 @@ def _parse(f: BinaryIO) -> tuple[bytes, bytes]:
     if buf[pos:] != b"}":
         raise DamagedMarkError("not a gc mark's end")
     return digests, packs
+
+
+def _run(run: bytes, k: int) -> bytes:
+    """``k`` items '"<64 hex>", ' packed, or DamagedMarkError."""
+    if (run[0::_NAME_JSON] != b'"' * k or run[65::_NAME_JSON] != b'"' * k
+            or run[66::_NAME_JSON] != b"," * k or run[67::_NAME_JSON] != b" " * k):
+        raise DamagedMarkError("not a mark's list")
+    hexes = run.translate(None, b'", ')
+    if len(hexes) != 64 * k or hexes.translate(None, b"0123456789abcdef"):
+        raise DamagedMarkError("a name in a mark is not 64 hex")
+    return binascii.a2b_hex(hexes)
+
+
+def _ascending(packed: bytes) -> bool:
+    names = [packed[i:i + 32] for i in range(0, len(packed), 32)]
+    return names == sorted(names)
 
 
 def _unpack(packed: bytes) -> frozenset[str]:

@@ -392,3 +392,27 @@ def test_gc_splits_big_marks_and_publishers_read_marks_over_their_budget(
         big = max(read, key=lambda m: len(m.digests) + len(m.packs))
         with root.backend.open(f"{marks.PREFIX}/{big.name}") as f:
             marks._parse(f)
+
+
+_HEAD = '{"casfs_gc_mark": 1, "created": 1, "digests": ['
+
+
+@pytest.mark.parametrize("doc", [
+    _HEAD + f'"{"b" * 64}", "{"a" * 64}"]}}',  # not sorted
+    _HEAD + f'"{"A" * 64}"]}}',
+    _HEAD + f'"{"a" * 64}"]}} ',  # anything after the end
+    _HEAD + f'"{"a" * 64}", ]}}',
+    _HEAD + '], "packs": [[]]}',
+    _HEAD + '], "x": 1}',
+])
+def test_a_gc_mark_not_of_the_written_shape_is_damage(doc: str) -> None:
+    import io
+
+    import zstandard
+
+    from casfs.store import marks
+
+    good = _HEAD + f'"{"a" * 64}"], "packs": []}}'
+    assert marks._parse(io.BytesIO(zstandard.ZstdCompressor().compress(good.encode())))
+    with pytest.raises(marks.DamagedMarkError):
+        marks._parse(io.BytesIO(zstandard.ZstdCompressor().compress(doc.encode())))
