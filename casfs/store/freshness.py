@@ -53,7 +53,6 @@ casfs.store.tenancy (signatures); below casfs.store.generations.
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 import time
@@ -65,6 +64,7 @@ from casfs.store.backend import Backend
 from casfs.store.digests import digest_bytes
 from casfs.store.tenancy import RecordTrust, signature_ok
 from casfs.tenants import split_store_namespace
+from casfs.util import jsonsafe
 from casfs.util.counters import Counters
 
 log = logging.getLogger(__name__)
@@ -171,7 +171,9 @@ class Heads:
                 head = self._read(ns, name, seq, issued, keys)
             except FileNotFoundError:
                 continue  # removed since the listing (gc)
-            except (OSError, HostileManifestError) as e:
+            except (OSError, HostileManifestError, ValueError, ArithmeticError) as e:
+                # ValueError/ArithmeticError too: one junk statement a check missed must
+                # cost a skip, not every mount and publication of the namespace.
                 self.counters.inc("untrusted_heads")
                 self._note(ns, name, f"skipping statement {ns}/{name}: {e}")
                 continue
@@ -186,10 +188,7 @@ class Heads:
             data = f.read(MAX_HEAD_BYTES + 1)
         if len(data) > MAX_HEAD_BYTES:
             raise HostileManifestError("too large")
-        try:
-            doc = json.loads(data)
-        except (ValueError, RecursionError):
-            raise HostileManifestError("not JSON") from None
+        doc = jsonsafe.parse(data, "statement")  # refuses NaN/Infinity: int() below
         if not isinstance(doc, dict) or doc.get("casfs_head") != HEAD_VERSION:
             raise HostileManifestError("not a version 1 statement")
         tenant, _ = split_store_namespace(ns)
@@ -197,10 +196,13 @@ class Heads:
             raise HostileManifestError("names another namespace or tenant")
         if doc.get("seq") != seq or type(seq) is not int:
             raise HostileManifestError("names another generation than its file name")
-        times = [doc.get(k) for k in ("published", "issued", "expires")]
-        if not all(isinstance(t, int | float) and not isinstance(t, bool) for t in times):
+        # Bounded before int()/float(): a 4300-digit int overflows float() (unsigned junk
+        # must be skipped like any other, not raise out of newest()).
+        published, issued_at, expires = (jsonsafe.real(doc.get(k))
+                                          for k in ("published", "issued", "expires"))
+        if published is None or issued_at is None or expires is None:
             raise HostileManifestError("bad times")
-        if int(doc["issued"]) != issued or doc["expires"] < doc["issued"]:
+        if int(issued_at) != issued or expires < issued_at:
             raise HostileManifestError("times disagree with its name")
         rec = doc.get("record")
         if not isinstance(rec, str) or not re.fullmatch(r"[0-9a-f]{64}", rec):
@@ -208,8 +210,8 @@ class Heads:
         if not signature_ok(doc, keys):
             raise HostileManifestError(f"no signature by a key trusted for tenant"
                                        f" {tenant or 'root'}")
-        return Head(name, ns, tenant, seq, rec, float(doc["published"]), float(doc["issued"]),
-                    float(doc["expires"]), doc["signature"]["key"])
+        return Head(name, ns, tenant, seq, rec, published, issued_at, expires,
+                    doc["signature"]["key"])
 
     # --- writing ------------------------------------------------------------------
     def publish(self, ns: str, seq: int, record: bytes, published: float,

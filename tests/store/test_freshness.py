@@ -277,7 +277,8 @@ def test_junk_records_above_the_head_freeze_nothing_and_cost_bounded_work(
     assert paths(nodes.reader().generations()) == {"a.so", "b.so"}
 
 
-@pytest.mark.expect_log(r"skipping statement \S+: (no signature by a key trusted|not JSON)")
+@pytest.mark.expect_log(
+    r"skipping statement \S+: (no signature by a key trusted|statement: not valid JSON)")
 def test_junk_statements_are_skipped_within_a_bound(nodes: Nodes) -> None:
     """Statements no key signed are skipped (counted); more than HEAD_SCAN of them above
     the real one hide it, and the namespace reads as if it had none (as before)."""
@@ -299,6 +300,26 @@ def test_junk_statements_are_skipped_within_a_bound(nodes: Nodes) -> None:
         writer.backend.create_exclusive(f"{HEADS}/{name}", b"junk")
     assert nodes.reader().generations().heads.newest(NS) is None
     assert paths(nodes.reader().generations()) == {"a.so"}
+
+
+@pytest.mark.expect_log(r"skipping statement \S+: statement: not valid JSON")
+@pytest.mark.parametrize("value", ["Infinity", "-Infinity", "NaN", "1e400"])
+def test_statements_with_times_past_any_number_are_skipped(nodes: Nodes, value: str) -> None:
+    """Python's json reads these (1e400 as infinity); int() of one raised out of newest()
+    and failed every mount and publication of the namespace. Skipped like any junk."""
+    writer = nodes.writer()
+    put(writer, writer.generations(), "a.so", b"A")
+    name = freshness.head_name(99, 1700000000)
+    doc = {"casfs_head": 1, "namespace": NS, "tenant": "u7", "seq": 99, "published": 1,
+           "issued": 0, "expires": 0, "record": "0" * 64}
+    body = json.dumps(doc).replace('"issued": 0', f'"issued": {value}')
+    assert writer.backend.create_exclusive(f"{HEADS}/{name}", body.encode())
+    reader = nodes.reader()
+    head = reader.generations().heads.newest(NS)
+    assert head is not None and head.seq == 1
+    assert reader.counters.get("untrusted_heads") == 1
+    assert paths(reader.generations()) == {"a.so"}
+    assert put(writer, nodes.writer().generations(), "b.so", b"B") == 2
 
 
 # --- expiry --------------------------------------------------------------------------
