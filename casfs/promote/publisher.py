@@ -305,6 +305,6 @@ def profile_options(gens: GenerationStore, namespace: str, opened: list[str],
         return {"profile": put.digest}
     except (UntrustedError, UnreadableHereError):
         raise  # publication refuses these too (Publisher.publish): said there, once
-    except (CasfsError, OSError) as e:
+    except (CasfsError, OSError, ValueError) as e:  # ValueError: one json.dumps cannot write
         log.warning("%s: publishing without a profile: %s", namespace, e)
         return {}

@@ -22,6 +22,8 @@ import threading
 from collections.abc import Iterable
 from typing import Any
 
+from casfs.errors import HostileManifestError
+from casfs.util import jsonsafe
 from casfs.util.paths import is_valid_relpath
 
 log = logging.getLogger(__name__)
@@ -50,19 +52,21 @@ def decode(data: bytes) -> tuple[list[tuple[str, int]], int]:
     if len(data) > MAX_BYTES:
         raise ValueError("profile too large")
     try:
-        doc: Any = json.loads(data)
-    except RecursionError:  # 200 KB of "[" is under MAX_BYTES
-        raise ValueError("profile nested too deeply") from None
+        doc: Any = jsonsafe.parse(data, "profile")
+    except HostileManifestError as e:  # 200 KB of "[" is under MAX_BYTES, NaN, ...
+        raise ValueError(str(e)) from None
     if not isinstance(doc, dict) or doc.get("casfs_profile") != FORMAT:
         raise ValueError("not a casfs profile (format 1)")
-    runs = doc.get("runs")
+    # Counts bounded: a 4300-digit one, plus the merge's 1, is past what json.dumps
+    # writes (int_max_str_digits), and every publisher building on it failed.
+    runs = jsonsafe.count(doc.get("runs"))
     raw = doc.get("paths")
-    if not isinstance(runs, int) or not isinstance(raw, list):
+    if runs is None or not isinstance(raw, list):
         raise ValueError("bad profile")
     out: list[tuple[str, int]] = []
     for item in raw[:MAX_PATHS]:
         if (isinstance(item, list) and len(item) == 2 and isinstance(item[0], str)
-                and isinstance(item[1], int) and is_valid_relpath(item[0])):
+                and jsonsafe.count(item[1]) is not None and is_valid_relpath(item[0])):
             out.append((item[0], item[1]))
     return out, runs
 
