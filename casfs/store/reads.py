@@ -31,7 +31,9 @@ import logging
 import os
 from collections.abc import Iterable
 
+from casfs.errors import HostileManifestError
 from casfs.store.backend import Backend
+from casfs.util import jsonsafe
 from casfs.util.paths import is_valid_relpath
 
 log = logging.getLogger(__name__)
@@ -71,22 +73,26 @@ def _uses(backend: Backend, key: str, t: int) -> list[tuple[str, float]]:
         info = backend.info(key)
         if info is None or info.size > MAX_BYTES:
             return []
-        doc = json.loads(backend.read_range(key, 0, info.size))
-    except (OSError, ValueError, RecursionError) as e:
+        doc = jsonsafe.parse(backend.read_range(key, 0, info.size), "read record")
+    except (OSError, HostileManifestError) as e:
         log.warning("ignoring read record %s: %s", key, e)
         return []
     if not isinstance(doc, dict) or not isinstance(doc.get("paths"), list):
         return []
     paths = doc["paths"]
-    until = doc.get("until", doc.get("time", t))
-    if not isinstance(until, int | float):
+    # Times bounded (jsonsafe.real): a 401-digit "until" overflowed float() and
+    # aborted gc --unused-for for the whole namespace.
+    until = jsonsafe.real(doc.get("until", doc.get("time", t)))
+    if until is None:
         return []
-    untils = doc.get("untils")  # a compacted record: one per path
-    if not (isinstance(untils, list) and len(untils) == len(paths)
-            and all(isinstance(u, int | float) for u in untils)):
-        untils = [until] * len(paths)
-    return [(p, float(min(u, until))) for p, u in zip(paths, untils, strict=True)
-            if isinstance(p, str)]
+    untils: list[float | None] = [until] * len(paths)
+    compacted = doc.get("untils")  # a compacted record: one per path
+    if isinstance(compacted, list) and len(compacted) == len(paths):
+        each = [jsonsafe.real(u) for u in compacted]
+        if None not in each:
+            untils = each
+    return [(p, min(u, until)) for p, u in zip(paths, untils, strict=True)
+            if isinstance(p, str) and u is not None]
 
 
 def _covered(backend: Backend, ns: str, since: float) -> tuple[dict[str, float], list[str]]:

@@ -123,3 +123,22 @@ def test_a_used_record_past_the_parse_bound_is_kept_with_its_directory(
     reads.record(root.backend, ns, "b", [f"{KEY}/__grp__k.json"], t0 - 2 * DAY)
     rep = drop_unused(gens, unused_for_s=7 * DAY, now=t0, node="gc", dry_run=True)
     assert rep.dropped[ns] == ["old.bin"]  # the unread cubin beside it stays
+
+
+@pytest.mark.expect_log(r"ignoring read record \S+: read record: not valid JSON")
+def test_read_records_with_times_past_any_number_are_ignored(tmp_path: Path) -> None:
+    """A 401-digit "until" overflowed float() and aborted read_since and compact (gc
+    --unused-for) for the namespace; NaN/Infinity are not JSON. Each such record is
+    ignored, the rest still count."""
+    root = SharedRoot.open(str(tmp_path / "root"), create=True)
+    ns, t0 = "ns", time.time()
+    reads.record(root.backend, ns, "good", ["a.so"], t0)
+    bad = [b'"until":1' + b"0" * 400, b'"until":Infinity', b'"until":NaN',
+           b'"until":1e400', b'"until":1,"untils":[-1' + b"0" * 400 + b"]",
+           b'"time":' + b"9" * 400]
+    for i, field in enumerate(bad):
+        root.backend.create_exclusive(f"namespaces/{ns}/reads/{int(t0):012d}-evil-{i:08x}",
+                                      b'{"casfs_reads":1,"paths":["b.so"],' + field + b"}")
+    assert reads.read_since(root.backend, ns, t0 - 3600) == {"a.so"}
+    assert reads.compact(root.backend, ns, "gc", t0 - 3600, t0) == 1 + len(bad)
+    assert reads.read_since(root.backend, ns, t0 - 3600) == {"a.so"}
