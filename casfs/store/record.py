@@ -137,7 +137,7 @@ def _int(doc: dict[str, Any], key: str, *, nullable: bool = False) -> Any:
     v = doc.get(key)
     if v is None and nullable:
         return None
-    if type(v) is not int or v < 0:
+    if type(v) is not int or not 0 <= v < 1 << 63:  # past any seq, size or count
         raise HostileManifestError(f"bad {key!r}")
     return v
 
@@ -172,8 +172,8 @@ def parse_record(data: bytes, namespace: str, seq: int) -> Record:
     if len(deltas) > MAX_DELTAS:
         raise HostileManifestError(f"generation {namespace}@{seq}: {len(deltas)} delta"
                                    f" manifests (a publisher compacts long before {MAX_DELTAS})")
-    created = doc.get("created")
-    if not isinstance(created, int | float):
+    created = jsonsafe.real(doc.get("created"))  # a 4300-digit int overflowed float()
+    if created is None:
         raise HostileManifestError(f"generation {namespace}@{seq}: bad created time")
     fp = doc.get("fingerprint")
     try:
@@ -202,7 +202,7 @@ def parse_record(data: bytes, namespace: str, seq: int) -> Record:
         deltas=parts,
         entries=entries,
         logical_bytes=logical_bytes,
-        created=float(created),
+        created=created,
         node=str(doc.get("node", ""))[:128],
         casfs_version=str(doc.get("casfs_version", ""))[:64],
         fingerprint=fp if isinstance(fp, dict) else None,

@@ -188,6 +188,14 @@ RECORD_CASES: dict[str, Callable[[str, int], bytes]] = {
     "manifest-too-large": lambda d, s: json.dumps(
         _record_doc("ns", 1, [(d, manifest.DEFAULT_MAX_MANIFEST_BYTES + 1, 1)], 1)).encode(),
     "not-an-object": lambda d, s: b"[]",
+    # Python's json reads NaN; a 4300-digit int overflowed float() (OverflowError, not
+    # a CasfsError); sizes and counts past 2**63 are no real record's.
+    "created-nan": lambda d, s: json.dumps(_record_doc("ns", 1, [(d, s, 1)], 1,
+                                                       created=float("nan"))).encode(),
+    "created-huge": lambda d, s: json.dumps(_record_doc("ns", 1, [(d, s, 1)], 1,
+                                                        created=10 ** 4000)).encode(),
+    "bytes-huge": lambda d, s: json.dumps(_record_doc("ns", 1, [(d, s, 1)], 1,
+                                                      bytes=1 << 63)).encode(),
 }
 
 
