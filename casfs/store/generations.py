@@ -87,6 +87,7 @@ from casfs.store.record import (
 from casfs.store.record import RELOCATE as RELOCATE  # re-exported: its old home
 from casfs.store.rootlike import RootLike
 from casfs.store.snapshot import Snapshot, check_tree, merge_part
+from casfs.util import jsonsafe
 from casfs.util.crashpoint import crashpoint
 from casfs.util.paths import parent_dirs
 
@@ -1139,11 +1140,11 @@ class GenerationStore:
                 continue
             try:
                 with self.backend.open(f"namespaces/{ns}/pins/{name}") as f:
-                    seq = json.loads(f.read(4096))["seq"]
-                if type(seq) is not int:
-                    raise ValueError("seq is not an integer")
+                    seq = jsonsafe.parse(f.read(4096), "pin")["seq"]
+                if type(seq) is not int or not 0 <= seq < 1 << 63:
+                    raise ValueError("seq is not a generation number")
                 out[name] = seq
-            except (OSError, ValueError, KeyError, TypeError, RecursionError) as e:
+            except (OSError, ValueError, KeyError, TypeError, HostileManifestError) as e:
                 log.warning("unreadable pin %s/%s: %s", ns, name, e)
                 out[name] = -1
         return out

@@ -34,12 +34,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from casfs.errors import CasfsError, UsageError
+from casfs.errors import CasfsError, HostileManifestError, UsageError
 from casfs.store import freshness, marks, outcomes, packs
 from casfs.store.generations import GenerationStore, Skipped
 from casfs.store.objects import object_key
 from casfs.store.record import MAX_RECORD_BYTES, Record, seq_name
 from casfs.store.root import SharedRoot
+from casfs.util import jsonsafe
 
 log = logging.getLogger(__name__)
 
@@ -120,15 +121,13 @@ def _head_floor(gens: GenerationStore, ns: str) -> float:
     and hashes to the digest it names; a forged pair can only move the floor
     where junk records alone already could (above the head), never lower.
     """
-    import json
-
     for seq, name in _head_names(gens, ns)[:freshness.HEAD_SCAN]:
         try:
             with gens.backend.open(f"{freshness.heads_prefix(ns)}/{name}") as f:
-                doc = json.loads(f.read(freshness.MAX_HEAD_BYTES))
+                doc = jsonsafe.parse(f.read(freshness.MAX_HEAD_BYTES), name)
             with gens.backend.open(f"namespaces/{ns}/generations/{seq_name(seq)}") as f:
                 data = f.read(MAX_RECORD_BYTES + 1)
-        except (OSError, ValueError, RecursionError):
+        except (OSError, HostileManifestError):
             continue
         if isinstance(doc, dict) and doc.get("record") == freshness.record_digest(data):
             return seq

@@ -39,7 +39,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from casfs.errors import HostileManifestError
 from casfs.store.backend import Backend
+from casfs.util import jsonsafe
 
 log = logging.getLogger(__name__)
 
@@ -123,8 +125,8 @@ _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 def _parse(data: bytes, ns: str) -> tuple[str | None, list[Row], list[tuple[str, int]]] | None:
     try:
-        doc = json.loads(data)
-    except (ValueError, UnicodeDecodeError, RecursionError):
+        doc = jsonsafe.parse(data, "outcome record")
+    except HostileManifestError:
         return None
     if not isinstance(doc, dict) or doc.get("casfs_outcomes") != FORMAT:
         return None

@@ -13,13 +13,14 @@ it imports only casfs.store.digests and casfs.store.backend.
 
 from __future__ import annotations
 
-import json
 import logging
 
 import zstandard
 
+from casfs.errors import HostileManifestError
 from casfs.store.backend import Backend, NotRegularFileError
 from casfs.store.digests import DIGEST_RE
+from casfs.util import jsonsafe
 
 # Logged as the pack layer: the warning below is about a pack forward.
 log = logging.getLogger("casfs.store.packs")
@@ -68,8 +69,8 @@ def load_forward(backend: Backend, pack: str) -> dict[str, Location] | None:
     except (FileNotFoundError, NotADirectoryError, NotRegularFileError):
         return None
     try:
-        doc = json.loads(zstandard.ZstdDecompressor().decompress(
-            raw, max_output_size=MAX_FORWARD_BYTES))
+        doc = jsonsafe.parse(zstandard.ZstdDecompressor().decompress(
+            raw, max_output_size=MAX_FORWARD_BYTES), "forward")
         if doc.get("casfs_repacked") != 1 or doc.get("pack") != pack:
             raise ValueError("not this pack's forward")
         out: dict[str, Location] = {}
@@ -77,7 +78,7 @@ def load_forward(backend: Backend, pack: str) -> dict[str, Location] | None:
             loc = parse_location(v)
             if loc is not None and DIGEST_RE.match(d):
                 out[d] = loc
-    except (ValueError, KeyError, TypeError, AttributeError, RecursionError,
+    except (ValueError, KeyError, TypeError, AttributeError, HostileManifestError,
             zstandard.ZstdError) as e:
         log.warning("ignoring damaged pack forward %s: %s", pack, e)
         return None

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import blake3
 import zstandard
 
-from casfs.errors import CorruptObjectError
+from casfs.errors import CorruptObjectError, HostileManifestError
 from casfs.store.backend import NotRegularFileError
 from casfs.store.digests import DIGEST_RE, digest_bytes
 from casfs.store.entry import Entry
@@ -47,7 +47,7 @@ from casfs.store.packloc import (
     pack_key,
     parse_location,
 )
-from casfs.util import atomic
+from casfs.util import atomic, jsonsafe
 from casfs.util.crashpoint import crashpoint
 
 log = logging.getLogger(__name__)
@@ -265,16 +265,18 @@ def _footer(footer: bytes, size: int, digest: str) -> int:
 
 def _parse_index(index: bytes, index_off: int, size: int, digest: str) -> PackInfo:
     try:
-        doc = json.loads(zstandard.ZstdDecompressor().decompress(
-            index, max_output_size=MAX_INDEX_BYTES))
+        doc = jsonsafe.parse(zstandard.ZstdDecompressor().decompress(
+            index, max_output_size=MAX_INDEX_BYTES), "index")
         if doc.get("casfs_pack") != PACK_VERSION:
             raise ValueError(f"unknown pack version {doc.get('casfs_pack')!r}")
         members = {}
         for d, off, length in doc["members"]:
-            if not DIGEST_RE.match(d) or off < 0 or off + length > index_off:
+            # ints only: int() of -Infinity (Python's json reads it) overflowed
+            if (not DIGEST_RE.match(d) or type(off) is not int or type(length) is not int
+                    or off < 0 or length < 0 or off + length > index_off):
                 raise ValueError("member out of range")
             members[d] = (int(off), int(length))
-    except (ValueError, KeyError, TypeError, AttributeError, RecursionError,
+    except (ValueError, KeyError, TypeError, AttributeError, HostileManifestError,
             zstandard.ZstdError) as e:  # AttributeError: valid JSON, not an object
         raise CorruptObjectError(f"pack {digest}: bad index ({e})") from None
     return PackInfo(digest, size, members)

@@ -52,7 +52,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from casfs import __version__
-from casfs.errors import CasfsError, StoreFormatError
+from casfs.errors import CasfsError, HostileManifestError, StoreFormatError
 from casfs.store.backend import Backend, LocalBackend
 from casfs.store.generations import GenerationStore
 from casfs.store.objects import ObjectStore, read_regular
@@ -60,7 +60,7 @@ from casfs.store.s3backend import S3Backend
 from casfs.store.sitecache import SiteCachedBackend
 from casfs.store.tenancy import OpenTrust, RecordTrust, TenantTrust
 from casfs.tenants import TenantPolicy
-from casfs.util import atomic
+from casfs.util import atomic, jsonsafe
 from casfs.util.counters import Counters
 from casfs.util.fsinfo import unmounted_fstab_mount
 from casfs.util.location import RootLocation, S3Location, parse_location
@@ -272,10 +272,10 @@ def check_marker(marker: Path) -> dict[str, object]:
 def parse_marker(raw: bytes, where: str, name: str = "") -> dict[str, object]:
     name = name or f"{where}/{MARKER}"
     try:
-        doc = json.loads(raw)
+        doc = jsonsafe.parse(raw, "marker")
         version = str(doc["version"])
         major = int(version.split(".")[0])
-    except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as e:
+    except (ValueError, KeyError, TypeError, AttributeError, HostileManifestError) as e:
         raise StoreFormatError(f"{name} is unreadable or damaged: {e}") from None
     if doc.get("format") != "casfs":
         raise StoreFormatError(f"{name} does not describe a casfs root")

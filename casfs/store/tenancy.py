@@ -41,7 +41,7 @@ from typing import Any, Protocol
 
 from casfs.errors import ConfigError, HostileManifestError, UntrustedError
 from casfs.tenants import CLUSTER, TenantPolicy, split_store_namespace
-from casfs.util import beneath
+from casfs.util import beneath, jsonsafe
 from casfs.util.counters import Counters
 
 log = logging.getLogger(__name__)
@@ -320,8 +320,8 @@ class TenantTrust:
             return
         tenant, _ = split_store_namespace(ns)
         try:
-            doc = json.loads(record)
-        except (ValueError, RecursionError):
+            doc = jsonsafe.parse(record, "record")
+        except HostileManifestError:
             return  # parse_record names the damage (200 KB of "[" is a RecursionError)
         if not isinstance(doc, dict):
             return

@@ -170,6 +170,24 @@ def test_a_pack_index_that_is_not_an_object_is_damage() -> None:
         packs._parse_index(bad, 100, 200, "ab" * 32)
 
 
+@pytest.mark.parametrize("member", ["0, -Infinity", "0, -1e400", "NaN, 1", "0, -5", "0.5, 1"])
+def test_a_pack_index_member_that_is_no_byte_range_is_damage(member: str) -> None:
+    """Python's json reads -Infinity (and -1e400 as it): "off + length > index_off"
+    let it through and int() raised OverflowError out of verify and every reader."""
+    import zstandard
+
+    from casfs.store import packs
+
+    doc = f'{{"casfs_pack": {packs.PACK_VERSION}, "members": [["{"ab" * 32}", {member}]]}}'
+    bad = zstandard.ZstdCompressor().compress(doc.encode())
+    with pytest.raises(CorruptObjectError, match="bad index"):
+        packs._parse_index(bad, 100, 200, "ab" * 32)
+    good = doc.replace(member, "0, 5")
+    info = packs._parse_index(zstandard.ZstdCompressor().compress(good.encode()), 100, 200,
+                              "ab" * 32)
+    assert info.members == {"ab" * 32: (0, 5)}
+
+
 @pytest.mark.expect_log(r"repaired damaged pack ")
 def test_packing_the_same_bytes_again_repairs_a_damaged_pack(any_root: SharedRoot,
                                                               tmp_path: Path) -> None:
