@@ -205,8 +205,12 @@ class NodeHost:
         if self.stopping:
             raise UsageError("this node's mount process is stopping; try again")
         ev = self._attaching[key] = trio.Event()
+        svc: MountService | None = None
+        slot: int | None = None
+        s = None
         try:
             mcfg = self.cfg.ns_config(tenant, family, namespace)
+            # (All or nothing: a MountService that fails gives its lock back itself.)
             svc = await trio.to_thread.run_sync(functools.partial(MountService, mcfg,
                                                                   hosted=True))
             if svc.ops is not None:
@@ -231,11 +235,36 @@ class NodeHost:
             nsregistry.record_served(mcfg)
             svc.mark_ready()
             log.info("serving %s@%d at %s", namespace, svc.served_seq, mcfg.mountpoint)
+        except BaseException:
+            if svc is not None and key not in self.served:  # (served: released as usual)
+                self._abandon(key, svc, slot, s)
+            raise
         finally:
             del self._attaching[key]
             ev.set()
         self._persist()
         return s
+
+    def _abandon(self, key: Key, svc: Any, slot: int | None, s: Served | None) -> None:
+        """An attach failed (or was cancelled) after its MountService was made: nothing
+        of it is left (its routing, tasks, journal, record, lock), or the namespace
+        stayed refused here ("already mounted") until this process exited. Nothing
+        was leased on it: no final publication (what its upper holds waits on disk for
+        the next attach)."""
+        try:
+            if s is not None and s.scope is not None:
+                s.scope.cancel()
+            if slot is not None:
+                self.mux.detach(*key)
+            self._families.pop(key, None)
+            svc.stop_prefetch()
+            svc.close()
+            if slot is not None:  # its slot is never served again by this process
+                self._journal(os.getpid(), slot).unlink(missing_ok=True)
+        except Exception:
+            log.exception("%s: cleaning up after its failed attach", key[1])
+        finally:
+            self._persist()
 
     async def _ns_tasks(self, s: Served, task_status: trio.TaskStatus[None]
                         = trio.TASK_STATUS_IGNORED) -> None:

@@ -156,12 +156,24 @@ class MountService:
                                     aside=self.stepped_aside,
                                     leave=self.leave_dir if cfg.mode == "dir" else None)
         self._lock_fd: int | None = nsregistry.take_lock(cfg, wait_for_reclaim)
+        self.adopt = adopt
+        try:
+            self._start(cfg, hosted, left)
+        except BaseException:
+            # All or nothing: a start that fails after the lock (a bug, a hostile store
+            # document, a full disk) leaves nothing running and the lock given back, or
+            # the namespace stayed refused ("already mounted") while this process ran:
+            # for a node's host, every job of it uncached until casfsd restarted.
+            self._abandon()
+            raise
+
+    def _start(self, cfg: MountConfig, hosted: bool, left: int | None) -> None:
+        """__init__'s part after the namespace's lock (see ``_abandon``)."""
         self.link = RootLink(cfg, self.policy, self.index, self.counters)
         self.link.connect()
         self.feed = LowerFeed(cfg, self.rules, self.index, self.link, self.counters)
-        self.adopt = adopt
         guard.detach_foreign(cfg.mountpoint, f"namespace {cfg.namespace}")  # (before any stat)
-        if not hosted and adopt is None:  # an adopted mount point waits for us: untouched
+        if not hosted and self.adopt is None:  # an adopted mount point waits for us: untouched
             session.clear_stale_mount(cfg.mountpoint)  # a dead mount (ENOTCONN) fails mkdir
         quota.prepare(cfg)  # the tenant's own filesystem ([quota] mechanism "loopfs")
         cfg.writable_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -232,6 +244,32 @@ class MountService:
             self.server.recover(scan, left is not None or self.predecessor is not None)
         self.feed.listener = self.server
         self.feed.start(held=cfg.prefetch)  # until the prefetch's plan or fetch ends
+
+    def _abandon(self) -> None:
+        """The start failed after the namespace's lock: stop and close what it began
+        (the indexer thread, the view's fds and journals, the object cache's shares),
+        give the lock back, and drop this start's reference to the node index. Each
+        step runs whatever an earlier one raised."""
+        self._stopping = True
+        if (access := getattr(self, "access", None)) is not None:
+            access.stopping = True
+        steps: list[tuple[str, Callable[[], object]]] = []
+        if (feed := getattr(self, "feed", None)) is not None:
+            steps.append(("lower feed", feed.close))  # before the index closes
+        if (ahead := getattr(self, "readahead", None)) is not None:
+            steps.append(("read-ahead", ahead.stop))
+        if (server := getattr(self, "server", None)) is not None:
+            steps.append(("view", server.close))
+        if (cache := getattr(self, "cache", None)) is not None:
+            steps.append(("object cache", cache.close))
+        steps += [("lock", self.give_lock), ("drain", self.drain.close),
+                  ("index", self.index.close)]
+        for what, step in steps:
+            try:
+                step()
+            except Exception:
+                log.exception("%s: closing the %s of a failed start", self.cfg.name, what)
+
 
     def _keep_view_state(self, hosted: bool) -> None:
         """A fuse mode mount of its own, or an overlay mode one's FUSE layer on the plain
