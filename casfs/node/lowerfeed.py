@@ -112,9 +112,16 @@ class LowerFeed:
             known = 0
         try:
             return self.ingest_latest(known) or known
-        except (CasfsError, OSError) as e:
+        except Exception as e:
+            # Anything else too (a hostile document a check missed, a bug): the mount
+            # serves what this node knows, a miss for the rest, as for an unreadable
+            # root; a refused start left its jobs with no cache at all. Its traceback
+            # once, to find the cause by.
+            self._staged = None  # never served: the generation it came from failed
             self.counters.inc("refresh_errors")
-            log.error("%s: cannot read generations of %s: %s", cfg.name, cfg.namespace, e)
+            log.error("%s: cannot read generations of %s: %s", cfg.name, cfg.namespace,
+                      e if isinstance(e, (CasfsError, OSError)) else f"{type(e).__name__}: {e}",
+                      exc_info=not isinstance(e, (CasfsError, OSError)))
             return known
 
     def ingest_latest(self, known: int) -> int | None:

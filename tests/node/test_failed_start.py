@@ -1,7 +1,8 @@
 """A mount start that fails after it took the namespace's lock leaves nothing behind:
 the same process (a node's host, serving on-demand namespaces for many tenants all
 its life) can start that namespace again once the cause is gone (review: the host
-kept refusing it, "already mounted", until casfsd restarted it)."""
+kept refusing it, "already mounted", until casfsd restarted it). And an unexpected
+exception from reading the store at the start is a miss, not a refused start."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from casfs.node.host import HostConfig, NodeHost
 from casfs.node.lowerfeed import LowerFeed
 from casfs.node.mount import MountService
 from casfs.store.entry import Entry
+from casfs.store.generations import GenerationStore
 from casfs.store.root import SharedRoot
 
 
@@ -68,6 +70,29 @@ def test_a_start_failing_after_the_lock_gives_everything_back(
     svc = MountService(config(tmp_path), hosted=True)  # (was: "namespace hn is already
     try:                                               #  mounted from .../state")
         assert svc.served_seq == 1 and svc.wait_indexed(30)
+        assert isinstance(svc.lower.lookup("d/f3"), Entry)
+    finally:
+        svc.close()
+
+
+@pytest.mark.expect_log(r"cannot read generations of hn: OverflowError")
+def test_an_unexpected_error_reading_the_store_at_the_start_is_a_miss(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A hostile document that some check let through as an exception other than
+    CasfsError or OSError: the namespace starts with what the node knows (nothing
+    here), every lookup a miss, and the next refresh serves the store's newest."""
+    publish(tmp_path / "root", "hn")
+
+    def hostile(self: GenerationStore, *a: Any, **kw: Any) -> NoReturn:
+        raise OverflowError("cannot convert float infinity to integer")
+
+    with monkeypatch.context() as m:
+        m.setattr(GenerationStore, "latest_seq", hostile)
+        svc = MountService(config(tmp_path), hosted=True)  # (was: the start refused)
+    try:
+        assert svc.served_seq == 0 and svc.lower.lookup("d/f3") is None
+        assert svc.counters.snapshot()["refresh_errors"] == 1
+        assert svc.refresh_once()["ok"] and svc.served_seq == 1
         assert isinstance(svc.lower.lookup("d/f3"), Entry)
     finally:
         svc.close()
@@ -133,5 +158,24 @@ def test_a_host_attaches_a_namespace_again_after_its_start_failed(
             assert s.svc.served_seq == 1 and isinstance(s.svc.lower.lookup("d/f3"), Entry)
             assert host.mux.served() == [("u1", "hn")]
             assert await host.detach(("u1", "hn")) is not None, where
+
+    run_host(tmp_path, body)
+
+
+@pytest.mark.expect_log(r"cannot read generations of u1~hn: OverflowError")
+def test_a_host_serves_a_namespace_whose_store_read_failed_oddly_as_a_miss(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    publish(tmp_path / "root", "u1~hn")
+
+    def hostile(self: GenerationStore, *a: Any, **kw: Any) -> NoReturn:
+        raise OverflowError("cannot convert float infinity to integer")
+
+    async def body(host: NodeHost) -> None:
+        with monkeypatch.context() as m:
+            m.setattr(GenerationStore, "latest_seq", hostile)
+            s = await host.attach("u1", "generic", "hn")  # (was: refused: no cache)
+        assert s.svc.served_seq == 0 and s.svc.lower.lookup("d/f3") is None
+        assert host.mux.served() == [("u1", "hn")]
+        await host.detach(("u1", "hn"))
 
     run_host(tmp_path, body)
