@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from casfs.errors import UsageError
-from casfs.node.control import MAX_REQUEST, peer_credentials
+from casfs.node.control import MAX_REQUEST, peer_credentials, restarting_mark
 from casfs.util import unixpath
 
 log = logging.getLogger(__name__)
@@ -136,6 +136,8 @@ class ControlServer:
         # fills a small backlog faster than the accept thread drains it.
         self._listener.listen(socket.SOMAXCONN)
         os.rename(fresh, path)
+        with contextlib.suppress(FileNotFoundError):
+            restarting_mark(path).unlink()
         self._listener.setblocking(False)
         self._sel = selectors.DefaultSelector()
         self._sel.register(self._listener, selectors.EVENT_READ, self._accept)
@@ -409,7 +411,12 @@ class ControlServer:
 
     # --- the end ---------------------------------------------------------------------------
     def close(self, *, keep_path: bool = False) -> None:
-        """``keep_path``: leave the socket's path (a restart: see __init__)."""
+        """``keep_path``: a restart: leave the socket's path, and a mark beside it that
+        says a casfsd is on its way (casfs.node.client waits then; see __init__). The
+        mark first: a job this one refuses or drops from here on finds it."""
+        if keep_path:
+            with contextlib.suppress(OSError):
+                restarting_mark(self.path).write_text(f"{os.getpid()} {time.time():.0f}\n")
         self._closing = True
         self._wake()
         self._thread.join(5)

@@ -26,6 +26,7 @@ log = logging.getLogger(__name__)
 HOST_NAME = "host"
 START_TRIES = 5
 RESTART_WAIT = 20.0  # seconds a job waits for a restarting casfsd (its socket refusing)
+RESTART_MARK_FRESH = 120.0  # an older mark: that casfsd is not coming back
 DEFAULT_LEASE_TIMEOUT = 120.0
 
 
@@ -72,6 +73,14 @@ def _ask(sock: Path, cmd: str, timeout: float, *, stuck_raises: bool = False,
         return None
 
 
+def _restarting(sock: Path) -> bool:
+    """Whether the casfsd of ``sock`` exited for a restart lately (its mark is there)."""
+    try:
+        return time.time() - control.restarting_mark(sock).stat().st_mtime < RESTART_MARK_FRESH
+    except OSError:
+        return False
+
+
 def lease(state_dir: Path, caches: list[dict[str, Any]], pid: int, *,
           start: HostConfig | None = None, timeout: float | None = None,
           run: bool = False) -> tuple[dict[str, Any], Path]:
@@ -89,6 +98,7 @@ def lease(state_dir: Path, caches: list[dict[str, Any]], pid: int, *,
         timeout = lease_timeout()
     deadline = time.monotonic() + timeout
     stuck: set[Path] = set()
+    waited: set[Path] = set()
     attempt = 0
     while attempt < START_TRIES:
         retry = False
@@ -98,14 +108,22 @@ def lease(state_dir: Path, caches: list[dict[str, Any]], pid: int, *,
             left = deadline - time.monotonic()
             if sock in stuck or left <= 0:
                 continue
-            # casfsd's sockets outlive it across a restart or an upgrade (systemd's, or
-            # its own re-execution: 0.3-6 s; after a crash, systemd's 5 s and a start),
-            # refusing meanwhile: waited for, not taken for "nobody serves" (a review saw
-            # 9 of 72 `casfs env` fail across two re-executions)
-            wait = min(left, RESTART_WAIT) if sock != host_socket(state_dir) else 0.0
             try:
                 reply = _ask(sock, "lease", left, stuck_raises=True, caches=caches, pid=pid,
-                             run=run, connect_wait=wait)
+                             run=run)
+                # casfsd's sockets outlive it across a restart or an upgrade (systemd's,
+                # or its own re-execution: 0.3-6 s), refusing meanwhile, with a mark
+                # beside them: waited for once, not taken for "nobody serves" (a review
+                # saw 9 of 72 `casfs env` fail across two re-executions). No mark (a
+                # casfsd killed): the job is told at once, as ever.
+                if reply is None and sock not in waited and _restarting(sock):
+                    waited.add(sock)
+                    until = time.monotonic() + min(deadline - time.monotonic(), RESTART_WAIT)
+                    while reply is None and time.monotonic() < until:
+                        time.sleep(0.05)  # (a connection the exiting one dropped: again)
+                        reply = _ask(sock, "lease", left, stuck_raises=True, caches=caches,
+                                     pid=pid, run=run,
+                                     connect_wait=max(0.0, until - time.monotonic()))
             except DaemonStuckError as e:
                 stuck.add(sock)
                 last = f"{e.message} (a stopped or stuck mount process?)"

@@ -211,6 +211,11 @@ def registered(run_dir: Path) -> list[dict[str, Any]]:
 _NOT_YET_BOUND = (errno.ENOENT, errno.ECONNREFUSED)
 
 
+def restarting_mark(sock: Path) -> Path:
+    """Beside a socket whose casfsd exited for a restart, until the next one binds it."""
+    return sock.with_name(sock.name + ".restarting")
+
+
 # A listener whose backlog is full answers a connect EAGAIN at once (a timeout makes the
 # socket non-blocking, and a Unix socket does not wait then): a review's connect flood by
 # one tenant made other tenants' `casfs env` fail ("nobody serves"). Tried again, with

@@ -16,6 +16,7 @@ discards it at release.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import logging
 import os
@@ -534,11 +535,12 @@ class Publication:
             for e in list(pub.pending()):
                 try:
                     st = beneath.lstat(base, e.path)
-                except FileNotFoundError:
-                    st = None
-                except OSError:
-                    left += 1  # unreadable here (EXDEV, EACCES): not evidence of a change
-                    continue
+                except OSError as err:
+                    if err.errno in (errno.EACCES, errno.EPERM, errno.EXDEV):
+                        left += 1  # unreadable here: not evidence of a change
+                        continue
+                    st = None  # gone: ENOENT, or a directory on the way replaced (ENOTDIR,
+                    # ELOOP: by a file or a symlink)
                 if st is not None and stat.S_ISREG(st.st_mode) and (
                         st.st_mtime_ns == e.mtime_ns):
                     left += 1

@@ -91,6 +91,11 @@ class CopyUpOps(OpsBase):
             state["abandoned"] = True
             if state["done"]:  # finished just as we gave up: its pin is ours to drop
                 self.fetcher.unpin(entry.digest)
+        progress = getattr(self.fetcher, "fill_progress", None)
+        idle = progress(entry.digest) if progress is not None else None
+        alive = idle is not None and idle < STALL
+        if alive:
+            self.breaker.answered()  # bytes arrive: a slow root (a large object), not a silent one
         if wait < self.fetch_timeout:
             # The breaker is open: a miss for this open only, its fetch goes on (the
             # probe whose answer closes the breaker; the next open joins it).
@@ -98,10 +103,7 @@ class CopyUpOps(OpsBase):
             if not self.stable_names:
                 self.inodes.detach(path)
             raise Miss(path)
-        self.breaker.unanswered(self.fetch_timeout)
-        progress = getattr(self.fetcher, "fill_progress", None)
-        idle = progress(entry.digest) if progress is not None else None
-        if idle is not None and idle < STALL:
+        if alive:
             # Slow but alive: a miss for this open only; the fill finishes for the next.
             self.counters.inc("fetch_slow")
             log.info("fetch of %r still running after %.0fs: a miss for now, finishing in"
@@ -109,6 +111,7 @@ class CopyUpOps(OpsBase):
             if not self.stable_names:
                 self.inodes.detach(path)
             raise Miss(path)
+        self.breaker.unanswered(self.fetch_timeout)
         self.counters.inc("fetch_timeouts")
         raise self._lower_failed(
             path, TimeoutError(f"no answer from the shared root in {self.fetch_timeout:.0f}s")

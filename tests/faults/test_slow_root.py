@@ -198,3 +198,59 @@ def test_a_root_that_stops_answering_costs_a_few_full_waits_then_lifts_at_its_an
     assert after[1] == blobs["k7.so"]  # the first open after the root's answer hits
     c = ops.counters.snapshot()
     assert c["fetch_timeouts"] == 3 and c["fetch_breaker_misses"] == 3
+
+
+def test_a_slow_root_still_sending_bytes_never_trips_the_breaker(tmp_path: Path) -> None:
+    """A slow but healthy root (large objects, bytes arriving throughout) answers: three
+    fetches that outlast fetch_timeout while progressing leave the breaker shut, and a
+    medium object it delivers within the timeout is a hit (a review of the breaker's
+    first form: a miss after the brief wait)."""
+    blobs = {f"big{i}.so": os.urandom(1 << 16) + bytes([i]) for i in range(3)}
+    blobs["medium.so"] = os.urandom(1 << 15)
+
+    class Source:  # the big ones take 1.5 x fetch_timeout, the medium one 0.4 s
+        def get_into(self, digest: str, expected_size: int | None, out: BinaryIO) -> int:
+            name, data = next((n, d) for n, d in blobs.items() if digest_bytes(d) == digest)
+            total = 1.5 if name.startswith("big") else 0.4
+            step = len(data) // 16
+            for i in range(0, len(data), step):
+                out.write(data[i:i + step])
+                time.sleep(total / 17)
+            return len(data)
+
+    tree = DictLowerTree()
+    for name, data in blobs.items():
+        tree.add(Entry(name, digest_bytes(data), len(data), 0o644, 1))
+    index = NodeIndex.open(tmp_path / "state")
+    cache = LocalObjectCache(tmp_path / "state" / "objects", index, Source(), 1 << 30)
+    (tmp_path / "upper").mkdir()
+    ops = OverlayOperations(tree, cache, tmp_path / "upper", RecordingTracker(), Counters(),
+                            fetch_timeout=1.0)
+    ops.breaker.brief = 0.1
+
+    async def read(name: str) -> bytes | int:
+        try:
+            ino = (await ops.lookup(pyfuse3.ROOT_INODE, name.encode(), CTX)).st_ino
+            fi = await ops.open(ino, os.O_RDONLY, CTX)
+        except pyfuse3.FUSEError as e:
+            return e.errno
+        data = await ops.read(fi.fh, 0, 1 << 20)
+        await ops.release(fi.fh)
+        return data
+
+    async def main() -> list[bytes | int]:
+        out: list[bytes | int] = []
+
+        async def one(name: str) -> None:
+            out.append(await read(name))
+
+        async with trio.open_nursery() as nursery:  # three ranks open their big files
+            for i in range(3):
+                nursery.start_soon(one, f"big{i}.so")
+        return [*out, await read("medium.so")]
+
+    got = trio.run(main)
+    assert got[:3] == [errno.ENOENT] * 3  # slow: misses for these opens, filled behind
+    assert got[3] == blobs["medium.so"]
+    assert not ops.breaker.open
+    assert ops.counters.get("fetch_slow") == 3 and not ops.counters.get("fetch_breaker_misses")

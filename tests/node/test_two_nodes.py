@@ -416,15 +416,21 @@ def test_a_promoted_file_another_process_removed_or_changed_is_not_published(
     a = cluster["a"]
     w = a.mount()
     mp, upper = w.cfg.mountpoint, w.cfg.writable_dir
-    for name in ("kept", "gone", "changed"):
+    for name in ("kept", "gone", "changed", "filed/k", "linked/k"):
+        (mp / name).parent.mkdir(exist_ok=True)
         (mp / name).write_text(f"{name} v1")
-    wait_until(lambda: a.ask(w, "stats")["pending_publication"] == 3, "the three promoted")
+    wait_until(lambda: a.ask(w, "stats")["pending_publication"] == 5, "the five promoted")
     (upper / "gone").unlink()  # as another process of the node would, in the upper
     (upper / "changed").write_text("changed v2")
+    for d in ("filed", "linked"):  # their directories replaced by a file, a symlink
+        (upper / d / "k").unlink()
+        (upper / d).rmdir()
+    (upper / "filed").write_text("a file now")
+    (upper / "linked").symlink_to("changed")
     assert a.ask(w, "publish")["ok"]
     assert set(published(cluster["root"])) == {"kept"}
     assert a.ask(w, "publish")["ok"]  # the changed one, promoted again
     got = published(cluster["root"])
     assert set(got) == {"kept", "changed"}
     assert root_objects(cluster["root"]).get_bytes(got["changed"].digest) == b"changed v2"
-    assert a.ask(w, "stats")["counters"]["pending_vanished"] == 2
+    assert a.ask(w, "stats")["counters"]["pending_vanished"] == 4
