@@ -93,6 +93,9 @@ def tenant_owner(policy: TenantPolicy) -> Owner:
 TENANT_NAME_RE = re.compile(r"[a-z0-9][a-z0-9_-]{0,31}")
 
 
+MAX_HEAD_EXPIRY_DAYS = 36500.0  # a century
+
+
 def tenants_from(t: Table, *, own_key: bool = True) -> TenantPolicy:
     """``own_key`` False (a user's command): a signing key this user cannot read is
     dropped instead of refused; only casfsd signs, a user's records stay unsigned."""
@@ -106,7 +109,11 @@ def tenants_from(t: Table, *, own_key: bool = True) -> TenantPolicy:
     signing_key = t.get("signing_key", as_abs_path, None)
     trusted = t.get("trusted_keys", as_str_list, ())
     pod_tenants = t.get("pod_tenants", as_abs_path, None)
-    head_expiry = t.get("head_expiry_days", as_positive, 7.0) * 86400.0  # casfs.store.freshness
+    head_expiry = t.get("head_expiry_days", as_positive, 7.0)  # casfs.store.freshness
+    if head_expiry > MAX_HEAD_EXPIRY_DAYS:  # readers refuse statement times past ~1e18
+        raise ConfigError(f"{t.key('head_expiry_days')}: at most {MAX_HEAD_EXPIRY_DAYS:.0f}"
+                          f" days, got {head_expiry:g}")
+    head_expiry *= 86400.0
     t.used.add("domains")
     raw = t.data.get("domains", [])
     if not isinstance(raw, list):

@@ -14,9 +14,9 @@ objects they must write again.
 Anyone who can write the root can plant a mark, so a mark is read as exactly
 the shape ``write`` gives it (both lists sorted, every name 64 hex), streamed,
 never as a JSON tree: a zstd bomb of ``[[],[],...]`` cost 24x its decompressed
-size in every publisher. A mark of another shape, or naming more than
-``MAX_MARK_NAMES``, is damage: ignored by publishers and by gc alike (so it
-condemns nothing and is never swept), logged.
+size in every publisher. A mark of another shape, or past OLD_MAX_MARK_BYTES,
+is damage: ignored by publishers and by gc alike (so it condemns nothing and
+is never swept), logged. docs/format.md "gc marks" has the bounds.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import re
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import BinaryIO, cast
 
@@ -41,10 +41,9 @@ log = logging.getLogger(__name__)
 PREFIX = "gc/marks"
 NAME_RE = re.compile(r"^\d{12}-[0-9a-f]{32}\Z")
 # A name is 68 bytes of a mark's JSON ('"<64 hex>", '), 32 bytes held per name
-# (packed). gc splits what it marks into marks of MARK_NAMES; readers refuse a
-# mark of more than MAX_MARK_NAMES (twice that: a mark before the split, from
-# an older release, of up to 2 Mi unreferenced objects is still read). A mark
-# of MAX_MARK_NAMES is 136 MiB of JSON, streamed, and 64 MiB held.
+# (packed). gc splits what it marks into marks of MARK_NAMES; a publisher holds a
+# mark of up to MAX_MARK_NAMES (136 MiB of JSON, streamed, 64 MiB held) and streams
+# a larger one against each publication's names.
 MARK_NAMES = 1 << 20
 MAX_MARK_NAMES = 2 * MARK_NAMES
 _NAME_JSON = 68
@@ -55,6 +54,11 @@ MAX_MARK_RAW = MAX_MARK_BYTES  # hex compresses ~2x: a real mark is about half t
 # one listing. Marks beyond are not ignored (gc would still act on them): they are
 # read again at each publication, one at a time, and only its own names kept.
 MAX_HELD_NAMES = 4 * MAX_MARK_NAMES
+# What the release before the split read (1 GiB of JSON, ~15.8 Mi names): a mark of its
+# gc past MAX_MARK_NAMES is still honoured (a publisher ignoring it re-used an object
+# that gc then swept: a review), streamed against a publication's own names, never
+# held; gc reads it whole, as that release did, to sweep it.
+OLD_MAX_MARK_BYTES = 1 << 30
 _CHUNK = 1 << 20
 # Object stores stamp whole seconds: an object written in the mark's second may
 # look older than the mark. Within this slack it counts as written after it (kept).
@@ -102,6 +106,10 @@ class DamagedMarkError(ValueError):
     pass
 
 
+class MarkTooLargeError(DamagedMarkError):
+    """Of the written shape, but naming more than a held mark may (see OLD_MAX_MARK_BYTES)."""
+
+
 _HEAD_RE = re.compile(rb'\{"casfs_gc_mark": 1, "created": -?\d{1,20}(?:\.\d{1,20})?'
                       rb'(?:e[-+]?\d{1,3})?, "digests": \[')
 _ITEM_RE = re.compile(rb'"([0-9a-f]{64})"(, |\])')
@@ -112,23 +120,54 @@ class _CappedReader:
     """A file read through, refused past ``cap`` bytes (a mark's raw size)."""
 
     def __init__(self, f: BinaryIO, cap: int) -> None:
-        self.f, self.left = f, cap
+        self.f, self.cap, self.left = f, cap, cap
 
     def read(self, n: int = -1) -> bytes:
         data = self.f.read(_CHUNK if n < 0 else min(n, _CHUNK))
         self.left -= len(data)
         if self.left < 0:
-            raise DamagedMarkError(f"over {MAX_MARK_RAW} bytes")
+            raise DamagedMarkError(f"over {self.cap} bytes")
         return data
 
 
-def _parse(f: BinaryIO) -> tuple[bytes, bytes]:
+def _parse(f: BinaryIO, max_names: int | None = None) -> tuple[bytes, bytes]:
     """The digests and packs of a mark, each packed (32 bytes a name, ascending).
 
     Streamed: memory is the packed names plus one chunk, whatever the mark holds.
+    MarkTooLargeError past ``max_names`` (a mark of the written shape all the same).
     """
+    lists = (bytearray(), bytearray())
+    count = 0
+    if max_names is None:
+        max_names = MAX_MARK_NAMES
+
+    def keep(packed: bytes, which: int) -> None:
+        nonlocal count
+        count += len(packed) // 32
+        if count > max_names:
+            raise MarkTooLargeError(f"over {max_names} names")
+        lists[which].extend(packed)
+
+    _stream(f, keep, MAX_MARK_BYTES if max_names <= MAX_MARK_NAMES else OLD_MAX_MARK_BYTES)
+    return bytes(lists[0]), bytes(lists[1])
+
+
+def _matching(f: BinaryIO, wanted: frozenset[bytes]) -> set[bytes]:
+    """Which of ``wanted`` (packed names) a mark names, in one chunk's memory."""
+    hits: set[bytes] = set()
+
+    def match(packed: bytes, which: int) -> None:
+        hits.update(wanted.intersection([packed[i:i + 32] for i in range(0, len(packed), 32)]))
+
+    _stream(f, match, OLD_MAX_MARK_BYTES)
+    return hits
+
+
+def _stream(f: BinaryIO, sink: Callable[[bytes, int], None], max_bytes: int) -> None:
+    """Each run of a mark's names, packed, to ``sink`` (0: digests, 1: packs), checked
+    to be exactly the written shape (DamagedMarkError otherwise)."""
     reader = zstandard.ZstdDecompressor().stream_reader(
-        cast(BinaryIO, _CappedReader(f, MAX_MARK_RAW)), read_size=_CHUNK)
+        cast(BinaryIO, _CappedReader(f, max_bytes)), read_size=_CHUNK)
     buf, pos, total, eof = b"", 0, 0, False
 
     def more(n: int) -> None:  # at least n bytes after pos, unless the mark ends first
@@ -136,18 +175,18 @@ def _parse(f: BinaryIO) -> tuple[bytes, bytes]:
         while len(buf) - pos < n and not eof:
             chunk = reader.read(_CHUNK)
             total += len(chunk)
-            if total > MAX_MARK_BYTES:
-                raise DamagedMarkError(f"over {MAX_MARK_BYTES} bytes decompressed")
+            if total > max_bytes:
+                raise DamagedMarkError(f"over {max_bytes} bytes decompressed")
             eof = not chunk
             buf, pos = buf[pos:] + chunk, 0
 
-    def names(count: int) -> bytes:
+    def names(which: int) -> None:
         nonlocal pos
-        out = bytearray()
+        last = b""
         more(1)
         if buf[pos:pos + 1] == b"]":
             pos += 1
-            return bytes(out)
+            return
         while True:
             more(_NAME_JSON)
             # The items before the list's "]" are checked and unhexed a run at a time
@@ -168,30 +207,26 @@ def _parse(f: BinaryIO) -> tuple[bytes, bytes]:
                 packed = binascii.a2b_hex(m.group(1))
                 pos = m.end()
             # Written sorted: refusing disorder keeps the one shape (and binary search).
-            if out[-32:] > packed[:32] or not _ascending(packed):
+            if last > packed[:32] or not _ascending(packed):
                 raise DamagedMarkError("names not in ascending order")
-            out += packed
-            count += len(packed) // 32
-            if count > MAX_MARK_NAMES:
-                raise DamagedMarkError(f"over {MAX_MARK_NAMES} names")
+            last = packed[-32:]
+            sink(packed, which)
             if k == 0:
-                return bytes(out)
+                return
 
     more(_HEAD_MAX)
     m = _HEAD_RE.match(buf, pos)
     if m is None:
         raise DamagedMarkError("not a gc mark's header")
     pos = m.end()
-    digests = names(0)
-    packs = b""
+    names(0)
     more(len(_PACKS))
     if buf.startswith(_PACKS, pos):  # absent in marks of releases before packs
         pos += len(_PACKS)
-        packs = names(len(digests) // 32)
+        names(1)
     more(2)
     if buf[pos:] != b"}":
         raise DamagedMarkError("not a gc mark's end")
-    return digests, packs
 
 
 def _run(run: bytes, k: int) -> bytes:
@@ -225,16 +260,21 @@ def _has(packed: bytes, digest: bytes) -> bool:
     return packed[lo * 32:lo * 32 + 32] == digest
 
 
-def _read_packed(backend: Backend, name: str) -> tuple[float, bytes, bytes] | None:
+def _read_packed(backend: Backend, name: str, max_names: int | None = None
+                 ) -> tuple[float, bytes, bytes] | None:
+    """(mtime, digests, packs) of a mark; None if gone or damaged (logged).
+    MarkTooLargeError past ``max_names``."""
     key = f"{PREFIX}/{name}"
     info = backend.info(key)
     if info is None:
         return None  # swept meanwhile
     try:
         with backend.open(key) as f:
-            digests, packs = _parse(f)
+            digests, packs = _parse(f, max_names)
     except FileNotFoundError:
         return None
+    except MarkTooLargeError:
+        raise
     except (ValueError, NotRegularFileError, zstandard.ZstdError) as e:
         # A damaged mark (a FIFO or directory too, or one not of the written shape)
         # protects nothing and condemns nothing: gc reads it the same way and never
@@ -245,7 +285,8 @@ def _read_packed(backend: Backend, name: str) -> tuple[float, bytes, bytes] | No
 
 
 def _read(backend: Backend, name: str) -> Mark | None:
-    got = _read_packed(backend, name)
+    # gc: a mark of the release before the split, up to what that release read
+    got = _read_packed(backend, name, OLD_MAX_MARK_BYTES // _NAME_JSON)
     if got is None:
         return None
     mtime, digests, packs = got
@@ -255,7 +296,11 @@ def _read(backend: Backend, name: str) -> Mark | None:
 def load_all(backend: Backend) -> Iterator[Mark]:
     for name in backend.list(PREFIX):
         if NAME_RE.match(name):
-            m = _read(backend, name)
+            try:
+                m = _read(backend, name)
+            except MarkTooLargeError as e:
+                log.warning("ignoring damaged gc mark %s: %s", name, e)
+                continue
             if m is not None:
                 yield m
 
@@ -273,7 +318,10 @@ class Condemned:
         self.backend = backend
         self.ttl = LIST_TTL if ttl is None else ttl
         self._marks: dict[str, tuple[bytes, ...]] = {}
-        self._unheld: set[str] = set()  # readable marks over the budget
+        self._unheld: set[str] = set()  # readable marks over the budget, or a held mark's
+        # Damaged marks (a planted bomb) by name, with the identity they had: not read
+        # again at each listing while it stays the same (marks are create-only).
+        self._damaged: dict[str, tuple[int, float]] = {}
         self._held = 0
         self._listed = 0.0
         self._lock = threading.Lock()
@@ -291,14 +339,26 @@ class Condemned:
             if n not in names:
                 self._held -= sum(len(p) for p in self._marks.pop(n)) // 32
         self._unheld &= names
+        self._damaged = {n: v for n, v in self._damaged.items() if n in names}
         for n in sorted(names - set(self._marks) - self._unheld):
-            got = _read_packed(self.backend, n)
-            if got is None:
-                continue
-            held = (len(got[1]) + len(got[2])) // 32
-            if self._held + held > MAX_HELD_NAMES:
-                log.warning("gc marks name over %d objects: mark %s is read again at"
-                            " each publication", MAX_HELD_NAMES, n)
+            if n in self._damaged:
+                info = self.backend.info(f"{PREFIX}/{n}")
+                if info is None or (info.size, info.mtime) == self._damaged[n]:
+                    continue
+            try:
+                got = _read_packed(self.backend, n)
+            except MarkTooLargeError:
+                got = None
+            else:
+                if got is None:
+                    info = self.backend.info(f"{PREFIX}/{n}")
+                    if info is not None:
+                        self._damaged[n] = (info.size, info.mtime)
+                    continue
+            held = (len(got[1]) + len(got[2])) // 32 if got is not None else MAX_MARK_NAMES
+            if got is None or self._held + held > MAX_HELD_NAMES:
+                log.warning("gc mark %s: over %d names, or past the %d held: read again at"
+                            " each publication", n, MAX_MARK_NAMES, MAX_HELD_NAMES)
                 self._unheld.add(n)
                 continue
             self._marks[n] = got[1:]
@@ -313,11 +373,21 @@ class Condemned:
             out: set[str] = set()
             for packed in self._marks.values():
                 out |= self._match(wanted, packed)
-            for n in sorted(self._unheld):  # one at a time: memory is one mark's
-                got = _read_packed(self.backend, n)
-                if got is not None:
-                    out |= self._match(wanted, got[1:])
+            if self._unheld and wanted:
+                keys = frozenset(wanted)
+                for n in sorted(self._unheld):  # streamed: memory is one chunk's
+                    out |= {wanted[b] for b in self._stream_match(n, keys)}
             return out
+
+    def _stream_match(self, name: str, wanted: frozenset[bytes]) -> set[bytes]:
+        try:
+            with self.backend.open(f"{PREFIX}/{name}") as f:
+                return _matching(f, wanted)
+        except FileNotFoundError:
+            return set()  # swept meanwhile
+        except (ValueError, NotRegularFileError, zstandard.ZstdError) as e:
+            log.warning("ignoring damaged gc mark %s: %s", name, e)
+            return set()
 
     @staticmethod
     def _match(wanted: dict[bytes, str], packed: tuple[bytes, ...]) -> set[str]:

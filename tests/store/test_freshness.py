@@ -409,3 +409,11 @@ def test_head_expiry_is_configured_in_days(tmp_path: Path) -> None:
     assert TenantPolicy.from_dict(policy.to_dict()).head_expiry == 2 * 86400.0
     cfg.write_text("[tenants]\n")
     assert load_tenants(cfg).head_expiry == 7 * 86400.0
+    # past a century: refused in one line (a review: 2e13 days made every statement's
+    # expiry past what readers take, and rollback protection silently off)
+    from casfs.errors import ConfigError
+
+    cfg.write_text('[tenants]\ntrust = "signature"\ntrusted_keys = ["%s"]\n'
+                   'head_expiry_days = 2e13\n' % ("A" * 43 + "="))
+    with pytest.raises(ConfigError, match="head_expiry_days: at most 36500 days"):
+        load_tenants(cfg)
