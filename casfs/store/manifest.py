@@ -115,7 +115,9 @@ def decode(data: bytes) -> tuple[str, list[Entry]]:
 
 
 def _decode(data: bytes) -> tuple[str, list[Entry]]:
-    doc = jsonsafe.parse(data, "manifest")
+    # Every number a row holds is checked by type and range (casfs.store.entry); a row's
+    # compile seconds (``cs``) that is no figure (NaN) is ignored, not damage.
+    doc = jsonsafe.parse(data, "manifest", finite=False)
     version = check_version(doc, "casfs_manifest", READABLE_VERSIONS, "manifest")
     kind = doc.get("kind")
     if kind not in ("full", "delta"):

@@ -35,8 +35,12 @@ def _finite(text: str) -> float:
     return v
 
 
-def parse(data: bytes | str, what: str) -> Any:
+def parse(data: bytes | str, what: str, *, finite: bool = True) -> Any:
+    """``finite`` False: NaN and infinities parse (a manifest: a row's value that is not a
+    figure is ignored by the one reader of it, never the whole manifest's damage)."""
     try:
+        if not finite:
+            return json.loads(data)
         return json.loads(data, parse_constant=_constant, parse_float=_finite)
     except RecursionError:
         raise HostileManifestError(f"{what}: JSON nested too deeply") from None
