@@ -9,11 +9,12 @@ the path for a while. A stalled *real* root is in test_stalled_root.py.
 from __future__ import annotations
 
 import errno
+import functools
 import os
 import threading
 import time
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Protocol
 
 import pyfuse3
 import pytest
@@ -61,23 +62,33 @@ class SlowSource:
         return len(DATA)
 
 
-def _ops(tmp_path: Path, source: SlowSource, timeout: float) -> OverlayOperations:
+class _Source(Protocol):
+    def get_into(self, digest: str, expected_size: int | None, out: BinaryIO) -> int: ...
+
+
+def _ops(tmp_path: Path, source: _Source, timeout: float,
+         blobs: dict[str, bytes] | None = None) -> OverlayOperations:
+    """A view over ``blobs`` (default: big.so), fetched from ``source`` into a real
+    object cache; the breaker's brief wait scaled as fetch_timeout is (0.1 of 1 s)."""
     tree = DictLowerTree()
-    tree.add(Entry("big.so", digest_bytes(DATA), len(DATA), 0o644, 1))
+    for name, data in (blobs or {"big.so": DATA}).items():
+        tree.add(Entry(name, digest_bytes(data), len(data), 0o644, 1))
     index = NodeIndex.open(tmp_path / "state")
     cache = LocalObjectCache(tmp_path / "state" / "objects", index, source, 1 << 30)
     (tmp_path / "upper").mkdir()
-    return OverlayOperations(tree, cache, tmp_path / "upper", RecordingTracker(), Counters(),
-                             fetch_timeout=timeout)
+    ops = OverlayOperations(tree, cache, tmp_path / "upper", RecordingTracker(), Counters(),
+                            fetch_timeout=timeout)
+    ops.breaker.brief = 0.1
+    return ops
 
 
-async def _open_read(ops: OverlayOperations) -> bytes | int:
+async def _open_read(ops: OverlayOperations, name: str = "big.so") -> bytes | int:
     try:
-        ino = (await ops.lookup(pyfuse3.ROOT_INODE, b"big.so", CTX)).st_ino
+        ino = (await ops.lookup(pyfuse3.ROOT_INODE, name.encode(), CTX)).st_ino
         fi = await ops.open(ino, os.O_RDONLY, CTX)
     except pyfuse3.FUSEError as e:
         return e.errno
-    data = await ops.read(fi.fh, 0, len(DATA) + 1)
+    data = await ops.read(fi.fh, 0, 1 << 20)
     await ops.release(fi.fh)
     return data
 
@@ -153,10 +164,7 @@ def test_a_root_that_stops_answering_costs_a_few_full_waits_then_lifts_at_its_an
     monkeypatch.setattr(op_copyup, "STALL", 0.2)
     src = SlowSource(pause=0.0)
     src.gate.clear()
-    tree = DictLowerTree()
     blobs = {f"k{i}.so": os.urandom(1000) + bytes([i]) for i in range(8)}
-    for name, data in blobs.items():
-        tree.add(Entry(name, digest_bytes(data), len(data), 0o644, 1))
 
     class Source:  # each object's bytes, once the gate opens
         def get_into(self, digest: str, expected_size: int | None, out: BinaryIO) -> int:
@@ -165,23 +173,12 @@ def test_a_root_that_stops_answering_costs_a_few_full_waits_then_lifts_at_its_an
             out.write(data)
             return len(data)
 
-    index = NodeIndex.open(tmp_path / "state")
-    cache = LocalObjectCache(tmp_path / "state" / "objects", index, Source(), 1 << 30)
-    (tmp_path / "upper").mkdir()
-    ops = OverlayOperations(tree, cache, tmp_path / "upper", RecordingTracker(), Counters(),
-                            fetch_timeout=1.0)
-    ops.breaker.brief = 0.1
+    ops = _ops(tmp_path, Source(), 1.0, blobs)
 
     async def read(name: str) -> tuple[float, bytes | int]:
         t = time.monotonic()
-        try:
-            ino = (await ops.lookup(pyfuse3.ROOT_INODE, name.encode(), CTX)).st_ino
-            fi = await ops.open(ino, os.O_RDONLY, CTX)
-        except pyfuse3.FUSEError as e:
-            return time.monotonic() - t, e.errno
-        data = await ops.read(fi.fh, 0, 1 << 20)
-        await ops.release(fi.fh)
-        return time.monotonic() - t, data
+        got = await _open_read(ops, name)
+        return time.monotonic() - t, got
 
     async def main() -> tuple[list[tuple[float, bytes | int]], tuple[float, bytes | int]]:
         stalled = [await read(f"k{i}.so") for i in range(6)]
@@ -218,25 +215,8 @@ def test_a_slow_root_still_sending_bytes_never_trips_the_breaker(tmp_path: Path)
                 time.sleep(total / 17)
             return len(data)
 
-    tree = DictLowerTree()
-    for name, data in blobs.items():
-        tree.add(Entry(name, digest_bytes(data), len(data), 0o644, 1))
-    index = NodeIndex.open(tmp_path / "state")
-    cache = LocalObjectCache(tmp_path / "state" / "objects", index, Source(), 1 << 30)
-    (tmp_path / "upper").mkdir()
-    ops = OverlayOperations(tree, cache, tmp_path / "upper", RecordingTracker(), Counters(),
-                            fetch_timeout=1.0)
-    ops.breaker.brief = 0.1
-
-    async def read(name: str) -> bytes | int:
-        try:
-            ino = (await ops.lookup(pyfuse3.ROOT_INODE, name.encode(), CTX)).st_ino
-            fi = await ops.open(ino, os.O_RDONLY, CTX)
-        except pyfuse3.FUSEError as e:
-            return e.errno
-        data = await ops.read(fi.fh, 0, 1 << 20)
-        await ops.release(fi.fh)
-        return data
+    ops = _ops(tmp_path, Source(), 1.0, blobs)
+    read = functools.partial(_open_read, ops)
 
     async def main() -> list[bytes | int]:
         out: list[bytes | int] = []

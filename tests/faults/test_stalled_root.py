@@ -8,11 +8,13 @@ become ENOENT within fetch_timeout; cached files keep being served.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -28,20 +30,28 @@ pytestmark = [pytest.mark.fuse, pytest.mark.expect_log(
 )]
 
 
-def test_stalled_root_is_a_bounded_miss(tmp_path: Path) -> None:
+@contextlib.contextmanager
+def _seeded_root(tmp_path: Path, files: dict[str, bytes]) -> Iterator[tuple[Path, MountedView]]:
+    """A shared root holding ``files`` (namespace testns), on a FUSE file system whose
+    server (``served.proc``) the test can SIGSTOP."""
     served = MountedView(tmp_path / "empty", tmp_path / "root-store", tmp_path / "rootfs")
     (tmp_path / "empty").mkdir()
     with served:
         root = tmp_path / "rootfs" / "root"
         src = tmp_path / "src"
         src.mkdir()
-        files = {"warm": b"w" * 4000, "cold": b"c" * 4000}
         for rel, data in files.items():
             (src / rel).write_bytes(data)
         r = subprocess.run([sys.executable, "-m", "casfs.cli.main", "--root", str(root),
                             "--state-dir", str(tmp_path / "seed"), "import", str(src), "-n",
                             "testns"], capture_output=True, text=True, timeout=120, check=False)
         assert r.returncode == 0, r.stderr
+        yield root, served
+
+
+def test_stalled_root_is_a_bounded_miss(tmp_path: Path) -> None:
+    files = {"warm": b"w" * 4000, "cold": b"c" * 4000}
+    with _seeded_root(tmp_path, files) as (root, served):
         node = Node("n", root, tmp_path / "state", tmp_path / "mnt")
         w = node.mount(fetch_timeout=2.0)
         mp = w.cfg.mountpoint
@@ -69,19 +79,8 @@ def test_a_job_opening_many_cold_files_of_a_stalled_root_waits_in_full_only_at_f
     """I4 for a whole job (casfs.view.breaker): a root that stops answering costs the
     job's first three cold opens the full fetch_timeout, the rest about a second each,
     not 6 x fetch_timeout; once the root answers, a cold read hits."""
-    served = MountedView(tmp_path / "empty", tmp_path / "root-store", tmp_path / "rootfs")
-    (tmp_path / "empty").mkdir()
-    with served:
-        root = tmp_path / "rootfs" / "root"
-        src = tmp_path / "src"
-        src.mkdir()
-        files = {f"cold{i}": bytes([65 + i]) * 4000 for i in range(7)}
-        for rel, data in files.items():
-            (src / rel).write_bytes(data)
-        r = subprocess.run([sys.executable, "-m", "casfs.cli.main", "--root", str(root),
-                            "--state-dir", str(tmp_path / "seed"), "import", str(src), "-n",
-                            "testns"], capture_output=True, text=True, timeout=120, check=False)
-        assert r.returncode == 0, r.stderr
+    files = {f"cold{i}": bytes([65 + i]) * 4000 for i in range(7)}
+    with _seeded_root(tmp_path, files) as (root, served):
         node = Node("n", root, tmp_path / "state", tmp_path / "mnt")
         w = node.mount(fetch_timeout=4.0)
         mp = w.cfg.mountpoint
@@ -112,17 +111,7 @@ def test_root_stalled_at_mount_start_delays_ready_briefly(tmp_path: Path) -> Non
     again a refresh opens it and serves the published files."""
     from waiting import wait_until
 
-    served = MountedView(tmp_path / "empty", tmp_path / "root-store", tmp_path / "rootfs")
-    (tmp_path / "empty").mkdir()
-    with served:
-        root = tmp_path / "rootfs" / "root"
-        src = tmp_path / "src"
-        src.mkdir()
-        (src / "cold").write_bytes(b"c" * 4000)
-        r = subprocess.run([sys.executable, "-m", "casfs.cli.main", "--root", str(root),
-                            "--state-dir", str(tmp_path / "seed"), "import", str(src), "-n",
-                            "testns"], capture_output=True, text=True, timeout=120, check=False)
-        assert r.returncode == 0, r.stderr
+    with _seeded_root(tmp_path, {"cold": b"c" * 4000}) as (root, served):
         node = Node("n", root, tmp_path / "state", tmp_path / "mnt")
         assert served.proc is not None
         try:

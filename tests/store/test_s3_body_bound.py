@@ -10,7 +10,6 @@ What the server declared, or what was asked for, is all that is read now.
 
 from __future__ import annotations
 
-import os
 import socket
 import threading
 from collections.abc import Iterator
@@ -20,6 +19,7 @@ import pytest
 
 from casfs.store.s3backend import S3Backend
 from casfs.util.location import S3Location
+from tests.store.fakes3 import aim_at
 
 OFFERED = 256 << 20
 KEY = "objects/ab/" + "c" * 62
@@ -77,12 +77,7 @@ class _Liar:
 @pytest.fixture
 def liar(monkeypatch: pytest.MonkeyPatch) -> Iterator[_Liar]:
     srv = _Liar()
-    for k in [k for k in list(os.environ) if k.startswith("AWS_")]:
-        monkeypatch.delenv(k)
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "k")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "s")
-    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{srv.port}")
-    monkeypatch.setenv("AWS_REGION", "us-east-1")
+    aim_at(monkeypatch, srv.port)
     try:
         yield srv
     finally:

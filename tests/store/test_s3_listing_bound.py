@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import http.server
 import itertools
-import os
 import threading
 import time
 import urllib.parse
@@ -25,6 +24,7 @@ import pytest
 from casfs.store import s3backend
 from casfs.store.s3backend import S3Backend
 from casfs.util.location import S3Location
+from tests.store.fakes3 import aim_at
 
 PAGE = 1000
 
@@ -73,12 +73,7 @@ def lister(monkeypatch: pytest.MonkeyPatch) -> Iterator[type[_Lister]]:
     handler = type("Lister", (_Lister,), {"served": 0, "counter": itertools.count()})
     srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=srv.serve_forever, daemon=True).start()
-    for k in [k for k in list(os.environ) if k.startswith("AWS_")]:
-        monkeypatch.delenv(k)
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "k")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "s")
-    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{srv.server_address[1]}")
-    monkeypatch.setenv("AWS_REGION", "us-east-1")
+    aim_at(monkeypatch, srv.server_address[1])
     try:
         yield handler
     finally:
