@@ -701,12 +701,17 @@ class NodeHost:
             data = json.loads(self.cfg.served_file.read_bytes())
         except (OSError, ValueError):
             return
+        if not isinstance(data, dict):
+            return
         gone: list[Lease] = []
         for item in data.get("served", []):
             try:
                 await self.attach(item["tenant"], item["family"], item["namespace"])
-            except (CasfsError, OSError, KeyError, TypeError) as e:
-                log.warning("could not serve %s again: %s", item, e)
+            except Exception as e:  # one namespace's failure (attach left nothing of it)
+                # must not keep the others, and their leases, from being served again
+                log.warning("could not serve %s again: %s", item, e,
+                            exc_info=not isinstance(e, CasfsError | OSError | LookupError
+                                                    | TypeError))
         for item in data.get("leases", []):
             try:
                 lease = Lease(item["id"], int(item["pid"]), item.get("started"),
