@@ -249,6 +249,9 @@ def _unpack(packed: bytes) -> frozenset[str]:
     return frozenset(packed[i:i + 32].hex() for i in range(0, len(packed), 32))
 
 
+_SEARCH_STEPS = 40  # a binary search costs about as much as walking this many names
+
+
 def _has(packed: bytes, digest: bytes) -> bool:
     lo, hi = 0, len(packed) // 32
     while lo < hi:  # binary search over the ascending 32-byte names
@@ -391,4 +394,13 @@ class Condemned:
 
     @staticmethod
     def _match(wanted: dict[bytes, str], packed: tuple[bytes, ...]) -> set[str]:
-        return {d for b, d in wanted.items() if any(_has(p, b) for p in packed)}
+        out: set[str] = set()
+        for p in packed:
+            if len(wanted) * _SEARCH_STEPS > len(p) // 32:
+                # a walk of the mark's names costs less than a search for each wanted one
+                # (a review: 1.7 s for a publication of 100k digests, 0.13 s before)
+                hits = set(wanted).intersection(p[i:i + 32] for i in range(0, len(p), 32))
+            else:
+                hits = {b for b in wanted if _has(p, b)}
+            out |= {wanted[b] for b in hits}
+        return out
