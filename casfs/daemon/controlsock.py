@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from casfs.errors import UsageError
-from casfs.node.control import MAX_REQUEST, peer_credentials, restarting_mark
+from casfs.node.control import MAX_REQUEST, alive_mark, peer_credentials
 from casfs.util import unixpath
 
 log = logging.getLogger(__name__)
@@ -136,8 +136,7 @@ class ControlServer:
         # fills a small backlog faster than the accept thread drains it.
         self._listener.listen(socket.SOMAXCONN)
         os.rename(fresh, path)
-        with contextlib.suppress(FileNotFoundError):
-            restarting_mark(path).unlink()
+        self.touch()
         self._listener.setblocking(False)
         self._sel = selectors.DefaultSelector()
         self._sel.register(self._listener, selectors.EVENT_READ, self._accept)
@@ -410,13 +409,17 @@ class ControlServer:
             return {"ok": False, "error": str(e)}
 
     # --- the end ---------------------------------------------------------------------------
+    def touch(self) -> None:
+        """Say this socket's casfsd is alive (casfs.node.control.alive_mark)."""
+        with contextlib.suppress(OSError):
+            alive_mark(self.path).write_text(f"{os.getpid()} {time.time():.0f}\n")
+
     def close(self, *, keep_path: bool = False) -> None:
-        """``keep_path``: a restart: leave the socket's path, and a mark beside it that
-        says a casfsd is on its way (casfs.node.client waits then; see __init__). The
-        mark first: a job this one refuses or drops from here on finds it."""
+        """``keep_path``: a restart: leave the socket's path and its mark, touched (the
+        next casfsd is on its way: casfs.node.client waits then; see __init__). The mark
+        first: a job this one refuses or drops from here on finds it fresh."""
         if keep_path:
-            with contextlib.suppress(OSError):
-                restarting_mark(self.path).write_text(f"{os.getpid()} {time.time():.0f}\n")
+            self.touch()
         self._closing = True
         self._wake()
         self._thread.join(5)
@@ -431,5 +434,6 @@ class ControlServer:
         os.close(self._wake_r)
         os.close(self._wake_w)
         if not keep_path:
-            with contextlib.suppress(FileNotFoundError):
-                self.path.unlink()
+            for gone in (self.path, alive_mark(self.path)):
+                with contextlib.suppress(FileNotFoundError):
+                    gone.unlink()

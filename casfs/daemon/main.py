@@ -27,6 +27,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,7 @@ from casfs.daemon.signals import SignalRelay
 from casfs.daemon.supervisor import QUERY_TIMEOUT, Supervisor
 from casfs.errors import CasfsError
 from casfs.node import logfmt
+from casfs.node.control import ALIVE_TOUCH
 from casfs.util import owned
 
 log = logging.getLogger(__name__)
@@ -121,6 +123,8 @@ class Daemon:
         self.stop_requested = threading.Event()
         self.reload_requested = threading.Event()
         self.reexec_requested = False  # SIGUSR2: run the release now installed, jobs untouched
+        self._sockets: list[ControlServer] = []  # their alive marks, touched by _tick
+        self._touched = time.monotonic()
         self._load = load or (lambda: dconfig.load(cfg.source))
         from casfs.node import standby
 
@@ -156,6 +160,11 @@ class Daemon:
         self.reload_requested.set()  # the supervision loop reloads (Daemon.reload)
 
     def _tick(self) -> None:
+        now = time.monotonic()
+        if now - self._touched >= ALIVE_TOUCH:
+            self._touched = now
+            for server in self._sockets:
+                server.touch()
         if self.reload_requested.is_set():
             self.reload_requested.clear()
             self.reload()
@@ -275,6 +284,7 @@ class Daemon:
         sup = self.supervisor
         try:
             control = ControlServer(self.cfg.control_socket, self._control)
+            self._sockets.append(control)
             if self.cfg.serve_base is not None:
                 lim = self.cfg.jobs
                 jobs = ControlServer(
@@ -285,6 +295,7 @@ class Daemon:
                         requests_per_tenant=lim.requests_per_tenant, workers=lim.workers,
                         request_timeout=lim.request_timeout),
                     tenant_of=self.jobs.tenant_key, on_refused=self.jobs.warnings.warn)
+                self._sockets.append(jobs)
             if self.cfg.metrics_listen is not None:
                 from casfs.daemon.metrics import serve_metrics
 

@@ -74,11 +74,13 @@ def _ask(sock: Path, cmd: str, timeout: float, *, stuck_raises: bool = False,
 
 
 def _restarting(sock: Path) -> bool:
-    """Whether the casfsd of ``sock`` exited for a restart lately (its mark is there)."""
+    """Whether the casfsd of ``sock`` was alive lately (its mark is fresh): one refusing
+    now is restarting. A mark dated ahead of the clock (a clock stepped back) is not."""
     try:
-        return time.time() - control.restarting_mark(sock).stat().st_mtime < RESTART_MARK_FRESH
+        age = time.time() - control.alive_mark(sock).stat().st_mtime
     except OSError:
         return False
+    return -5.0 < age < RESTART_MARK_FRESH
 
 
 def lease(state_dir: Path, caches: list[dict[str, Any]], pid: int, *,
@@ -111,11 +113,12 @@ def lease(state_dir: Path, caches: list[dict[str, Any]], pid: int, *,
             try:
                 reply = _ask(sock, "lease", left, stuck_raises=True, caches=caches, pid=pid,
                              run=run)
-                # casfsd's sockets outlive it across a restart or an upgrade (systemd's,
-                # or its own re-execution: 0.3-6 s), refusing meanwhile, with a mark
-                # beside them: waited for once, not taken for "nobody serves" (a review
-                # saw 9 of 72 `casfs env` fail across two re-executions). No mark (a
-                # casfsd killed): the job is told at once, as ever.
+                # casfsd's sockets outlive it across a restart, an upgrade or a crash
+                # (re-execution: 0.3-6 s; systemd's restart after a crash: 5 s and a
+                # start), refusing meanwhile beside a fresh mark: waited for once, not
+                # taken for "nobody serves" (a review saw 9 of 72 `casfs env` fail
+                # across two re-executions). No mark, or one older than
+                # RESTART_MARK_FRESH (stopped, or dead for good): told at once.
                 if reply is None and sock not in waited and _restarting(sock):
                     waited.add(sock)
                     until = time.monotonic() + min(deadline - time.monotonic(), RESTART_WAIT)

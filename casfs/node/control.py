@@ -211,9 +211,15 @@ def registered(run_dir: Path) -> list[dict[str, Any]]:
 _NOT_YET_BOUND = (errno.ENOENT, errno.ECONNREFUSED)
 
 
-def restarting_mark(sock: Path) -> Path:
-    """Beside a socket whose casfsd exited for a restart, until the next one binds it."""
-    return sock.with_name(sock.name + ".restarting")
+def alive_mark(sock: Path) -> Path:
+    """Beside casfsd's sockets: made when one binds them, touched while it runs and as it
+    exits for a restart, removed with the socket by a stop. A socket that refuses beside
+    a fresh mark is a casfsd restarting (on its own, or by systemd after a crash): jobs
+    wait for it (casfs.node.client)."""
+    return sock.with_name(sock.name + ".alive")
+
+
+ALIVE_TOUCH = 30.0  # seconds between a running casfsd's touches of its marks
 
 
 # A listener whose backlog is full answers a connect EAGAIN at once (a timeout makes the
@@ -225,7 +231,8 @@ BUSY_WAIT = 5.0
 
 def _connect(sock_path: str | Path, timeout: float, wait: float) -> socket.socket:
     start = time.monotonic()
-    deadline, busy_deadline = start + wait, start + max(wait, BUSY_WAIT)
+    # (never past the caller's own bound: a lease's timeout is the whole of its wait)
+    deadline, busy_deadline = start + wait, start + min(max(wait, BUSY_WAIT), timeout)
     while True:
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         s.settimeout(timeout)

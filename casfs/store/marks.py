@@ -148,7 +148,10 @@ def _parse(f: BinaryIO, max_names: int | None = None) -> tuple[bytes, bytes]:
             raise MarkTooLargeError(f"over {max_names} names")
         lists[which].extend(packed)
 
-    _stream(f, keep, MAX_MARK_BYTES if max_names <= MAX_MARK_NAMES else OLD_MAX_MARK_BYTES)
+    # The names' count alone tells a held mark from a larger one: a byte bound for the
+    # held count refused an older release's mark as damage before its count was seen
+    # (a review: cached as damaged, never honoured, while that release's gc swept it).
+    _stream(f, keep, OLD_MAX_MARK_BYTES)
     return bytes(lists[0]), bytes(lists[1])
 
 

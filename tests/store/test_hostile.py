@@ -465,3 +465,28 @@ def test_a_damaged_gc_mark_is_read_once_while_it_stays_the_same(tmp_path: Path) 
     (tmp_path / "root" / key).write_bytes(zstandard.ZstdCompressor().compress(
         ('{"casfs_gc_mark": 1, "created": 1, "digests": ["' + d + '"]}').encode()))
     assert condemned.among({d}) == {d}
+
+
+@pytest.mark.expect_log(r"gc mark \S+: over \d+ names, or past the \d+ held")
+@pytest.mark.parametrize("scale", [2, 64])
+def test_an_unsplit_mark_of_the_release_before_is_honoured_by_publishers(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, scale: int) -> None:
+    """A mark of the written shape past what a publisher holds (the release before the
+    split wrote one of up to ~15.8 Mi names), every bound scaled as in production: gc
+    reads it whole and sweeps by it, so publishers must learn its names (a review: the
+    held byte bound refused it as damage first, and cached that)."""
+    import time
+
+    from casfs.store import marks
+
+    monkeypatch.setattr(marks, "MAX_MARK_NAMES", scale)
+    monkeypatch.setattr(marks, "MAX_MARK_BYTES", marks._HEAD_MAX + 32 + scale * marks._NAME_JSON)
+    monkeypatch.setattr(marks, "MAX_MARK_RAW", marks.MAX_MARK_BYTES)
+    monkeypatch.setattr(marks, "MARK_NAMES", 10 * scale)  # the release before the split
+    root = SharedRoot.open(tmp_path / "root", create=True)
+    ds = [f"{i:064x}" for i in range(1, 3 * scale)]
+    assert len(marks.write(root.backend, ds, time.time())) == 1
+    assert sorted(d for m in marks.load_all(root.backend) for d in m.digests) == ds
+    condemned = marks.Condemned(root.backend, ttl=0)
+    assert condemned.among({ds[0], ds[-1]}) == {ds[0], ds[-1]}
+    assert not condemned._damaged
