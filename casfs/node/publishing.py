@@ -536,11 +536,13 @@ class Publication:
                 try:
                     st = beneath.lstat(base, e.path)
                 except OSError as err:
-                    if err.errno in (errno.EACCES, errno.EPERM, errno.EXDEV):
-                        left += 1  # unreadable here: not evidence of a change
+                    # gone: ENOENT, or a directory on the way replaced (ENOTDIR, ELOOP: by
+                    # a file or a symlink); anything else (EACCES, EXDEV, EIO) is no
+                    # evidence of a change
+                    if err.errno not in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
+                        left += 1
                         continue
-                    st = None  # gone: ENOENT, or a directory on the way replaced (ENOTDIR,
-                    # ELOOP: by a file or a symlink)
+                    st = None
                 if st is not None and stat.S_ISREG(st.st_mode) and (
                         st.st_mtime_ns == e.mtime_ns):
                     left += 1
