@@ -225,9 +225,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         if idle:
             print(f"casfs: not used by this job: {', '.join(idle)}", file=sys.stderr)
         look = summary.RootLook(jc.caches, stats)
-        for line in summary.miss_hints(look):
+        hints, causes = summary.bounded_look(look)
+        for line in hints:
             print(f"casfs: {line}", file=sys.stderr)
-        causes = summary.miss_causes(look)
         for mc in causes.values():
             if (line := mc.line()) is not None:
                 print(f"casfs: {line}", file=sys.stderr)

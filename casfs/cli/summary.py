@@ -128,6 +128,23 @@ class RootLook:
         return self._read
 
 
+def bounded_look(look: RootLook, limit: float = 5.0) -> tuple[list[str], dict[str, Any]]:
+    """miss_hints and miss_causes in a daemon thread, given up after ``limit`` seconds:
+    a courtesy must never hold the job's status on a root that stopped answering."""
+    import threading
+
+    out: list[Any] = []
+
+    def work() -> None:
+        h = miss_hints(look)
+        out.append((h, miss_causes(look)))
+
+    t = threading.Thread(target=work, daemon=True, name="root-look")
+    t.start()
+    t.join(limit)
+    return out[0] if out else ([], {})
+
+
 def miss_hints(look: RootLook) -> list[str]:
     """One line per family that restored nothing while related namespaces exist."""
     if not look.hinted:

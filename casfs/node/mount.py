@@ -577,6 +577,12 @@ class MountService:
         if scope.cancelled_caught:
             log.warning("%s: final publication did not finish within %.0fs", self.cfg.name,
                         limit)
+            # said in the job's summary line too (casfs.cli.summary), not only here
+            self.publication.last_publish = {
+                "ok": False, "time": time.time(),
+                "message": f"the final publication did not finish within {limit:.0f}s (the"
+                           " shared root slow or not answering); what it held is published"
+                           " by this namespace's next mount on this node"}
 
     # --- serving -------------------------------------------------------------------------
     def mark_ready(self) -> None:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import cast
 
 import pytest
 
@@ -49,3 +50,25 @@ def test_wait_warm_needs_overlay_mode(tmp_path: Path, capsys: pytest.CaptureFixt
     assert rc != 0
     assert "--wait-warm needs --mode overlay" in capsys.readouterr().err
     assert not (tmp_path / "state" / "run").exists()  # refused before any mount started
+
+
+def test_the_summarys_look_at_the_root_gives_up_on_a_root_that_does_not_answer(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The miss hints read the shared root in `casfs run`'s own process: a stalled root
+    (a dead hard NFS mount) held the job's exit status for as long as it stalled (a
+    review: 231 s after the job; for good if it never answers). Given up after 5 s."""
+    import threading
+    import time
+
+    from casfs.cli import summary
+
+    stalled = threading.Event()
+    monkeypatch.setattr(summary, "miss_hints", lambda look: stalled.wait(60) and [])
+    t = time.monotonic()
+    hints, causes = summary.bounded_look(cast(summary.RootLook, object()), limit=0.5)
+    assert (hints, causes) == ([], {}) and time.monotonic() - t < 5
+    stalled.set()
+    monkeypatch.setattr(summary, "miss_hints", lambda look: ["a hint"])
+    monkeypatch.setattr(summary, "miss_causes", lambda look: {"ns": "cause"})
+    assert summary.bounded_look(cast(summary.RootLook, object())) == (["a hint"], {"ns": "cause"})
+

@@ -131,3 +131,28 @@ def test_root_stalled_at_mount_start_delays_ready_briefly(tmp_path: Path) -> Non
             assert (w.cfg.mountpoint / "cold").read_bytes() == b"c" * 4000
         finally:
             node.stop_all()
+
+
+@pytest.mark.expect_log(r"final publication did not finish within \d+s")
+def test_a_final_publication_the_root_stalled_is_said_in_the_final_stats(
+        tmp_path: Path) -> None:
+    """The root stops answering as a job's cache is released: the final publication
+    gives up at shutdown_timeout, and the final stats (what `casfs run`'s summary line
+    reads) say NOT PUBLISHED and why (a review: "5 promoted, 0 published", the reason
+    only in the mount process's log)."""
+    from casfs.cli.summary import _not_published
+
+    with _seeded_root(tmp_path, {"seed": b"s" * 100}) as (root, served):
+        node = Node("n", root, tmp_path / "state", tmp_path / "mnt")
+        w = node.mount(fetch_timeout=2.0, shutdown_timeout=3.0)
+        (w.cfg.mountpoint / "new.so").write_bytes(b"n" * 5000)
+        assert served.proc is not None
+        os.kill(served.proc.pid, signal.SIGSTOP)
+        try:
+            stats = node.stop(w)
+        finally:
+            os.kill(served.proc.pid, signal.SIGCONT)
+            node.stop_all()
+    assert stats is not None
+    line = _not_published(stats.get("last_publish") or {})
+    assert "NOT PUBLISHED: the final publication did not finish within 3s" in line, stats
