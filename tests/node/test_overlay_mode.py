@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from waiting import wait_until
 
+from casfs.node import guard
 from casfs.view import overlay
 
 from .test_two_nodes import published, seed
@@ -215,3 +216,30 @@ def test_a_replaced_file_refreshed_under_the_overlay_never_reads_estale(
         assert os.stat(mnt / "index").st_size == len(data)
     assert data == b"version-2" * 300  # the newest version, replaced in place
     b.stop(w)
+
+
+@pytest.mark.expect_log(r"detaching the (overlay a dead mount process left|dead FUSE layer)")
+def test_a_killed_overlay_mount_process_leaves_nothing_the_next_start_fails_on(
+        cluster: dict[str, Any], tmp_path: Path) -> None:
+    """kill -9 of an overlay mode mount process nobody adopts (`casfs run`'s own): its
+    dead FUSE layer and its overlay at the mount point stayed, and every later start of
+    the namespace on the node failed on them (ENOTCONN: its jobs uncached for good; a
+    review). The next start detaches both and serves."""
+    if (why := overlay.unavailable_reason()) is not None:
+        pytest.skip(why)
+    a = cluster["a"]
+    files = {"K0/k.cubin": os.urandom(3000)}
+    seed(cluster["root"], files, tmp=tmp_path)
+    w = a.mount(mode="overlay")
+    mnt = w.cfg.mountpoint
+    assert (mnt / "K0" / "k.cubin").read_bytes() == files["K0/k.cubin"]
+    w.proc.kill()
+    w.proc.wait(30)
+    a.workers.remove(w)
+    w = a.mount(mode="overlay")
+    assert _fstype(w.cfg.mountpoint) == "overlay"
+    assert (mnt / "K0" / "k.cubin").read_bytes() == files["K0/k.cubin"]
+    (mnt / "after").write_bytes(b"written after the kill")
+    assert a.ask(w, "publish")["ok"]
+    assert "after" in published(cluster["root"])
+    assert [m.fstype for m in guard.mounts_at(mnt)] == ["overlay"]  # one, not two stacked

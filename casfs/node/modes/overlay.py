@@ -135,12 +135,30 @@ class OverlayServer:
     def release_published_replaced(self) -> int:
         return 0
 
+    def _clear_dead_layers(self) -> None:
+        """A killed process's dead FUSE layer, and its overlay at the mount point: nobody
+        adopts a `casfs run`'s own mount process, and every later start of the namespace
+        on the node failed on them (ENOTCONN: its jobs uncached for good; a review)."""
+        cfg = self.parts.cfg
+        base = os.path.realpath(self.paths.base)
+        for m in reversed(guard.mounts_at(cfg.mountpoint)):
+            links = overlay.links_of(m.options) if m.fstype == "overlay" else None
+            if links is None or not os.path.realpath(links).startswith(base + os.sep):
+                break  # not ours: leave it (and what lies beneath it)
+            log.warning("%s: detaching the overlay a dead mount process left at %s",
+                        cfg.name, cfg.mountpoint)
+            session.lazy_unmount(cfg.mountpoint)
+        log.warning("%s: detaching the dead FUSE layer %s", cfg.name, self.paths.fuse)
+        session.lazy_unmount(self.paths.fuse)
+
     # --- serving -----------------------------------------------------------------------
     def serve(self, how: Serving) -> None:
         cfg = self.parts.cfg
         from casfs.view import whiteout
 
         self._handing = how.handing  # kind "overlay" (casfs.node.mount)
+        if how.adoption is None and not how.private_layers and session.is_dead(self.paths.fuse):
+            self._clear_dead_layers()
         n = overlay.clean_stale(self.paths, alive=control.running)
         if n:
             log.info("%s: removed %d overlay layers of processes gone", cfg.name, n)
