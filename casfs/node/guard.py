@@ -138,7 +138,7 @@ def detach_foreign(path: Path, what: str) -> int:
             break
         opts = dict(o.split("=", 1) for o in top.options.split(",") if "=" in o)
         try:
-            _umount_detach(path)
+            umount_detach(path)
         except OSError as e:
             log.warning("%s: cannot detach the FUSE mount of uid %s stacked on it: %s", path,
                         opts.get("user_id", "?"), e)
@@ -149,7 +149,7 @@ def detach_foreign(path: Path, what: str) -> int:
     return n
 
 
-def _umount_detach(path: Path) -> None:
+def umount_detach(path: Path) -> None:
     # UMOUNT_NOFOLLOW: the mount point itself, never where a symlink there would lead
     if libc().umount2(os.fsencode(path), _MNT_DETACH | _UMOUNT_NOFOLLOW) != 0:
         err = ctypes.get_errno()

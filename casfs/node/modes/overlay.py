@@ -21,6 +21,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import trio
@@ -147,9 +148,18 @@ class OverlayServer:
                 break  # not ours: leave it (and what lies beneath it)
             log.warning("%s: detaching the overlay a dead mount process left at %s",
                         cfg.name, cfg.mountpoint)
-            session.lazy_unmount(cfg.mountpoint)
+            self._detach(cfg.mountpoint)
         log.warning("%s: detaching the dead FUSE layer %s", cfg.name, self.paths.fuse)
-        session.lazy_unmount(self.paths.fuse)
+        self._detach(self.paths.fuse)
+
+    @staticmethod
+    def _detach(path: Path) -> None:
+        # the mount at the path itself (UMOUNT_NOFOLLOW), never where a symlink put there
+        # by whoever can write its parent would lead
+        try:
+            guard.umount_detach(path)
+        except OSError as e:
+            log.warning("cannot detach %s: %s", path, e)
 
     # --- serving -----------------------------------------------------------------------
     def serve(self, how: Serving) -> None:
